@@ -1,0 +1,42 @@
+#pragma once
+// The command-line front end: each subcommand registers its options on the CLI11 app and runs
+// after parsing. All the work is done by core/ and models/.
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "vitlens/export.hpp"
+
+namespace vitlens::cli {
+
+// Exit codes: 0 success, 1 some work failed (each failure reported on stderr), 2 bad usage.
+constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2;
+
+struct ExportArgs {
+  std::vector<std::string> images;
+  std::string model;  // empty: the bundled designed model
+  std::string query, patch;
+  bool cls = false, received = false;
+  std::string mask = "none";
+  std::string upsample = "nearest";
+  std::string normalize = "head";
+  bool quiet = false;
+  ExportSettings settings;
+};
+void add_export_command(CLI::App& app, ExportArgs& args);
+int run_export(ExportArgs& args);
+
+struct InfoArgs {
+  std::string model;
+};
+void add_info_command(CLI::App& app, InfoArgs& args);
+int run_info(const InfoArgs& args);
+
+// "X,Y" -> two integers, or throws vitlens::Error naming the flag.
+void parse_pair(const std::string& text, const char* flag, int& first, int& second);
+
+// One line on stderr: "vitlens: <message>".
+void report_error(const std::string& message);
+
+}  // namespace vitlens::cli

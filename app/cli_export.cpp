@@ -1,0 +1,125 @@
+// `vitlens export`: heatmaps, montage, JSON and optional raw weights for each image.
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <map>
+#include <unistd.h>
+
+#include "cli.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
+#include "vitlens/model_io.hpp"
+
+namespace vitlens::cli {
+
+namespace {
+
+std::string stem_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const auto dot = name.find_last_of('.');
+  if (dot != std::string::npos && dot > 0) name = name.substr(0, dot);
+  return name.empty() ? "image" : name;
+}
+
+}  // namespace
+
+void add_export_command(CLI::App& app, ExportArgs& args) {
+  CLI::App* cmd = app.add_subcommand("export", "Write per-head attention heatmaps, a montage and a JSON sidecar for each image");
+  cmd->add_option("IMAGE", args.images, "Image files (PNG, JPEG, BMP, TIFF, WebP, ...)")->required();
+  cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  cmd->add_option("--out,-o", args.settings.out_dir, "Existing folder to write into")->capture_default_str();
+  auto* query = cmd->add_option("--query", args.query, "Map of the query patch under pixel X,Y of the processed image");
+  auto* patch = cmd->add_option("--patch", args.patch, "Map of the query patch at ROW,COL of the patch grid");
+  auto* cls = cmd->add_flag("--cls", args.cls, "Map of the class token's attention (models with a class token)");
+  auto* received = cmd->add_flag("--received", args.received,
+                                 "Attention received: mean over queries of each patch's column (the default)");
+  query->excludes(patch)->excludes(cls)->excludes(received);
+  patch->excludes(cls)->excludes(received);
+  cls->excludes(received);
+  cmd->add_option("--layer", args.settings.layer, "Layer (block) index, 0-based; default: the last")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--mask", args.mask, "Attention mask applied before the softmax (padding patches are always masked)")
+      ->check(CLI::IsMember({"none", "causal"}))
+      ->capture_default_str();
+  cmd->add_option("--colormap", args.settings.style.colormap, "Colour map")
+      ->check(CLI::IsMember(colormap_names()))
+      ->capture_default_str();
+  cmd->add_option("--alpha", args.settings.style.alpha, "Heatmap opacity over the image, 0 to 1")
+      ->check(CLI::Range(0.0f, 1.0f))
+      ->capture_default_str();
+  cmd->add_option("--upsample", args.upsample, "Patch map to pixels")
+      ->check(CLI::IsMember({"nearest", "bilinear"}))
+      ->capture_default_str();
+  cmd->add_option("--normalize", args.normalize, "Scale each head to its own maximum, or all heads to a shared one")
+      ->check(CLI::IsMember({"head", "shared"}))
+      ->capture_default_str();
+  cmd->add_option("--size", args.settings.max_side,
+                  "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size; "
+                  "default: the model's img_size")
+      ->check(CLI::Range(0, 2048));
+  cmd->add_flag("--raw", args.settings.raw,
+                "Also write <stem>_attn.npy: float32 (layers, heads, tokens, tokens), class token first; at most " +
+                    std::to_string(kMaxRawTokens) + " tokens");
+  cmd->add_flag("--quiet,-q", args.quiet, "Print nothing but errors");
+}
+
+int run_export(ExportArgs& args) {
+  ExportSettings& s = args.settings;
+  if (!args.query.empty()) {
+    s.select = QuerySelect::Pixel;
+    parse_pair(args.query, "--query", s.query_x, s.query_y);
+  } else if (!args.patch.empty()) {
+    s.select = QuerySelect::Patch;
+    parse_pair(args.patch, "--patch", s.patch_row, s.patch_col);
+  } else if (args.cls) {
+    s.select = QuerySelect::ClassToken;
+  } else {
+    s.select = QuerySelect::Received;
+  }
+  s.causal = args.mask == "causal";
+  s.style.upsample = args.upsample == "bilinear" ? Upsample::Bilinear : Upsample::Nearest;
+  s.normalize = args.normalize == "shared" ? Normalize::Shared : Normalize::PerHead;
+
+  const std::string model_path = args.model.empty() ? default_model_path() : args.model;
+  const VitModel model = load_model(model_path);
+  require_writable_dir(s.out_dir);
+
+  const bool show_progress = ::isatty(STDERR_FILENO) && !args.quiet;
+  std::map<std::string, int> stems_used;
+  int failed = 0;
+  const int total = static_cast<int>(args.images.size());
+  for (int i = 0; i < total; ++i) {
+    const std::string& image = args.images[static_cast<size_t>(i)];
+    if (show_progress && total > 1)
+      std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, image.c_str());
+    // Two inputs with the same file name must not overwrite each other's outputs.
+    ExportSettings settings = s;
+    const std::string stem = stem_of(image);
+    const int seen = stems_used[stem]++;
+    settings.stem = seen == 0 ? stem : stem + "_" + std::to_string(seen + 1);
+    try {
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::vector<std::string> files = export_attention(model, image, settings);
+      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      if (!args.quiet) {
+        if (show_progress && total > 1) std::fprintf(stderr, "\r\033[K");
+        std::printf("%s: %zu files in %s (%s_*.png, %s.json), %.0f ms\n", image.c_str(), files.size(),
+                    s.out_dir.c_str(), settings.stem.c_str(), settings.stem.c_str(), ms);
+        std::fflush(stdout);
+      }
+    } catch (const Error& e) {
+      if (show_progress && total > 1) std::fprintf(stderr, "\r\033[K");
+      report_error(e.what());
+      ++failed;
+    }
+  }
+  if (show_progress && total > 1) std::fprintf(stderr, "\r\033[K");
+  if (failed > 0) {
+    report_error(std::to_string(failed) + " of " + std::to_string(total) + " image(s) failed");
+    return kExitFailed;
+  }
+  return kExitOk;
+}
+
+}  // namespace vitlens::cli

@@ -1,0 +1,45 @@
+#pragma once
+// Images in, patch tokens out. Every user image goes through here, in the CLI and the viewer.
+#include <string>
+
+#include <opencv2/core.hpp>
+
+#include "vitlens/vit.hpp"
+
+namespace vitlens {
+
+// Reads any image OpenCV can decode and returns it as CV_32FC3 RGB in [0, 1]:
+// 8-bit / 255, 16-bit / 65535, float as is (clamped); grayscale is replicated to RGB; an alpha
+// channel is dropped (as PIL's convert("RGB")). OpenCV decodes BGR: converted here.
+// Throws vitlens::Error naming the path when the file is missing, unreadable or not an image.
+cv::Mat load_image_rgb(const std::string& path);
+
+// The same from bytes already in memory (any format OpenCV decodes). `what` names it in errors.
+cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::string& what);
+
+// The processed image the model sees, before normalisation.
+struct PreparedImage {
+  cv::Mat rgb;          // CV_32FC3 RGB in [0, 1], padded_h x padded_w, padding = 0 (black)
+  int content_w = 0, content_h = 0;  // the image after resizing, before padding
+  int padded_w = 0, padded_h = 0;    // grid * P
+  int source_w = 0, source_h = 0;    // as loaded
+  bool resized = false;
+  PatchGrid grid;       // normalised patches and the padding flags
+};
+
+// Size policy: max_side > 0 downscales (area interpolation, aspect kept) so the long side is at
+// most max_side; max_side == 0 keeps the native size; an image is never upscaled and an image
+// whose size equals the model's img_size is never resampled. The result is padded on the right
+// and bottom up to whole patches; padded patches are flagged (and masked as keys by default).
+// Throws vitlens::Error when a side is smaller than one patch.
+PreparedImage prepare_image(const cv::Mat& rgb01, const VitConfig& config, int max_side,
+                            const std::string& what = "image");
+
+// Patchify: (gh*gw, 3*P*P), patches in row-major order, each flattened channel-major (c, y, x)
+// exactly as timm's Conv2d patch embedding reads it; pixels normalised (x - mean) / std.
+MatRM patchify(const cv::Mat& rgb01, const VitConfig& config);
+
+// The default long side for a model: its img_size's long side.
+int default_max_side(const VitConfig& config);
+
+}  // namespace vitlens

@@ -1,0 +1,219 @@
+// Export of one image's attention maps: the single path behind `vitlens export` and the viewer's
+// export action.
+#include "vitlens/export.hpp"
+
+#include <chrono>
+
+#include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
+
+namespace vitlens {
+
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+std::string stem_of(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
+  const auto dot = name.find_last_of('.');
+  if (dot != std::string::npos && dot > 0) name = name.substr(0, dot);
+  return name.empty() ? "image" : name;
+}
+
+const char* upsample_name(Upsample u) { return u == Upsample::Nearest ? "nearest" : "bilinear"; }
+
+}  // namespace
+
+ForwardOptions forward_options_for(const ExportSettings& settings) {
+  ForwardOptions options;
+  options.causal = settings.causal;
+  options.mask_padding = true;
+  return options;
+}
+
+MapRequest resolve_request(const VitModel& model, const ForwardResult& result, const ExportSettings& settings) {
+  MapRequest request;
+  const int layers = static_cast<int>(result.layers.size());
+  request.layer = settings.layer < 0 ? layers - 1 : settings.layer;
+  if (request.layer >= layers)
+    throw Error("--layer " + std::to_string(settings.layer) + " is out of range: model '" + model.config.name +
+                "' has " + std::to_string(layers) + " layer(s), 0 to " + std::to_string(layers - 1));
+  switch (settings.select) {
+    case QuerySelect::Received: request.mode = MapMode::Received; break;
+    case QuerySelect::ClassToken: request.mode = MapMode::ClassToken; break;
+    case QuerySelect::Pixel:
+      request.mode = MapMode::Query;
+      request.query_token = token_at_pixel(model.config, result, settings.query_x, settings.query_y);
+      break;
+    case QuerySelect::Patch:
+      request.mode = MapMode::Query;
+      request.query_token = token_at_patch(model.config, result, settings.patch_row, settings.patch_col);
+      break;
+  }
+  if (request.mode == MapMode::ClassToken && result.prefix == 0)
+    throw Error("--cls: model '" + model.config.name + "' has no class token; use --query, --patch or --received");
+  return request;
+}
+
+ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path, const ExportSettings& settings) {
+  ImageAnalysis a;
+  a.image_path = image_path;
+  const int max_side = settings.max_side < 0 ? default_max_side(model.config) : settings.max_side;
+  a.image = prepare_image(load_image_rgb(image_path), model.config, max_side, image_path);
+  const int tokens = model.config.prefix_tokens() + a.image.grid.grid_h * a.image.grid.grid_w;
+  if (settings.raw && tokens > kMaxRawTokens)
+    throw Error(image_path + ": --raw stores (layers, heads, N, N) floats and is limited to " +
+                std::to_string(kMaxRawTokens) + " tokens; this image has " + std::to_string(tokens) +
+                " at its working size; use a smaller --size");
+  ForwardOptions options = forward_options_for(settings);
+  options.keep_probs = settings.raw;
+  auto t0 = std::chrono::steady_clock::now();
+  a.forward = forward(model, a.image.grid, options);
+  a.forward_ms = ms_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  a.request = resolve_request(model, a.forward, settings);
+  a.maps = attention_maps(model, a.forward, a.request);
+  a.maps_ms = ms_since(t0);
+  return a;
+}
+
+std::vector<float> map_scales(const HeadMaps& maps, Normalize normalize) {
+  std::vector<float> scales;
+  float shared = 0.0f;
+  for (const MatRM& m : maps.heads) {
+    scales.push_back(m.maxCoeff());
+    shared = std::max(shared, scales.back());
+  }
+  scales.push_back(maps.mean.maxCoeff());
+  if (normalize == Normalize::Shared) scales.assign(scales.size(), shared);
+  return scales;
+}
+
+std::string head_label(const VitConfig& config, int layer, int head) {
+  std::string label = "head " + std::to_string(head);
+  if (layer >= 0 && layer < static_cast<int>(config.head_descriptions.size())) {
+    const std::string& text = config.head_descriptions[static_cast<size_t>(layer)][static_cast<size_t>(head)];
+    std::string shortname = text.substr(0, text.find(':'));
+    if (shortname.size() > 14) shortname = shortname.substr(0, 14);
+    if (!shortname.empty()) label += " " + shortname;
+  }
+  return label;
+}
+
+ExportImages render_export_images(const VitModel& model, const ImageAnalysis& analysis, const HeatmapStyle& style,
+                                  Normalize normalize) {
+  const int p = model.config.patch_size;
+  const HeadMaps& maps = analysis.maps;
+  const std::vector<float> scales = map_scales(maps, normalize);
+  ExportImages images;
+  std::vector<cv::Mat> tiles;
+  std::vector<std::string> labels;
+  cv::Mat base;
+  analysis.image.rgb.convertTo(base, CV_8UC3, 255.0);
+  tiles.push_back(base);
+  labels.push_back("image");
+  for (size_t h = 0; h < maps.heads.size(); ++h) {
+    images.heads.push_back(heatmap_overlay(analysis.image.rgb, maps.heads[h], p, scales[h], style));
+    tiles.push_back(images.heads.back());
+    labels.push_back(head_label(model.config, analysis.request.layer, static_cast<int>(h)));
+  }
+  images.mean = heatmap_overlay(analysis.image.rgb, maps.mean, p, scales.back(), style);
+  tiles.push_back(images.mean);
+  labels.push_back("mean of heads");
+  const int columns = static_cast<int>(tiles.size()) <= 6 ? 3 : 4;
+  images.montage = montage(tiles, labels, columns);
+  return images;
+}
+
+nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, const ExportSettings& settings) {
+  using nlohmann::json;
+  const VitConfig& cfg = model.config;
+  json j;
+  j["image"] = a.image_path;
+  j["model"] = {{"name", cfg.name}, {"file", model.source}, {"patch_size", cfg.patch_size},
+                {"embed_dim", cfg.embed_dim}, {"num_heads", cfg.num_heads}, {"depth", cfg.depth}};
+  j["source_size"] = {a.image.source_w, a.image.source_h};
+  j["content_size"] = {a.image.content_w, a.image.content_h};
+  j["processed_size"] = {a.image.padded_w, a.image.padded_h};
+  j["resized"] = a.image.resized;
+  j["grid"] = {a.forward.grid_h, a.forward.grid_w};
+  j["tokens"] = a.forward.tokens;
+  j["class_token"] = a.forward.prefix == 1;
+  j["mode"] = map_mode_name(a.request.mode);
+  if (a.request.mode == MapMode::Query) {
+    const int patch = a.request.query_token - a.forward.prefix;
+    const int row = patch / a.forward.grid_w, col = patch % a.forward.grid_w;
+    j["query"] = {{"token", a.request.query_token}, {"patch", {row, col}},
+                  {"pixel_center", {col * cfg.patch_size + cfg.patch_size / 2, row * cfg.patch_size + cfg.patch_size / 2}}};
+  } else {
+    j["query"] = nullptr;
+  }
+  j["layer"] = a.request.layer;
+  int padding = 0;
+  for (uint8_t v : a.image.grid.patch_is_padding) padding += v;
+  j["mask"] = {{"causal", settings.causal}, {"padding_patches", padding}};
+  j["score_scale"] = a.forward.score_scale;
+  j["colormap"] = settings.style.colormap;
+  j["alpha"] = settings.style.alpha;
+  j["upsample"] = upsample_name(settings.style.upsample);
+  j["normalize"] = settings.normalize == Normalize::PerHead ? "head" : "shared";
+  json heads = json::array();
+  for (size_t h = 0; h < a.maps.heads.size(); ++h) {
+    const MatRM& m = a.maps.heads[h];
+    json head = {{"head", h}, {"min", m.minCoeff()}, {"max", m.maxCoeff()}, {"sum", m.sum()},
+                 {"entropy", map_entropy(m)}, {"class_token_weight", a.maps.cls_weight[h]}};
+    const auto layer = static_cast<size_t>(a.request.layer);
+    if (layer < cfg.head_descriptions.size()) head["description"] = cfg.head_descriptions[layer][h];
+    heads.push_back(head);
+  }
+  j["heads"] = heads;
+  j["mean"] = {{"min", a.maps.mean.minCoeff()}, {"max", a.maps.mean.maxCoeff()}, {"entropy", map_entropy(a.maps.mean)}};
+  j["timings_ms"] = {{"forward", a.forward_ms}, {"maps", a.maps_ms}};
+  return j;
+}
+
+std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
+  require_writable_dir(settings.out_dir);
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string base =
+      settings.out_dir + "/" + (settings.stem.empty() ? stem_of(analysis.image_path) : settings.stem);
+  const ExportImages images = render_export_images(model, analysis, settings.style, settings.normalize);
+  const double render_ms = ms_since(t0);
+  std::vector<std::string> written;
+  for (size_t h = 0; h < images.heads.size(); ++h) {
+    written.push_back(base + "_head" + std::to_string(h) + ".png");
+    write_png_atomic(written.back(), images.heads[h]);
+  }
+  written.push_back(base + "_mean.png");
+  write_png_atomic(written.back(), images.mean);
+  written.push_back(base + "_montage.png");
+  write_png_atomic(written.back(), images.montage);
+  if (settings.raw) {
+    // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it.
+    const auto& f = analysis.forward;
+    const size_t n = static_cast<size_t>(f.tokens), heads = static_cast<size_t>(model.config.num_heads);
+    std::vector<float> all;
+    all.reserve(f.layers.size() * heads * n * n);
+    for (const LayerState& layer : f.layers)
+      for (const MatRM& probs : layer.probs) all.insert(all.end(), probs.data(), probs.data() + probs.size());
+    written.push_back(base + "_attn.npy");
+    write_file_atomic(written.back(), npy_bytes_f32({f.layers.size(), heads, n, n}, all.data()));
+  }
+  nlohmann::json sidecar = export_sidecar(model, analysis, settings);
+  sidecar["timings_ms"]["render"] = render_ms;
+  sidecar["files"] = written;
+  written.push_back(base + ".json");
+  write_file_atomic(written.back(), sidecar.dump(2) + "\n");
+  return written;
+}
+
+std::vector<std::string> export_attention(const VitModel& model, const std::string& image_path,
+                                          const ExportSettings& settings) {
+  require_writable_dir(settings.out_dir);
+  return write_export(model, analyse_image(model, image_path, settings), settings);
+}
+
+}  // namespace vitlens

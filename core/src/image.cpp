@@ -1,0 +1,141 @@
+// Image loading and preprocessing: decode, RGB float, resize policy, padding, patchify.
+#include "vitlens/image.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "vitlens/error.hpp"
+
+namespace vitlens {
+
+namespace {
+
+// Any decoded cv::Mat (1..4 channels, 8/16-bit or float) -> CV_32FC3 RGB in [0, 1].
+cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
+  if (decoded.empty()) throw Error(what + ": not an image OpenCV can decode");
+  if (decoded.dims != 2 || decoded.rows < 1 || decoded.cols < 1) throw Error(what + ": image has no pixels");
+  double scale = 1.0;
+  switch (decoded.depth()) {
+    case CV_8U: scale = 1.0 / 255.0; break;
+    case CV_8S: scale = 1.0 / 127.0; break;
+    case CV_16U: scale = 1.0 / 65535.0; break;
+    case CV_16S: scale = 1.0 / 32767.0; break;
+    case CV_32S: scale = 1.0 / 2147483647.0; break;
+    default: scale = 1.0; break;  // float images are taken as [0, 1] and clamped below
+  }
+  cv::Mat as_float;
+  decoded.convertTo(as_float, CV_32F, scale);
+  cv::Mat rgb;
+  switch (as_float.channels()) {
+    case 1: cv::cvtColor(as_float, rgb, cv::COLOR_GRAY2RGB); break;
+    case 2: {  // gray + alpha: keep the gray
+      cv::Mat gray;
+      cv::extractChannel(as_float, gray, 0);
+      cv::cvtColor(gray, rgb, cv::COLOR_GRAY2RGB);
+      break;
+    }
+    case 3: cv::cvtColor(as_float, rgb, cv::COLOR_BGR2RGB); break;
+    case 4: cv::cvtColor(as_float, rgb, cv::COLOR_BGRA2RGB); break;  // alpha dropped, as PIL convert("RGB")
+    default: throw Error(what + ": images with " + std::to_string(as_float.channels()) + " channels are not supported");
+  }
+  cv::patchNaNs(rgb, 0.0);
+  cv::min(rgb, 1.0, rgb);
+  cv::max(rgb, 0.0, rgb);
+  return rgb;
+}
+
+}  // namespace
+
+cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::string& what) {
+  if (bytes.empty()) throw Error(what + ": file is empty");
+  cv::Mat decoded;
+  try {
+    decoded = cv::imdecode(bytes, cv::IMREAD_UNCHANGED | cv::IMREAD_ANYDEPTH);
+  } catch (const cv::Exception&) {
+    throw Error(what + ": not an image OpenCV can decode");
+  }
+  return to_rgb01(decoded, what);
+}
+
+cv::Mat load_image_rgb(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open (missing or unreadable)");
+  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) throw Error(path + ": read error");
+  return decode_image_rgb(bytes, path);
+}
+
+int default_max_side(const VitConfig& config) { return std::max(config.img_h, config.img_w); }
+
+MatRM patchify(const cv::Mat& rgb01, const VitConfig& config) {
+  const int p = config.patch_size;
+  const int gh = rgb01.rows / p, gw = rgb01.cols / p;
+  MatRM patches(gh * gw, 3 * p * p);  // (gh*gw, 3*P*P)
+  for (int pr = 0; pr < gh; ++pr)
+    for (int pc = 0; pc < gw; ++pc) {
+      float* dst = patches.row(pr * gw + pc).data();
+      // channel-major (c, y, x), the order of Conv2d weight (D, 3, P, P)
+      for (int c = 0; c < 3; ++c)
+        for (int y = 0; y < p; ++y) {
+          const cv::Vec3f* src = rgb01.ptr<cv::Vec3f>(pr * p + y) + pc * p;
+          for (int x = 0; x < p; ++x)
+            *dst++ = (src[x][c] - config.mean[static_cast<size_t>(c)]) / config.std[static_cast<size_t>(c)];
+        }
+    }
+  return patches;
+}
+
+PreparedImage prepare_image(const cv::Mat& rgb01, const VitConfig& config, int max_side, const std::string& what) {
+  if (rgb01.type() != CV_32FC3) throw Error(what + ": internal: expected a CV_32FC3 image");
+  const int p = config.patch_size;
+  PreparedImage out;
+  out.source_w = rgb01.cols;
+  out.source_h = rgb01.rows;
+  if (rgb01.cols < p || rgb01.rows < p)
+    throw Error(what + ": image is " + std::to_string(rgb01.cols) + "x" + std::to_string(rgb01.rows) +
+                ", smaller than one " + std::to_string(p) + "x" + std::to_string(p) + " patch");
+  if (max_side < 0) throw Error(what + ": working size must be >= 0");
+
+  cv::Mat content = rgb01;
+  const bool model_size = rgb01.rows == config.img_h && rgb01.cols == config.img_w;
+  const int long_side = std::max(rgb01.cols, rgb01.rows);
+  if (!model_size && max_side > 0 && long_side > max_side) {
+    const double f = static_cast<double>(max_side) / long_side;
+    const int w = std::max(1, static_cast<int>(std::lround(rgb01.cols * f)));
+    const int h = std::max(1, static_cast<int>(std::lround(rgb01.rows * f)));
+    if (w < p || h < p)
+      throw Error(what + ": image " + std::to_string(rgb01.cols) + "x" + std::to_string(rgb01.rows) +
+                  " becomes " + std::to_string(w) + "x" + std::to_string(h) + " at working size " +
+                  std::to_string(max_side) + ", thinner than one patch; use a larger --size");
+    cv::resize(rgb01, content, cv::Size(w, h), 0, 0, cv::INTER_AREA);
+    out.resized = true;
+  }
+  out.content_w = content.cols;
+  out.content_h = content.rows;
+  const int gh = (content.rows + p - 1) / p, gw = (content.cols + p - 1) / p;
+  out.padded_w = gw * p;
+  out.padded_h = gh * p;
+  if (out.padded_w == content.cols && out.padded_h == content.rows) {
+    out.rgb = content.clone();
+  } else {
+    cv::copyMakeBorder(content, out.rgb, 0, out.padded_h - content.rows, 0, out.padded_w - content.cols,
+                       cv::BORDER_CONSTANT, cv::Scalar(0, 0, 0));
+  }
+  out.grid.grid_h = gh;
+  out.grid.grid_w = gw;
+  out.grid.patches = patchify(out.rgb, config);
+  // A patch holding any padded pixel is a padding patch: its embedding mixes in made-up pixels.
+  out.grid.patch_is_padding.assign(static_cast<size_t>(gh * gw), 0);
+  for (int r = 0; r < gh; ++r)
+    for (int c = 0; c < gw; ++c)
+      if ((r + 1) * p > content.rows || (c + 1) * p > content.cols)
+        out.grid.patch_is_padding[static_cast<size_t>(r * gw + c)] = 1;
+  return out;
+}
+
+}  // namespace vitlens

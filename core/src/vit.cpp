@@ -1,0 +1,267 @@
+// The ViT forward pass, step by step as timm's VisionTransformer.forward_features computes it.
+#include "vitlens/vit.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "vitlens/error.hpp"
+
+namespace vitlens {
+
+std::string VitConfig::validate() const {
+  std::ostringstream why;
+  if (patch_size < 1 || patch_size > 64) why << "patch_size " << patch_size << " is not in [1, 64]";
+  else if (embed_dim < 1 || embed_dim > 8192) why << "embed_dim " << embed_dim << " is not in [1, 8192]";
+  else if (num_heads < 1 || num_heads > embed_dim) why << "num_heads " << num_heads << " is not in [1, embed_dim]";
+  else if (embed_dim % num_heads != 0)
+    why << "embed_dim " << embed_dim << " is not divisible by num_heads " << num_heads;
+  else if (depth < 1 || depth > 256) why << "depth " << depth << " is not in [1, 256]";
+  else if (img_h < patch_size || img_w < patch_size || img_h > 16384 || img_w > 16384)
+    why << "img_size [" << img_h << ", " << img_w << "] is not in [patch_size, 16384]";
+  else if (img_h % patch_size != 0 || img_w % patch_size != 0)
+    why << "img_size [" << img_h << ", " << img_w << "] is not a multiple of patch_size " << patch_size;
+  else if (!(mlp_ratio > 0.0f) || mlp_ratio > 64.0f || mlp_hidden() < 1)
+    why << "mlp_ratio " << mlp_ratio << " is not in (0, 64]";
+  else if (!(norm_eps > 0.0f) || norm_eps > 1.0f) why << "norm_eps " << norm_eps << " is not in (0, 1]";
+  else {
+    for (int c = 0; c < 3; ++c) {
+      if (!std::isfinite(mean[c])) { why << "mean[" << c << "] is not finite"; break; }
+      if (!(std[c] > 0.0f) || !std::isfinite(std[c])) { why << "std[" << c << "] " << std[c] << " is not positive"; break; }
+    }
+  }
+  if (why.tellp() == 0 && !head_descriptions.empty()) {
+    if (static_cast<int>(head_descriptions.size()) != depth)
+      why << "head_descriptions has " << head_descriptions.size() << " layers, depth is " << depth;
+    else
+      for (const auto& layer : head_descriptions)
+        if (static_cast<int>(layer.size()) != num_heads) {
+          why << "head_descriptions has a layer with " << layer.size() << " heads, num_heads is " << num_heads;
+          break;
+        }
+  }
+  return why.str();
+}
+
+int64_t VitModel::parameter_count() const { return static_cast<int64_t>(storage.size()); }
+
+KeyMask build_key_mask(const VitConfig& config, const PatchGrid& grid, const ForwardOptions& options) {
+  KeyMask mask;
+  mask.causal = options.causal;
+  const int prefix = config.prefix_tokens();
+  const int patches = grid.grid_h * grid.grid_w;
+  bool any_forbidden = false;
+  std::vector<uint8_t> allowed(static_cast<size_t>(prefix + patches), 1);
+  for (int p = 0; p < patches; ++p) {
+    bool forbid = false;
+    if (options.mask_padding && !grid.patch_is_padding.empty() && grid.patch_is_padding[p]) forbid = true;
+    if (!options.forbidden_patches.empty()) {
+      if (static_cast<int>(options.forbidden_patches.size()) != patches)
+        throw Error("painted mask has " + std::to_string(options.forbidden_patches.size()) +
+                    " patches, the image has " + std::to_string(patches));
+      if (options.forbidden_patches[p]) forbid = true;
+    }
+    if (forbid) {
+      allowed[static_cast<size_t>(prefix + p)] = 0;
+      any_forbidden = true;
+    }
+  }
+  if (any_forbidden) mask.key_allowed = std::move(allowed);
+  return mask;
+}
+
+namespace {
+
+// torch's upsample_bicubic2d kernel (A = -0.75), aten/src/ATen/native/UpSample.h.
+float cubic_near(float x, float a) { return ((a + 2.0f) * x - (a + 3.0f)) * x * x + 1.0f; }
+float cubic_far(float x, float a) { return ((a * x - 5.0f * a) * x + 8.0f * a) * x - 4.0f * a; }
+
+void cubic_coefficients(float t, float coeffs[4]) {
+  constexpr float kA = -0.75f;
+  coeffs[0] = cubic_far(t + 1.0f, kA);
+  coeffs[1] = cubic_near(t, kA);
+  coeffs[2] = cubic_near(1.0f - t, kA);
+  coeffs[3] = cubic_far(2.0f - t, kA);
+}
+
+// Source taps for output index `out` of an in -> out resize, align_corners=False; for cubic the
+// source coordinate is not clamped at 0, the taps are clamped to the border instead.
+void cubic_taps(int out, int in_size, int out_size, int taps[4], float coeffs[4]) {
+  const float scale = static_cast<float>(in_size) / static_cast<float>(out_size);
+  const float src = (static_cast<float>(out) + 0.5f) * scale - 0.5f;
+  const float base = std::floor(src);
+  cubic_coefficients(src - base, coeffs);
+  for (int k = 0; k < 4; ++k)
+    taps[k] = std::clamp(static_cast<int>(base) - 1 + k, 0, in_size - 1);
+}
+
+// x = LayerNorm(x) row by row over D, statistics in double; out may alias nothing.
+void layer_norm(const MatRM& x, const float* weight, const float* bias, float eps, MatRM& out) {
+  const int n = static_cast<int>(x.rows()), dim = static_cast<int>(x.cols());
+  out.resize(n, dim);
+  for (int i = 0; i < n; ++i) {
+    const float* row = x.row(i).data();
+    double mean = 0.0;
+    for (int c = 0; c < dim; ++c) mean += row[c];
+    mean /= dim;
+    double var = 0.0;
+    for (int c = 0; c < dim; ++c) var += (row[c] - mean) * (row[c] - mean);
+    var /= dim;  // biased, as torch.nn.LayerNorm
+    const double inv = 1.0 / std::sqrt(var + static_cast<double>(eps));
+    float* dst = out.row(i).data();
+    for (int c = 0; c < dim; ++c)
+      dst[c] = static_cast<float>((row[c] - mean) * inv) * weight[c] + bias[c];
+  }
+}
+
+// y = x W^T + b  (nn.Linear), W (out, in) row-major; b may be null.
+void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y) {
+  ConstMapRM weight(w, out_features, x.cols());
+  y.resize(x.rows(), out_features);
+  y.noalias() = x * weight.transpose();
+  if (b) y.rowwise() += ConstMapVec(b, out_features).transpose();
+}
+
+}  // namespace
+
+MatRM positional_table(const VitModel& model, int grid_h, int grid_w) {
+  const VitConfig& cfg = model.config;
+  const int dim = cfg.embed_dim, prefix = cfg.prefix_tokens();
+  const int gh0 = cfg.grid_h(), gw0 = cfg.grid_w();
+  ConstMapRM pos(model.w.pos_embed, cfg.pos_tokens(), dim);
+  if (grid_h == gh0 && grid_w == gw0) return pos;
+
+  MatRM table(prefix + grid_h * grid_w, dim);
+  if (prefix) table.topRows(prefix) = pos.topRows(prefix);
+  // Separable bicubic: first along columns (gw0 -> grid_w) for every source row, then rows.
+  MatRM along_w(gh0 * grid_w, dim);
+  for (int c = 0; c < grid_w; ++c) {
+    int taps[4];
+    float coeffs[4];
+    cubic_taps(c, gw0, grid_w, taps, coeffs);
+    for (int r = 0; r < gh0; ++r) {
+      auto dst = along_w.row(r * grid_w + c);
+      dst.setZero();
+      for (int k = 0; k < 4; ++k) dst += coeffs[k] * pos.row(prefix + r * gw0 + taps[k]);
+    }
+  }
+  for (int r = 0; r < grid_h; ++r) {
+    int taps[4];
+    float coeffs[4];
+    cubic_taps(r, gh0, grid_h, taps, coeffs);
+    for (int c = 0; c < grid_w; ++c) {
+      auto dst = table.row(prefix + r * grid_w + c);
+      dst.setZero();
+      for (int k = 0; k < 4; ++k) dst += coeffs[k] * along_w.row(taps[k] * grid_w + c);
+    }
+  }
+  return table;
+}
+
+ForwardResult forward(const VitModel& model, const PatchGrid& grid, const ForwardOptions& options) {
+  const VitConfig& cfg = model.config;
+  const int dim = cfg.embed_dim, heads = cfg.num_heads, hd = cfg.head_dim();
+  const int prefix = cfg.prefix_tokens();
+  const int patches = grid.grid_h * grid.grid_w;
+  const int n = prefix + patches;
+  if (patches < 1) throw Error("the image has no whole patch");
+  if (grid.patches.rows() != patches || grid.patches.cols() != cfg.patch_values())
+    throw Error("patch grid does not match the model's patch size");
+
+  ForwardResult result;
+  result.tokens = n;
+  result.prefix = prefix;
+  result.grid_h = grid.grid_h;
+  result.grid_w = grid.grid_w;
+  result.score_scale = options.score_scale >= 0.0f ? options.score_scale
+                                                   : 1.0f / std::sqrt(static_cast<float>(hd));
+  result.mask = build_key_mask(cfg, grid, options);
+
+  // Which query rows the attention-received mean averages over: every token except padding.
+  std::vector<uint8_t> counts_as_query(static_cast<size_t>(n), 1);
+  if (options.mask_padding && !grid.patch_is_padding.empty())
+    for (int p = 0; p < patches; ++p)
+      if (grid.patch_is_padding[p]) counts_as_query[static_cast<size_t>(prefix + p)] = 0;
+  result.received_queries = static_cast<int>(std::count(counts_as_query.begin(), counts_as_query.end(), 1));
+
+  // x = patch_embed(img): Conv2d(3, D, P, stride=P) == patches (Np, 3PP) @ W (D, 3PP)^T + b
+  MatRM x(n, dim);
+  {
+    MatRM tokens;
+    linear(grid.patches, model.w.patch_w, model.w.patch_b, dim, tokens);
+    x.bottomRows(patches) = tokens;
+    // x = cat(cls_token, x); x = x + pos_embed
+    if (prefix) x.row(0) = ConstMapVec(model.w.cls_token, dim).transpose();
+    x += positional_table(model, grid.grid_h, grid.grid_w);
+  }
+
+  const int block_rows = 64;  // query rows per score block: (64, N) floats, never (N, N)
+  const float total_steps = static_cast<float>(cfg.depth * heads);
+  MatRM normed, attn_out(n, dim), projected, hidden, mlp_out, scores;
+  result.layers.resize(static_cast<size_t>(cfg.depth));
+  for (int l = 0; l < cfg.depth; ++l) {
+    const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
+    LayerState& state = result.layers[static_cast<size_t>(l)];
+    // qkv = self.qkv(self.norm1(x)).reshape(B, N, 3, H, d): columns [Q | K | V], head-major
+    layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed);
+    linear(normed, b.qkv_w, b.qkv_b, 3 * dim, state.qkv);
+    state.received = MatRM::Zero(heads, n);
+    if (prefix) state.cls_row.resize(heads, n);
+    if (options.keep_probs) state.probs.assign(static_cast<size_t>(heads), MatRM(n, n));
+
+    for (int h = 0; h < heads; ++h) {
+      const auto q = state.qkv.middleCols(h * hd, hd);
+      const auto k = state.qkv.middleCols(dim + h * hd, hd);
+      const auto v = state.qkv.middleCols(2 * dim + h * hd, hd);
+      RowVecF column_sums = RowVecF::Zero(n);
+      for (int r0 = 0; r0 < n; r0 += block_rows) {
+        const int rows = std::min(block_rows, n - r0);
+        // attn = (q * scale) @ k.transpose(-2, -1); attn.softmax(dim=-1)
+        scores.noalias() = (q.middleRows(r0, rows) * k.transpose()) * result.score_scale;
+        masked_softmax_rows(scores, result.mask, r0);
+        // x = attn @ v, written into this head's columns of (N, D) (the transpose(1, 2).reshape)
+        attn_out.block(r0, h * hd, rows, hd).noalias() = scores * v;
+        for (int r = 0; r < rows; ++r)
+          if (counts_as_query[static_cast<size_t>(r0 + r)]) column_sums += scores.row(r);
+        if (prefix && r0 == 0) state.cls_row.row(h) = scores.row(0);
+        if (options.keep_probs) state.probs[static_cast<size_t>(h)].middleRows(r0, rows) = scores;
+      }
+      if (result.received_queries > 0) state.received.row(h) = column_sums / static_cast<float>(result.received_queries);
+      if (options.progress && !options.progress(static_cast<float>(l * heads + h + 1) / total_steps))
+        throw Error("cancelled");
+    }
+    // x = x + self.proj(attn_out)          (W^O)
+    linear(attn_out, b.proj_w, b.proj_b, dim, projected);
+    x += projected;
+    // x = x + fc2(GELU(fc1(norm2(x))))   exact erf GELU, as nn.GELU()
+    layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed);
+    linear(normed, b.fc1_w, b.fc1_b, cfg.mlp_hidden(), hidden);
+    hidden = hidden.unaryExpr([](float t) { return 0.5f * t * (1.0f + std::erf(t * 0.70710678118654752f)); });
+    linear(hidden, b.fc2_w, b.fc2_b, dim, mlp_out);
+    x += mlp_out;
+  }
+  layer_norm(x, model.w.norm_w, model.w.norm_b, cfg.norm_eps, result.output);
+  return result;
+}
+
+void attention_row(const VitModel& model, const ForwardResult& result, int layer, int head, int query,
+                   float* out) {
+  const VitConfig& cfg = model.config;
+  if (layer < 0 || layer >= static_cast<int>(result.layers.size()))
+    throw Error("layer " + std::to_string(layer) + " is out of range [0, " + std::to_string(result.layers.size()) + ")");
+  if (head < 0 || head >= cfg.num_heads)
+    throw Error("head " + std::to_string(head) + " is out of range [0, " + std::to_string(cfg.num_heads) + ")");
+  if (query < 0 || query >= result.tokens)
+    throw Error("query token " + std::to_string(query) + " is out of range [0, " + std::to_string(result.tokens) + ")");
+  const int dim = cfg.embed_dim, hd = cfg.head_dim(), n = result.tokens;
+  const MatRM& qkv = result.layers[static_cast<size_t>(layer)].qkv;
+  // scores_j = q_query . k_j * scale for every key j: O(N d), one row of the (N, N) matrix.
+  const auto q = qkv.row(query).segment(head * hd, hd);
+  const auto k = qkv.middleCols(dim + head * hd, hd);
+  MatRM row(1, n);
+  row.noalias() = (q * k.transpose()) * result.score_scale;
+  masked_softmax_rows(row, result.mask, query);
+  std::copy(row.data(), row.data() + n, out);
+}
+
+}  // namespace vitlens

@@ -1,0 +1,34 @@
+#pragma once
+// safetensors files (https://huggingface.co/docs/safetensors): 8-byte little-endian header
+// length, a JSON header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str:
+// str}}, then raw little-endian C-order data. vitlens reads F32, F16 and BF16 (converted to
+// float) and writes F32.
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace vitlens {
+
+struct TensorData {
+  std::vector<int64_t> shape;
+  std::vector<float> values;  // C order, product(shape) values
+  std::string source_dtype = "F32";  // as stored in the file
+  size_t numel() const;
+};
+
+struct SafetensorsFile {
+  std::map<std::string, std::string> metadata;  // __metadata__
+  std::map<std::string, TensorData> tensors;
+};
+
+// Throws vitlens::Error with a one-line message naming the file and the tensor or field on any
+// malformed input: truncated file, header length past the end, header not JSON or not an object,
+// bad dtype/shape/data_offsets (out of range, overlapping, size not matching dtype * shape).
+SafetensorsFile read_safetensors(const std::string& path);
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& what);
+
+std::string safetensors_bytes(const SafetensorsFile& file);  // F32 data, names sorted
+void write_safetensors(const std::string& path, const SafetensorsFile& file);  // atomic
+
+}  // namespace vitlens

@@ -1,0 +1,280 @@
+// ViT models from and to safetensors: config JSON in the metadata, timm tensor names.
+#include "vitlens/model_io.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "vitlens/error.hpp"
+
+namespace vitlens {
+
+namespace {
+
+using nlohmann::json;
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << "]";
+  return s.str();
+}
+
+const json& require_key(const json& j, const char* key, const std::string& what) {
+  if (!j.contains(key)) throw Error(what + ": config key '" + key + "' is missing");
+  return j.at(key);
+}
+
+int get_int(const json& j, const char* key, const std::string& what) {
+  const json& v = require_key(j, key, what);
+  if (!v.is_number_integer()) throw Error(what + ": config key '" + key + "' must be an integer");
+  const auto x = v.get<int64_t>();
+  if (x < -1000000000 || x > 1000000000) throw Error(what + ": config key '" + key + "' is out of range");
+  return static_cast<int>(x);
+}
+
+float get_float(const json& j, const char* key, const std::string& what) {
+  const json& v = require_key(j, key, what);
+  if (!v.is_number()) throw Error(what + ": config key '" + key + "' must be a number");
+  return v.get<float>();
+}
+
+bool get_bool(const json& j, const char* key, const std::string& what) {
+  const json& v = require_key(j, key, what);
+  if (!v.is_boolean()) throw Error(what + ": config key '" + key + "' must be true or false");
+  return v.get<bool>();
+}
+
+std::string get_string(const json& j, const char* key, const std::string& what) {
+  const json& v = require_key(j, key, what);
+  if (!v.is_string()) throw Error(what + ": config key '" + key + "' must be a string");
+  return v.get<std::string>();
+}
+
+std::array<float, 3> get_rgb(const json& j, const char* key, const std::string& what) {
+  const json& v = require_key(j, key, what);
+  if (!v.is_array() || v.size() != 3) throw Error(what + ": config key '" + key + "' must be a list of 3 numbers");
+  std::array<float, 3> out{};
+  for (size_t c = 0; c < 3; ++c) {
+    if (!v[c].is_number()) throw Error(what + ": config key '" + key + "' must be a list of 3 numbers");
+    out[c] = v[c].get<float>();
+  }
+  return out;
+}
+
+bool path_exists(const std::string& p) {
+  struct stat st {};
+  return ::stat(p.c_str(), &st) == 0;
+}
+
+}  // namespace
+
+VitConfig config_from_json(const json& j, const std::string& what) {
+  if (!j.is_object()) throw Error(what + ": config is not a JSON object");
+  VitConfig c;
+  c.name = get_string(j, "name", what);
+  c.description = get_string(j, "description", what);
+  c.patch_size = get_int(j, "patch_size", what);
+  c.embed_dim = get_int(j, "embed_dim", what);
+  c.num_heads = get_int(j, "num_heads", what);
+  c.depth = get_int(j, "depth", what);
+  const json& img = require_key(j, "img_size", what);
+  if (img.is_number_integer()) {
+    c.img_h = c.img_w = img.get<int>();
+  } else if (img.is_array() && img.size() == 2 && img[0].is_number_integer() && img[1].is_number_integer()) {
+    c.img_h = img[0].get<int>();
+    c.img_w = img[1].get<int>();
+  } else {
+    throw Error(what + ": config key 'img_size' must be [height, width] integers");
+  }
+  c.class_token = get_bool(j, "class_token", what);
+  c.mlp_ratio = get_float(j, "mlp_ratio", what);
+  c.norm_eps = get_float(j, "norm_eps", what);
+  c.mean = get_rgb(j, "mean", what);
+  c.std = get_rgb(j, "std", what);
+  c.qkv_bias = get_bool(j, "qkv_bias", what);
+  if (j.contains("head_descriptions")) {
+    const json& hd = j["head_descriptions"];
+    bool ok = hd.is_array();
+    if (ok)
+      for (const json& layer : hd) {
+        if (!layer.is_array()) { ok = false; break; }
+        std::vector<std::string> texts;
+        for (const json& t : layer) {
+          if (!t.is_string()) { ok = false; break; }
+          texts.push_back(t.get<std::string>());
+        }
+        c.head_descriptions.push_back(std::move(texts));
+      }
+    if (!ok) throw Error(what + ": config key 'head_descriptions' must be a list of lists of strings");
+  }
+  const std::string why = c.validate();
+  if (!why.empty()) throw Error(what + ": inconsistent config: " + why);
+  return c;
+}
+
+json config_to_json(const VitConfig& c) {
+  json j = {{"name", c.name},           {"description", c.description}, {"patch_size", c.patch_size},
+            {"embed_dim", c.embed_dim}, {"num_heads", c.num_heads},     {"depth", c.depth},
+            {"img_size", {c.img_h, c.img_w}}, {"class_token", c.class_token}, {"mlp_ratio", c.mlp_ratio},
+            {"norm_eps", c.norm_eps},   {"mean", c.mean},               {"std", c.std},
+            {"qkv_bias", c.qkv_bias}};
+  if (!c.head_descriptions.empty()) j["head_descriptions"] = c.head_descriptions;
+  return j;
+}
+
+std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConfig& c) {
+  const int64_t d = c.embed_dim, p = c.patch_size, hm = c.mlp_hidden();
+  std::map<std::string, std::vector<int64_t>> s;
+  s["patch_embed.proj.weight"] = {d, 3, p, p};
+  s["patch_embed.proj.bias"] = {d};
+  if (c.class_token) s["cls_token"] = {1, 1, d};
+  s["pos_embed"] = {1, c.pos_tokens(), d};
+  for (int i = 0; i < c.depth; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    s[b + "norm1.weight"] = {d};
+    s[b + "norm1.bias"] = {d};
+    s[b + "attn.qkv.weight"] = {3 * d, d};
+    if (c.qkv_bias) s[b + "attn.qkv.bias"] = {3 * d};
+    s[b + "attn.proj.weight"] = {d, d};
+    s[b + "attn.proj.bias"] = {d};
+    s[b + "norm2.weight"] = {d};
+    s[b + "norm2.bias"] = {d};
+    s[b + "mlp.fc1.weight"] = {hm, d};
+    s[b + "mlp.fc1.bias"] = {hm};
+    s[b + "mlp.fc2.weight"] = {d, hm};
+    s[b + "mlp.fc2.bias"] = {d};
+  }
+  s["norm.weight"] = {d};
+  s["norm.bias"] = {d};
+  return s;
+}
+
+VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, const std::string& what) {
+  auto shapes = expected_tensor_shapes(config);
+  // The classifier head is optional, but when present it must fit the embed dim.
+  const auto head_w = tensors.find("head.weight");
+  const auto head_b = tensors.find("head.bias");
+  int num_classes = 0;
+  if (head_w != tensors.end() || head_b != tensors.end()) {
+    if (head_w == tensors.end() || head_b == tensors.end())
+      throw Error(what + ": tensor 'head.weight' and 'head.bias' must both be present or both absent");
+    if (head_w->second.shape.size() != 2 || head_w->second.shape[0] < 1)
+      throw Error(what + ": tensor 'head.weight' has shape " + shape_text(head_w->second.shape) + ", expected [classes, " +
+                  std::to_string(config.embed_dim) + "]");
+    num_classes = static_cast<int>(head_w->second.shape[0]);
+    shapes["head.weight"] = {num_classes, config.embed_dim};
+    shapes["head.bias"] = {num_classes};
+  }
+  if (!config.qkv_bias)
+    for (int i = 0; i < config.depth; ++i)
+      if (tensors.count("blocks." + std::to_string(i) + ".attn.qkv.bias"))
+        throw Error(what + ": tensor 'blocks." + std::to_string(i) + ".attn.qkv.bias' is present but config says qkv_bias false");
+
+  VitModel model;
+  model.config = config;
+  model.source = what;
+  size_t total = 0;
+  for (const auto& [name, shape] : shapes) {
+    const auto it = tensors.find(name);
+    if (it == tensors.end()) throw Error(what + ": tensor '" + name + "' is missing");
+    if (it->second.shape != shape)
+      throw Error(what + ": tensor '" + name + "' has shape " + shape_text(it->second.shape) + ", expected " + shape_text(shape));
+    for (float v : it->second.values)
+      if (!std::isfinite(v)) throw Error(what + ": tensor '" + name + "' holds NaN or infinite values");
+    total += it->second.values.size();
+  }
+  // One blob; the weight views point into it (the vector never reallocates after this).
+  model.storage.reserve(total);
+  std::map<std::string, const float*> at;
+  for (const auto& entry : shapes) {
+    const auto& values = tensors.at(entry.first).values;
+    at[entry.first] = model.storage.data() + model.storage.size();
+    model.storage.insert(model.storage.end(), values.begin(), values.end());
+  }
+  auto view = [&](const std::string& name) -> const float* {
+    const auto it = at.find(name);
+    return it == at.end() ? nullptr : it->second;
+  };
+  VitWeights& w = model.w;
+  w.patch_w = view("patch_embed.proj.weight");
+  w.patch_b = view("patch_embed.proj.bias");
+  w.cls_token = view("cls_token");
+  w.pos_embed = view("pos_embed");
+  for (int i = 0; i < config.depth; ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    BlockWeights bw;
+    bw.norm1_w = view(b + "norm1.weight");
+    bw.norm1_b = view(b + "norm1.bias");
+    bw.qkv_w = view(b + "attn.qkv.weight");
+    bw.qkv_b = view(b + "attn.qkv.bias");
+    bw.proj_w = view(b + "attn.proj.weight");
+    bw.proj_b = view(b + "attn.proj.bias");
+    bw.norm2_w = view(b + "norm2.weight");
+    bw.norm2_b = view(b + "norm2.bias");
+    bw.fc1_w = view(b + "mlp.fc1.weight");
+    bw.fc1_b = view(b + "mlp.fc1.bias");
+    bw.fc2_w = view(b + "mlp.fc2.weight");
+    bw.fc2_b = view(b + "mlp.fc2.bias");
+    w.blocks.push_back(bw);
+  }
+  w.norm_w = view("norm.weight");
+  w.norm_b = view("norm.bias");
+  w.head_w = view("head.weight");
+  w.head_b = view("head.bias");
+  w.num_classes = num_classes;
+  return model;
+}
+
+VitModel load_model(const std::string& path) {
+  SafetensorsFile file = read_safetensors(path);
+  const auto it = file.metadata.find("config");
+  if (it == file.metadata.end())
+    throw Error(path + ": no vitlens config: __metadata__[\"config\"] is missing (see README, Model files)");
+  json config_json;
+  try {
+    config_json = json::parse(it->second);
+  } catch (const json::exception&) {
+    throw Error(path + ": __metadata__[\"config\"] is not valid JSON");
+  }
+  const VitConfig config = config_from_json(config_json, path);
+  return model_from_tensors(config, file.tensors, path);
+}
+
+void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors) {
+  const std::string why = config.validate();
+  if (!why.empty()) throw Error(path + ": refusing to save an inconsistent config: " + why);
+  // Check the tensors the same way a load would, so a file we write always loads.
+  (void)model_from_tensors(config, tensors, path);
+  SafetensorsFile file;
+  file.tensors = tensors;
+  file.metadata["config"] = config_to_json(config).dump();
+  file.metadata["format"] = "pt";
+  write_safetensors(path, file);
+}
+
+std::string assets_dir() {
+  if (const char* env = std::getenv("VITLENS_ASSETS"); env && *env) return env;
+#ifdef VITLENS_SOURCE_ASSETS
+  if (path_exists(VITLENS_SOURCE_ASSETS)) return VITLENS_SOURCE_ASSETS;
+#endif
+  char exe[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (n > 0) {
+    std::string dir(exe, static_cast<size_t>(n));
+    dir = dir.substr(0, dir.find_last_of('/'));
+    for (const char* rel : {"/assets", "/../assets", "/../share/vitlens/assets"})
+      if (path_exists(dir + rel)) return dir + rel;
+  }
+  return "assets";
+}
+
+std::string default_model_path() { return assets_dir() + "/models/vitlens-designed.safetensors"; }
+std::string random_model_path() { return assets_dir() + "/models/vitlens-random.safetensors"; }
+std::string default_image_path() { return assets_dir() + "/images/vitlens-demo.png"; }
+
+}  // namespace vitlens
