@@ -6,6 +6,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "vitlens/error.hpp"
 #include "vitlens/export.hpp"
 
 namespace vitlens::cli {
@@ -33,7 +34,12 @@ struct InfoArgs {
 void add_info_command(CLI::App& app, InfoArgs& args);
 int run_info(const InfoArgs& args);
 
-// "X,Y" -> two integers, or throws vitlens::Error naming the flag.
+// A flag value the parser accepted but the command cannot use: exits with kExitUsage.
+struct UsageError : Error {
+  using Error::Error;
+};
+
+// "X,Y" -> two integers, or throws UsageError naming the flag.
 void parse_pair(const std::string& text, const char* flag, int& first, int& second);
 
 // One line on stderr: "vitlens: <message>".

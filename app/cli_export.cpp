@@ -66,6 +66,9 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
 
 int run_export(ExportArgs& args) {
   ExportSettings& s = args.settings;
+  // CLI::Range lets NaN through (every comparison with NaN is false).
+  if (!(s.style.alpha >= 0.0f && s.style.alpha <= 1.0f))
+    throw UsageError("--alpha must be a number from 0 to 1, got " + std::to_string(s.style.alpha));
   if (!args.query.empty()) {
     s.select = QuerySelect::Pixel;
     parse_pair(args.query, "--query", s.query_x, s.query_y);
@@ -116,7 +119,7 @@ int run_export(ExportArgs& args) {
   }
   if (show_progress && total > 1) std::fprintf(stderr, "\r\033[K");
   if (failed > 0) {
-    report_error(std::to_string(failed) + " of " + std::to_string(total) + " image(s) failed");
+    if (total > 1) report_error(std::to_string(failed) + " of " + std::to_string(total) + " image(s) failed");
     return kExitFailed;
   }
   return kExitOk;

@@ -18,10 +18,10 @@ void parse_pair(const std::string& text, const char* flag, int& first, int& seco
       if (used != part.size() || v < -1000000 || v > 1000000) throw std::invalid_argument(part);
       out = static_cast<int>(v);
     } catch (const std::exception&) {
-      throw Error(std::string(flag) + " expects two integers as A,B; got '" + text + "'");
+      throw UsageError(std::string(flag) + " expects two integers as A,B; got '" + text + "'");
     }
   };
-  if (comma == std::string::npos) throw Error(std::string(flag) + " expects two integers as A,B; got '" + text + "'");
+  if (comma == std::string::npos) throw UsageError(std::string(flag) + " expects two integers as A,B; got '" + text + "'");
   parse_int(text.substr(0, comma), first);
   parse_int(text.substr(comma + 1), second);
 }
@@ -58,6 +58,9 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("info")) return run_info(info_args);
     std::cout << app.help();
     return kExitOk;
+  } catch (const UsageError& e) {
+    report_error(std::string(e.what()) + " (see 'vitlens --help')");
+    return kExitUsage;
   } catch (const vitlens::Error& e) {
     report_error(e.what());
     return kExitFailed;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <iterator>
 
@@ -11,9 +12,39 @@
 
 #include "vitlens/error.hpp"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 namespace vitlens {
 
 namespace {
+
+// libpng and libjpeg print their own complaints ("libpng error: ...") straight to stderr while
+// OpenCV decodes. vitlens reports a bad image in one line of its own, so their chatter is
+// routed to /dev/null for the duration of a decode.
+class QuietStderr {
+ public:
+  QuietStderr() {
+    std::fflush(stderr);
+    saved_ = ::dup(STDERR_FILENO);
+    const int null_fd = ::open("/dev/null", O_WRONLY);
+    if (saved_ >= 0 && null_fd >= 0) ::dup2(null_fd, STDERR_FILENO);
+    if (null_fd >= 0) ::close(null_fd);
+  }
+  ~QuietStderr() {
+    std::fflush(stderr);
+    if (saved_ >= 0) {
+      ::dup2(saved_, STDERR_FILENO);
+      ::close(saved_);
+    }
+  }
+  QuietStderr(const QuietStderr&) = delete;
+  QuietStderr& operator=(const QuietStderr&) = delete;
+
+ private:
+  int saved_ = -1;
+};
 
 // Any decoded cv::Mat (1..4 channels, 8/16-bit or float) -> CV_32FC3 RGB in [0, 1].
 cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
@@ -55,6 +86,7 @@ cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::str
   if (bytes.empty()) throw Error(what + ": file is empty");
   cv::Mat decoded;
   try {
+    QuietStderr quiet;
     decoded = cv::imdecode(bytes, cv::IMREAD_UNCHANGED | cv::IMREAD_ANYDEPTH);
   } catch (const cv::Exception&) {
     throw Error(what + ": not an image OpenCV can decode");
@@ -62,12 +94,22 @@ cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::str
   return to_rgb01(decoded, what);
 }
 
-cv::Mat load_image_rgb(const std::string& path) {
+std::string read_whole_file(const std::string& path, const std::string& kind) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open " + kind + " (no such file)");
+  if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not " + kind);
   std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open (missing or unreadable)");
-  std::vector<unsigned char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error(path + ": read error");
-  return decode_image_rgb(bytes, path);
+  if (!in) throw Error(path + ": cannot open " + kind + " (not readable)");
+  try {
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  } catch (const std::exception&) {
+    throw Error(path + ": read error");
+  }
+}
+
+cv::Mat load_image_rgb(const std::string& path) {
+  const std::string bytes = read_whole_file(path, "an image file");
+  return decode_image_rgb(std::vector<unsigned char>(bytes.begin(), bytes.end()), path);
 }
 
 int default_max_side(const VitConfig& config) { return std::max(config.img_h, config.img_w); }

@@ -11,6 +11,7 @@
 
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/image.hpp"
 
 namespace vitlens {
 
@@ -165,11 +166,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open model file (missing or unreadable)");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) throw Error(path + ": read error");
-  return parse_safetensors(bytes, path);
+  return parse_safetensors(read_whole_file(path, "a model file"), path);
 }
 
 std::string safetensors_bytes(const SafetensorsFile& file) {

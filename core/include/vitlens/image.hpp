@@ -14,6 +14,10 @@ namespace vitlens {
 // Throws vitlens::Error naming the path when the file is missing, unreadable or not an image.
 cv::Mat load_image_rgb(const std::string& path);
 
+// A whole file's bytes; `kind` names it in errors ("an image file"). Throws vitlens::Error for a
+// missing path, a folder or an unreadable file.
+std::string read_whole_file(const std::string& path, const std::string& kind);
+
 // The same from bytes already in memory (any format OpenCV decodes). `what` names it in errors.
 cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::string& what);
 

@@ -1,0 +1,267 @@
+// `vitlens` end to end: exit codes, files, PNG sizes, npy shape and dtype, JSON fields, one-line
+// errors, batches with a bad image, atomic writes.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <opencv2/imgcodecs.hpp>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
+
+using namespace vitlens;
+
+namespace {
+
+struct Run {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Runs the real binary with arguments (already shell-quoted where needed).
+Run run(const std::string& args) {
+  static const std::string dir = test::temp_dir("cli-run");
+  const std::string cmd = std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir + "/err </dev/null";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir + "/out");
+  r.err = slurp(dir + "/err");
+  return r;
+}
+
+int lines(const std::string& text) {
+  int n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
+}
+
+struct Fixture {
+  std::string dir = test::temp_dir("cli");
+  std::string model = dir + "/model.safetensors";
+  std::string image = dir + "/photo.png";
+  Fixture() {
+    VitConfig c = test::small_config(16, true, 2);
+    save_model(model, c, test::random_tensors(c, 17));
+    cv::Mat img(18, 22, CV_8UC3);  // 22x18 at native size -> 24x20 padded, 6x5 patches
+    cv::randu(img, 0, 255);
+    REQUIRE(cv::imwrite(image, img));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("cli: --help, --version, export --help", "[cli]") {
+  Run v = run("--version");
+  CHECK(v.code == 0);
+  CHECK_THAT(v.out, Catch::Contains("vitlens " VITLENS_VERSION));
+  Run h = run("--help");
+  CHECK(h.code == 0);
+  CHECK_THAT(h.out, Catch::Contains("export") && Catch::Contains("info"));
+  Run eh = run("export --help");
+  CHECK(eh.code == 0);
+  for (const char* flag : {"--model", "--out", "--query", "--patch", "--cls", "--received", "--layer", "--mask",
+                           "--colormap", "--alpha", "--upsample", "--raw", "--size"})
+    CHECK_THAT(eh.out, Catch::Contains(flag));
+}
+
+TEST_CASE("cli: export writes every head, the mean, the montage, JSON and raw npy", "[cli]") {
+  Fixture f;
+  Run r = run("export " + f.image + " --model " + f.model + " --out " + f.dir + " --size 0 --raw --patch 2,3 --colormap inferno");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(r.err.empty());
+  for (int h = 0; h < 4; ++h) {
+    const cv::Mat png = cv::imread(f.dir + "/photo_head" + std::to_string(h) + ".png", cv::IMREAD_UNCHANGED);
+    REQUIRE_FALSE(png.empty());
+    CHECK(png.cols == 24);  // the processed image: 22x18 padded to whole 4-pixel patches
+    CHECK(png.rows == 20);
+    CHECK(png.channels() == 3);
+  }
+  CHECK(exists(f.dir + "/photo_mean.png"));
+  CHECK_FALSE(cv::imread(f.dir + "/photo_montage.png").empty());
+
+  // npy: float32 (layers, heads, tokens, tokens), tokens = 1 + 6*5
+  const std::string npy = slurp(f.dir + "/photo_attn.npy");
+  REQUIRE(npy.size() > 10);
+  CHECK(npy.substr(0, 6) == "\x93NUMPY");
+  const size_t header_len = static_cast<unsigned char>(npy[8]) | (static_cast<unsigned char>(npy[9]) << 8);
+  const std::string header = npy.substr(10, header_len);
+  CHECK_THAT(header, Catch::Contains("'descr': '<f4'") && Catch::Contains("'shape': (2, 4, 31, 31)"));
+  CHECK((10 + header_len) % 64 == 0);
+  REQUIRE(npy.size() == 10 + header_len + 2 * 4 * 31 * 31 * 4);
+  // Every row of every matrix sums to 1, and padded keys get nothing.
+  const float* probs = reinterpret_cast<const float*>(npy.data() + 10 + header_len);
+  for (int m = 0; m < 2 * 4; ++m)
+    for (int i = 0; i < 31; ++i) {
+      double s = 0.0;
+      for (int j = 0; j < 31; ++j) s += probs[(m * 31 + i) * 31 + j];
+      CHECK(s == Approx(1.0).epsilon(1e-5));
+      CHECK(probs[(m * 31 + i) * 31 + 1 + 5] == 0.0f);  // patch (0, 5) holds padded pixels
+    }
+
+  const auto j = nlohmann::json::parse(slurp(f.dir + "/photo.json"));
+  CHECK(j["mode"] == "query");
+  CHECK(j["query"]["patch"] == nlohmann::json({2, 3}));
+  CHECK(j["query"]["token"] == 1 + 2 * 6 + 3);
+  CHECK(j["tokens"] == 31);
+  CHECK(j["layer"] == 1);
+  CHECK(j["processed_size"] == nlohmann::json({24, 20}));
+  CHECK(j["source_size"] == nlohmann::json({22, 18}));
+  CHECK(j["colormap"] == "inferno");
+  CHECK(j["mask"]["padding_patches"] == 10);
+  REQUIRE(j["heads"].size() == 4);
+  for (const auto& h : j["heads"]) {
+    CHECK(h["max"].get<double>() >= h["min"].get<double>());
+    CHECK(h["entropy"].get<double>() > 0.0);
+    CHECK(h["sum"].get<double>() + h["class_token_weight"].get<double>() == Approx(1.0).epsilon(1e-5));
+  }
+  CHECK(j["timings_ms"]["forward"].get<double>() >= 0.0);
+  CHECK(j["files"].size() == 7);
+}
+
+TEST_CASE("cli: modes, layers and their errors", "[cli]") {
+  Fixture f;
+  const std::string base = "export " + f.image + " --model " + f.model + " --out " + f.dir + " --size 0 ";
+  CHECK(run(base + "--cls").code == 0);
+  CHECK(nlohmann::json::parse(slurp(f.dir + "/photo.json"))["mode"] == "cls");
+  CHECK(run(base + "--query 9,13 --layer 0 --mask causal --upsample bilinear --alpha 0.3").code == 0);
+  const auto j = nlohmann::json::parse(slurp(f.dir + "/photo.json"));
+  CHECK(j["query"]["patch"] == nlohmann::json({3, 2}));
+  CHECK(j["mask"]["causal"] == true);
+  CHECK(j["layer"] == 0);
+  CHECK(run(base).code == 0);
+  CHECK(nlohmann::json::parse(slurp(f.dir + "/photo.json"))["mode"] == "received");
+
+  Run outside = run(base + "--patch 5,6");
+  CHECK(outside.code == 1);
+  CHECK_THAT(outside.err, Catch::Contains("outside the 5x6 patch grid"));
+  Run layer = run(base + "--layer 2");
+  CHECK(layer.code == 1);
+  CHECK_THAT(layer.err, Catch::Contains("--layer 2 is out of range"));
+}
+
+TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on stderr", "[cli][errors]") {
+  Fixture f;
+  const std::string base = "export " + f.image + " --model " + f.model + " --out " + f.dir + " ";
+  struct Case {
+    std::string args;
+    int code;
+    std::string says;
+  };
+  const std::vector<Case> cases = {
+      {"--alpha 2", 2, "--alpha"},
+      {"--alpha nan", 2, "--alpha"},
+      {"--colormap rainbowz", 2, "--colormap"},
+      {"--mask future", 2, "--mask"},
+      {"--upsample cubic", 2, "--upsample"},
+      {"--layer -1", 2, "--layer"},
+      {"--size -5", 2, "--size"},
+      {"--query 3", 2, "--query expects two integers"},
+      {"--patch a,b", 2, "--patch expects two integers"},
+      {"--cls --received", 2, "excludes"},
+      {"--bogus", 2, "--bogus"},
+  };
+  for (const Case& c : cases) {
+    Run r = run(base + c.args);
+    INFO(c.args << " -> " << r.err);
+    CHECK(r.code == c.code);
+    CHECK(lines(r.err) == 1);
+    CHECK_THAT(r.err, Catch::Contains(c.says));
+  }
+  Run no_dir = run("export " + f.image + " --model " + f.model + " --out " + f.dir + "/nope");
+  CHECK(no_dir.code == 1);
+  CHECK(lines(no_dir.err) == 1);
+  CHECK_THAT(no_dir.err, Catch::Contains("does not exist"));
+  Run file_as_dir = run("export " + f.image + " --model " + f.model + " --out " + f.image);
+  CHECK(file_as_dir.code == 1);
+  CHECK_THAT(file_as_dir.err, Catch::Contains("not a folder"));
+
+  std::ofstream(f.dir + "/junk.safetensors") << "not a model at all";
+  Run bad_model = run("export " + f.image + " --model " + f.dir + "/junk.safetensors --out " + f.dir);
+  CHECK(bad_model.code == 1);
+  CHECK(lines(bad_model.err) == 1);
+  CHECK_THAT(bad_model.err, Catch::Contains("junk.safetensors"));
+
+  cv::Mat tiny(3, 3, CV_8UC3, cv::Scalar(1, 2, 3));
+  REQUIRE(cv::imwrite(f.dir + "/tiny.png", tiny));
+  Run small = run("export " + f.dir + "/tiny.png --model " + f.model + " --out " + f.dir);
+  CHECK(small.code == 1);
+  CHECK_THAT(small.err, Catch::Contains("smaller than one 4x4 patch"));
+
+  // --raw above the token limit is refused before anything is written.
+  cv::Mat big(300, 300, CV_8UC3, cv::Scalar(9, 9, 9));
+  REQUIRE(cv::imwrite(f.dir + "/big.png", big));
+  Run raw = run("export " + f.dir + "/big.png --model " + f.model + " --out " + f.dir + " --size 0 --raw");
+  CHECK(raw.code == 1);
+  CHECK_THAT(raw.err, Catch::Contains("limited to 4096 tokens"));
+  CHECK_FALSE(exists(f.dir + "/big_head0.png"));
+}
+
+TEST_CASE("cli: a batch reports the bad image, exports the others and exits 1", "[cli]") {
+  Fixture f;
+  std::ofstream(f.dir + "/broken.jpg") << "GIF89a but not really";
+  ::mkdir((f.dir + "/sub").c_str(), 0755);
+  cv::Mat other(16, 16, CV_8UC3, cv::Scalar(200, 10, 10));
+  REQUIRE(cv::imwrite(f.dir + "/sub/photo.png", other));  // same stem as the first image
+  const std::string out = f.dir + "/out";
+  ::mkdir(out.c_str(), 0755);
+  Run r = run("export " + f.image + " " + f.dir + "/broken.jpg " + f.dir + "/sub/photo.png --model " + f.model + " --out " + out);
+  CHECK(r.code == 1);
+  CHECK_THAT(r.err, Catch::Contains("broken.jpg") && Catch::Contains("1 of 3 image(s) failed"));
+  CHECK(lines(r.err) == 2);
+  CHECK(exists(out + "/photo_montage.png"));
+  CHECK(exists(out + "/photo_2_montage.png"));  // the second photo.png does not overwrite the first
+  CHECK_FALSE(exists(out + "/broken_head0.png"));
+}
+
+TEST_CASE("cli: info describes the model", "[cli]") {
+  Fixture f;
+  Run r = run("info --model " + f.model);
+  CHECK(r.code == 0);
+  CHECK_THAT(r.out, Catch::Contains("model:        test") && Catch::Contains("depth:        2") &&
+                        Catch::Contains("heads:        4 of 12 dims"));
+  const VitModel m = load_model(f.model);
+  CHECK_THAT(r.out, Catch::Contains("parameters:   " + std::to_string(m.parameter_count())));
+  Run missing = run("info --model " + f.dir + "/missing.safetensors");
+  CHECK(missing.code == 1);
+  CHECK(lines(missing.err) == 1);
+}
+
+TEST_CASE("atomic writes: a failed write leaves no temporary and no damaged file", "[files]") {
+  const std::string dir = test::temp_dir("atomic");
+  write_file_atomic(dir + "/a.txt", "first");
+  write_file_atomic(dir + "/a.txt", "second");
+  CHECK(slurp(dir + "/a.txt") == "second");
+  // Renaming over a folder fails: the folder and its content survive, no temporary is left.
+  ::mkdir((dir + "/folder").c_str(), 0755);
+  write_file_atomic(dir + "/folder/keep.txt", "kept");
+  CHECK_THROWS_WITH(write_file_atomic(dir + "/folder", "x"), Catch::Contains("nothing was written"));
+  CHECK(slurp(dir + "/folder/keep.txt") == "kept");
+  CHECK_THROWS_AS(write_file_atomic(dir + "/missing/b.txt", "x"), Error);
+  int leftovers = 0;
+  FILE* p = ::popen(("ls -A " + dir).c_str(), "r");
+  REQUIRE(p);
+  char buf[256];
+  while (std::fgets(buf, sizeof buf, p)) leftovers += std::string(buf).find(".tmp-") != std::string::npos;
+  ::pclose(p);
+  CHECK(leftovers == 0);
+}

@@ -1,0 +1,56 @@
+#pragma once
+// Shared helpers for the tests: random models built in memory, temporary folders.
+#include <cstdlib>
+#include <random>
+#include <string>
+
+#include <unistd.h>
+
+#include "vitlens/model_io.hpp"
+
+namespace vitlens::test {
+
+// Every tensor of the config filled with N(0, scale^2) (LayerNorm weights around 1), seeded.
+inline TensorMap random_tensors(const VitConfig& config, unsigned seed, float scale = 0.3f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  TensorMap tensors;
+  for (const auto& [name, shape] : expected_tensor_shapes(config)) {
+    TensorData t;
+    t.shape = shape;
+    t.values.resize(t.numel());
+    const bool norm_weight = name.find("norm") != std::string::npos && name.find(".weight") != std::string::npos;
+    for (float& v : t.values) v = norm_weight ? 1.0f + 0.1f * dist(rng) : scale * dist(rng);
+    tensors.emplace(name, std::move(t));
+  }
+  return tensors;
+}
+
+inline VitModel random_model(const VitConfig& config, unsigned seed, float scale = 0.3f) {
+  return model_from_tensors(config, random_tensors(config, seed, scale), "random-model");
+}
+
+inline VitConfig small_config(int img = 16, bool class_token = true, int depth = 1) {
+  VitConfig c;
+  c.name = "test";
+  c.description = "random test model";
+  c.patch_size = 4;
+  c.embed_dim = 48;
+  c.num_heads = 4;
+  c.depth = depth;
+  c.img_h = c.img_w = img;
+  c.class_token = class_token;
+  return c;
+}
+
+// A fresh empty folder under $TMPDIR (or /tmp), removed by the caller when wanted.
+inline std::string temp_dir(const std::string& tag) {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base && *base ? base : "/tmp") + "/vitlens-" + tag + "-XXXXXX";
+  std::vector<char> buf(tmpl.begin(), tmpl.end());
+  buf.push_back('\0');
+  if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+  return buf.data();
+}
+
+}  // namespace vitlens::test
