@@ -83,11 +83,17 @@ VitConfig config_from_json(const json& j, const std::string& what) {
   c.num_heads = get_int(j, "num_heads", what);
   c.depth = get_int(j, "depth", what);
   const json& img = require_key(j, "img_size", what);
+  // Read as 64-bit and range-check before narrowing, so 2^32 + 4 cannot pass as 4.
+  auto side = [&](const json& v) {
+    const auto x = v.get<int64_t>();
+    if (x < 1 || x > 16384) throw Error(what + ": config key 'img_size' has a side " + std::to_string(x) + " outside [1, 16384]");
+    return static_cast<int>(x);
+  };
   if (img.is_number_integer()) {
-    c.img_h = c.img_w = img.get<int>();
+    c.img_h = c.img_w = side(img);
   } else if (img.is_array() && img.size() == 2 && img[0].is_number_integer() && img[1].is_number_integer()) {
-    c.img_h = img[0].get<int>();
-    c.img_w = img[1].get<int>();
+    c.img_h = side(img[0]);
+    c.img_w = side(img[1]);
   } else {
     throw Error(what + ": config key 'img_size' must be [height, width] integers");
   }
