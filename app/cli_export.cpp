@@ -12,18 +12,6 @@
 
 namespace vitlens::cli {
 
-namespace {
-
-std::string stem_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  const auto dot = name.find_last_of('.');
-  if (dot != std::string::npos && dot > 0) name = name.substr(0, dot);
-  return name.empty() ? "image" : name;
-}
-
-}  // namespace
-
 void add_export_command(CLI::App& app, ExportArgs& args) {
   CLI::App* cmd = app.add_subcommand("export", "Write per-head attention heatmaps, a montage and a JSON sidecar for each image");
   cmd->add_option("IMAGE", args.images, "Image files (PNG, JPEG, BMP, TIFF, WebP, ...)")->required();
@@ -98,7 +86,7 @@ int run_export(ExportArgs& args) {
       std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, image.c_str());
     // Two inputs with the same file name must not overwrite each other's outputs.
     ExportSettings settings = s;
-    const std::string stem = stem_of(image);
+    const std::string stem = output_stem(image);
     const int seen = stems_used[stem]++;
     settings.stem = seen == 0 ? stem : stem + "_" + std::to_string(seen + 1);
     try {

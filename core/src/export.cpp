@@ -15,14 +15,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-std::string stem_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  std::string name = slash == std::string::npos ? path : path.substr(slash + 1);
-  const auto dot = name.find_last_of('.');
-  if (dot != std::string::npos && dot > 0) name = name.substr(0, dot);
-  return name.empty() ? "image" : name;
-}
-
 const char* upsample_name(Upsample u) { return u == Upsample::Nearest ? "nearest" : "bilinear"; }
 
 }  // namespace
@@ -179,7 +171,7 @@ std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis
   require_writable_dir(settings.out_dir);
   const auto t0 = std::chrono::steady_clock::now();
   const std::string base =
-      settings.out_dir + "/" + (settings.stem.empty() ? stem_of(analysis.image_path) : settings.stem);
+      settings.out_dir + "/" + (settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem);
   const ExportImages images = render_export_images(model, analysis, settings.style, settings.normalize);
   const double render_ms = ms_since(t0);
   std::vector<std::string> written;
@@ -208,6 +200,14 @@ std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis
   written.push_back(base + ".json");
   write_file_atomic(written.back(), sidecar.dump(2) + "\n");
   return written;
+}
+
+std::string output_stem(const std::string& image_path) {
+  const auto slash = image_path.find_last_of('/');
+  std::string name = slash == std::string::npos ? image_path : image_path.substr(slash + 1);
+  const auto dot = name.find_last_of('.');
+  if (dot != std::string::npos && dot > 0) name = name.substr(0, dot);
+  return name.empty() ? "image" : name;
 }
 
 std::vector<std::string> export_attention(const VitModel& model, const std::string& image_path,

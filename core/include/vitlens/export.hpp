@@ -73,6 +73,9 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& analys
 std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis,
                                       const ExportSettings& settings);
 
+// The file stem outputs are named after: "dir/photo.jpg" -> "photo" ("image" when empty).
+std::string output_stem(const std::string& image_path);
+
 // analyse_image + write_export. The stem of the outputs is the image file's stem.
 std::vector<std::string> export_attention(const VitModel& model, const std::string& image_path,
                                           const ExportSettings& settings);
