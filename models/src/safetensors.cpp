@@ -106,13 +106,14 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
     }
     const std::string where = what + ": tensor '" + name + "'";
     if (!entry.is_object()) throw Error(where + " entry is not a JSON object");
-    if (!entry.contains("dtype") || !entry["dtype"].is_string()) throw Error(where + " has no dtype string");
+    if (!entry.contains("dtype")) throw Error(where + " has no dtype");
+    if (!entry["dtype"].is_string()) throw Error(where + " has a dtype that is not a string");
     if (!entry.contains("shape") || !entry["shape"].is_array()) throw Error(where + " has no shape array");
     if (!entry.contains("data_offsets") || !entry["data_offsets"].is_array() || entry["data_offsets"].size() != 2)
       throw Error(where + " has no data_offsets [begin, end]");
     const std::string dtype = entry["dtype"].get<std::string>();
     const int elem = dtype_size(dtype);
-    if (elem == 0) throw Error(where + " has dtype " + dtype + "; vitlens reads F32, F16, BF16 and F64");
+    if (elem == 0) throw Error(where + " has dtype '" + dtype + "'; vitlens reads F32, F16, BF16 and F64");
     TensorData tensor;
     tensor.source_dtype = dtype;
     uint64_t numel = 1;

@@ -107,7 +107,8 @@ struct ForwardOptions {
 
 struct LayerState {
   MatRM qkv;       // (N, 3D) LN1(x) W_qkv^T + b: every head's queries, keys and values
-  MatRM received;  // (H, N) attention received: mean over (unmasked-row) queries of each column
+  MatRM received;  // (H, N) attention received: each column's mean over the non-padding query rows
+                   // (a row whose keys are all masked is a zero row and still counts)
   MatRM cls_row;   // (H, N) the class token's attention row; empty without class token
   std::vector<MatRM> probs;  // H x (N, N) when keep_probs, else empty
 };

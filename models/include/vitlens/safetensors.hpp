@@ -1,8 +1,8 @@
 #pragma once
 // safetensors files (https://huggingface.co/docs/safetensors): 8-byte little-endian header
 // length, a JSON header {name: {dtype, shape, data_offsets: [begin, end]}, "__metadata__": {str:
-// str}}, then raw little-endian C-order data. vitlens reads F32, F16 and BF16 (converted to
-// float) and writes F32.
+// str}}, then raw little-endian C-order data. vitlens reads F32, F16, BF16 and F64 (converted
+// to float) and writes F32.
 #include <cstdint>
 #include <map>
 #include <string>
