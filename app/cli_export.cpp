@@ -39,8 +39,10 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   cmd->add_option("--upsample", args.upsample, "Patch map to pixels")
       ->check(CLI::IsMember({"nearest", "bilinear"}))
       ->capture_default_str();
-  cmd->add_option("--normalize", args.normalize, "Scale each head to its own maximum, or all heads to a shared one")
-      ->check(CLI::IsMember({"head", "shared"}))
+  cmd->add_option("--normalize", args.normalize,
+                  "head: each head to its own maximum; shared: one scale for all heads; log: each head on a "
+                  "3-decade log scale")
+      ->check(CLI::IsMember({"head", "shared", "log"}))
       ->capture_default_str();
   cmd->add_option("--size", args.settings.max_side,
                   "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size; "
@@ -70,7 +72,9 @@ int run_export(ExportArgs& args) {
   }
   s.causal = args.mask == "causal";
   s.style.upsample = args.upsample == "bilinear" ? Upsample::Bilinear : Upsample::Nearest;
-  s.normalize = args.normalize == "shared" ? Normalize::Shared : Normalize::PerHead;
+  s.normalize = args.normalize == "shared" ? Normalize::Shared
+                : args.normalize == "log"  ? Normalize::Log
+                                           : Normalize::PerHead;
 
   const std::string model_path = args.model.empty() ? default_model_path() : args.model;
   const VitModel model = load_model(model_path);

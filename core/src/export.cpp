@@ -2,7 +2,12 @@
 // export action.
 #include "vitlens/export.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+
+#include <opencv2/imgproc.hpp>
+#include <cmath>
 
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
@@ -17,7 +22,41 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
 
 const char* upsample_name(Upsample u) { return u == Upsample::Nearest ? "nearest" : "bilinear"; }
 
+std::string format_weight(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3g", static_cast<double>(v));
+  return buf;
+}
+
+// A two-pixel box around the query patch, white inside black, visible on any colour map.
+void draw_query_marker(cv::Mat& rgb8, const ForwardResult& f, int query_token, int patch_size) {
+  const int patch = query_token - f.prefix;
+  if (patch < 0) return;
+  const int x = (patch % f.grid_w) * patch_size, y = (patch / f.grid_w) * patch_size;
+  cv::rectangle(rgb8, cv::Rect(x - 3, y - 3, patch_size + 6, patch_size + 6), cv::Scalar(0, 0, 0), 1);
+  cv::rectangle(rgb8, cv::Rect(x - 2, y - 2, patch_size + 4, patch_size + 4), cv::Scalar(255, 255, 255), 1);
+}
+
 }  // namespace
+
+const char* normalize_name(Normalize normalize) {
+  switch (normalize) {
+    case Normalize::PerHead: return "head";
+    case Normalize::Shared: return "shared";
+    case Normalize::Log: return "log";
+  }
+  return "?";
+}
+
+MatRM log_scaled_map(const MatRM& map, float max_value) {
+  MatRM out = MatRM::Zero(map.rows(), map.cols());
+  if (!(max_value > 0.0f)) return out;
+  for (Eigen::Index i = 0; i < map.size(); ++i) {
+    const float v = map.data()[i];
+    if (v > 0.0f) out.data()[i] = std::clamp(1.0f + std::log10(v / max_value) / kLogDecades, 0.0f, 1.0f);
+  }
+  return out;
+}
 
 ForwardOptions forward_options_for(const ExportSettings& settings) {
   ForwardOptions options;
@@ -107,14 +146,25 @@ ExportImages render_export_images(const VitModel& model, const ImageAnalysis& an
   analysis.image.rgb.convertTo(base, CV_8UC3, 255.0);
   tiles.push_back(base);
   labels.push_back("image");
+  // Log: the map is mapped to [0, 1] on the log scale first, then drawn with a maximum of 1.
+  auto overlay = [&](const MatRM& map, float scale) {
+    cv::Mat out = normalize == Normalize::Log
+                      ? heatmap_overlay(analysis.image.rgb, log_scaled_map(map, scale), p, 1.0f, style)
+                      : heatmap_overlay(analysis.image.rgb, map, p, scale, style);
+    if (analysis.request.mode == MapMode::Query) draw_query_marker(out, analysis.forward, analysis.request.query_token, p);
+    return out;
+  };
+  // The label carries each map's maximum: a uniform map (a head with nothing to look for at
+  // this query) fills its tile with full colour, and only its tiny maximum (1 / tokens) says so.
+  auto with_max = [](std::string label, const MatRM& map) { return label + "  max " + format_weight(map.maxCoeff()); };
   for (size_t h = 0; h < maps.heads.size(); ++h) {
-    images.heads.push_back(heatmap_overlay(analysis.image.rgb, maps.heads[h], p, scales[h], style));
+    images.heads.push_back(overlay(maps.heads[h], scales[h]));
     tiles.push_back(images.heads.back());
-    labels.push_back(head_label(model.config, analysis.request.layer, static_cast<int>(h)));
+    labels.push_back(with_max(head_label(model.config, analysis.request.layer, static_cast<int>(h)), maps.heads[h]));
   }
-  images.mean = heatmap_overlay(analysis.image.rgb, maps.mean, p, scales.back(), style);
+  images.mean = overlay(maps.mean, scales.back());
   tiles.push_back(images.mean);
-  labels.push_back("mean of heads");
+  labels.push_back(with_max("mean of heads", maps.mean));
   const int columns = static_cast<int>(tiles.size()) <= 6 ? 3 : 4;
   images.montage = montage(tiles, labels, columns);
   return images;
@@ -151,7 +201,7 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["colormap"] = settings.style.colormap;
   j["alpha"] = settings.style.alpha;
   j["upsample"] = upsample_name(settings.style.upsample);
-  j["normalize"] = settings.normalize == Normalize::PerHead ? "head" : "shared";
+  j["normalize"] = normalize_name(settings.normalize);
   json heads = json::array();
   for (size_t h = 0; h < a.maps.heads.size(); ++h) {
     const MatRM& m = a.maps.heads[h];

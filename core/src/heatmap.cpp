@@ -100,9 +100,15 @@ cv::Mat montage(const std::vector<cv::Mat>& tiles, const std::vector<std::string
   for (size_t i = 0; i < tiles.size(); ++i) {
     const int r = static_cast<int>(i) / columns, c = static_cast<int>(i) % columns;
     const int x = gap + c * (tw + gap), y = gap + r * (th + strip + gap);
-    if (i < labels.size())
-      cv::putText(out, labels[i], cv::Point(x + 2, y + strip - 7), cv::FONT_HERSHEY_SIMPLEX, font_scale,
+    if (i < labels.size()) {
+      // Shrink a long label until it fits its tile.
+      double scale = font_scale;
+      int base = 0;
+      while (scale > 0.25 && cv::getTextSize(labels[i], cv::FONT_HERSHEY_SIMPLEX, scale, 1, &base).width > tw - 4)
+        scale -= 0.05;
+      cv::putText(out, labels[i], cv::Point(x + 2, y + strip - 7), cv::FONT_HERSHEY_SIMPLEX, scale,
                   cv::Scalar(235, 235, 235), 1, cv::LINE_AA);
+    }
     tiles[i].copyTo(out(cv::Rect(x, y + strip, tw, th)));
   }
   return out;

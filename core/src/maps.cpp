@@ -1,6 +1,7 @@
 // Per-head attention maps over the patch grid, from the forward pass's stored state.
 #include "vitlens/maps.hpp"
 
+#include <algorithm>
 #include <cmath>
 
 #include "vitlens/error.hpp"

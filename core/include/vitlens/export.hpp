@@ -17,8 +17,15 @@ namespace vitlens {
 
 enum class QuerySelect { Received, Pixel, Patch, ClassToken };
 // How a head's map is scaled to the colour map: each head to its own maximum, or all heads (and
-// the mean) to the largest value over the heads, so heads can be compared.
-enum class Normalize { PerHead, Shared };
+// the mean) to the largest value over the heads, so heads can be compared; or each head to its own
+// maximum on a log scale spanning kLogDecades decades, so the faint tail of a peaked map shows.
+enum class Normalize { PerHead, Shared, Log };
+const char* normalize_name(Normalize normalize);  // "head", "shared", "log"
+
+// Normalize::Log: a value v of a map whose maximum is m is drawn at 1 + log10(v / m) / kLogDecades,
+// clamped to [0, 1]: m at the top of the colour map, m / 10^kLogDecades and below at the bottom.
+constexpr float kLogDecades = 3.0f;
+MatRM log_scaled_map(const MatRM& map, float max_value);
 
 struct ExportSettings {
   std::string out_dir = ".";
