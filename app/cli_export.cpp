@@ -86,30 +86,40 @@ int run_export(ExportArgs& args) {
   const int total = static_cast<int>(args.images.size());
   for (int i = 0; i < total; ++i) {
     const std::string& image = args.images[static_cast<size_t>(i)];
-    if (show_progress && total > 1)
-      std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, image.c_str());
+    if (show_progress) std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, image.c_str());
     // Two inputs with the same file name must not overwrite each other's outputs.
     ExportSettings settings = s;
     const std::string stem = output_stem(image);
     const int seen = stems_used[stem]++;
     settings.stem = seen == 0 ? stem : stem + "_" + std::to_string(seen + 1);
+    // On a terminal, a long forward pass shows its percentage on the progress line.
+    if (show_progress) {
+      settings.progress = [&, last = -1](float done) mutable {
+        const int percent = static_cast<int>(done * 100.0f);
+        if (percent != last) {
+          last = percent;
+          std::fprintf(stderr, "\r[%d/%d] %s %3d%%\033[K", i + 1, total, image.c_str(), percent);
+        }
+        return true;
+      };
+    }
     try {
       const auto t0 = std::chrono::steady_clock::now();
       const std::vector<std::string> files = export_attention(model, image, settings);
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!args.quiet) {
-        if (show_progress && total > 1) std::fprintf(stderr, "\r\033[K");
+        if (show_progress) std::fprintf(stderr, "\r\033[K");
         std::printf("%s: %zu files in %s (%s_*.png, %s.json), %.0f ms\n", image.c_str(), files.size(),
                     s.out_dir.c_str(), settings.stem.c_str(), settings.stem.c_str(), ms);
         std::fflush(stdout);
       }
     } catch (const Error& e) {
-      if (show_progress && total > 1) std::fprintf(stderr, "\r\033[K");
+      if (show_progress) std::fprintf(stderr, "\r\033[K");
       report_error(e.what());
       ++failed;
     }
   }
-  if (show_progress && total > 1) std::fprintf(stderr, "\r\033[K");
+  if (show_progress) std::fprintf(stderr, "\r\033[K");
   if (failed > 0) {
     if (total > 1) report_error(std::to_string(failed) + " of " + std::to_string(total) + " image(s) failed");
     return kExitFailed;

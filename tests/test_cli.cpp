@@ -207,6 +207,17 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
   CHECK(small.code == 1);
   CHECK_THAT(small.err, Catch::Contains("smaller than one 4x4 patch"));
 
+  Run device = run("export /dev/zero --model " + f.model + " --out " + f.dir);
+  CHECK(device.code == 1);
+  CHECK_THAT(device.err, Catch::Contains("not a regular file"));
+
+  cv::Mat huge(2100, 2100, CV_8UC3, cv::Scalar(9, 9, 9));
+  REQUIRE(cv::imwrite(f.dir + "/huge.png", huge));
+  Run too_many = run("export " + f.dir + "/huge.png --model " + f.model + " --out " + f.dir + " --size 0");
+  CHECK(too_many.code == 1);
+  CHECK(lines(too_many.err) == 1);
+  CHECK_THAT(too_many.err, Catch::Contains("use a smaller --size"));
+
   // --raw above the token limit is refused before anything is written.
   cv::Mat big(300, 300, CV_8UC3, cv::Scalar(9, 9, 9));
   REQUIRE(cv::imwrite(f.dir + "/big.png", big));

@@ -95,12 +95,17 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
   const int max_side = settings.max_side < 0 ? default_max_side(model.config) : settings.max_side;
   a.image = prepare_image(load_image_rgb(image_path), model.config, max_side, image_path);
   const int tokens = model.config.prefix_tokens() + a.image.grid.grid_h * a.image.grid.grid_w;
+  if (tokens > kMaxTokens)
+    throw Error(image_path + ": " + std::to_string(tokens) + " tokens at working size " + std::to_string(a.image.content_w) +
+                "x" + std::to_string(a.image.content_h) + " is more than vitlens takes (" + std::to_string(kMaxTokens) +
+                "); use a smaller --size");
   if (settings.raw && tokens > kMaxRawTokens)
     throw Error(image_path + ": --raw stores (layers, heads, N, N) floats and is limited to " +
                 std::to_string(kMaxRawTokens) + " tokens; this image has " + std::to_string(tokens) +
                 " at its working size; use a smaller --size");
   ForwardOptions options = forward_options_for(settings);
   options.keep_probs = settings.raw;
+  options.progress = settings.progress;
   auto t0 = std::chrono::steady_clock::now();
   a.forward = forward(model, a.image.grid, options);
   a.forward_ms = ms_since(t0);

@@ -98,6 +98,7 @@ std::string read_whole_file(const std::string& path, const std::string& kind) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open " + kind + " (no such file)");
   if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not " + kind);
+  if (!S_ISREG(st.st_mode)) throw Error(path + ": is not a regular file (a device or pipe?), not " + kind);
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(path + ": cannot open " + kind + " (not readable)");
   try {

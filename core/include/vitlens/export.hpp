@@ -39,10 +39,14 @@ struct ExportSettings {
   bool raw = false;                // also write <stem>_attn.npy (L, H, N, N)
   int max_side = -1;               // < 0: the model's img_size long side; 0: native size
   std::string stem;                // output file stem; empty: the image file's stem
+  std::function<bool(float)> progress;  // the forward pass's progress in [0, 1]; may be empty
 };
 
 // Largest token count for which --raw is allowed: (L, H, N, N) float32 grows as N^2.
 constexpr int kMaxRawTokens = 4096;
+// Largest token count any export takes (a 2048 x 2048 working size at P = 4): attention work
+// grows as N^2, and beyond this an export would run for many minutes.
+constexpr int kMaxTokens = 262145;
 
 struct ImageAnalysis {
   std::string image_path;
