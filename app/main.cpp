@@ -4,6 +4,9 @@
 
 #include "cli.hpp"
 #include "vitlens/error.hpp"
+#ifdef VITLENS_HAS_VIEWER
+#include "viewer/viewer.hpp"
+#endif
 
 namespace vitlens::cli {
 
@@ -26,6 +29,41 @@ void parse_pair(const std::string& text, const char* flag, int& first, int& seco
   parse_int(text.substr(comma + 1), second);
 }
 
+// `vitlens view`: the desktop viewer; `vitlens` with no arguments runs it on the bundled files.
+struct ViewArgs {
+  std::string image, model, screenshot, script;
+  int frames = -1;
+};
+
+void add_view_command(CLI::App& app, ViewArgs& args) {
+  CLI::App* cmd = app.add_subcommand("view", "Open the desktop viewer: every head's attention map over an image, live");
+  cmd->add_option("IMAGE", args.image, "Image file; default: the bundled demo image");
+  cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  cmd->add_option("--screenshot", args.screenshot,
+                  "Write the window as PNG once everything is drawn, then exit (settings are not read or saved)");
+  cmd->add_option("--frames", args.frames, "Frames to draw before the screenshot (default 3), or before exiting")
+      ->check(CLI::Range(1, 100000));
+  cmd->add_option("--script", args.script,
+                  "Run the commands in FILE (pin R C, mode received, colormap inferno, mask causal, export DIR, "
+                  "screenshot FILE, ...), then exit")
+      ->check(CLI::ExistingFile);
+}
+
+int run_view(const ViewArgs& args) {
+#ifdef VITLENS_HAS_VIEWER
+  vitlens::viewer::ViewerArgs viewer;
+  viewer.image = args.image;
+  viewer.model = args.model;
+  viewer.screenshot = args.screenshot;
+  viewer.script = args.script;
+  viewer.frames = args.frames;
+  return vitlens::viewer::run_viewer(viewer);
+#else
+  (void)args;
+  throw Error("this vitlens was built without the viewer (VITLENS_BUILD_VIEWER=OFF); 'vitlens export' writes the heatmaps as files");
+#endif
+}
+
 }  // namespace vitlens::cli
 
 int main(int argc, char** argv) {
@@ -36,9 +74,16 @@ int main(int argc, char** argv) {
   app.require_subcommand(0, 1);
   ExportArgs export_args;
   InfoArgs info_args;
+  ViewArgs view_args;
   add_export_command(app, export_args);
   add_info_command(app, info_args);
+  add_view_command(app, view_args);
+#ifdef VITLENS_HAS_VIEWER
+  app.footer("Run 'vitlens COMMAND --help' for a command's options; 'vitlens' alone opens the viewer on the bundled "
+             "demo image and model.");
+#else
   app.footer("Run 'vitlens COMMAND --help' for a command's options.");
+#endif
 
   try {
     app.parse(argc, argv);
@@ -56,6 +101,10 @@ int main(int argc, char** argv) {
   try {
     if (app.got_subcommand("export")) return run_export(export_args);
     if (app.got_subcommand("info")) return run_info(info_args);
+    if (app.got_subcommand("view")) return run_view(view_args);
+#ifdef VITLENS_HAS_VIEWER
+    if (argc == 1) return run_view(view_args);  // plain `vitlens`: the viewer on the bundled files
+#endif
     std::cout << app.help();
     return kExitOk;
   } catch (const UsageError& e) {

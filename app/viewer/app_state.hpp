@@ -1,0 +1,220 @@
+#pragma once
+// The viewer's state as plain data, kept outside every draw function as Dear ImGui's examples do:
+//   Document  what is loaded and computed (model, image, forward pass), swapped in whole
+//   UiState   what the user chose (display, query, masks, windows), edited by the views
+//   Derived   what follows from both (maps, pictures, inspector numbers), rebuilt when its inputs
+//             change (controller.hpp), never every frame
+//   Requests  what the views asked for this frame (open a file, export, screenshot)
+// Views read Document and Derived and write UiState and Requests; they never compute.
+//
+// Legend: N = tokens (class token first), H = heads, d = head dim, gh, gw = patch grid rows and
+// columns, P = patch side.
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <opencv2/core.hpp>
+
+#include "attention_stats.hpp"
+#include "vitlens/export.hpp"
+#include "vitlens/vit.hpp"
+
+namespace vitlens::viewer {
+
+// [SECTION] Choices
+
+// Which keys a query may not see. Padding, Causal and Painted all keep the padded border masked
+// (as `vitlens export` always does); None lets attention reach the padding too.
+enum class MaskMode { None, Padding, Causal, Painted };
+const char* mask_mode_name(MaskMode mode);  // "none", "padding", "causal", "painted"
+bool parse_mask_mode(const std::string& name, MaskMode& mode);
+
+// The factor on q.k before the softmax: the model's 1/sqrt(d), none (1), or 1/(sqrt(d) T).
+enum class ScaleMode { Model, Unscaled, Temperature };
+const char* scale_mode_name(ScaleMode mode);  // "default", "none", "temperature"
+
+// What a left drag on a picture does while the painted mask is selected.
+enum class Brush { Paint, Erase, Off };
+
+bool parse_map_mode(const std::string& name, MapMode& mode);            // "query", "cls", "received"
+bool parse_normalize(const std::string& name, Normalize& normalize);    // "head", "shared", "log"
+bool parse_upsample(const std::string& name, Upsample& upsample);       // "nearest", "bilinear"
+const char* upsample_name(Upsample upsample);
+
+constexpr int kMinWorkingSide = 64, kMaxWorkingSide = 512;
+
+// [SECTION] Document
+
+struct LoadedModel {
+  uint64_t serial = 0;  // unique per load, so a reloaded file counts as new
+  std::string path;     // as the user gave it (it is written into exported JSON)
+  VitModel model;
+};
+
+struct SourceImage {
+  uint64_t serial = 0;
+  std::string path;
+  cv::Mat rgb01;  // CV_32FC3 RGB [0, 1] as load_image_rgb returns it, before resizing
+};
+
+// Everything that decides a forward pass; equal keys give identical results.
+struct ForwardKey {
+  uint64_t model = 0, image = 0;
+  int max_side = 0;                 // resolved working size (never "default")
+  MaskMode mask = MaskMode::Padding;
+  std::vector<uint8_t> painted;     // (gh*gw) 1 = forbidden key; empty unless mask is Painted
+  float score_scale = -1.0f;        // < 0: the model's 1/sqrt(d)
+  bool operator==(const ForwardKey& o) const {
+    return model == o.model && image == o.image && max_side == o.max_side && mask == o.mask &&
+           painted == o.painted && score_scale == o.score_scale;
+  }
+  bool operator!=(const ForwardKey& o) const { return !(*this == o); }
+};
+
+// One forward pass of one image, with the head statistics that need every query.
+struct Computation {
+  uint64_t serial = 0;
+  ForwardKey key;
+  PreparedImage image;
+  ForwardResult forward;
+  ImageStats stats;
+  double forward_ms = 0.0, stats_ms = 0.0;
+};
+
+struct Document {
+  std::shared_ptr<const LoadedModel> model;
+  std::shared_ptr<const SourceImage> image;
+  std::shared_ptr<const Computation> comp;  // null until the first result arrives
+  bool ready() const { return model && image && comp; }
+};
+
+// [SECTION] UI state
+
+struct DisplayState {
+  HeatmapStyle style;                    // colormap, alpha (opacity), upsample
+  Normalize normalize = Normalize::PerHead;
+  bool threshold_on = false;
+  float threshold = 0.6f;                // DINO's visualize_attention --threshold: top mass kept
+  bool show_grid = false;
+};
+
+struct ViewChoice {
+  MapMode mode = MapMode::Query;
+  int layer = -1;                        // < 0: the last layer
+  int query_row = -1, query_col = -1;    // pinned query patch; -1: the centre once an image is in
+  int hover_row = -1, hover_col = -1;    // patch under the cursor this frame; -1: none
+  int key_row = -1, key_col = -1;        // the inspector's key: the last hovered patch
+};
+
+struct ComputeChoice {
+  int max_side = 0;                      // working long side; 0: the model's img_size
+  MaskMode mask = MaskMode::Padding;
+  std::vector<uint8_t> painted;          // (gh*gw) of the current grid, or empty
+  Brush brush = Brush::Paint;
+  ScaleMode scale = ScaleMode::Model;
+  float temperature = 1.0f;
+};
+
+enum class BrowserPurpose { OpenImage, OpenModel, ExportFolder, ScreenshotFile };
+
+struct BrowserState {
+  bool open_requested = false;           // the menu asked; the browser opens its popup next frame
+  BrowserPurpose purpose = BrowserPurpose::OpenImage;
+  std::string folder;                    // listed folder
+  std::string typed;                     // the path field
+  bool show_all = false;                 // ignore the extension filter
+  std::string listed_folder;             // cache key of `entries`
+  bool listed_show_all = false;
+  std::vector<std::pair<std::string, bool>> entries;  // (name, is folder)
+  std::string list_error;
+};
+
+struct Message {
+  std::string text;
+  bool error = false;
+};
+
+// The seed's worked example: 2 queries, 3 keys, dimension 2 (softmax(Q K^T / sqrt(2)) V).
+struct WorkedExample {
+  float q[2][2] = {{1, 0}, {0, 1}};
+  float k[3][2] = {{1, 0}, {1, 1}, {0, 1}};
+  float v[3][2] = {{10, 0}, {0, 5}, {0, 1}};
+  bool scaled = true;                    // divide by sqrt(d_k)
+  bool operator==(const WorkedExample& o) const {
+    for (int r = 0; r < 3; ++r)
+      for (int c = 0; c < 2; ++c)
+        if ((r < 2 && q[r][c] != o.q[r][c]) || k[r][c] != o.k[r][c] || v[r][c] != o.v[r][c]) return false;
+    return scaled == o.scaled;
+  }
+  bool operator!=(const WorkedExample& o) const { return !(*this == o); }
+};
+
+struct Rect {
+  float x = 0, y = 0, w = 0, h = 0;      // framebuffer pixels, top-left origin
+};
+
+struct UiState {
+  DisplayState display;
+  ViewChoice view;
+  ComputeChoice compute;
+  bool show_image = true, show_heads = true, show_controls = true;
+  bool show_inspector = true, show_stats = true, show_example = false;
+  BrowserState browser;
+  Message message;
+  WorkedExample example;
+  std::string export_folder = ".";
+  bool export_raw = false;
+  std::string screenshot_path = "vitlens-screenshot.png";
+  int working_side_edit = 0;             // the size slider while it is dragged (applied on release)
+  std::vector<std::string> recent_images, recent_models;
+  std::map<std::string, Rect> layout;    // where the pictures were drawn last frame (for tests)
+};
+
+// [SECTION] Requests
+
+struct Requests {
+  std::string open_image, open_model;    // load these (keep the current ones on failure)
+  std::string export_folder;             // export the current view into this folder
+  std::string screenshot;                // write the framebuffer after this frame
+  bool quit = false;
+  bool any() const { return !open_image.empty() || !open_model.empty() || !export_folder.empty() || !screenshot.empty(); }
+};
+
+// [SECTION] Derived
+
+struct WorkedResult {
+  MatRM scores;   // (2, 3) Q K^T times the scale, before the softmax
+  MatRM weights;  // (2, 3)
+  MatRM context;  // (2, 2)
+};
+
+struct Derived {
+  const Computation* comp = nullptr;     // what view/pictures were built from
+  uint64_t comp_serial = 0;
+  ImageAnalysis view;                    // image, request and shown maps as write_export takes them
+  HeadMaps raw_maps;                     // the maps before the threshold
+  std::vector<ThresholdResult> kept;     // (H + 1) when the threshold is on, else empty
+  std::vector<double> entropy;           // (H + 1) of the shown maps
+  std::vector<float> scales;             // (H + 1) the value drawn at the top of the colour map
+  ExportImages pictures;                 // render_export_images of `view`: what export writes
+  cv::Mat base_rgb8;                     // the processed image
+  cv::Mat colormap_ramp;                 // (1, 256) RGB of the colour map, for the colour bars
+  std::string ramp_colormap;
+  uint64_t pictures_version = 0, base_version = 0, ramp_version = 0;
+  double maps_ms = 0.0, render_ms = 0.0; // the last per-query update
+  std::string map_error;
+
+  bool inspector_valid = false;
+  InspectorStep inspector;
+
+  WorkedExample example_inputs;
+  bool example_valid = false;
+  WorkedResult example;
+
+  // What the current contents were built from (rebuild when these change).
+  std::string map_key, picture_key, inspector_key;
+};
+
+}  // namespace vitlens::viewer

@@ -1,0 +1,104 @@
+#pragma once
+// The viewer without its window: the App struct holds the state (app_state.hpp), the worker and
+// the bookkeeping; the functions below are the only way the state changes. The mouse, the keys,
+// the menus and the script all call the same functions, so a script drives the real code paths.
+// Nothing here touches ImGui, GLFW or OpenGL.
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "app_state.hpp"
+#include "script.hpp"
+#include "settings.hpp"
+#include "worker.hpp"
+
+namespace vitlens::viewer {
+
+struct ScriptRunner {
+  std::vector<ScriptCommand> commands;
+  std::string path;
+  size_t next = 0;
+  int settle_frames = 0;    // frames to draw before the next command
+  std::string error;        // first failure ("<path>:<line>: ..."); the run then stops
+  bool active() const { return next < commands.size() && error.empty(); }
+};
+
+struct App {
+  Document doc;
+  UiState ui;
+  Derived derived;
+  Requests requests;
+  Worker worker;
+
+  // Bookkeeping of the worker's jobs.
+  uint64_t compute_job = 0;                 // the compute in flight (0: none)
+  ComputeJob compute_in_flight;             // its inputs: a newer load merges its file loads
+  std::optional<ForwardKey> in_flight_key;  // known when the job loads nothing
+  std::optional<ForwardKey> failed_key;     // a key whose pass failed: not retried until it changes
+  std::vector<uint64_t> export_jobs;
+
+  Settings settings;
+  std::string settings_file;                // empty: nothing is read or written (scripted runs)
+  ScriptRunner script;
+  int export_failures = 0;                  // exports or screenshots that failed (script exit code)
+  std::string last_load_error;              // the last file or pass that failed, for the exit message
+};
+
+// [SECTION] Start and stop
+
+// Reads `settings_file` (when set) into app.settings and the UI; returns a warning or "".
+std::string load_app_settings(App& app);
+// Starts loading the first image and model.
+void start_app(App& app, const std::string& image_path, const std::string& model_path);
+void save_app_settings(App& app, int window_w, int window_h);
+
+// [SECTION] Once per frame, in this order
+
+void poll_worker(App& app);       // swap finished results in
+void process_requests(App& app);  // file loads and exports (the screenshot is the window's job)
+void schedule_compute(App& app);  // start a forward pass when its inputs changed
+void update_derived(App& app);    // maps, pictures, inspector and worked example when stale
+bool is_idle(const App& app);     // nothing loading, computing, exporting or requested
+
+// [SECTION] Actions (mouse, keys, menus and script)
+
+void pin_query(App& app, int row, int col);   // clamped to the grid
+void move_query(App& app, int drow, int dcol);
+void set_hover(App& app, int row, int col);   // -1, -1: nothing hovered
+void paint_patch(App& app, int row, int col, bool forbid);
+void clear_paint(App& app);
+void set_mask(App& app, MaskMode mode);
+// Opens the in-app file browser for a purpose (menus, buttons and the script's `browse`).
+void open_browser(App& app, BrowserPurpose purpose);
+// Exports the current view (what the heads panel shows) into `folder` on the worker.
+void start_export(App& app, const std::string& folder);
+
+// The patch (row, col) and processed-image pixel (x, y) under screen point (sx, sy) of a picture
+// drawn at `picture`; false outside it or before an image is in.
+bool patch_under(const App& app, const Rect& picture, float sx, float sy, int& row, int& col, int& px, int& py);
+
+// Grid of the current computation (0, 0 before one) and the layer the maps show.
+int grid_rows(const App& app);
+int grid_cols(const App& app);
+int current_layer(const App& app);
+int model_layers(const App& app);
+
+// Whether the current view is exactly what `vitlens export` can write (no viewer-only settings).
+bool cli_equivalent(const App& app);
+// The `vitlens export` flags that give the same files when cli_equivalent, for the UI to show.
+std::string cli_command(const App& app, const std::string& out_dir);
+
+// [SECTION] Script
+
+// Runs the next commands when the app is idle; returns false once the script is done or failed.
+bool step_script(App& app);
+// Runs one command now. Returns an empty string, or why it failed.
+std::string apply_script_command(App& app, const ScriptCommand& command);
+
+// The state a test (or a curious user) wants to read: files, message, grid, query, settings, and
+// where each picture was drawn.
+nlohmann::json state_json(const App& app);
+
+}  // namespace vitlens::viewer

@@ -1,0 +1,161 @@
+// Script parsing (see script.hpp). Values are checked here so a bad script fails before a window
+// opens; ranges that depend on the image (grid, layers) are checked when the command runs.
+#include "script.hpp"
+
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "vitlens/error.hpp"
+#include "vitlens/heatmap.hpp"
+
+namespace vitlens::viewer {
+
+bool parse_int_arg(const std::string& token, int& out) {
+  if (token.empty()) return false;
+  char* end = nullptr;
+  const long v = std::strtol(token.c_str(), &end, 10);
+  if (*end != '\0' || v < -1000000 || v > 1000000) return false;
+  out = static_cast<int>(v);
+  return true;
+}
+
+bool parse_float_arg(const std::string& token, float& out) {
+  if (token.empty()) return false;
+  char* end = nullptr;
+  const float v = std::strtof(token.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(v)) return false;
+  out = v;
+  return true;
+}
+
+namespace {
+
+std::string trim(const std::string& s) {
+  const auto b = s.find_first_not_of(" \t\r");
+  if (b == std::string::npos) return {};
+  const auto e = s.find_last_not_of(" \t\r");
+  return s.substr(b, e - b + 1);
+}
+
+bool one_of(const std::string& v, std::initializer_list<const char*> options) {
+  for (const char* o : options)
+    if (v == o) return true;
+  return false;
+}
+
+// Checks one command; returns an empty string when fine, else the reason.
+std::string check(const ScriptCommand& c) {
+  const auto& a = c.args;
+  const size_t n = a.size();
+  int i = 0;
+  float f = 0.0f;
+  const std::string& v = c.verb;
+  if (v == "open" || v == "model" || v == "screenshot" || v == "state")
+    return n == 1 && !a[0].empty() ? "" : "expects a path: " + v + " PATH";
+  if (v == "export") {
+    if (n == 1 || (n == 2 && a[1] == "raw")) return "";
+    return "expects: export DIR [raw]";
+  }
+  if (v == "pin" || v == "hover" || v == "paint" || v == "erase")
+    return n == 2 && parse_int_arg(a[0], i) && parse_int_arg(a[1], i) ? "" : "expects: " + v + " ROW COL";
+  if (v == "key") return n == 1 && one_of(a[0], {"left", "right", "up", "down"}) ? "" : "expects: key left|right|up|down";
+  if (v == "mode") return n == 1 && one_of(a[0], {"query", "cls", "received"}) ? "" : "expects: mode query|cls|received";
+  if (v == "layer") return n == 1 && parse_int_arg(a[0], i) && i >= 0 ? "" : "expects: layer N (N >= 0)";
+  if (v == "colormap") {
+    if (n == 1 && is_colormap(a[0])) return "";
+    std::string known;
+    for (const auto& name : colormap_names()) known += (known.empty() ? "" : ", ") + name;
+    return "expects: colormap NAME (" + known + ")";
+  }
+  if (v == "alpha") return n == 1 && parse_float_arg(a[0], f) && f >= 0.0f && f <= 1.0f ? "" : "expects: alpha A (0 to 1)";
+  if (v == "normalize") return n == 1 && one_of(a[0], {"head", "shared", "log"}) ? "" : "expects: normalize head|shared|log";
+  if (v == "upsample") return n == 1 && one_of(a[0], {"nearest", "bilinear"}) ? "" : "expects: upsample nearest|bilinear";
+  if (v == "threshold")
+    return n == 1 && (a[0] == "off" || (parse_float_arg(a[0], f) && f > 0.0f && f <= 1.0f)) ? ""
+                                                                                            : "expects: threshold off|T (0 < T <= 1)";
+  if (v == "grid") return n == 1 && one_of(a[0], {"on", "off"}) ? "" : "expects: grid on|off";
+  if (v == "mask")
+    return n == 1 && one_of(a[0], {"none", "padding", "causal", "painted"}) ? "" : "expects: mask none|padding|causal|painted";
+  if (v == "clear-paint" || v == "quit") return n == 0 ? "" : "takes no arguments";
+  if (v == "scale") {
+    if (n == 1 && one_of(a[0], {"default", "none"})) return "";
+    if (n == 2 && a[0] == "temperature" && parse_float_arg(a[1], f) && f >= 0.05f && f <= 20.0f) return "";
+    return "expects: scale default|none|temperature T (0.05 to 20)";
+  }
+  if (v == "size")
+    return n == 1 && (a[0] == "default" || (parse_int_arg(a[0], i) && i >= 64 && i <= 512)) ? ""
+                                                                                            : "expects: size default|N (64 to 512)";
+  if (v == "show")
+    return n == 2 && one_of(a[0], {"image", "heads", "controls", "inspector", "stats", "example"}) && one_of(a[1], {"on", "off"})
+               ? ""
+               : "expects: show image|heads|controls|inspector|stats|example on|off";
+  if (v == "example") {
+    if (n == 1 && a[0] == "reset") return "";
+    if (n == 2 && a[0] == "scaled" && one_of(a[1], {"on", "off"})) return "";
+    int r = 0, col = 0;
+    if (n == 4 && one_of(a[0], {"q", "k", "v"}) && parse_int_arg(a[1], r) && parse_int_arg(a[2], col) &&
+        parse_float_arg(a[3], f) && r >= 0 && col >= 0 && col < 2 && r < (a[0] == "q" ? 2 : 3))
+      return "";
+    return "expects: example q|k|v ROW COL VALUE (q: 2x2, k and v: 3x2) | example scaled on|off | example reset";
+  }
+  if (v == "browse")
+    return n == 1 && one_of(a[0], {"image", "model", "export", "screenshot"}) ? ""
+                                                                              : "expects: browse image|model|export|screenshot";
+  if (v == "frames") return n == 1 && parse_int_arg(a[0], i) && i >= 1 && i <= 10000 ? "" : "expects: frames N (1 to 10000)";
+  return "unknown command '" + v +
+         "' (known: open, model, pin, key, hover, mode, layer, colormap, alpha, normalize, upsample, threshold, grid, "
+         "mask, paint, erase, clear-paint, scale, size, show, example, browse, export, screenshot, state, frames, quit)";
+}
+
+}  // namespace
+
+std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& what) {
+  std::vector<ScriptCommand> commands;
+  std::istringstream in(text);
+  std::string raw;
+  int line = 0;
+  while (std::getline(in, raw)) {
+    ++line;
+    const auto hash = raw.find('#');
+    const std::string body = trim(hash == std::string::npos ? raw : raw.substr(0, hash));
+    if (body.empty()) continue;
+    ScriptCommand c;
+    c.line = line;
+    c.text = body;
+    const auto space = body.find_first_of(" \t");
+    c.verb = body.substr(0, space);
+    const std::string rest = space == std::string::npos ? "" : trim(body.substr(space));
+    if (c.verb == "open" || c.verb == "model" || c.verb == "screenshot" || c.verb == "state") {
+      if (!rest.empty()) c.args.push_back(rest);  // a path: keep its spaces
+    } else if (c.verb == "export") {
+      // export DIR [raw]: the last word is the flag only when it is exactly "raw"
+      const auto last_space = rest.find_last_of(" \t");
+      if (last_space != std::string::npos && rest.substr(last_space + 1) == "raw") {
+        c.args.push_back(trim(rest.substr(0, last_space)));
+        c.args.push_back("raw");
+      } else if (!rest.empty()) {
+        c.args.push_back(rest);
+      }
+    } else {
+      std::istringstream words(rest);
+      std::string w;
+      while (words >> w) c.args.push_back(w);
+    }
+    const std::string problem = check(c);
+    if (!problem.empty()) throw Error(what + ":" + std::to_string(line) + ": '" + body + "': " + problem);
+    commands.push_back(std::move(c));
+  }
+  return commands;
+}
+
+std::vector<ScriptCommand> load_script(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(path + ": cannot open the script (no such file or not readable)");
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_script(text.str(), path);
+}
+
+}  // namespace vitlens::viewer

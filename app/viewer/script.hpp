@@ -1,0 +1,37 @@
+#pragma once
+// The viewer's scripted mode (`vitlens view --script FILE`): one command per line, '#' starts a
+// comment. Each command goes through the same functions the mouse, keys and menus call
+// (controller.hpp), and the next command waits until the previous one's work is on screen.
+//
+//   open PATH | model PATH          load an image / a model (a bad file keeps the current one)
+//   pin ROW COL | key left|right|up|down | hover ROW COL
+//   mode query|cls|received         layer N
+//   colormap NAME | alpha A | normalize head|shared|log | upsample nearest|bilinear
+//   threshold off|T | grid on|off
+//   mask none|padding|causal|painted | paint ROW COL | erase ROW COL | clear-paint
+//   scale default|none|temperature T | size default|N
+//   show image|heads|controls|inspector|stats|example on|off
+//   example q|k|v ROW COL VALUE | example scaled on|off | example reset
+//   browse image|model|export|screenshot (opens the file browser, as the menus do)
+//   export DIR [raw] | screenshot FILE | state FILE | frames N | quit
+#include <string>
+#include <vector>
+
+namespace vitlens::viewer {
+
+struct ScriptCommand {
+  int line = 0;
+  std::string verb;
+  std::vector<std::string> args;  // a PATH argument is one element, spaces kept
+  std::string text;               // the line as written, for messages
+};
+
+// Throws vitlens::Error "<what>:<line>: <reason>" on an unknown verb or malformed arguments.
+std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& what);
+std::vector<ScriptCommand> load_script(const std::string& path);
+
+// Number parsing shared with the runner: the whole token must be a number.
+bool parse_int_arg(const std::string& token, int& out);
+bool parse_float_arg(const std::string& token, float& out);
+
+}  // namespace vitlens::viewer

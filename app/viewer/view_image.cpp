@@ -1,0 +1,51 @@
+// The image view: the processed image the model sees, with the patch grid, the pinned query and
+// the patch under the cursor.
+#include <imgui.h>
+
+#include "views.hpp"
+
+namespace vitlens::viewer {
+
+namespace {
+
+void DrawImageHeader(const App& app) {
+  const Computation& c = *app.doc.comp;
+  const ViewChoice& v = app.ui.view;
+  const int p = app.doc.model->model.config.patch_size;
+  ImGui::Text("%s", app.doc.image->path.c_str());
+  ImGui::TextDisabled("%dx%d -> %dx%d (%dx%d patches of %dx%d, %d tokens)%s", c.image.source_w, c.image.source_h,
+                      c.image.padded_w, c.image.padded_h, c.forward.grid_h, c.forward.grid_w, p, p, c.forward.tokens,
+                      c.image.resized ? ", resized" : "");
+  if (v.hover_row >= 0)
+    ImGui::Text("hover: patch (%d, %d), pixels %d..%d x %d..%d", v.hover_row, v.hover_col, v.hover_col * p,
+                v.hover_col * p + p - 1, v.hover_row * p, v.hover_row * p + p - 1);
+  else if (v.mode == MapMode::Query)
+    ImGui::Text("query: patch (%d, %d), pixel centre (%d, %d); click to pin, arrow keys move it", v.query_row, v.query_col,
+                v.query_col * p + p / 2, v.query_row * p + p / 2);
+  else
+    ImGui::TextDisabled("click a patch to pin it as the query");
+}
+
+}  // namespace
+
+void DrawImageView(App& app, const ViewTextures& textures) {
+  if (!app.ui.show_image) return;
+  PlaceWindow(0.23f, 0.0f, 0.33f, 0.56f);
+  if (!ImGui::Begin("Image", &app.ui.show_image)) {
+    ImGui::End();
+    return;
+  }
+  if (!app.doc.ready()) {
+    ImGui::TextWrapped("%s", app.compute_job ? "Loading ..." : "No image. Open one with File > Open image, or drop a file here.");
+    ImGui::End();
+    return;
+  }
+  DrawImageHeader(app);
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  float w = 0.0f, h = 0.0f;
+  FitPicture(app, avail.x, avail.y, w, h);
+  DrawPicture(app, "image", textures.base, w, h, true);
+  ImGui::End();
+}
+
+}  // namespace vitlens::viewer

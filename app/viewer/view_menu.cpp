@@ -1,0 +1,93 @@
+// The main menu bar and the status bar.
+#include <imgui.h>
+
+#include "views.hpp"
+
+namespace vitlens::viewer {
+
+namespace {
+
+void DrawRecent(const char* title, const std::vector<std::string>& recent, std::string& request) {
+  if (!ImGui::BeginMenu(title, !recent.empty())) return;
+  for (const std::string& path : recent)
+    if (ImGui::MenuItem(path.c_str())) request = path;
+  ImGui::EndMenu();
+}
+
+void DrawFileMenu(App& app) {
+  if (!ImGui::BeginMenu("File")) return;
+  if (ImGui::MenuItem("Open image...")) open_browser(app, BrowserPurpose::OpenImage);
+  if (ImGui::MenuItem("Open model...")) open_browser(app, BrowserPurpose::OpenModel);
+  DrawRecent("Recent images", app.ui.recent_images, app.requests.open_image);
+  DrawRecent("Recent models", app.ui.recent_models, app.requests.open_model);
+  ImGui::Separator();
+  if (ImGui::MenuItem("Export...", nullptr, false, app.doc.ready())) open_browser(app, BrowserPurpose::ExportFolder);
+  if (ImGui::MenuItem("Save screenshot...")) open_browser(app, BrowserPurpose::ScreenshotFile);
+  ImGui::Separator();
+  if (ImGui::MenuItem("Quit")) app.requests.quit = true;
+  ImGui::EndMenu();
+}
+
+void DrawViewMenu(App& app) {
+  if (!ImGui::BeginMenu("View")) return;
+  UiState& ui = app.ui;
+  ImGui::MenuItem("Controls", nullptr, &ui.show_controls);
+  ImGui::MenuItem("Image", nullptr, &ui.show_image);
+  ImGui::MenuItem("Heads", nullptr, &ui.show_heads);
+  ImGui::MenuItem("Inspector", nullptr, &ui.show_inspector);
+  ImGui::MenuItem("Head statistics", nullptr, &ui.show_stats);
+  ImGui::MenuItem("Worked example", nullptr, &ui.show_example);
+  ImGui::Separator();
+  ImGui::MenuItem("Patch grid", nullptr, &ui.display.show_grid);
+  ImGui::EndMenu();
+}
+
+void DrawHelpMenu() {
+  if (!ImGui::BeginMenu("Help")) return;
+  ImGui::TextUnformatted("Click a patch: pin it as the query. Arrow keys: move the query.");
+  ImGui::TextUnformatted("Hover a patch: it becomes the inspector's key.");
+  ImGui::TextUnformatted("Drop an image or a .safetensors model onto the window to open it.");
+  ImGui::TextUnformatted("Painted mask: choose 'painted', then drag on a picture (right drag erases).");
+  ImGui::EndMenu();
+}
+
+}  // namespace
+
+void DrawMainMenu(App& app) {
+  if (!ImGui::BeginMainMenuBar()) return;
+  DrawFileMenu(app);
+  DrawViewMenu(app);
+  DrawHelpMenu();
+  ImGui::EndMainMenuBar();
+}
+
+void DrawStatusBar(App& app) {
+  const ImGuiViewport* viewport = ImGui::GetMainViewport();
+  const float height = ImGui::GetFrameHeight() + 8.0f;
+  ImGui::SetNextWindowPos(ImVec2(viewport->WorkPos.x, viewport->WorkPos.y + viewport->WorkSize.y - height));
+  ImGui::SetNextWindowSize(ImVec2(viewport->WorkSize.x, height));
+  const ImGuiWindowFlags flags = ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoSavedSettings |
+                                 ImGuiWindowFlags_NoFocusOnAppearing | ImGuiWindowFlags_NoBringToFrontOnFocus;
+  if (!ImGui::Begin("##status", nullptr, flags)) {
+    ImGui::End();
+    return;
+  }
+  const bool working = app.compute_job != 0 || !app.export_jobs.empty();
+  if (working) {
+    const std::string activity = app.worker.activity();
+    ImGui::ProgressBar(app.worker.progress(), ImVec2(260.0f, 0.0f), activity.empty() ? "working" : activity.c_str());
+    ImGui::SameLine();
+  }
+  const Message& m = app.ui.message;
+  if (!m.text.empty()) {
+    if (m.error) ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "%s", m.text.c_str());
+    else ImGui::TextUnformatted(m.text.c_str());
+    ImGui::SameLine();
+    if (ImGui::SmallButton("x")) app.ui.message = {};
+  } else if (!working) {
+    ImGui::TextDisabled("Drop an image or a .safetensors model onto the window, or use File > Open.");
+  }
+  ImGui::End();
+}
+
+}  // namespace vitlens::viewer

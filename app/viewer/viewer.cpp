@@ -1,0 +1,263 @@
+// `vitlens view`: the window, the Dear ImGui context and the main loop, in the phases of Dear
+// ImGui's example_glfw_opengl3: setup window, setup context, main loop, rendering, cleanup.
+// Index:
+//   [SECTION] Automation: --script, --screenshot and --frames become one script
+//   [SECTION] GLFW callbacks
+//   [SECTION] Frame pieces
+//   [SECTION] run_viewer
+#include "viewer.hpp"
+
+#include <cfloat>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+
+#include <GLFW/glfw3.h>
+#include <imgui.h>
+#include <backends/imgui_impl_glfw.h>
+#include <backends/imgui_impl_opengl3.h>
+
+#include "controller.hpp"
+#include "file_list.hpp"
+#include "textures.hpp"
+#include "views.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
+#include "vitlens/model_io.hpp"
+
+namespace vitlens::viewer {
+
+namespace {
+
+constexpr int kAutomatedWidth = 1440, kAutomatedHeight = 900;  // fixed, so screenshots compare
+constexpr int kDefaultScreenshotFrames = 3;
+
+// [SECTION] Automation: --script, --screenshot and --frames become one script
+
+ScriptCommand MakeCommand(const std::string& verb, const std::string& arg, const std::string& text) {
+  ScriptCommand c;
+  c.verb = verb;
+  if (!arg.empty()) c.args.push_back(arg);
+  c.text = text;
+  return c;
+}
+
+// Commands of --script, then the command-line switches, then quit. Throws on a malformed script.
+ScriptRunner BuildScript(const ViewerArgs& args) {
+  ScriptRunner runner;
+  runner.path = args.script.empty() ? std::string("command line") : args.script;
+  if (!args.script.empty()) runner.commands = load_script(args.script);
+  if (args.frames > 0) runner.commands.push_back(MakeCommand("frames", std::to_string(args.frames), "--frames"));
+  if (!args.screenshot.empty()) {
+    if (args.frames <= 0)
+      runner.commands.push_back(MakeCommand("frames", std::to_string(kDefaultScreenshotFrames), "--screenshot"));
+    runner.commands.push_back(MakeCommand("screenshot", args.screenshot, "--screenshot " + args.screenshot));
+  }
+  runner.commands.push_back(MakeCommand("quit", "", "end of script"));
+  return runner;
+}
+
+// [SECTION] GLFW callbacks
+
+// Ctrl+C or a TERM signal closes the window the normal way, so the settings are saved.
+volatile std::sig_atomic_t g_stop_requested = 0;
+void OnStopSignal(int) { g_stop_requested = 1; }
+
+std::string g_glfw_error;  // the last GLFW error, for the one-line message
+
+void OnGlfwError(int /*code*/, const char* description) { g_glfw_error = description ? description : "unknown"; }
+
+struct WindowData {
+  std::vector<std::string> dropped;  // files dropped since the last frame
+};
+
+void OnDrop(GLFWwindow* window, int count, const char** paths) {
+  auto* data = static_cast<WindowData*>(glfwGetWindowUserPointer(window));
+  for (int i = 0; i < count; ++i) data->dropped.emplace_back(paths[i]);
+}
+
+// [SECTION] Frame pieces
+
+// A dropped .safetensors file is a model; anything else is tried as an image.
+void RouteDroppedFiles(App& app, std::vector<std::string>& dropped) {
+  for (const std::string& path : dropped) {
+    if (has_extension(path, model_extensions())) app.requests.open_model = path;
+    else app.requests.open_image = path;
+  }
+  dropped.clear();
+}
+
+void HandleKeys(App& app) {
+  if (ImGui::GetIO().WantCaptureKeyboard || !app.doc.ready()) return;
+  if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_LeftArrow))) move_query(app, 0, -1);
+  if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_RightArrow))) move_query(app, 0, 1);
+  if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_UpArrow))) move_query(app, -1, 0);
+  if (ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_DownArrow))) move_query(app, 1, 0);
+}
+
+void DrawViews(App& app, const ViewTextures& textures) {
+  DrawMainMenu(app);
+  DrawControlsView(app);
+  DrawImageView(app, textures);
+  DrawHeadsView(app, textures);
+  DrawInspectorView(app);
+  DrawStatsView(app);
+  DrawWorkedExampleView(app);
+  DrawFileBrowser(app);
+  DrawStatusBar(app);
+}
+
+// Writes the frame just rendered (the back buffer, before the swap).
+void CaptureScreenshot(App& app, int width, int height) {
+  const std::string path = app.requests.screenshot;
+  app.requests.screenshot.clear();
+  try {
+    write_png_atomic(path, read_framebuffer(width, height));
+    app.ui.message = {"Saved the screenshot to " + path, false};
+  } catch (const Error& e) {
+    app.ui.message = {std::string("Screenshot failed: ") + e.what(), true};
+    ++app.export_failures;
+  }
+}
+
+void UpdateTitle(GLFWwindow* window, const App& app, std::string& shown) {
+  std::string title = "vitlens";
+  if (app.doc.image) title += " - " + std::filesystem::path(app.doc.image->path).filename().string();
+  if (app.doc.model) title += " - " + app.doc.model->model.config.name;
+  if (title != shown) {
+    glfwSetWindowTitle(window, title.c_str());
+    shown = title;
+  }
+}
+
+}  // namespace
+
+// [SECTION] run_viewer
+
+int run_viewer(const ViewerArgs& args) {
+  const bool automated = !args.script.empty() || !args.screenshot.empty() || args.frames > 0;
+  ScriptRunner script;
+  if (automated) script = BuildScript(args);  // a malformed script fails before any window opens
+
+  // Setup window
+  glfwSetErrorCallback(OnGlfwError);
+  if (!glfwInit())
+    throw Error("no display available (" + g_glfw_error +
+                "): the viewer needs a desktop session; 'vitlens export' writes the same heatmaps as files");
+  App app;
+  if (!automated) {
+    // Scripted and screenshot runs start from the defaults and leave the user's settings alone.
+    const std::string folder = settings_folder();
+    if (!folder.empty()) app.settings_file = folder + "/settings.json";
+    load_app_settings(app);
+  }
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);  // GL 3.0 + GLSL 130, as the imgui example
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 0);
+  const int width = automated ? kAutomatedWidth : app.settings.window_w;
+  const int height = automated ? kAutomatedHeight : app.settings.window_h;
+  GLFWwindow* window = glfwCreateWindow(width, height, "vitlens", nullptr, nullptr);
+  if (!window) {
+    const std::string why = g_glfw_error;
+    glfwTerminate();
+    throw Error("cannot open an OpenGL 3.0 window (" + why + "); 'vitlens export' writes the heatmaps as files");
+  }
+  glfwMakeContextCurrent(window);
+  glfwSwapInterval(automated ? 0 : 1);
+  WindowData window_data;
+  glfwSetWindowUserPointer(window, &window_data);
+  glfwSetDropCallback(window, OnDrop);
+
+  // Setup context
+  IMGUI_CHECKVERSION();
+  ImGui::CreateContext();
+  ImGuiIO& io = ImGui::GetIO();
+  std::string ini_path;  // window layout; must outlive the context
+  if (!app.settings_file.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(app.settings_file).parent_path(), ec);
+    ini_path = std::filesystem::path(app.settings_file).parent_path().string() + "/imgui.ini";
+    io.IniFilename = ini_path.c_str();
+  } else {
+    io.IniFilename = nullptr;
+  }
+  ImGui::StyleColorsDark();
+  ImGui_ImplGlfw_InitForOpenGL(window, true);
+  ImGui_ImplOpenGL3_Init("#version 130");
+
+  app.script = std::move(script);
+  start_app(app, args.image.empty() ? default_image_path() : args.image,
+            args.model.empty() ? default_model_path() : args.model);
+
+  // Main loop
+  ViewTextures textures;
+  std::string title;
+  std::signal(SIGINT, OnStopSignal);
+  std::signal(SIGTERM, OnStopSignal);
+  while (!glfwWindowShouldClose(window) && !g_stop_requested) {
+    // Poll and handle events. Never spin: while the worker runs, wake often enough to show its
+    // progress and result promptly, and leave the CPU to it; idle, wait for input.
+    const bool working = app.compute_job != 0 || !app.export_jobs.empty();
+    if (app.requests.any() || (automated && !working)) glfwPollEvents();
+    else if (automated) glfwWaitEventsTimeout(0.005);
+    else glfwWaitEventsTimeout(working ? 1.0 / 60.0 : 0.1);
+    RouteDroppedFiles(app, window_data.dropped);
+
+    // Work: results in, requests out, derived state and textures up to date.
+    poll_worker(app);
+    if (automated) step_script(app);
+    if (!app.script.error.empty()) break;
+    process_requests(app);
+    schedule_compute(app);
+    set_hover(app, -1, -1);  // the views set it again while the cursor is over a picture
+    update_derived(app);
+    sync_textures(app.derived, textures);
+    UpdateTitle(window, app, title);
+
+    // Start the Dear ImGui frame
+    ImGui_ImplOpenGL3_NewFrame();
+    ImGui_ImplGlfw_NewFrame();
+    if (automated) io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);  // only the script moves things
+    ImGui::NewFrame();
+    HandleKeys(app);
+    DrawViews(app, textures);
+    // The mouse or keys may have moved the query: every head's map follows in this frame.
+    update_derived(app);
+    sync_textures(app.derived, textures);
+
+    // Rendering
+    ImGui::Render();
+    int fb_w = 0, fb_h = 0;
+    glfwGetFramebufferSize(window, &fb_w, &fb_h);
+    glViewport(0, 0, fb_w, fb_h);
+    glClearColor(0.09f, 0.09f, 0.10f, 1.0f);
+    glClear(GL_COLOR_BUFFER_BIT);
+    ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+    if (!app.requests.screenshot.empty()) CaptureScreenshot(app, fb_w, fb_h);
+    glfwSwapBuffers(window);
+    if (app.requests.quit) break;
+  }
+
+  // Cleanup
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  std::string failure = app.script.error;
+  if (failure.empty() && automated && !app.doc.ready() && !g_stop_requested)
+    failure = "nothing to show: " + (app.last_load_error.empty() ? std::string("no image or model") : app.last_load_error);
+  if (failure.empty() && automated && app.export_failures > 0)
+    failure = std::to_string(app.export_failures) + " export(s) or screenshot(s) failed; the last: " + app.ui.message.text;
+  if (!automated) {
+    int w = 0, h = 0;
+    glfwGetWindowSize(window, &w, &h);
+    save_app_settings(app, w, h);
+  }
+  destroy_textures(textures);
+  ImGui_ImplOpenGL3_Shutdown();
+  ImGui_ImplGlfw_Shutdown();
+  ImGui::DestroyContext();
+  glfwDestroyWindow(window);
+  glfwTerminate();
+  if (!failure.empty()) throw Error(failure);
+  return 0;
+}
+
+}  // namespace vitlens::viewer

@@ -1,0 +1,529 @@
+// The viewer's logic without a window (app/viewer: controller, worker, script, settings, file
+// lists, statistics). References are computed independently: the full (N, N) weights from a
+// keep_probs forward pass, closed forms for uniform attention, and core's own export path for
+// what the viewer draws and writes.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <opencv2/imgcodecs.hpp>
+
+#include "attention_stats.hpp"
+#include "controller.hpp"
+#include "file_list.hpp"
+#include "script.hpp"
+#include "settings.hpp"
+#include "test_support.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/export.hpp"
+#include "vitlens/files.hpp"
+#include "vitlens/image.hpp"
+
+using namespace vitlens;
+using namespace vitlens::viewer;
+namespace fs = std::filesystem;
+
+namespace {
+
+MatRM grid_of(std::initializer_list<float> values, int rows, int cols) {
+  MatRM m(rows, cols);
+  int i = 0;
+  for (float v : values) m.data()[i++] = v;
+  return m;
+}
+
+// A small RGB test picture: gradients and a block, so heads have something to look at.
+cv::Mat test_picture(int w, int h) {
+  cv::Mat rgb(h, w, CV_8UC3);
+  for (int y = 0; y < h; ++y)
+    for (int x = 0; x < w; ++x)
+      rgb.at<cv::Vec3b>(y, x) = cv::Vec3b(static_cast<uchar>(x * 255 / w), static_cast<uchar>(y * 255 / h),
+                                          static_cast<uchar>((x / 8 + y / 8) % 2 ? 220 : 30));
+  return rgb;
+}
+
+// Runs the app's per-frame steps (without drawing) until it is idle; false on timeout.
+bool run_until_idle(App& app, double seconds = 60.0) {
+  const auto t0 = std::chrono::steady_clock::now();
+  for (;;) {
+    poll_worker(app);
+    step_script(app);
+    process_requests(app);
+    schedule_compute(app);
+    update_derived(app);
+    if (is_idle(app) && !app.script.active()) return true;
+    if (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() > seconds) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+}
+
+struct Fixture {
+  std::string dir = test::temp_dir("viewer");
+  std::string model_path = dir + "/model.safetensors";
+  std::string image_path = dir + "/picture.png";
+  std::string wide_path = dir + "/wide.png";
+  Fixture() {
+    save_model(model_path, test::small_config(32, true, 2), test::random_tensors(test::small_config(32, true, 2), 11));
+    write_png_atomic(image_path, test_picture(32, 32));
+    write_png_atomic(wide_path, test_picture(50, 30));
+  }
+  ~Fixture() {
+    std::error_code ec;
+    fs::remove_all(dir, ec);
+  }
+};
+
+bool same_bytes(const cv::Mat& a, const cv::Mat& b) {
+  return a.size() == b.size() && a.type() == b.type() && cv::norm(a, b, cv::NORM_INF) == 0.0;
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+// [SECTION] Threshold
+
+TEST_CASE("viewer threshold keeps the fewest largest patches holding the mass (DINO's rule)", "[viewer]") {
+  // sorted ascending 0.1 0.1 0.3 0.5 -> cumulative 0.1 0.2 0.5 1.0
+  const MatRM map = grid_of({0.5f, 0.1f, 0.3f, 0.1f}, 2, 2);
+  SECTION("t = 0.6 keeps 0.5 and 0.3 (cumval > 0.4)") {
+    const ThresholdResult t = keep_top_mass(map, 0.6f);
+    CHECK(t.kept_patches == 2);
+    CHECK(t.total_patches == 4);
+    CHECK(t.kept_mass == Approx(0.8));
+    CHECK(t.kept_map(0, 0) == 0.5f);
+    CHECK(t.kept_map(1, 0) == 0.3f);
+    CHECK(t.kept_map(0, 1) == 0.0f);
+    CHECK(t.kept_map(1, 1) == 0.0f);
+  }
+  SECTION("t = 0.45 keeps only the largest (cumval 0.5 is not > 0.55)") {
+    const ThresholdResult t = keep_top_mass(map, 0.45f);
+    CHECK(t.kept_patches == 1);
+    CHECK(t.kept_mass == Approx(0.5));
+  }
+  SECTION("t = 1 keeps everything") { CHECK(keep_top_mass(map, 1.0f).kept_patches == 4); }
+  SECTION("an all-zero map keeps nothing and does not divide by zero") {
+    const ThresholdResult t = keep_top_mass(MatRM::Zero(3, 3), 0.6f);
+    CHECK(t.kept_patches == 0);
+    CHECK(t.kept_mass == 0.0);
+  }
+}
+
+// [SECTION] Working grid
+
+TEST_CASE("viewer grid prediction matches prepare_image", "[viewer]") {
+  const VitConfig config = test::small_config(224);
+  for (const auto& [w, h] : std::vector<std::pair<int, int>>{{640, 480}, {224, 224}, {100, 37}, {1000, 999}, {33, 300}})
+    for (int side : {64, 128, 224, 300, 512}) {
+      cv::Mat rgb(h, w, CV_32FC3, cv::Scalar(0.5, 0.5, 0.5));
+      const PreparedImage p = prepare_image(rgb, config, side);
+      const GridPrediction g = predict_grid(w, h, config, side);
+      INFO(w << "x" << h << " at " << side);
+      CHECK(g.content_w == p.content_w);
+      CHECK(g.content_h == p.content_h);
+      CHECK(g.grid_w == p.grid.grid_w);
+      CHECK(g.grid_h == p.grid.grid_h);
+      CHECK(g.resized == p.resized);
+      CHECK(g.tokens == 1 + p.grid.grid_w * p.grid.grid_h);
+    }
+}
+
+// [SECTION] Head statistics and inspector
+
+TEST_CASE("viewer head statistics agree with the full attention matrices", "[viewer]") {
+  const VitConfig config = test::small_config(20, true, 2);
+  const VitModel model = test::random_model(config, 5);
+  cv::Mat rgb01;
+  test_picture(18, 20).convertTo(rgb01, CV_32FC3, 1.0 / 255.0);  // 18 wide: the last column is padding
+  const PreparedImage image = prepare_image(rgb01, config, 0);
+  ForwardOptions options;
+  options.keep_probs = true;
+  const ForwardResult f = forward(model, image.grid, options);
+  const ImageStats stats = head_statistics(model, f, image.grid.patch_is_padding, 0, {});
+
+  const int gw = f.grid_w, patches = f.grid_h * f.grid_w;
+  int queries = 0;
+  for (int i = 0; i < patches; ++i) queries += image.grid.patch_is_padding[static_cast<size_t>(i)] ? 0 : 1;
+  CHECK(stats.queries == queries);
+  for (int l = 0; l < config.depth; ++l)
+    for (int h = 0; h < config.num_heads; ++h) {
+      const MatRM& probs = f.layers[static_cast<size_t>(l)].probs[static_cast<size_t>(h)];
+      double entropy = 0.0, distance = 0.0;
+      for (int q = 0; q < patches; ++q) {
+        if (image.grid.patch_is_padding[static_cast<size_t>(q)]) continue;
+        const int row = 1 + q;
+        for (int j = 0; j < f.tokens; ++j)
+          if (probs(row, j) > 0.0f) entropy -= probs(row, j) * std::log(static_cast<double>(probs(row, j)));
+        double mass = 0.0, d = 0.0;
+        for (int k = 0; k < patches; ++k) {
+          const double dr = k / gw - q / gw, dc = k % gw - q % gw;
+          d += probs(row, 1 + k) * 4.0 * std::sqrt(dr * dr + dc * dc);
+          mass += probs(row, 1 + k);
+        }
+        distance += d / mass;
+      }
+      INFO("layer " << l << " head " << h);
+      CHECK(stats.layers[static_cast<size_t>(l)][static_cast<size_t>(h)].entropy == Approx(entropy / queries).epsilon(1e-4));
+      CHECK(stats.layers[static_cast<size_t>(l)][static_cast<size_t>(h)].mean_distance ==
+            Approx(distance / queries).epsilon(1e-4));
+    }
+}
+
+TEST_CASE("viewer head statistics of uniform attention have the closed form", "[viewer]") {
+  // Zero query/key weights and biases: every score is 0, every row uniform over the N tokens.
+  const VitConfig config = test::small_config(12, true, 1);
+  TensorMap tensors = test::random_tensors(config, 3);
+  for (auto& v : tensors.at("blocks.0.attn.qkv.weight").values) v = 0.0f;
+  for (auto& v : tensors.at("blocks.0.attn.qkv.bias").values) v = 0.0f;
+  const VitModel model = model_from_tensors(config, tensors, "uniform");
+  cv::Mat rgb01(12, 12, CV_32FC3, cv::Scalar(0.2, 0.4, 0.6));
+  const PreparedImage image = prepare_image(rgb01, config, 0);
+  const ForwardResult f = forward(model, image.grid, ForwardOptions{});
+  const ImageStats stats = head_statistics(model, f, image.grid.patch_is_padding, 0, {});
+  // 3x3 grid, 10 tokens; mean over all patch pairs of the centre distance in pixels (P = 4).
+  double pair_sum = 0.0;
+  for (int q = 0; q < 9; ++q)
+    for (int k = 0; k < 9; ++k) pair_sum += 4.0 * std::hypot(q / 3 - k / 3, q % 3 - k % 3);
+  for (const HeadStats& s : stats.layers[0]) {
+    CHECK(s.entropy == Approx(std::log(10.0)).epsilon(1e-5));
+    CHECK(s.mean_distance == Approx(pair_sum / 81.0).epsilon(1e-5));
+  }
+}
+
+TEST_CASE("viewer inspector reproduces one entry of the attention matrix step by step", "[viewer]") {
+  const VitConfig config = test::small_config(16, true, 1);
+  const VitModel model = test::random_model(config, 9);
+  cv::Mat rgb01;
+  test_picture(16, 16).convertTo(rgb01, CV_32FC3, 1.0 / 255.0);
+  const PreparedImage image = prepare_image(rgb01, config, 0);
+  ForwardOptions options;
+  options.keep_probs = true;
+  options.causal = true;
+  const ForwardResult f = forward(model, image.grid, options);
+  const int d = config.head_dim(), dim = config.embed_dim;
+  for (const auto& [q, k] : std::vector<std::pair<int, int>>{{5, 3}, {7, 7}, {2, 9}, {0, 0}}) {
+    const InspectorStep step = inspect_pair(model, f, image.grid, 0, q, k);
+    CHECK(step.key_allowed == (k <= q));
+    CHECK(step.query_patch.size() == (q == 0 ? 0u : 48u));
+    if (q > 0) CHECK(step.query_patch[0] == image.grid.patches(q - 1, 0));
+    for (int h = 0; h < config.num_heads; ++h) {
+      const HeadStep& s = step.heads[static_cast<size_t>(h)];
+      const MatRM& probs = f.layers[0].probs[static_cast<size_t>(h)];
+      INFO("q " << q << " k " << k << " head " << h);
+      CHECK(s.q.size() == static_cast<size_t>(d));
+      CHECK(s.weight == Approx(probs(q, k)).margin(1e-6));
+      CHECK(s.scaled == Approx(s.dot / std::sqrt(12.0f)).epsilon(1e-5));
+      for (int c = 0; c < d; ++c) {
+        CHECK(s.contribution[static_cast<size_t>(c)] == Approx(s.weight * s.v[static_cast<size_t>(c)]).margin(1e-6));
+        double out = 0.0;  // (probs @ v) for this query: the head's output
+        for (int j = 0; j < f.tokens; ++j) out += probs(q, j) * f.layers[0].qkv(j, 2 * dim + h * d + c);
+        CHECK(s.output[static_cast<size_t>(c)] == Approx(out).margin(1e-5));
+      }
+    }
+  }
+}
+
+// [SECTION] Script
+
+TEST_CASE("viewer scripts parse, keep paths whole and name the bad line", "[viewer]") {
+  const auto commands = parse_script(
+      "# comment\n\npin 10 12\nmode received   # trailing comment\nopen /tmp/a folder/x y.png\nexport /tmp/out dir raw\n"
+      "export /tmp/plain\nscale temperature 2.5\nthreshold off\nexample k 2 1 -3.5\n",
+      "s.txt");
+  REQUIRE(commands.size() == 8);
+  CHECK(commands[0].verb == "pin");
+  CHECK(commands[0].line == 3);
+  CHECK(commands[0].args == std::vector<std::string>{"10", "12"});
+  CHECK(commands[2].args == std::vector<std::string>{"/tmp/a folder/x y.png"});
+  CHECK(commands[3].args == std::vector<std::string>{"/tmp/out dir", "raw"});
+  CHECK(commands[4].args == std::vector<std::string>{"/tmp/plain"});
+  CHECK(commands[7].args.size() == 4);
+
+  auto error_of = [](const std::string& text) {
+    try {
+      parse_script(text, "s.txt");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  CHECK_THAT(error_of("pin 1 2\nfly away\n"), Catch::Contains("s.txt:2:") && Catch::Contains("unknown command 'fly'"));
+  CHECK_THAT(error_of("pin 1\n"), Catch::Contains("s.txt:1:") && Catch::Contains("pin ROW COL"));
+  CHECK_THAT(error_of("colormap rainbowish\n"), Catch::Contains("viridis"));
+  CHECK_THAT(error_of("alpha 1.5\n"), Catch::Contains("0 to 1"));
+  CHECK_THAT(error_of("size 20\n"), Catch::Contains("64 to 512"));
+  CHECK_THAT(error_of("example q 2 0 1\n"), Catch::Contains("q: 2x2"));
+}
+
+// [SECTION] Settings and file lists
+
+TEST_CASE("viewer settings round-trip and survive a damaged file", "[viewer]") {
+  const std::string dir = test::temp_dir("viewer-settings");
+  const std::string path = dir + "/sub/settings.json";
+  Settings s;
+  s.colormap = "magma";
+  s.alpha = 0.25f;
+  s.window_w = 1000;
+  s.window_h = 700;
+  s.recent_images = {"/a.png", "/b.png"};
+  s.recent_models = {"/m.safetensors"};
+  save_settings(path, s);  // creates sub/
+  std::string warning;
+  const Settings back = load_settings(path, &warning);
+  CHECK(warning.empty());
+  CHECK(back.colormap == "magma");
+  CHECK(back.alpha == 0.25f);
+  CHECK(back.window_w == 1000);
+  CHECK(back.recent_images == s.recent_images);
+  CHECK(back.recent_models == s.recent_models);
+
+  write_file_atomic(path, "{ not json");
+  const Settings damaged = load_settings(path, &warning);
+  CHECK_THAT(warning, Catch::Contains(path));
+  CHECK(damaged.colormap == "viridis");
+
+  write_file_atomic(path, R"({"alpha": "loud", "window_w": 5, "colormap": "jet"})");
+  warning.clear();
+  const Settings partial = load_settings(path, &warning);
+  CHECK(warning.empty());
+  CHECK(partial.alpha == 0.6f);     // wrong type: default
+  CHECK(partial.window_w == 640);   // clamped
+  CHECK(partial.colormap == "jet");
+
+  std::vector<std::string> recent = {"a", "b", "c"};
+  remember_recent(recent, "b");
+  CHECK(recent == std::vector<std::string>{"b", "a", "c"});
+  for (int i = 0; i < 20; ++i) remember_recent(recent, std::to_string(i));
+  CHECK(recent.size() == kMaxRecent);
+  CHECK(recent.front() == "19");
+
+  const char* old = std::getenv("XDG_CONFIG_HOME");
+  const std::string saved = old ? old : "";
+  ::setenv("XDG_CONFIG_HOME", dir.c_str(), 1);
+  CHECK(settings_folder() == dir + "/vitlens");
+  if (old) ::setenv("XDG_CONFIG_HOME", saved.c_str(), 1);
+  else ::unsetenv("XDG_CONFIG_HOME");
+  fs::remove_all(dir);
+}
+
+TEST_CASE("viewer file lists: folders first, filtered by extension, hidden left out", "[viewer]") {
+  const std::string dir = test::temp_dir("viewer-files");
+  fs::create_directory(dir + "/zeta");
+  fs::create_directory(dir + "/alpha");
+  fs::create_directory(dir + "/.hidden");
+  for (const char* name : {"b.PNG", "a.jpg", "notes.txt", "m.safetensors", ".secret.png"}) std::ofstream(dir + "/" + name) << "x";
+  const FolderListing images = list_folder(dir, image_extensions(), false);
+  CHECK(images.error.empty());
+  REQUIRE(images.entries.size() == 4);
+  CHECK(images.entries[0] == std::make_pair(std::string("alpha"), true));
+  CHECK(images.entries[1] == std::make_pair(std::string("zeta"), true));
+  CHECK(images.entries[2] == std::make_pair(std::string("a.jpg"), false));
+  CHECK(images.entries[3] == std::make_pair(std::string("b.PNG"), false));
+  const FolderListing models = list_folder(dir, model_extensions(), false);
+  CHECK(models.entries.size() == 3);
+  CHECK(list_folder(dir, {}, false).entries.size() == 6);
+  CHECK(list_folder(dir, {}, true).entries.size() == 2);
+  CHECK_FALSE(list_folder(dir + "/missing", {}, false).error.empty());
+  CHECK(parent_folder(dir + "/alpha") == dir);
+  CHECK(parent_folder("/") == "/");
+  fs::remove_all(dir);
+}
+
+// [SECTION] The app without a window
+
+TEST_CASE("viewer pictures and export are core's export for the same settings", "[viewer]") {
+  Fixture fx;
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  CHECK(app.ui.view.query_row == 4);  // pinned at the centre of the 8x8 grid
+  CHECK(app.ui.view.mode == MapMode::Query);
+
+  pin_query(app, 2, 5);
+  app.ui.display.style.colormap = "inferno";
+  app.ui.display.normalize = Normalize::Log;
+  app.ui.compute.mask = MaskMode::Causal;
+  app.ui.view.layer = 0;
+  REQUIRE(run_until_idle(app));
+
+  // The same through core's analyse_image: the pictures must be identical.
+  const VitModel model = load_model(fx.model_path);
+  ExportSettings s;
+  s.select = QuerySelect::Patch;
+  s.patch_row = 2;
+  s.patch_col = 5;
+  s.layer = 0;
+  s.causal = true;
+  s.style.colormap = "inferno";
+  s.normalize = Normalize::Log;
+  const ImageAnalysis reference = analyse_image(model, fx.image_path, s);
+  const ExportImages expected = render_export_images(model, reference, s.style, s.normalize);
+  REQUIRE(app.derived.pictures.heads.size() == 4);
+  for (size_t h = 0; h < 4; ++h) CHECK(same_bytes(app.derived.pictures.heads[h], expected.heads[h]));
+  CHECK(same_bytes(app.derived.pictures.mean, expected.mean));
+  CHECK(same_bytes(app.derived.pictures.montage, expected.montage));
+  CHECK(cli_equivalent(app));
+
+  // Exported files equal export_attention's, byte for byte except the timings.
+  const std::string viewer_dir = fx.dir + "/viewer", cli_dir = fx.dir + "/cli";
+  fs::create_directory(viewer_dir);
+  fs::create_directory(cli_dir);
+  app.ui.export_raw = true;
+  app.requests.export_folder = viewer_dir;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  s.out_dir = cli_dir;
+  s.raw = true;
+  export_attention(model, fx.image_path, s);
+  for (const char* name : {"picture_head0.png", "picture_head3.png", "picture_mean.png", "picture_montage.png",
+                           "picture_attn.npy"}) {
+    INFO(name);
+    REQUIRE(fs::exists(viewer_dir + "/" + name));
+    CHECK(read_text(viewer_dir + "/" + name) == read_text(cli_dir + "/" + name));
+  }
+  auto json_without_timings = [](const std::string& path) {
+    nlohmann::json j = nlohmann::json::parse(read_text(path));
+    j.erase("timings_ms");
+    for (auto& f : j["files"]) f = fs::path(f.get<std::string>()).filename().string();
+    return j;
+  };
+  CHECK(json_without_timings(viewer_dir + "/picture.json") == json_without_timings(cli_dir + "/picture.json"));
+  CHECK_FALSE(fs::exists(viewer_dir + "/picture_view.json"));  // nothing viewer-only was on
+}
+
+TEST_CASE("viewer keeps the current image and model when a file is bad", "[viewer]") {
+  Fixture fx;
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  const auto image_before = app.doc.image;
+  const auto model_before = app.doc.model;
+  const uint64_t pictures_before = app.derived.pictures_version;
+
+  const std::string bad_image = fx.dir + "/bad.png", bad_model = fx.dir + "/bad.safetensors";
+  write_file_atomic(bad_image, "this is not a picture");
+  write_file_atomic(bad_model, std::string("\x08\0\0\0\0\0\0\0{}", 10));
+  for (const std::string& path : {bad_image, fx.dir + "/missing.png"}) {
+    app.requests.open_image = path;
+    REQUIRE(run_until_idle(app));
+    CHECK(app.ui.message.error);
+    CHECK_THAT(app.ui.message.text, Catch::Contains(path));
+    CHECK(app.doc.image == image_before);
+    CHECK(app.derived.pictures_version == pictures_before);
+  }
+  app.requests.open_model = bad_model;
+  REQUIRE(run_until_idle(app));
+  CHECK(app.ui.message.error);
+  CHECK(app.doc.model == model_before);
+  CHECK(app.ui.recent_images == std::vector<std::string>{fs::path(fx.image_path).lexically_normal().string()});
+
+  // A good one afterwards replaces the image, keeps the query in the same place of the picture.
+  pin_query(app, 7, 7);
+  app.requests.open_image = fx.wide_path;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  CHECK(app.doc.image->path == fx.wide_path);
+  CHECK(grid_rows(app) == 5);  // 50x30 at the model's 32: 32x19 -> 5x8 patches
+  CHECK(grid_cols(app) == 8);
+  CHECK(app.ui.view.query_row == 4);  // (7.5 / 8) of the way down and across, on the new grid
+  CHECK(app.ui.view.query_col == 7);
+  CHECK(app.ui.recent_images.front() == fx.wide_path);
+}
+
+TEST_CASE("viewer actions: pin clamps, keys move, painting masks keys, scale and size recompute", "[viewer]") {
+  Fixture fx;
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  // Screen to patch: a 8x8 grid of 4-pixel patches drawn 320 px wide at (100, 50).
+  const Rect picture{100.0f, 50.0f, 320.0f, 320.0f};
+  int row = 0, col = 0, px = 0, py = 0;
+  REQUIRE(patch_under(app, picture, 100.0f, 50.0f, row, col, px, py));
+  CHECK((row == 0 && col == 0 && px == 0 && py == 0));
+  REQUIRE(patch_under(app, picture, 100.0f + 319.9f, 50.0f + 45.0f, row, col, px, py));
+  CHECK((row == 1 && col == 7 && px == 31 && py == 4));
+  CHECK_FALSE(patch_under(app, picture, 99.0f, 60.0f, row, col, px, py));
+  CHECK_FALSE(patch_under(app, picture, 200.0f, 370.0f, row, col, px, py));
+
+  pin_query(app, 100, -3);
+  CHECK(app.ui.view.query_row == 7);
+  CHECK(app.ui.view.query_col == 0);
+  move_query(app, 0, -1);
+  CHECK(app.ui.view.query_col == 0);
+  move_query(app, -1, 1);
+  CHECK(app.ui.view.query_row == 6);
+  CHECK(app.ui.view.query_col == 1);
+
+  // A new query needs no forward pass: one update redraws every head for it (same frame).
+  const uint64_t version = app.derived.pictures_version;
+  pin_query(app, 3, 3);
+  update_derived(app);
+  CHECK(app.derived.pictures_version == version + 1);
+  CHECK(app.derived.view.request.query_token == 1 + 3 * 8 + 3);
+  CHECK(is_idle(app));
+
+  // Paint key patch (0, 0): no query may attend to it any more.
+  paint_patch(app, 0, 0, true);
+  CHECK(app.ui.compute.mask == MaskMode::Painted);
+  REQUIRE(run_until_idle(app));
+  CHECK(app.doc.comp->key.painted.size() == 64);
+  for (const MatRM& m : app.derived.raw_maps.heads) CHECK(m(0, 0) == 0.0f);
+  CHECK_FALSE(cli_equivalent(app));
+
+  // Without the 1/sqrt(d) scale the scores are sqrt(12) times larger.
+  ScriptCommand c;
+  c.verb = "scale";
+  c.args = {"none"};
+  CHECK(apply_script_command(app, c).empty());
+  REQUIRE(run_until_idle(app));
+  CHECK(app.doc.comp->forward.score_scale == 1.0f);
+  c.args = {"temperature", "2"};
+  CHECK(apply_script_command(app, c).empty());
+  REQUIRE(run_until_idle(app));
+  CHECK(app.doc.comp->forward.score_scale == Approx(1.0 / (std::sqrt(12.0) * 2.0)));
+
+  // Script errors name the problem; the state is untouched.
+  c.verb = "pin";
+  c.args = {"8", "0"};
+  CHECK_THAT(apply_script_command(app, c), Catch::Contains("outside the 8x8 patch grid"));
+  c.verb = "layer";
+  c.args = {"2"};
+  CHECK_THAT(apply_script_command(app, c), Catch::Contains("2 layer(s)"));
+
+  // The received mode and the threshold: the kept share is reported per map.
+  app.ui.view.mode = MapMode::Received;
+  app.ui.display.threshold_on = true;
+  app.ui.display.threshold = 0.5f;
+  update_derived(app);
+  REQUIRE(app.derived.kept.size() == 5);
+  for (const ThresholdResult& t : app.derived.kept) CHECK(t.kept_mass >= 0.5);
+}
+
+TEST_CASE("viewer worked example reproduces the seed's numbers", "[viewer]") {
+  App app;
+  update_derived(app);
+  REQUIRE(app.derived.example_valid);
+  const MatRM& w = app.derived.example.weights;
+  const MatRM& c = app.derived.example.context;
+  // weights [[0.401, 0.401, 0.198], [0.198, 0.401, 0.401]], context [[4.011, 2.203], [1.978, 2.407]]
+  CHECK(w(0, 0) == Approx(0.401).margin(5e-4));
+  CHECK(w(0, 2) == Approx(0.198).margin(5e-4));
+  CHECK(w(1, 0) == Approx(0.198).margin(5e-4));
+  CHECK(c(0, 0) == Approx(4.011).margin(5e-4));
+  CHECK(c(0, 1) == Approx(2.203).margin(5e-4));
+  CHECK(c(1, 0) == Approx(1.978).margin(5e-4));
+  CHECK(c(1, 1) == Approx(2.407).margin(5e-4));
+  CHECK(app.derived.example.scores(0, 1) == Approx(1.0 / std::sqrt(2.0)));
+  app.ui.example.scaled = false;
+  update_derived(app);
+  CHECK(app.derived.example.scores(0, 1) == Approx(1.0));
+}
