@@ -346,7 +346,7 @@ TEST_CASE("viewer pictures and export are core's export for the same settings", 
   REQUIRE(run_until_idle(app));
   REQUIRE(app.doc.ready());
   CHECK(app.ui.view.query_row == 4);  // pinned at the centre of the 8x8 grid
-  CHECK(app.ui.view.mode == MapMode::Query);
+  CHECK(app.ui.view.mode == MapMode::Received);  // the same default as `vitlens export`
 
   pin_query(app, 2, 5);
   app.ui.display.style.colormap = "inferno";

@@ -101,7 +101,7 @@ struct DisplayState {
 };
 
 struct ViewChoice {
-  MapMode mode = MapMode::Query;
+  MapMode mode = MapMode::Received;     // as `vitlens export`; pinning a query switches to Query
   int layer = -1;                        // < 0: the last layer
   int query_row = -1, query_col = -1;    // pinned query patch; -1: the centre once an image is in
   int hover_row = -1, hover_col = -1;    // patch under the cursor this frame; -1: none
