@@ -2,7 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
-#include <map>
+#include <set>
 #include <unistd.h>
 
 #include "cli.hpp"
@@ -26,7 +26,7 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   patch->excludes(cls)->excludes(received);
   cls->excludes(received);
   cmd->add_option("--layer", args.settings.layer, "Layer (block) index, 0-based; default: the last")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(0, 1000000));
   cmd->add_option("--mask", args.mask, "Attention mask applied before the softmax (padding patches are always masked)")
       ->check(CLI::IsMember({"none", "causal"}))
       ->capture_default_str();
@@ -46,7 +46,7 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
       ->capture_default_str();
   cmd->add_option("--size", args.settings.max_side,
                   "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size; "
-                  "default: the model's img_size")
+                  "default: the model's img_size long side. An image of exactly the model's img_size is never resampled")
       ->check(CLI::Range(0, 2048));
   cmd->add_flag("--raw", args.settings.raw,
                 "Also write <stem>_attn.npy: float32 (layers, heads, tokens, tokens), class token first; at most " +
@@ -78,20 +78,26 @@ int run_export(ExportArgs& args) {
 
   const std::string model_path = args.model.empty() ? default_model_path() : args.model;
   const VitModel model = load_model(model_path);
+  try {
+    check_settings(model, s);  // flags that cannot fit this model are usage errors, found before any work
+  } catch (const Error& e) {
+    throw UsageError(e.what());
+  }
   require_writable_dir(s.out_dir);
 
   const bool show_progress = ::isatty(STDERR_FILENO) && !args.quiet;
-  std::map<std::string, int> stems_used;
+  std::set<std::string> stems_used;
   int failed = 0;
   const int total = static_cast<int>(args.images.size());
   for (int i = 0; i < total; ++i) {
     const std::string& image = args.images[static_cast<size_t>(i)];
     if (show_progress) std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, image.c_str());
-    // Two inputs with the same file name must not overwrite each other's outputs.
+    // Two inputs must not overwrite each other's outputs: a stem already taken (by an input of
+    // the same name, or by a generated "x_2") gets the next free suffix.
     ExportSettings settings = s;
-    const std::string stem = output_stem(image);
-    const int seen = stems_used[stem]++;
-    settings.stem = seen == 0 ? stem : stem + "_" + std::to_string(seen + 1);
+    settings.stem = output_stem(image);
+    for (int k = 2; stems_used.count(settings.stem); ++k) settings.stem = output_stem(image) + "_" + std::to_string(k);
+    stems_used.insert(settings.stem);
     // On a terminal, a long forward pass shows its percentage on the progress line.
     if (show_progress) {
       settings.progress = [&, last = -1](float done) mutable {
@@ -113,9 +119,12 @@ int run_export(ExportArgs& args) {
                     s.out_dir.c_str(), settings.stem.c_str(), settings.stem.c_str(), ms);
         std::fflush(stdout);
       }
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {
+      // Any failure of one image (a vitlens::Error, or an allocation or OpenCV error) is reported
+      // in one line naming the image, and the batch goes on.
       if (show_progress) std::fprintf(stderr, "\r\033[K");
-      report_error(e.what());
+      const std::string what = e.what();
+      report_error(what.rfind(image, 0) == 0 ? what : image + ": " + what);
       ++failed;
     }
   }

@@ -25,7 +25,7 @@ int run_info(const InfoArgs& args) {
   std::printf("image size:   %dx%d (grid %dx%d, %d tokens)\n", c.img_w, c.img_h, c.grid_w(), c.grid_h(), c.pos_tokens());
   std::printf("class token:  %s\n", c.class_token ? "yes" : "no");
   std::printf("qkv bias:     %s\n", c.qkv_bias ? "yes" : "no");
-  std::printf("mlp:          ratio %g (%d hidden)\n", static_cast<double>(c.mlp_ratio), c.mlp_hidden());
+  std::printf("mlp:          ratio %g (%d hidden)\n", c.mlp_ratio, c.mlp_hidden());
   std::printf("norm eps:     %g\n", static_cast<double>(c.norm_eps));
   std::printf("mean / std:   [%g, %g, %g] / [%g, %g, %g]\n", static_cast<double>(c.mean[0]), static_cast<double>(c.mean[1]),
               static_cast<double>(c.mean[2]), static_cast<double>(c.std[0]), static_cast<double>(c.std[1]),

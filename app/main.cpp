@@ -10,7 +10,14 @@
 
 namespace vitlens::cli {
 
-void report_error(const std::string& message) { std::cerr << "vitlens: " << message << std::endl; }
+void report_error(const std::string& message) {
+  // One line, whatever the message holds (a model name with a newline, an OpenCV message).
+  std::string line = message;
+  for (char& c : line)
+    if (c == '\n' || c == '\r') c = ' ';
+  while (!line.empty() && line.back() == ' ') line.pop_back();
+  std::cerr << "vitlens: " << line << std::endl;
+}
 
 void parse_pair(const std::string& text, const char* flag, int& first, int& second) {
   const auto comma = text.find(',');

@@ -154,8 +154,8 @@ TEST_CASE("cli: modes, layers and their errors", "[cli]") {
   Run outside = run(base + "--patch 5,6");
   CHECK(outside.code == 1);
   CHECK_THAT(outside.err, Catch::Contains("outside the 5x6 patch grid"));
-  Run layer = run(base + "--layer 2");
-  CHECK(layer.code == 1);
+  Run layer = run(base + "--layer 2");  // past the model's depth: a usage error, before any work
+  CHECK(layer.code == 2);
   CHECK_THAT(layer.err, Catch::Contains("--layer 2 is out of range"));
 }
 
@@ -242,6 +242,42 @@ TEST_CASE("cli: a batch reports the bad image, exports the others and exits 1", 
   CHECK(exists(out + "/photo_montage.png"));
   CHECK(exists(out + "/photo_2_montage.png"));  // the second photo.png does not overwrite the first
   CHECK_FALSE(exists(out + "/broken_head0.png"));
+}
+
+TEST_CASE("cli: odd names and odd files in a batch do not stop it", "[cli]") {
+  Fixture f;
+  const std::string out = f.dir + "/odd";
+  ::mkdir(out.c_str(), 0755);
+  // A file name that is not UTF-8, one with spaces, and stems that collide with generated ones.
+  const std::string latin1 = f.dir + "/caf\xe9.png", spaced = f.dir + "/with space.png";
+  ::mkdir((f.dir + "/c1").c_str(), 0755);
+  ::mkdir((f.dir + "/c2").c_str(), 0755);
+  cv::Mat img(16, 16, CV_8UC3, cv::Scalar(30, 60, 90));
+  for (const std::string& p : {latin1, spaced, f.dir + "/c1/x.png", f.dir + "/c2/x.png", f.dir + "/x_2.png"})
+    REQUIRE(cv::imwrite(p, img));
+  Run r = run("export '" + latin1 + "' '" + spaced + "' " + f.dir + "/c1/x.png " + f.dir + "/c2/x.png " + f.dir +
+              "/x_2.png --model " + f.model + " --out " + out);
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK(exists(out + "/caf\xe9.json"));
+  CHECK(exists(out + "/with space_montage.png"));
+  CHECK(exists(out + "/x.json"));
+  CHECK(exists(out + "/x_2.json"));
+  CHECK(exists(out + "/x_2_2.json"));  // the third input, x_2.png, does not overwrite the second x.png
+  const auto j = nlohmann::json::parse(slurp(out + "/x_2_2.json"));
+  CHECK_THAT(j["image"].get<std::string>(), Catch::EndsWith("/x_2.png"));
+  CHECK(nlohmann::json::parse(slurp(out + "/x_2.json"))["image"].get<std::string>().find("/c2/x.png") != std::string::npos);
+
+  // An image far larger than its file (a 121-megapixel black PNG) is refused in one line; the
+  // next image is still exported.
+  cv::Mat huge(11000, 11000, CV_8UC1, cv::Scalar(0));
+  REQUIRE(cv::imwrite(f.dir + "/bomb.png", huge));
+  huge.release();
+  Run bomb = run("export " + f.dir + "/bomb.png " + f.image + " --model " + f.model + " --out " + out);
+  CHECK(bomb.code == 1);
+  CHECK_THAT(bomb.err, Catch::Contains("bomb.png") && Catch::Contains("megapixels"));
+  CHECK(lines(bomb.err) == 2);  // the image's line and the batch summary
+  CHECK(exists(out + "/photo.json"));
 }
 
 TEST_CASE("cli: info describes the model", "[cli]") {

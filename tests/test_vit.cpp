@@ -157,9 +157,9 @@ TEST_CASE("painted mask, score scale and maps", "[vit][maps]") {
 
   MapRequest req;
   req.mode = MapMode::Query;
-  req.query_token = token_at_patch(c, r, 2, 1);
+  req.query_token = token_at_patch(c, r.grid_h, r.grid_w, 2, 1);
   CHECK(req.query_token == 1 + 2 * 4 + 1);
-  CHECK(token_at_pixel(c, r, 5, 9) == 1 + 2 * 4 + 1);
+  CHECK(token_at_pixel(c, r.grid_h, r.grid_w, 5, 9) == 1 + 2 * 4 + 1);
   const HeadMaps maps = attention_maps(m, r, req);
   REQUIRE(maps.heads.size() == 4);
   MatRM mean = MatRM::Zero(4, 4);
@@ -171,8 +171,8 @@ TEST_CASE("painted mask, score scale and maps", "[vit][maps]") {
   }
   CHECK((maps.mean - mean).cwiseAbs().maxCoeff() < 1e-7f);
 
-  CHECK_THROWS_WITH(token_at_patch(c, r, 4, 0), Catch::Contains("outside"));
-  CHECK_THROWS_WITH(token_at_pixel(c, r, -1, 0), Catch::Contains("outside"));
+  CHECK_THROWS_WITH(token_at_patch(c, r.grid_h, r.grid_w, 4, 0), Catch::Contains("outside"));
+  CHECK_THROWS_WITH(token_at_pixel(c, r.grid_h, r.grid_w, -1, 0), Catch::Contains("outside"));
   req.layer = 1;
   CHECK_THROWS_WITH(attention_maps(m, r, req), Catch::Contains("layer 1"));
 

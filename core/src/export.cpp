@@ -65,27 +65,33 @@ ForwardOptions forward_options_for(const ExportSettings& settings) {
   return options;
 }
 
-MapRequest resolve_request(const VitModel& model, const ForwardResult& result, const ExportSettings& settings) {
-  MapRequest request;
-  const int layers = static_cast<int>(result.layers.size());
-  request.layer = settings.layer < 0 ? layers - 1 : settings.layer;
-  if (request.layer >= layers)
+void check_settings(const VitModel& model, const ExportSettings& settings) {
+  const int layers = model.config.depth;
+  if (settings.layer >= layers)
     throw Error("--layer " + std::to_string(settings.layer) + " is out of range: model '" + model.config.name +
                 "' has " + std::to_string(layers) + " layer(s), 0 to " + std::to_string(layers - 1));
+  if (settings.select == QuerySelect::ClassToken && !model.config.class_token)
+    throw Error("--cls: model '" + model.config.name + "' has no class token; use --query, --patch or --received");
+  if (!(settings.style.alpha >= 0.0f && settings.style.alpha <= 1.0f)) throw Error("--alpha must be in [0, 1]");
+  if (!is_colormap(settings.style.colormap)) throw Error("unknown colormap '" + settings.style.colormap + "'");
+}
+
+MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const ExportSettings& settings) {
+  check_settings(model, settings);
+  MapRequest request;
+  request.layer = settings.layer < 0 ? model.config.depth - 1 : settings.layer;
   switch (settings.select) {
     case QuerySelect::Received: request.mode = MapMode::Received; break;
     case QuerySelect::ClassToken: request.mode = MapMode::ClassToken; break;
     case QuerySelect::Pixel:
       request.mode = MapMode::Query;
-      request.query_token = token_at_pixel(model.config, result, settings.query_x, settings.query_y);
+      request.query_token = token_at_pixel(model.config, grid_h, grid_w, settings.query_x, settings.query_y);
       break;
     case QuerySelect::Patch:
       request.mode = MapMode::Query;
-      request.query_token = token_at_patch(model.config, result, settings.patch_row, settings.patch_col);
+      request.query_token = token_at_patch(model.config, grid_h, grid_w, settings.patch_row, settings.patch_col);
       break;
   }
-  if (request.mode == MapMode::ClassToken && result.prefix == 0)
-    throw Error("--cls: model '" + model.config.name + "' has no class token; use --query, --patch or --received");
   return request;
 }
 
@@ -103,6 +109,14 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
     throw Error(image_path + ": --raw stores (layers, heads, N, N) floats and is limited to " +
                 std::to_string(kMaxRawTokens) + " tokens; this image has " + std::to_string(tokens) +
                 " at its working size; use a smaller --size");
+  const double raw_bytes = 4.0 * model.config.depth * model.config.num_heads * static_cast<double>(tokens) * tokens;
+  if (settings.raw && raw_bytes > kMaxRawBytes)
+    throw Error(image_path + ": --raw would need " + std::to_string(static_cast<long long>(raw_bytes / (1 << 20))) +
+                " MiB for (" + std::to_string(model.config.depth) + ", " + std::to_string(model.config.num_heads) + ", " +
+                std::to_string(tokens) + ", " + std::to_string(tokens) + ") floats, above the " +
+                std::to_string(static_cast<long long>(kMaxRawBytes / (1 << 20))) + " MiB limit; use a smaller --size");
+  // The query is checked against this image's grid before the forward pass, not after it.
+  a.request = resolve_request(model, a.image.grid.grid_h, a.image.grid.grid_w, settings);
   ForwardOptions options = forward_options_for(settings);
   options.keep_probs = settings.raw;
   options.progress = settings.progress;
@@ -110,7 +124,6 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
   a.forward = forward(model, a.image.grid, options);
   a.forward_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
-  a.request = resolve_request(model, a.forward, settings);
   a.maps = attention_maps(model, a.forward, a.request);
   a.maps_ms = ms_since(t0);
   return a;
@@ -194,7 +207,8 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
     const int patch = a.request.query_token - a.forward.prefix;
     const int row = patch / a.forward.grid_w, col = patch % a.forward.grid_w;
     j["query"] = {{"token", a.request.query_token}, {"patch", {row, col}},
-                  {"pixel_center", {col * cfg.patch_size + cfg.patch_size / 2, row * cfg.patch_size + cfg.patch_size / 2}}};
+                  {"pixel_center", {col * cfg.patch_size + cfg.patch_size / 2, row * cfg.patch_size + cfg.patch_size / 2}},
+                  {"is_padding", a.image.grid.patch_is_padding[static_cast<size_t>(patch)] != 0}};
   } else {
     j["query"] = nullptr;
   }
@@ -204,14 +218,15 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["mask"] = {{"causal", settings.causal}, {"padding_patches", padding}};
   j["score_scale"] = a.forward.score_scale;
   j["colormap"] = settings.style.colormap;
-  j["alpha"] = settings.style.alpha;
+  j["alpha"] = std::round(static_cast<double>(settings.style.alpha) * 1e6) / 1e6;  // 0.6, not 0.6000000238
   j["upsample"] = upsample_name(settings.style.upsample);
   j["normalize"] = normalize_name(settings.normalize);
   json heads = json::array();
   for (size_t h = 0; h < a.maps.heads.size(); ++h) {
     const MatRM& m = a.maps.heads[h];
     json head = {{"head", h}, {"min", m.minCoeff()}, {"max", m.maxCoeff()}, {"sum", m.sum()},
-                 {"entropy", map_entropy(m)}, {"class_token_weight", a.maps.cls_weight[h]}};
+                 {"entropy", map_entropy(m)}};
+    head["class_token_weight"] = a.forward.prefix ? json(a.maps.cls_weight[h]) : json(nullptr);
     const auto layer = static_cast<size_t>(a.request.layer);
     if (layer < cfg.head_descriptions.size()) head["description"] = cfg.head_descriptions[layer][h];
     heads.push_back(head);
@@ -242,18 +257,23 @@ std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis
     // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it.
     const auto& f = analysis.forward;
     const size_t n = static_cast<size_t>(f.tokens), heads = static_cast<size_t>(model.config.num_heads);
-    std::vector<float> all;
-    all.reserve(f.layers.size() * heads * n * n);
     for (const LayerState& layer : f.layers)
-      for (const MatRM& probs : layer.probs) all.insert(all.end(), probs.data(), probs.data() + probs.size());
+      if (layer.probs.size() != heads)
+        throw Error(analysis.image_path + ": raw export needs the full weights; analyse with settings.raw set");
+    std::string npy = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);  // header only
+    npy.reserve(npy.size() + f.layers.size() * heads * n * n * sizeof(float));
+    for (const LayerState& layer : f.layers)
+      for (const MatRM& probs : layer.probs)
+        npy.append(reinterpret_cast<const char*>(probs.data()), static_cast<size_t>(probs.size()) * sizeof(float));
     written.push_back(base + "_attn.npy");
-    write_file_atomic(written.back(), npy_bytes_f32({f.layers.size(), heads, n, n}, all.data()));
+    write_file_atomic(written.back(), npy);
   }
   nlohmann::json sidecar = export_sidecar(model, analysis, settings);
   sidecar["timings_ms"]["render"] = render_ms;
   sidecar["files"] = written;
   written.push_back(base + ".json");
-  write_file_atomic(written.back(), sidecar.dump(2) + "\n");
+  // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
+  write_file_atomic(written.back(), sidecar.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   return written;
 }
 

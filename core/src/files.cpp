@@ -110,7 +110,7 @@ std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data) {
   out.push_back(static_cast<char>(header.size() & 0xff));
   out.push_back(static_cast<char>((header.size() >> 8) & 0xff));
   out += header;
-  out.append(reinterpret_cast<const char*>(data), count * 4);  // x86-64 is little-endian
+  if (data) out.append(reinterpret_cast<const char*>(data), count * 4);  // x86-64 is little-endian
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
@@ -22,10 +23,17 @@ namespace {
 
 // libpng and libjpeg print their own complaints ("libpng error: ...") straight to stderr while
 // OpenCV decodes. vitlens reports a bad image in one line of its own, so their chatter is
-// routed to /dev/null for the duration of a decode.
+// routed to /dev/null for the duration of a decode. File descriptor 2 belongs to the whole
+// process, so decodes on several threads take turns (one lock), or the second would save and
+// later restore the first one's /dev/null.
+std::mutex& stderr_redirect_lock() {
+  static std::mutex lock;
+  return lock;
+}
+
 class QuietStderr {
  public:
-  QuietStderr() {
+  QuietStderr() : hold_(stderr_redirect_lock()) {
     std::fflush(stderr);
     saved_ = ::dup(STDERR_FILENO);
     const int null_fd = ::open("/dev/null", O_WRONLY);
@@ -43,6 +51,7 @@ class QuietStderr {
   QuietStderr& operator=(const QuietStderr&) = delete;
 
  private:
+  std::lock_guard<std::mutex> hold_;
   int saved_ = -1;
 };
 
@@ -50,6 +59,12 @@ class QuietStderr {
 cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
   if (decoded.empty()) throw Error(what + ": not an image OpenCV can decode");
   if (decoded.dims != 2 || decoded.rows < 1 || decoded.cols < 1) throw Error(what + ": image has no pixels");
+  // A small compressed file can hold a huge image; its float copy takes 12 bytes a pixel.
+  const double pixels = static_cast<double>(decoded.rows) * decoded.cols;
+  if (pixels > kMaxImagePixels)
+    throw Error(what + ": image is " + std::to_string(decoded.cols) + "x" + std::to_string(decoded.rows) + " (" +
+                std::to_string(static_cast<long long>(pixels / 1e6)) + " megapixels), more than vitlens reads (" +
+                std::to_string(static_cast<long long>(kMaxImagePixels / 1e6)) + " megapixels); shrink it first");
   double scale = 1.0;
   switch (decoded.depth()) {
     case CV_8U: scale = 1.0 / 255.0; break;
@@ -154,7 +169,7 @@ PreparedImage prepare_image(const cv::Mat& rgb01, const VitConfig& config, int m
     if (w < p || h < p)
       throw Error(what + ": image " + std::to_string(rgb01.cols) + "x" + std::to_string(rgb01.rows) +
                   " becomes " + std::to_string(w) + "x" + std::to_string(h) + " at working size " +
-                  std::to_string(max_side) + ", thinner than one patch; use a larger --size");
+                  std::to_string(max_side) + ", thinner than one patch; use a larger --size, or --size 0 for the native size");
     cv::resize(rgb01, content, cv::Size(w, h), 0, 0, cv::INTER_AREA);
     out.resized = true;
   }

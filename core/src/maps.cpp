@@ -53,19 +53,19 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
   return maps;
 }
 
-int token_at_pixel(const VitConfig& config, const ForwardResult& result, int x, int y) {
+int token_at_pixel(const VitConfig& config, int grid_h, int grid_w, int x, int y) {
   const int p = config.patch_size;
-  if (x < 0 || y < 0 || x >= result.grid_w * p || y >= result.grid_h * p)
+  if (x < 0 || y < 0 || x >= grid_w * p || y >= grid_h * p)
     throw Error("query pixel (" + std::to_string(x) + ", " + std::to_string(y) + ") is outside the " +
-                std::to_string(result.grid_w * p) + "x" + std::to_string(result.grid_h * p) + " processed image");
-  return result.prefix + (y / p) * result.grid_w + (x / p);
+                std::to_string(grid_w * p) + "x" + std::to_string(grid_h * p) + " processed image");
+  return config.prefix_tokens() + (y / p) * grid_w + (x / p);
 }
 
-int token_at_patch(const VitConfig& config, const ForwardResult& result, int row, int col) {
-  if (row < 0 || col < 0 || row >= result.grid_h || col >= result.grid_w)
+int token_at_patch(const VitConfig& config, int grid_h, int grid_w, int row, int col) {
+  if (row < 0 || col < 0 || row >= grid_h || col >= grid_w)
     throw Error("query patch (" + std::to_string(row) + ", " + std::to_string(col) + ") is outside the " +
-                std::to_string(result.grid_h) + "x" + std::to_string(result.grid_w) + " patch grid");
-  return result.prefix + row * result.grid_w + col;
+                std::to_string(grid_h) + "x" + std::to_string(grid_w) + " patch grid");
+  return config.prefix_tokens() + row * grid_w + col;
 }
 
 double map_entropy(const MatRM& map) {

@@ -21,13 +21,17 @@ std::string VitConfig::validate() const {
     why << "img_size [" << img_h << ", " << img_w << "] is not in [patch_size, 16384]";
   else if (img_h % patch_size != 0 || img_w % patch_size != 0)
     why << "img_size [" << img_h << ", " << img_w << "] is not a multiple of patch_size " << patch_size;
-  else if (!(mlp_ratio > 0.0f) || mlp_ratio > 64.0f || mlp_hidden() < 1)
+  else if (!(mlp_ratio > 0.0) || mlp_ratio > 64.0)
     why << "mlp_ratio " << mlp_ratio << " is not in (0, 64]";
+  else if (mlp_hidden() < 1)
+    why << "mlp_ratio " << mlp_ratio << " gives an MLP hidden size of int(" << embed_dim << " * " << mlp_ratio << ") = 0";
   else if (!(norm_eps > 0.0f) || norm_eps > 1.0f) why << "norm_eps " << norm_eps << " is not in (0, 1]";
   else {
     for (int c = 0; c < 3; ++c) {
       if (!std::isfinite(mean[c])) { why << "mean[" << c << "] is not finite"; break; }
-      if (!(std[c] > 0.0f) || !std::isfinite(std[c])) { why << "std[" << c << "] " << std[c] << " is not positive"; break; }
+      if (std::abs(mean[c]) > 1e3f) { why << "mean[" << c << "] " << mean[c] << " is not in [-1000, 1000]"; break; }
+      // Pixels are in [0, 1]: a std below 1e-6 would turn them into numbers of 1e6 and more.
+      if (!(std[c] >= 1e-6f) || !std::isfinite(std[c]) || std[c] > 1e3f) { why << "std[" << c << "] " << std[c] << " is not in [1e-6, 1000]"; break; }
     }
   }
   if (why.tellp() == 0 && !head_descriptions.empty()) {
@@ -205,6 +209,10 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     // qkv = self.qkv(self.norm1(x)).reshape(B, N, 3, H, d): columns [Q | K | V], head-major
     layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed);
     linear(normed, b.qkv_w, b.qkv_b, 3 * dim, state.qkv);
+    // NaN scores would look like fully masked rows (zero attention) downstream: stop here instead.
+    if (!state.qkv.allFinite())
+      throw Error("model '" + cfg.name + "' produces non-finite queries/keys/values (NaN or infinity) in layer " +
+                  std::to_string(l) + " on this image: its weights or normalisation are out of range");
     state.received = MatRM::Zero(heads, n);
     if (prefix) state.cls_row.resize(heads, n);
     if (options.keep_probs) state.probs.assign(static_cast<size_t>(heads), MatRM(n, n));

@@ -207,7 +207,7 @@ VitConfig base_config() {
   c.depth = 1;
   c.img_h = c.img_w = kImage;
   c.class_token = true;
-  c.mlp_ratio = 4.0f;
+  c.mlp_ratio = 4.0;
   c.norm_eps = 1e-6f;
   c.qkv_bias = true;
   c.mean = {0.5f, 0.5f, 0.5f};

@@ -43,6 +43,12 @@ float get_float(const json& j, const char* key, const std::string& what) {
   return v.get<float>();
 }
 
+double get_double(const json& j, const char* key, const std::string& what) {
+  const json& v = require_key(j, key, what);
+  if (!v.is_number()) throw Error(what + ": config key '" + key + "' must be a number");
+  return v.get<double>();
+}
+
 bool get_bool(const json& j, const char* key, const std::string& what) {
   const json& v = require_key(j, key, what);
   if (!v.is_boolean()) throw Error(what + ": config key '" + key + "' must be true or false");
@@ -98,7 +104,7 @@ VitConfig config_from_json(const json& j, const std::string& what) {
     throw Error(what + ": config key 'img_size' must be [height, width] integers");
   }
   c.class_token = get_bool(j, "class_token", what);
-  c.mlp_ratio = get_float(j, "mlp_ratio", what);
+  c.mlp_ratio = get_double(j, "mlp_ratio", what);
   c.norm_eps = get_float(j, "norm_eps", what);
   c.mean = get_rgb(j, "mean", what);
   c.std = get_rgb(j, "std", what);
@@ -180,6 +186,15 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
     for (int i = 0; i < config.depth; ++i)
       if (tensors.count("blocks." + std::to_string(i) + ".attn.qkv.bias"))
         throw Error(what + ": tensor 'blocks." + std::to_string(i) + ".attn.qkv.bias' is present but config says qkv_bias false");
+  // A tensor the config does not use would be silently ignored: a timm checkpoint with
+  // LayerScale (ls1.gamma), qk-norm, register tokens or more blocks than `depth` computes different
+  // attention than vitlens would show. Refuse it instead.
+  for (const auto& entry : tensors) {
+    const std::string& name = entry.first;
+    if (shapes.count(name)) continue;
+    throw Error(what + ": tensor '" + name + "' is not part of the configured model (" + std::to_string(config.depth) +
+                " block(s), timm VisionTransformer names); vitlens would ignore it");
+  }
 
   VitModel model;
   model.config = config;

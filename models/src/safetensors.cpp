@@ -140,7 +140,9 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
     spans.push_back({begin, end, name});
     tensor.values.resize(numel);
     const unsigned char* src = raw + data_start + begin;
-    if (dtype == "F32") {
+    if (numel == 0) {
+      // nothing to copy (and memcpy from a null pointer is undefined)
+    } else if (dtype == "F32") {
       std::memcpy(tensor.values.data(), src, numel * 4);
     } else if (dtype == "F64") {
       for (size_t i = 0; i < numel; ++i) {
@@ -159,6 +161,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
     }
     file.tensors.emplace(name, std::move(tensor));
   }
+  // Empty tensors occupy no bytes and cannot overlap anything.
+  spans.erase(std::remove_if(spans.begin(), spans.end(), [](const Span& s) { return s.begin == s.end; }), spans.end());
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin < b.begin; });
   for (size_t i = 1; i < spans.size(); ++i)
     if (spans[i].begin < spans[i - 1].end)

@@ -44,6 +44,7 @@ struct ExportSettings {
 
 // Largest token count for which --raw is allowed: (L, H, N, N) float32 grows as N^2.
 constexpr int kMaxRawTokens = 4096;
+constexpr double kMaxRawBytes = 2.0 * (1 << 30);  // and at most 2 GiB of (L, H, N, N) floats
 // Largest token count any export takes (a 2048 x 2048 working size at P = 4): attention work
 // grows as N^2, and beyond this an export would run for many minutes.
 constexpr int kMaxTokens = 262145;
@@ -57,8 +58,12 @@ struct ImageAnalysis {
   double forward_ms = 0.0, maps_ms = 0.0;
 };
 
-// Settings -> the map request for this image's grid (resolves Pixel, Patch and the layer).
-MapRequest resolve_request(const VitModel& model, const ForwardResult& result, const ExportSettings& settings);
+// Throws vitlens::Error when the settings cannot apply to this model, whatever the image: a layer
+// past its depth, --cls without a class token, alpha outside [0, 1], an unknown colour map.
+void check_settings(const VitModel& model, const ExportSettings& settings);
+
+// Settings -> the map request for an image's patch grid (resolves Pixel, Patch and the layer).
+MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const ExportSettings& settings);
 
 ForwardOptions forward_options_for(const ExportSettings& settings);
 

@@ -8,9 +8,13 @@
 
 namespace vitlens {
 
+// Largest image (in pixels) vitlens decodes: a 120-megapixel photo is 1.4 GB as float RGB.
+constexpr double kMaxImagePixels = 120e6;
+
 // Reads any image OpenCV can decode and returns it as CV_32FC3 RGB in [0, 1]:
 // 8-bit / 255, 16-bit / 65535, float as is (clamped); grayscale is replicated to RGB; an alpha
-// channel is dropped (as PIL's convert("RGB")). OpenCV decodes BGR: converted here.
+// channel is dropped (as PIL's convert("RGB")). OpenCV decodes BGR: converted here. EXIF
+// orientation is not applied: pixels are taken as stored, as PIL's Image.open gives them.
 // Throws vitlens::Error naming the path when the file is missing, unreadable or not an image.
 cv::Mat load_image_rgb(const std::string& path);
 

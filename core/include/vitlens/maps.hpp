@@ -28,9 +28,10 @@ struct HeadMaps {
 // (class token map without a class token).
 HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, const MapRequest& request);
 
-// Token index of the patch under pixel (x, y) of the processed image / of patch (row, col).
-int token_at_pixel(const VitConfig& config, const ForwardResult& result, int x, int y);
-int token_at_patch(const VitConfig& config, const ForwardResult& result, int row, int col);
+// Token index of the patch under pixel (x, y) of the processed image / of patch (row, col) on a
+// grid_h x grid_w patch grid. Throws vitlens::Error when outside.
+int token_at_pixel(const VitConfig& config, int grid_h, int grid_w, int x, int y);
+int token_at_patch(const VitConfig& config, int grid_h, int grid_w, int row, int col);
 
 // Shannon entropy (nats) of a non-negative map normalised to sum 1; 0 for an all-zero map.
 double map_entropy(const MatRM& map);

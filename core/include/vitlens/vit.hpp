@@ -24,7 +24,7 @@ struct VitConfig {
   int depth = 1;            // L
   int img_h = 224, img_w = 224;
   bool class_token = true;
-  float mlp_ratio = 4.0f;
+  double mlp_ratio = 4.0;   // double, as Python: int(D * mlp_ratio) must match timm
   float norm_eps = 1e-6f;
   bool qkv_bias = true;
   std::array<float, 3> mean{0.5f, 0.5f, 0.5f};  // per RGB channel, applied to x / 255
@@ -33,7 +33,7 @@ struct VitConfig {
   std::vector<std::vector<std::string>> head_descriptions;
 
   int head_dim() const { return embed_dim / num_heads; }                   // d
-  int mlp_hidden() const { return static_cast<int>(embed_dim * mlp_ratio); }  // Hm (timm: int())
+  int mlp_hidden() const { return static_cast<int>(embed_dim * mlp_ratio); }  // Hm (timm: int(), in double)
   int prefix_tokens() const { return class_token ? 1 : 0; }
   int grid_h() const { return img_h / patch_size; }
   int grid_w() const { return img_w / patch_size; }

@@ -1,0 +1,73 @@
+// What a model file or the engine must refuse rather than show wrong attention.
+#include <catch2/catch.hpp>
+
+#include <opencv2/imgcodecs.hpp>
+
+#include "test_support.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/export.hpp"
+
+using namespace vitlens;
+
+TEST_CASE("tensors the config does not use are refused, naming the tensor", "[model]") {
+  const VitConfig c = test::small_config();
+  for (const char* extra : {"blocks.0.ls1.gamma", "blocks.1.norm1.weight", "reg_token", "fc_norm.weight"}) {
+    TensorMap t = test::random_tensors(c, 3);
+    TensorData d;
+    d.shape = {48};
+    d.values.assign(48, 1.0f);
+    t.emplace(extra, d);
+    CHECK_THROWS_WITH(model_from_tensors(c, t, "m.safetensors"),
+                      Catch::Contains("m.safetensors") && Catch::Contains(extra) && Catch::Contains("not part of"));
+  }
+}
+
+TEST_CASE("MLP hidden size follows timm's int(D * mlp_ratio) in double precision", "[model][config]") {
+  VitConfig c = test::small_config();
+  c.embed_dim = 90;
+  c.num_heads = 6;
+  c.mlp_ratio = 0.7;  // 90 * 0.7 = 62.99999... in double: int() gives 62, as Python does
+  CHECK(c.mlp_hidden() == 62);
+  CHECK(c.validate().empty());
+  c.mlp_ratio = 0.001;
+  CHECK_THAT(c.validate(), Catch::Contains("hidden size") && Catch::Contains("= 0"));
+}
+
+TEST_CASE("normalisation out of range and non-finite activations are errors, not blank maps", "[model][vit]") {
+  VitConfig c = test::small_config();
+  c.std = {1e-30f, 0.5f, 0.5f};
+  CHECK_THAT(c.validate(), Catch::Contains("std[0]"));
+  c = test::small_config();
+  c.mean = {0.5f, 1e30f, 0.5f};
+  CHECK_THAT(c.validate(), Catch::Contains("mean[1]"));
+
+  // Weights so large that the queries overflow float: the forward pass stops with a message.
+  TensorMap t = test::random_tensors(c, 5);
+  for (float& v : t.at("blocks.0.attn.qkv.weight").values) v = 3e38f;  // finite, but their sums are not
+  const VitModel m = model_from_tensors(c, t, "huge");
+  PatchGrid g;
+  g.grid_h = g.grid_w = 2;
+  g.patches = MatRM::Constant(4, 48, 3.0f);
+  g.patches(1, 3) = -2.0f;
+  g.patch_is_padding.assign(4, 0);
+  CHECK_THROWS_WITH(forward(m, g, ForwardOptions{}), Catch::Contains("non-finite"));
+}
+
+TEST_CASE("raw export refuses an analysis without the full weights", "[export]") {
+  const VitModel m = test::random_model(test::small_config(), 2);
+  const std::string dir = test::temp_dir("rawcheck");
+  cv::Mat img(8, 8, CV_8UC3, cv::Scalar(10, 200, 30));
+  REQUIRE(cv::imwrite(dir + "/a.png", img));
+  ExportSettings s;
+  s.out_dir = dir;
+  const ImageAnalysis a = analyse_image(m, dir + "/a.png", s);  // computed without keep_probs
+  s.raw = true;
+  CHECK_THROWS_WITH(write_export(m, a, s), Catch::Contains("full weights"));
+  // No class token: the sidecar says null, not 0, for the class token's weight.
+  const VitModel no_cls = test::random_model(test::small_config(16, false), 2);
+  s.raw = false;
+  const ImageAnalysis b = analyse_image(no_cls, dir + "/a.png", s);
+  const auto j = export_sidecar(no_cls, b, s);
+  CHECK(j["heads"][0]["class_token_weight"].is_null());
+  CHECK(j["alpha"].get<double>() == 0.6);
+}
