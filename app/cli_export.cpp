@@ -2,6 +2,7 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <cstdlib>
 #include <set>
 #include <unistd.h>
 
@@ -86,6 +87,26 @@ int run_export(ExportArgs& args) {
   require_writable_dir(s.out_dir);
 
   const bool show_progress = ::isatty(STDERR_FILENO) && !args.quiet;
+  // Outputs must never replace an input (exporting "a.png a_mean.png" into their own folder would
+  // otherwise overwrite a_mean.png with a's heatmap before reading it): output names that are
+  // inputs count as taken.
+  std::set<std::string> inputs;
+  for (const std::string& image : args.images)
+    if (char* real = ::realpath(image.c_str(), nullptr)) {
+      inputs.insert(real);
+      std::free(real);
+    }
+  auto clobbers_input = [&](const std::string& stem) {
+    char* dir = ::realpath(s.out_dir.c_str(), nullptr);
+    if (!dir) return false;
+    const std::string base = std::string(dir) + "/" + stem;
+    std::free(dir);
+    std::vector<std::string> names = {base + "_mean.png", base + "_montage.png", base + ".json", base + "_attn.npy"};
+    for (int h = 0; h < model.config.num_heads; ++h) names.push_back(base + "_head" + std::to_string(h) + ".png");
+    for (const std::string& n : names)
+      if (inputs.count(n)) return true;
+    return false;
+  };
   std::set<std::string> stems_used;
   int failed = 0;
   const int total = static_cast<int>(args.images.size());
@@ -96,7 +117,8 @@ int run_export(ExportArgs& args) {
     // the same name, or by a generated "x_2") gets the next free suffix.
     ExportSettings settings = s;
     settings.stem = output_stem(image);
-    for (int k = 2; stems_used.count(settings.stem); ++k) settings.stem = output_stem(image) + "_" + std::to_string(k);
+    for (int k = 2; stems_used.count(settings.stem) || clobbers_input(settings.stem); ++k)
+      settings.stem = output_stem(image) + "_" + std::to_string(k);
     stems_used.insert(settings.stem);
     // On a terminal, a long forward pass shows its percentage on the progress line.
     if (show_progress) {

@@ -268,6 +268,18 @@ TEST_CASE("cli: odd names and odd files in a batch do not stop it", "[cli]") {
   CHECK_THAT(j["image"].get<std::string>(), Catch::EndsWith("/x_2.png"));
   CHECK(nlohmann::json::parse(slurp(out + "/x_2.json"))["image"].get<std::string>().find("/c2/x.png") != std::string::npos);
 
+  // An input whose name is another input's output name is never overwritten.
+  const std::string self = f.dir + "/self";
+  ::mkdir(self.c_str(), 0755);
+  REQUIRE(cv::imwrite(self + "/a.png", img));
+  cv::Mat other(16, 16, CV_8UC3, cv::Scalar(1, 2, 3));
+  REQUIRE(cv::imwrite(self + "/a_mean.png", other));
+  const std::string before = slurp(self + "/a_mean.png");
+  Run own = run("export " + self + "/a.png " + self + "/a_mean.png --model " + f.model + " --out " + self);
+  CHECK(own.code == 0);
+  CHECK(slurp(self + "/a_mean.png") == before);
+  CHECK(exists(self + "/a_2_montage.png"));
+
   // An image far larger than its file (a 121-megapixel black PNG) is refused in one line; the
   // next image is still exported.
   cv::Mat huge(11000, 11000, CV_8UC1, cv::Scalar(0));
