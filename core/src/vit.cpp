@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "vitlens/error.hpp"
+#include "vitlens/fast_attention.hpp"
 
 namespace vitlens {
 
@@ -199,9 +200,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     x += positional_table(model, grid.grid_h, grid.grid_w);
   }
 
-  const int block_rows = 64;  // query rows per score block: (64, N) floats, never (N, N)
-  const float total_steps = static_cast<float>(cfg.depth * heads);
-  MatRM normed, attn_out(n, dim), projected, hidden, mlp_out, scores;
+  MatRM normed, attn_out(n, dim), projected, hidden, mlp_out;
   result.layers.resize(static_cast<size_t>(cfg.depth));
   for (int l = 0; l < cfg.depth; ++l) {
     const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
@@ -213,31 +212,41 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     if (!state.qkv.allFinite())
       throw Error("model '" + cfg.name + "' produces non-finite queries/keys/values (NaN or infinity) in layer " +
                   std::to_string(l) + " on this image: its weights or normalisation are out of range");
-    state.received = MatRM::Zero(heads, n);
+    state.key_panels = key_panels(state.qkv.data() + dim, 3 * dim, n, heads, hd);
+    state.received.resize(heads, n);
     if (prefix) state.cls_row.resize(heads, n);
-    if (options.keep_probs) state.probs.assign(static_cast<size_t>(heads), MatRM(n, n));
-
-    for (int h = 0; h < heads; ++h) {
-      const auto q = state.qkv.middleCols(h * hd, hd);
-      const auto k = state.qkv.middleCols(dim + h * hd, hd);
-      const auto v = state.qkv.middleCols(2 * dim + h * hd, hd);
-      RowVecF column_sums = RowVecF::Zero(n);
-      for (int r0 = 0; r0 < n; r0 += block_rows) {
-        const int rows = std::min(block_rows, n - r0);
-        // attn = (q * scale) @ k.transpose(-2, -1); attn.softmax(dim=-1)
-        scores.noalias() = (q.middleRows(r0, rows) * k.transpose()) * result.score_scale;
-        masked_softmax_rows(scores, result.mask, r0);
-        // x = attn @ v, written into this head's columns of (N, D) (the transpose(1, 2).reshape)
-        attn_out.block(r0, h * hd, rows, hd).noalias() = scores * v;
-        for (int r = 0; r < rows; ++r)
-          if (counts_as_query[static_cast<size_t>(r0 + r)]) column_sums += scores.row(r);
-        if (prefix && r0 == 0) state.cls_row.row(h) = scores.row(0);
-        if (options.keep_probs) state.probs[static_cast<size_t>(h)].middleRows(r0, rows) = scores;
-      }
-      if (result.received_queries > 0) state.received.row(h) = column_sums / static_cast<float>(result.received_queries);
-      if (options.progress && !options.progress(static_cast<float>(l * heads + h + 1) / total_steps))
-        throw Error("cancelled");
+    std::vector<float*> probs;
+    if (options.keep_probs) {
+      state.probs.assign(static_cast<size_t>(heads), MatRM(n, n));
+      for (MatRM& p : state.probs) probs.push_back(p.data());
     }
+
+    // Every head at once (fast_attention.hpp; no (N, N) matrix unless keep_probs), as timm's
+    //   attn = (q * scale) @ k.transpose(-2, -1); attn = attn.softmax(dim=-1); x = attn @ v
+    // (the scale applied after the dot product, as the reference does), each head's output in its
+    // columns of (N, D) (the transpose(1, 2).reshape), plus the column sums of attn over the
+    // counted query rows (attention received) and attn's first row (the class token's).
+    AttentionInputs in;
+    in.tokens = n, in.heads = heads, in.head_dim = hd;
+    in.queries = state.qkv.data(), in.keys = state.qkv.data() + dim, in.values = state.qkv.data() + 2 * dim;
+    in.query_stride = in.key_stride = in.value_stride = 3 * dim;
+    in.scale = result.score_scale;
+    in.mask = &result.mask;
+    in.counts_as_query = counts_as_query.data();
+    AttentionOutputs out;
+    out.context = attn_out.data(), out.context_stride = dim;
+    out.column_sums = state.received.data();
+    out.first_rows = prefix ? state.cls_row.data() : nullptr;
+    out.probs = options.keep_probs ? probs.data() : nullptr;
+    std::function<bool(float)> layer_progress;
+    if (options.progress)
+      layer_progress = [&](float f) { return options.progress((static_cast<float>(l) + f) / cfg.depth); };
+    if (!multi_head_attention(in, out, options.threads, layer_progress)) throw Error("cancelled");
+    if (result.received_queries > 0) state.received /= static_cast<float>(result.received_queries);
+    else state.received.setZero();
+    if (options.progress && !options.progress(static_cast<float>(l + 1) / static_cast<float>(cfg.depth)))
+      throw Error("cancelled");
+
     // x = x + self.proj(attn_out)          (W^O)
     linear(attn_out, b.proj_w, b.proj_b, dim, projected);
     x += projected;
@@ -262,14 +271,17 @@ void attention_row(const VitModel& model, const ForwardResult& result, int layer
   if (query < 0 || query >= result.tokens)
     throw Error("query token " + std::to_string(query) + " is out of range [0, " + std::to_string(result.tokens) + ")");
   const int dim = cfg.embed_dim, hd = cfg.head_dim(), n = result.tokens;
-  const MatRM& qkv = result.layers[static_cast<size_t>(layer)].qkv;
-  // scores_j = q_query . k_j * scale for every key j: O(N d), one row of the (N, N) matrix.
-  const auto q = qkv.row(query).segment(head * hd, hd);
-  const auto k = qkv.middleCols(dim + head * hd, hd);
-  MatRM row(1, n);
-  row.noalias() = (q * k.transpose()) * result.score_scale;
-  masked_softmax_rows(row, result.mask, query);
-  std::copy(row.data(), row.data() + n, out);
+  const LayerState& state = result.layers[static_cast<size_t>(layer)];
+  // scores_j = q_query . k_j * scale for every key j: O(N d), one row of the (N, N) matrix, with
+  // the forward pass's kernels (fast_attention.hpp), so the same numbers as its rows.
+  const float* q = state.qkv.row(query).data() + head * hd;
+  const Eigen::Index panel_floats = static_cast<Eigen::Index>(aligned_keys(n)) * hd;
+  if (state.key_panels.rows() == cfg.num_heads && state.key_panels.cols() == panel_floats) {
+    attention_row_fast(q, state.key_panels.row(head).data(), n, hd, result.score_scale, result.mask, query, out);
+  } else {  // a result put together without forward(): this head's panels made here
+    const MatRM panels = key_panels(state.qkv.data() + dim + head * hd, static_cast<int>(state.qkv.cols()), n, 1, hd);
+    attention_row_fast(q, panels.data(), n, hd, result.score_scale, result.mask, query, out);
+  }
 }
 
 }  // namespace vitlens

@@ -101,6 +101,7 @@ struct ForwardOptions {
   std::vector<uint8_t> forbidden_patches;  // (gh*gw) 1 = never attended (a painted mask); may be empty
   bool keep_probs = false;               // keep every (N, N) weight matrix (raw export only)
   float score_scale = -1.0f;             // < 0: the model's 1/sqrt(d); else this factor instead
+  int threads = 0;                       // attention threads; 0 = one per core (same numbers for any count)
   // Progress in [0, 1]; return false to cancel (forward then throws vitlens::Error "cancelled").
   std::function<bool(float)> progress;
 };
@@ -111,6 +112,8 @@ struct LayerState {
                    // (a row whose keys are all masked is a zero row and still counts)
   MatRM cls_row;   // (H, N) the class token's attention row; empty without class token
   std::vector<MatRM> probs;  // H x (N, N) when keep_probs, else empty
+  MatRM key_panels;  // (H, aligned_keys(N) * d) each head's keys in 16-token panels (fast_attention.hpp),
+                     // so attention_row reads 8 or 16 tokens per vector load
 };
 
 struct ForwardResult {

@@ -1,0 +1,341 @@
+// vitlens_bench: how fast vitlens computes attention, for the default model shape (P = 4, D = 48,
+// H = 4, d = 12, one block, class token) at image sizes 64 .. 1024 px (256 .. 65536 patches).
+//
+// Each size runs in a fresh child process, so its peak memory is its own. Medians over repeated
+// runs (at least --min-runs, at most --runs, fewer once --budget seconds are spent) of:
+//   forward     vitlens::forward: every head's outputs, attention received and the class row
+//   attention   the attention alone: multi_head_attention for every head of the layer
+//   reference   the plain reference on the same q, k, v (scaled_dot_product_attention per head
+//               plus column means): the peer the fast path is compared with in the same run
+//   query map   attention_maps in query mode: one query's weights for every head
+//   export      analyse_image + write_export of one S x S PNG into a temporary folder
+//   peak RSS    getrusage ru_maxrss of the child, read before the reference runs
+// The weights are random: the kernels have no data-dependent branches, so timing does not care.
+//
+// Usage: vitlens_bench [--size S ...] [--json] [--isa auto|portable|avx2|avx512] [--threads T]
+//                      [--runs R] [--min-runs R] [--budget SECONDS] [--reference-max-tokens N] [--no-export]
+//
+// Index
+//   [SECTION] Timing helpers
+//   [SECTION] One size (in the child)
+//   [SECTION] Output
+//   [SECTION] Main
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+
+#include "vitlens/error.hpp"
+#include "vitlens/export.hpp"
+#include "vitlens/fast_attention.hpp"
+#include "vitlens/model_io.hpp"
+
+namespace {
+
+using json = nlohmann::json;
+using namespace vitlens;
+
+// How many times a measurement runs: at least min_runs, at most max_runs, and no new run once
+// budget_s seconds are spent.
+struct RunPolicy {
+  int max_runs = 9, min_runs = 3;
+  double budget_s = 5.0;
+};
+
+struct BenchArgs {
+  std::vector<int> sizes{64, 128, 224, 448, 1024};
+  bool json_output = false;
+  std::string isa = "auto";
+  int threads = 0;
+  RunPolicy runs;
+  int reference_max_tokens = 3200;
+  bool no_export = false;
+};
+
+// [SECTION] Timing helpers
+
+double ms_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Times step(run index) under the policy. Returns {"median", "min", "runs"}, in milliseconds.
+template <class Step>
+json time_runs(const RunPolicy& policy, Step&& step) {
+  std::vector<double> samples;
+  const auto start = std::chrono::steady_clock::now();
+  while (static_cast<int>(samples.size()) < policy.max_runs) {
+    const auto t0 = std::chrono::steady_clock::now();
+    step(static_cast<int>(samples.size()));
+    samples.push_back(ms_since(t0));
+    if (static_cast<int>(samples.size()) >= policy.min_runs && ms_since(start) > policy.budget_s * 1000.0) break;
+  }
+  std::vector<double> sorted = samples;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t m = sorted.size();
+  const double median = m % 2 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2]);
+  return {{"median", median}, {"min", sorted.front()}, {"runs", m}};
+}
+
+double peak_rss_mib() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // Linux reports KiB
+}
+
+// The 1-minute load average: the machine is shared, so the report says how busy it was.
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1.0;
+  in >> load;
+  return load;
+}
+
+std::string cpu_name() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+// [SECTION] One size (in the child)
+
+// The default model shape with N(0, 0.3^2) weights (LayerNorm weights near 1), for img x img.
+VitModel bench_model(int img) {
+  VitConfig c;
+  c.name = "bench";
+  c.patch_size = 4, c.embed_dim = 48, c.num_heads = 4, c.depth = 1;
+  c.img_h = c.img_w = img;
+  std::mt19937 rng(1234);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  TensorMap tensors;
+  for (const auto& [name, shape] : expected_tensor_shapes(c)) {
+    TensorData t;
+    t.shape = shape;
+    t.values.resize(t.numel());
+    const bool norm_weight = name.find("norm") != std::string::npos && name.find(".weight") != std::string::npos;
+    for (float& v : t.values) v = norm_weight ? 1.0f + 0.1f * normal(rng) : 0.3f * normal(rng);
+    tensors.emplace(name, std::move(t));
+  }
+  return model_from_tensors(c, tensors, "bench model");
+}
+
+json bench_size(const BenchArgs& args, int img) {
+  const VitModel model = bench_model(img);
+  const std::string dir = [] {
+    const char* base = std::getenv("TMPDIR");
+    std::string tmpl = std::string(base && *base ? base : "/tmp") + "/vitlens-bench-XXXXXX";
+    if (!::mkdtemp(tmpl.data())) throw Error("cannot create a temporary folder for the export");
+    return tmpl;
+  }();
+  const std::string image_path = dir + "/bench.png";
+  cv::Mat pixels(img, img, CV_8UC3);
+  cv::randu(pixels, 0, 256);
+  if (!cv::imwrite(image_path, pixels)) throw Error("cannot write " + image_path);
+
+  ExportSettings settings;
+  settings.out_dir = dir;
+  settings.max_side = 0;  // native size: img x img, no resampling
+  const PreparedImage prepared = prepare_image(load_image_rgb(image_path), model.config, 0, image_path);
+  ForwardOptions options;
+  options.threads = args.threads;
+
+  json r;
+  r["image"] = img;
+  ForwardResult result;
+  r["forward_ms"] = time_runs(args.runs, [&](int) { result = forward(model, prepared.grid, options); });
+  r["tokens"] = result.tokens;
+
+  // The per-query map for all heads, for queries spread over the image.
+  MapRequest request;
+  request.mode = MapMode::Query;
+  const RunPolicy many{std::max(args.runs.max_runs, 21), std::max(args.runs.min_runs, 21), args.runs.budget_s};
+  r["query_map_ms"] = time_runs(many, [&](int run) {
+    request.query_token = static_cast<int>((static_cast<int64_t>(run) * 7919 + 1) % result.tokens);
+    const HeadMaps maps = attention_maps(model, result, request);
+    if (maps.heads.size() != 4) throw Error("attention_maps gave no maps");
+  });
+
+  if (!args.no_export)
+    r["export_ms"] = time_runs(args.runs, [&](int) {
+      const ImageAnalysis analysis = analyse_image(model, image_path, settings);
+      write_export(model, analysis, settings);
+    });
+
+  // The attention alone, on layer 0's q, k, v, as forward() calls it.
+  const VitConfig& cfg = model.config;
+  const int n = result.tokens, heads = cfg.num_heads, hd = cfg.head_dim(), dim = cfg.embed_dim;
+  const MatRM& qkv = result.layers[0].qkv;
+  MatRM context(n, dim), column_sums(heads, n), first_rows(heads, n);
+  std::vector<uint8_t> counts(static_cast<size_t>(n), 1);
+  AttentionInputs in;
+  in.tokens = n, in.heads = heads, in.head_dim = hd;
+  in.queries = qkv.data(), in.keys = qkv.data() + dim, in.values = qkv.data() + 2 * dim;
+  in.query_stride = in.key_stride = in.value_stride = 3 * dim;
+  in.scale = result.score_scale;
+  in.mask = &result.mask;
+  in.counts_as_query = counts.data();
+  AttentionOutputs out;
+  out.context = context.data(), out.context_stride = dim;
+  out.column_sums = column_sums.data();
+  out.first_rows = first_rows.data();
+  r["attention_ms"] = time_runs(args.runs, [&](int) { multi_head_attention(in, out, args.threads); });
+  r["peak_rss_mib"] = peak_rss_mib();
+
+  if (n <= args.reference_max_tokens) {
+    r["reference_attention_ms"] = time_runs(args.runs, [&](int) {
+      for (int h = 0; h < heads; ++h) {
+        const MatRM q = qkv.middleCols(h * hd, hd), k = qkv.middleCols(dim + h * hd, hd),
+                    v = qkv.middleCols(2 * dim + h * hd, hd);
+        const AttentionResult ref = scaled_dot_product_attention(q, k, v, result.mask, result.score_scale);
+        context.middleCols(h * hd, hd) = ref.context;
+        column_sums.row(h) = ref.weights.colwise().sum() / static_cast<float>(n);
+      }
+    });
+  }
+  std::filesystem::remove_all(dir);
+  return r;
+}
+
+// Runs bench_size in a forked child and returns its JSON (or {"image", "error"}).
+json bench_size_in_child(const BenchArgs& args, int img) {
+  int fds[2];
+  if (pipe(fds) != 0) throw Error("pipe failed");
+  const pid_t pid = fork();
+  if (pid < 0) throw Error("fork failed");
+  if (pid == 0) {
+    close(fds[0]);
+    std::string text;
+    int code = 0;
+    try {
+      text = bench_size(args, img).dump();
+    } catch (const std::exception& e) {
+      text = json{{"image", img}, {"error", e.what()}}.dump();
+      code = 1;
+    }
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t w = write(fds[1], text.data() + done, text.size() - done);
+      if (w <= 0) break;
+      done += static_cast<size_t>(w);
+    }
+    close(fds[1]);
+    _exit(code);
+  }
+  close(fds[1]);
+  std::string text;
+  char buffer[4096];
+  for (ssize_t got; (got = read(fds[0], buffer, sizeof buffer)) > 0;) text.append(buffer, static_cast<size_t>(got));
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (text.empty())
+    return {{"image", img},
+            {"error", "the child process died (signal " + std::to_string(WIFSIGNALED(status) ? WTERMSIG(status) : 0) + ")"}};
+  return json::parse(text);
+}
+
+// [SECTION] Output
+
+std::string cell(const json& r, const char* key) {
+  if (!r.contains(key)) return "-";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.3g", r[key]["median"].get<double>());
+  return text;
+}
+
+void print_table(const json& report) {
+  std::printf("vitlens_bench: P=4 D=48 H=4 d=12, 1 block; kernels %s, %d threads; %s\n",
+              report["isa"].get<std::string>().c_str(), report["threads"].get<int>(),
+              report["cpu"].get<std::string>().c_str());
+  std::printf("medians in ms; reference = the plain scaled_dot_product_attention on the same q, k, v; "
+              "load average %.2f before, %.2f after\n\n",
+              report["load_average_before"].get<double>(), report["load_average_after"].get<double>());
+  std::printf("%6s %7s %11s %13s %13s %8s %13s %10s %13s\n", "image", "tokens", "forward", "attention", "reference",
+              "speedup", "query map", "export", "peak RSS MiB");
+  for (const json& r : report["sizes"]) {
+    if (r.contains("error")) {
+      std::printf("%6d  error: %s\n", r["image"].get<int>(), r["error"].get<std::string>().c_str());
+      continue;
+    }
+    std::string speedup = "-";
+    if (r.contains("reference_attention_ms")) {
+      char text[32];
+      std::snprintf(text, sizeof text, "%.1fx",
+                    r["reference_attention_ms"]["median"].get<double>() / r["attention_ms"]["median"].get<double>());
+      speedup = text;
+    }
+    std::printf("%6d %7d %11s %13s %13s %8s %13s %10s %13.0f\n", r["image"].get<int>(), r["tokens"].get<int>(),
+                cell(r, "forward_ms").c_str(), cell(r, "attention_ms").c_str(),
+                cell(r, "reference_attention_ms").c_str(), speedup.c_str(), cell(r, "query_map_ms").c_str(),
+                cell(r, "export_ms").c_str(), r["peak_rss_mib"].get<double>());
+  }
+}
+
+}  // namespace
+
+// [SECTION] Main
+
+int main(int argc, char** argv) {
+  BenchArgs args;
+  CLI::App app{"vitlens_bench: timings of vitlens' attention for the default model shape (P=4, D=48, H=4)"};
+  app.add_option("--size", args.sizes, "image sizes in pixels (square; multiples of 4)")->check(CLI::Range(4, 4096));
+  app.add_flag("--json", args.json_output, "print one JSON object instead of the table");
+  app.add_option("--isa", args.isa, "kernels: auto (the best this CPU runs), portable, avx2 or avx512")
+      ->check(CLI::IsMember({"auto", "portable", "avx2", "avx512"}));
+  app.add_option("--threads", args.threads, "attention threads (0 = one per core)")->check(CLI::Range(0, 256));
+  app.add_option("--runs", args.runs.max_runs, "most runs per median")->check(CLI::Range(1, 1000));
+  app.add_option("--min-runs", args.runs.min_runs, "fewest runs per median")->check(CLI::Range(1, 1000));
+  app.add_option("--budget", args.runs.budget_s, "seconds after which a measurement stops adding runs")
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--reference-max-tokens", args.reference_max_tokens, "largest size the plain reference runs at");
+  app.add_flag("--no-export", args.no_export, "skip the export timing");
+  CLI11_PARSE(app, argc, argv);
+  args.runs.min_runs = std::min(args.runs.min_runs, args.runs.max_runs);
+  for (int s : args.sizes)
+    if (s % 4 != 0) {
+      std::cerr << "vitlens_bench: --size " << s << " is not a multiple of the patch size 4\n";
+      return 2;
+    }
+
+  try {
+    if (args.isa == "portable") set_kernel_isa(KernelIsa::Portable);
+    if (args.isa == "avx2") set_kernel_isa(KernelIsa::Avx2);
+    if (args.isa == "avx512") set_kernel_isa(KernelIsa::Avx512);
+  } catch (const Error& e) {
+    std::cerr << "vitlens_bench: " << e.what() << "\n";
+    return 2;
+  }
+  json report;
+  report["bench"] = "vitlens_bench";
+  report["version"] = VITLENS_VERSION;
+  report["model"] = {{"patch_size", 4}, {"embed_dim", 48}, {"num_heads", 4}, {"head_dim", 12}, {"depth", 1}};
+  report["isa"] = kernel_isa_name(kernel_isa());
+  report["threads"] = args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
+  report["cpu"] = cpu_name();
+  report["load_average_before"] = load_average();
+  report["sizes"] = json::array();
+  bool failed = false;
+  for (int s : args.sizes) {
+    json r = bench_size_in_child(args, s);
+    failed = failed || r.contains("error");
+    report["sizes"].push_back(std::move(r));
+    if (!args.json_output) std::fprintf(stderr, "vitlens_bench: %d px done\n", s);
+  }
+  report["load_average_after"] = load_average();
+  if (args.json_output) std::cout << report.dump(2) << std::endl;
+  else print_table(report);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,264 @@
+// AVX2 + FMA leaf kernels for fast_attention.hpp (the phases are run by fast_attention.cpp).
+// Each function carries a target attribute instead of a global -mavx2, so the rest of the binary
+// stays baseline x86-64; the dispatcher uses them only after __builtin_cpu_supports said yes.
+//
+// Index
+//   [SECTION] Vector helpers    exp, horizontal max / sums
+//   [SECTION] Phase A           scores of 4 query rows (or 1) against a panel of 16 keys
+//   [SECTION] Phase B           softmax of one row in place
+//   [SECTION] Phase C           e v and the column sums
+//   [SECTION] Table
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "vitlens/fast_attention.hpp"
+
+#define VITLENS_AVX2 __attribute__((target("avx2,fma")))
+
+namespace vitlens::detail {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int kSumChunk = 64;  // keys per float partial sum of exps (8 terms per lane), then double
+
+// [SECTION] Vector helpers
+
+// fast_attention.hpp's fast_exp, 8 lanes: n = round(x log2 e), r = x - n ln 2, 2^n exp(r).
+VITLENS_AVX2 inline __m256 exp8(__m256 x) {
+  using namespace fast_exp;
+  // Below kExpMin (and for -inf, where r is NaN) the lanes are garbage until the final mask.
+  const __m256 in_range = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kC6), r, _mm256_set1_ps(kC5));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // p is in [0.70, 1.42] and n >= -126: adding n to the exponent field is the exact product 2^n p.
+  const __m256i two_n = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), two_n));
+  return _mm256_and_ps(p, in_range);
+}
+
+VITLENS_AVX2 inline float max_of(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
+// sums[0..3] += the lane sums of a, b, c, d.
+VITLENS_AVX2 inline void add_sums_of_4(__m256 a, __m256 b, __m256 c, __m256 d, double* sums) {
+  const __m256 abcd = _mm256_hadd_ps(_mm256_hadd_ps(a, b), _mm256_hadd_ps(c, d));  // halves of each sum
+  const __m128 four = _mm_add_ps(_mm256_castps256_ps128(abcd), _mm256_extractf128_ps(abcd, 1));
+  _mm256_storeu_pd(sums, _mm256_add_pd(_mm256_loadu_pd(sums), _mm256_cvtps_pd(four)));
+}
+
+// [SECTION] Phase A: s = scale * q . k (+ key bias), keys [j0, j1), multiples of 16
+
+template <bool kBias>
+VITLENS_AVX2 inline __m256 finish_scores(__m256 a, __m256 vscale, const float* bias) {
+  if constexpr (kBias) return _mm256_fmadd_ps(a, vscale, _mm256_loadu_ps(bias));  // rounds as a * scale
+  else return _mm256_mul_ps(a, vscale);
+}
+
+// Four query rows and one panel (16 keys) per step: each key vector loaded serves 4 rows (8
+// accumulators). Every score is the FMA chain over c = 0 .. d-1 in order, as in scores_1row, so a
+// row alone (the attention_row path) gets bit-identical scores.
+template <bool kBias>
+VITLENS_AVX2 void scores_4rows(const float* const q[4], const float* key_panels, int d, float scale,
+                               const float* bias, float* const s[4], int j0, int j1) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  for (int j = j0; j < j1; j += 16) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
+    const float* k = key_panels + (j / 16) * 16 * d;
+    for (int c = 0; c < d; ++c, k += 16) {
+      const __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8);
+      __m256 b = _mm256_broadcast_ss(q[0] + c);
+      a00 = _mm256_fmadd_ps(b, k0, a00);
+      a01 = _mm256_fmadd_ps(b, k1, a01);
+      b = _mm256_broadcast_ss(q[1] + c);
+      a10 = _mm256_fmadd_ps(b, k0, a10);
+      a11 = _mm256_fmadd_ps(b, k1, a11);
+      b = _mm256_broadcast_ss(q[2] + c);
+      a20 = _mm256_fmadd_ps(b, k0, a20);
+      a21 = _mm256_fmadd_ps(b, k1, a21);
+      b = _mm256_broadcast_ss(q[3] + c);
+      a30 = _mm256_fmadd_ps(b, k0, a30);
+      a31 = _mm256_fmadd_ps(b, k1, a31);
+    }
+    const float* b0 = kBias ? bias + j : nullptr;
+    const float* b1 = kBias ? bias + j + 8 : nullptr;
+    _mm256_storeu_ps(s[0] + j, finish_scores<kBias>(a00, vscale, b0));
+    _mm256_storeu_ps(s[0] + j + 8, finish_scores<kBias>(a01, vscale, b1));
+    _mm256_storeu_ps(s[1] + j, finish_scores<kBias>(a10, vscale, b0));
+    _mm256_storeu_ps(s[1] + j + 8, finish_scores<kBias>(a11, vscale, b1));
+    _mm256_storeu_ps(s[2] + j, finish_scores<kBias>(a20, vscale, b0));
+    _mm256_storeu_ps(s[2] + j + 8, finish_scores<kBias>(a21, vscale, b1));
+    _mm256_storeu_ps(s[3] + j, finish_scores<kBias>(a30, vscale, b0));
+    _mm256_storeu_ps(s[3] + j + 8, finish_scores<kBias>(a31, vscale, b1));
+  }
+}
+
+// One query row over [0, end), two panels (32 keys) per step with 4 independent FMA chains, then
+// one panel.
+template <bool kBias>
+VITLENS_AVX2 void scores_1row(const float* q, const float* key_panels, int d, float scale, const float* bias,
+                              float* s, int end) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const int panel = 16 * d;
+  int j = 0;
+  for (; j + 32 <= end; j += 32) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    const float* k = key_panels + (j / 16) * panel;
+    for (int c = 0; c < d; ++c, k += 16) {
+      const __m256 b = _mm256_broadcast_ss(q + c);
+      a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(k), a0);
+      a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(k + 8), a1);
+      a2 = _mm256_fmadd_ps(b, _mm256_loadu_ps(k + panel), a2);
+      a3 = _mm256_fmadd_ps(b, _mm256_loadu_ps(k + panel + 8), a3);
+    }
+    _mm256_storeu_ps(s + j, finish_scores<kBias>(a0, vscale, kBias ? bias + j : nullptr));
+    _mm256_storeu_ps(s + j + 8, finish_scores<kBias>(a1, vscale, kBias ? bias + j + 8 : nullptr));
+    _mm256_storeu_ps(s + j + 16, finish_scores<kBias>(a2, vscale, kBias ? bias + j + 16 : nullptr));
+    _mm256_storeu_ps(s + j + 24, finish_scores<kBias>(a3, vscale, kBias ? bias + j + 24 : nullptr));
+  }
+  if (j < end) {
+    __m256 a0 = _mm256_setzero_ps(), a1 = a0;
+    const float* k = key_panels + (j / 16) * panel;
+    for (int c = 0; c < d; ++c, k += 16) {
+      const __m256 b = _mm256_broadcast_ss(q + c);
+      a0 = _mm256_fmadd_ps(b, _mm256_loadu_ps(k), a0);
+      a1 = _mm256_fmadd_ps(b, _mm256_loadu_ps(k + 8), a1);
+    }
+    _mm256_storeu_ps(s + j, finish_scores<kBias>(a0, vscale, kBias ? bias + j : nullptr));
+    _mm256_storeu_ps(s + j + 8, finish_scores<kBias>(a1, vscale, kBias ? bias + j + 8 : nullptr));
+  }
+}
+
+// [SECTION] Phase B
+
+// Row of scores over [0, end), end a multiple of 16: e = exp(s - max) in place. Returns 1 / sum e
+// as the reference computes it (float(1.0 / double sum)), or 0 for a row with every key masked,
+// which is then all zero. The sum: float lanes over 64 keys, then double.
+VITLENS_AVX2 float softmax_row(float* s, int end) {
+  __m256 m0 = _mm256_set1_ps(kNegInf), m1 = m0;
+  for (int j = 0; j < end; j += 16) {
+    m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + j));
+    m1 = _mm256_max_ps(m1, _mm256_loadu_ps(s + j + 8));
+  }
+  const float row_max = max_of(_mm256_max_ps(m0, m1));
+  if (row_max == kNegInf) {
+    std::fill(s, s + end, 0.0f);
+    return 0.0f;
+  }
+  const __m256 vmax = _mm256_set1_ps(row_max);
+  __m256d sum = _mm256_setzero_pd();  // 4 double lanes; each chunk's float lanes are added in pairs
+  for (int j0 = 0; j0 < end; j0 += kSumChunk) {
+    const int j1 = std::min(j0 + kSumChunk, end);
+    __m256 acc = _mm256_setzero_ps();
+    for (int j = j0; j < j1; j += 8) {
+      const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), vmax));
+      _mm256_storeu_ps(s + j, e);
+      acc = _mm256_add_ps(acc, e);
+    }
+    sum = _mm256_add_pd(sum, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(acc)),
+                                           _mm256_cvtps_pd(_mm256_extractf128_ps(acc, 1))));
+  }
+  __m128d pair = _mm_add_pd(_mm256_castpd256_pd128(sum), _mm256_extractf128_pd(sum, 1));
+  pair = _mm_add_sd(pair, _mm_unpackhi_pd(pair, pair));
+  return static_cast<float>(1.0 / _mm_cvtsd_f64(pair));
+}
+
+// [SECTION] Phase C
+
+// C channels of one row over keys [j0, j1), at most 512 (64 float terms per lane, then double):
+// sums[c] += sum_j e_j v_cj, and with kColumns block_sums[j] += e_j * weight. The accumulators are
+// set one by one (a zeroing loop here becomes a memset of a stack array).
+template <int C, bool kColumns>
+VITLENS_AVX2 void weighted_values(const float* e_row, float weight, float* block_sums, const float* values,
+                                  int panel_stride, int j0, int j1, double* sums) {
+  __m256 acc[C];
+#pragma GCC unroll 16
+  for (int c = 0; c < C; ++c) acc[c] = _mm256_setzero_ps();
+  const __m256 w = _mm256_set1_ps(weight);
+  for (int j = j0; j < j1; j += 8) {
+    const float* v = values + (j / 16) * panel_stride + j % 16;  // channel c of these 8 keys at v + 16 c
+    const __m256 e = _mm256_loadu_ps(e_row + j);
+    if constexpr (kColumns) _mm256_storeu_ps(block_sums + j, _mm256_fmadd_ps(e, w, _mm256_loadu_ps(block_sums + j)));
+#pragma GCC unroll 16
+    for (int c = 0; c < C; ++c) acc[c] = _mm256_fmadd_ps(e, _mm256_loadu_ps(v + 16 * c), acc[c]);
+  }
+#pragma GCC unroll 4
+  for (int c = 0; c < C; c += 4) add_sums_of_4(acc[c], acc[c + 1], acc[c + 2], acc[c + 3], sums + c);
+}
+
+template <int C>
+VITLENS_AVX2 void weighted_values_of(const float* e_row, float weight, float* block_sums, const float* values,
+                                     int panel_stride, int j0, int j1, double* sums) {
+  if (block_sums) weighted_values<C, true>(e_row, weight, block_sums, values, panel_stride, j0, j1, sums);
+  else weighted_values<C, false>(e_row, weight, nullptr, values, panel_stride, j0, j1, sums);
+}
+
+// 16 registers hold one row's 12 accumulators, so two rows go one after the other.
+VITLENS_AVX2 void weighted_values_avx2(int rows, const float* const e_rows[2], const float weights[2],
+                                       float* block_sums, const float* values, int panel_stride, int channels, int j0,
+                                       int j1, double* const sums[2]) {
+  for (int r = 0; r < rows; ++r) {
+    const float* e = e_rows[r];
+    if (channels == 12) weighted_values_of<12>(e, weights[r], block_sums, values, panel_stride, j0, j1, sums[r]);
+    else if (channels == 8) weighted_values_of<8>(e, weights[r], block_sums, values, panel_stride, j0, j1, sums[r]);
+    else weighted_values_of<4>(e, weights[r], block_sums, values, panel_stride, j0, j1, sums[r]);
+  }
+}
+
+VITLENS_AVX2 void flush_column_sums(float* block_sums, int end, double* column_sums) {
+  for (int j = 0; j < end; j += 8) {
+    const __m256 f = _mm256_loadu_ps(block_sums + j);
+    double* cs = column_sums + j;
+    _mm256_storeu_pd(cs, _mm256_add_pd(_mm256_loadu_pd(cs), _mm256_cvtps_pd(_mm256_castps256_ps128(f))));
+    _mm256_storeu_pd(cs + 4, _mm256_add_pd(_mm256_loadu_pd(cs + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(f, 1))));
+    _mm256_storeu_ps(block_sums + j, _mm256_setzero_ps());
+  }
+}
+
+VITLENS_AVX2 void scores_4rows_avx2(const float* const q[4], const float* key_panels, int d, float scale,
+                                    const float* bias, float* const s[4], int j0, int j1) {
+  if (bias) scores_4rows<true>(q, key_panels, d, scale, bias, s, j0, j1);
+  else scores_4rows<false>(q, key_panels, d, scale, nullptr, s, j0, j1);
+}
+
+VITLENS_AVX2 void scores_1row_avx2(const float* q, const float* key_panels, int d, float scale, const float* bias,
+                                   float* s, int end) {
+  if (bias) scores_1row<true>(q, key_panels, d, scale, bias, s, end);
+  else scores_1row<false>(q, key_panels, d, scale, nullptr, s, end);
+}
+
+VITLENS_AVX2 void exp_array_avx2(const float* x, float* out, int count) {
+  int i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_loadu_ps(x + i)));
+  if (i < count) {
+    float in[8] = {}, res[8];
+    std::copy(x + i, x + count, in);
+    _mm256_storeu_ps(res, exp8(_mm256_loadu_ps(in)));
+    std::copy(res, res + (count - i), out + i);
+  }
+}
+
+}  // namespace
+
+// [SECTION] Table
+
+const LeafKernels kAvx2Kernels = {scores_4rows_avx2, scores_1row_avx2,  softmax_row,
+                                  weighted_values_avx2, flush_column_sums, exp_array_avx2};
+
+}  // namespace vitlens::detail
+
+#endif  // __x86_64__

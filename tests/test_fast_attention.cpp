@@ -1,0 +1,508 @@
+// The fast attention kernels (fast_attention.hpp) against the plain reference (attention.hpp), on
+// every instruction set this CPU runs: random inputs, large logits, ties, causal and key masks,
+// odd sizes, one allowed key, no allowed key; the same numbers for any thread count; the single
+// row path; the vectorised exp; forward() on this path without keep_probs.
+//
+// Both float implementations are also compared with an exact oracle: the same float q, k, v
+// with every score, softmax and sum in double. Relative differences, largest over all entries:
+//   probabilities  |p - p_exact| / (p_exact + 1e-30)
+//   context        |out - sum_j p_exact_j v_j| / sum_j p_exact_j |v_j|   (the row's own scale)
+//   received sums  |s - sum_i p_exact_ij| / (sum_i p_exact_ij + 1e-30) over the counted rows (the
+//                  reference's: its weights summed in double)
+// A score s carries a float rounding of about |s| * 6e-8 whichever order its d products are
+// summed in, and p inherits it, so the fast path and the reference differ by ~1e-6 for scores of
+// a few units. The tests require (1) fast vs reference within a stated tolerance, (2) the fast
+// path no less accurate than the reference against the exact oracle (at most 2x its error plus
+// 2e-7), and (3) masked weights exactly 0, rows with no allowed key exactly 0 with a 0 output.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "test_support.hpp"
+#include "vitlens/attention.hpp"
+#include "vitlens/fast_attention.hpp"
+#include "vitlens/vit.hpp"
+
+using namespace vitlens;
+
+namespace {
+
+// Puts the kernels in use back when a test ends.
+struct IsaGuard {
+  KernelIsa saved = kernel_isa();
+  ~IsaGuard() { set_kernel_isa(saved); }
+};
+
+std::vector<KernelIsa> runnable_isas() {
+  std::vector<KernelIsa> isas;
+  for (KernelIsa isa : {KernelIsa::Portable, KernelIsa::Avx2, KernelIsa::Avx512})
+    if (kernel_isa_supported(isa)) isas.push_back(isa);
+  return isas;
+}
+
+// H heads of N tokens laid out as timm's qkv: (N, 3 H d), columns [Q heads | K heads | V heads].
+struct Heads {
+  int n = 0, heads = 0, d = 0;
+  MatRM qkv;
+  MatRM q(int h) const { return qkv.middleCols(h * d, d); }
+  MatRM k(int h) const { return qkv.middleCols(heads * d + h * d, d); }
+  MatRM v(int h) const { return qkv.middleCols(2 * heads * d + h * d, d); }
+};
+
+// N(0, 1) entries; the queries multiplied by q_gain (large logits).
+Heads random_heads(int n, int heads, int d, unsigned seed, float q_gain = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  Heads x{n, heads, d, MatRM(n, 3 * heads * d)};
+  for (Eigen::Index i = 0; i < x.qkv.size(); ++i) x.qkv.data()[i] = normal(rng);
+  x.qkv.leftCols(heads * d) *= q_gain;
+  return x;
+}
+
+struct FastResult {
+  bool finished = false;
+  MatRM context, column_sums, first_rows;
+  std::vector<MatRM> probs;
+};
+
+FastResult run_fast(const Heads& x, float scale, const KeyMask& mask, const std::vector<uint8_t>& counts,
+                    int threads = 0) {
+  const int hd = x.heads * x.d;
+  FastResult r;
+  r.context = MatRM::Constant(x.n, hd, std::numeric_limits<float>::quiet_NaN());  // every entry must be written
+  r.column_sums = MatRM::Constant(x.heads, x.n, std::numeric_limits<float>::quiet_NaN());
+  r.first_rows = MatRM::Constant(x.heads, x.n, std::numeric_limits<float>::quiet_NaN());
+  r.probs.assign(static_cast<size_t>(x.heads), MatRM::Constant(x.n, x.n, std::numeric_limits<float>::quiet_NaN()));
+  std::vector<float*> probs;
+  for (MatRM& p : r.probs) probs.push_back(p.data());
+  AttentionInputs in;
+  in.tokens = x.n, in.heads = x.heads, in.head_dim = x.d;
+  in.queries = x.qkv.data(), in.keys = x.qkv.data() + hd, in.values = x.qkv.data() + 2 * hd;
+  in.query_stride = in.key_stride = in.value_stride = 3 * hd;
+  in.scale = scale;
+  in.mask = &mask;
+  in.counts_as_query = counts.empty() ? nullptr : counts.data();
+  AttentionOutputs out;
+  out.context = r.context.data(), out.context_stride = hd;
+  out.column_sums = r.column_sums.data();
+  out.first_rows = r.first_rows.data();
+  out.probs = probs.data();
+  r.finished = multi_head_attention(in, out, threads);
+  return r;
+}
+
+struct Differences {
+  double probs_vs_reference = 0.0;                  // fast against the float reference
+  double probs = 0.0, context = 0.0, sums = 0.0;    // fast against the exact oracle
+  double reference_probs = 0.0, reference_context = 0.0, reference_sums = 0.0;  // the reference against it
+  bool masked_nonzero = false, not_finite = false, first_row_differs = false;
+};
+
+Differences compare(const Heads& x, float scale, const KeyMask& mask, const std::vector<uint8_t>& counts,
+                    const FastResult& fast) {
+  Differences worst;
+  auto relative = [](double got, double exact, double magnitude) {
+    return std::abs(got - exact) / (magnitude + 1e-30);
+  };
+  for (int h = 0; h < x.heads; ++h) {
+    const MatRM q = x.q(h), k = x.k(h), v = x.v(h);
+    const AttentionResult ref = scaled_dot_product_attention(q, k, v, mask, scale);
+    const MatRM& p = fast.probs[static_cast<size_t>(h)];
+    std::vector<double> exact_sums(static_cast<size_t>(x.n), 0.0), reference_sums(exact_sums), exact(exact_sums);
+    for (int i = 0; i < x.n; ++i) {
+      // The oracle row in double: scores, max over allowed keys, exp, normalisation.
+      double row_max = -std::numeric_limits<double>::infinity();
+      for (int j = 0; j < x.n; ++j) {
+        double dot = 0.0;
+        for (int c = 0; c < x.d; ++c) dot += static_cast<double>(q(i, c)) * k(j, c);
+        exact[static_cast<size_t>(j)] = mask.allows(i, j) ? dot * scale : -std::numeric_limits<double>::infinity();
+        row_max = std::max(row_max, exact[static_cast<size_t>(j)]);
+      }
+      double total = 0.0;
+      for (double& e : exact) {
+        e = row_max == -std::numeric_limits<double>::infinity() ? 0.0 : std::exp(e - row_max);
+        total += e;
+      }
+      for (double& e : exact) e = total > 0.0 ? e / total : 0.0;
+      for (int j = 0; j < x.n; ++j) {
+        const double pe = exact[static_cast<size_t>(j)];
+        if (!std::isfinite(p(i, j))) worst.not_finite = true;
+        if (!mask.allows(i, j) && p(i, j) != 0.0f) worst.masked_nonzero = true;
+        const double pr = ref.weights(i, j);
+        worst.probs_vs_reference = std::max(worst.probs_vs_reference, relative(p(i, j), pr, pr));
+        worst.probs = std::max(worst.probs, relative(p(i, j), pe, pe));
+        worst.reference_probs = std::max(worst.reference_probs, relative(ref.weights(i, j), pe, pe));
+        if (counts.empty() || counts[static_cast<size_t>(i)]) {
+          exact_sums[static_cast<size_t>(j)] += pe;
+          reference_sums[static_cast<size_t>(j)] += ref.weights(i, j);
+        }
+      }
+      for (int c = 0; c < x.d; ++c) {
+        double out = 0.0, magnitude = 0.0;
+        for (int j = 0; j < x.n; ++j) {
+          out += exact[static_cast<size_t>(j)] * v(j, c);
+          magnitude += exact[static_cast<size_t>(j)] * std::abs(v(j, c));
+        }
+        const float got = fast.context(i, h * x.d + c);
+        if (!std::isfinite(got)) worst.not_finite = true;
+        if (total == 0.0 && got != 0.0f) worst.masked_nonzero = true;
+        worst.context = std::max(worst.context, relative(got, out, magnitude));
+        worst.reference_context = std::max(worst.reference_context, relative(ref.context(i, c), out, magnitude));
+      }
+    }
+    for (int j = 0; j < x.n; ++j) {
+      const float got = fast.column_sums(h, j);
+      if (!std::isfinite(got)) worst.not_finite = true;
+      const double exact_sum = exact_sums[static_cast<size_t>(j)];
+      worst.sums = std::max(worst.sums, relative(got, exact_sum, exact_sum));
+      const double reference_sum = reference_sums[static_cast<size_t>(j)];
+      worst.reference_sums = std::max(worst.reference_sums, relative(reference_sum, exact_sum, exact_sum));
+      if (fast.first_rows(h, j) != p(0, j)) worst.first_row_differs = true;  // P's row 0, bit for bit
+    }
+  }
+  return worst;
+}
+
+// The checks every case makes; `tolerance` bounds fast vs the reference on probabilities.
+void check_differences(const Differences& d, double tolerance) {
+  INFO("probs vs reference " << d.probs_vs_reference << " (tolerance " << tolerance << "); vs exact: probs "
+                             << d.probs << " (reference " << d.reference_probs << "), context " << d.context
+                             << " (reference " << d.reference_context << "), received sums " << d.sums
+                             << " (reference " << d.reference_sums << ")");
+  CHECK_FALSE(d.not_finite);
+  CHECK_FALSE(d.masked_nonzero);
+  CHECK_FALSE(d.first_row_differs);
+  CHECK(d.probs_vs_reference <= tolerance);
+  CHECK(d.probs <= 2.0 * d.reference_probs + 2e-7);
+  CHECK(d.context <= 2.0 * d.reference_context + 2e-7);
+  CHECK(d.sums <= 2.0 * d.reference_sums + 2e-7);
+}
+
+KeyMask random_key_mask(int n, unsigned seed, double keep) {
+  std::mt19937 rng(seed);
+  std::bernoulli_distribution allowed(keep);
+  KeyMask mask;
+  mask.key_allowed.resize(static_cast<size_t>(n));
+  for (uint8_t& a : mask.key_allowed) a = allowed(rng) ? 1 : 0;
+  return mask;
+}
+
+}  // namespace
+
+
+TEST_CASE("fast attention: random inputs, block and chunk edges, odd head sizes", "[fast_attention]") {
+  IsaGuard guard;
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    // (N, H, d) around the edges of 16-key vectors, 4- and 16-row blocks and 512-key chunks.
+    for (auto [n, heads, d] : std::vector<std::array<int, 3>>{{1, 1, 12}, {2, 4, 12}, {15, 1, 12}, {16, 2, 12},
+                                                                {17, 4, 12}, {63, 1, 5}, {65, 2, 8}, {257, 4, 12},
+                                                                {530, 1, 16}, {1025, 2, 12}, {700, 1, 64}}) {
+      DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n << " H=" << heads << " d=" << d) {
+        const Heads x = random_heads(n, heads, d, 100 + static_cast<unsigned>(n));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
+        const FastResult fast = run_fast(x, scale, KeyMask{}, {});
+        REQUIRE(fast.finished);
+        const Differences diff = compare(x, scale, KeyMask{}, {}, fast);
+        WARN(kernel_isa_name(isa) << " N=" << n << " H=" << heads << " d=" << d << ": probs vs reference "
+                                  << diff.probs_vs_reference << "; vs exact: probs " << diff.probs << " (reference "
+                                  << diff.reference_probs << "), context " << diff.context << " (reference "
+                                  << diff.reference_context << "), received " << diff.sums);
+        // Scores here reach about 5: a float rounding of ~5 * 6e-8 on each side of the comparison.
+        check_differences(diff, 4e-6);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast attention: large logits", "[fast_attention]") {
+  IsaGuard guard;
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    for (int n : {64, 300, 1025}) {
+      DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n) {
+        // Queries x25: scores of about +-80 (largest about 100); exp(s - max) spans the whole float range.
+        const Heads x = random_heads(n, 2, 12, 7 + static_cast<unsigned>(n), 25.0f);
+        const float scale = 1.0f / std::sqrt(12.0f);
+        const FastResult fast = run_fast(x, scale, KeyMask{}, {});
+        const Differences diff = compare(x, scale, KeyMask{}, {}, fast);
+        WARN(kernel_isa_name(isa) << " N=" << n << " large logits: probs vs reference " << diff.probs_vs_reference
+                                  << "; vs exact: probs " << diff.probs << " (reference " << diff.reference_probs
+                                  << "), context " << diff.context << ", received " << diff.sums);
+        // The rounding of a score of 100 is ~6e-6 on each side, and p inherits it relatively.
+        check_differences(diff, 1e-4);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast attention: ties give equal weights", "[fast_attention]") {
+  IsaGuard guard;
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    DYNAMIC_SECTION(kernel_isa_name(isa)) {
+      const int n = 100;
+      Heads x = random_heads(n, 1, 12, 3);
+      // Every key the same: each row is uniform, 1/N to a float rounding, and the output the mean of v.
+      for (int j = 1; j < n; ++j) x.qkv.block(j, 12, 1, 12) = x.qkv.block(0, 12, 1, 12);
+      FastResult fast = run_fast(x, 0.5f, KeyMask{}, {});
+      CHECK((fast.probs[0].array() - 1.0f / n).abs().maxCoeff() <= 2e-7f / n);
+      check_differences(compare(x, 0.5f, KeyMask{}, {}, fast), 4e-6);
+      // Two keys equal to each other and above the rest: bit-identical weights on both.
+      x = random_heads(n, 1, 12, 4);
+      x.qkv.block(40, 12, 1, 12) = x.qkv.block(70, 12, 1, 12) = 2.0f * x.qkv.block(0, 0, 1, 12);
+      fast = run_fast(x, 0.5f, KeyMask{}, {});
+      CHECK(fast.probs[0].col(40) == fast.probs[0].col(70));
+      const Differences diff = compare(x, 0.5f, KeyMask{}, {}, fast);
+      check_differences(diff, 4e-6);
+      WARN(kernel_isa_name(isa) << " ties: probs vs reference " << diff.probs_vs_reference << ", vs exact "
+                                << diff.probs);
+    }
+  }
+}
+
+TEST_CASE("fast attention: causal and key masks, one allowed key, no allowed key", "[fast_attention][mask]") {
+  IsaGuard guard;
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    for (int n : {1, 5, 17, 130, 1030}) {
+      DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n) {
+        const Heads x = random_heads(n, 2, 12, 50 + static_cast<unsigned>(n));
+        const float scale = 1.0f / std::sqrt(12.0f);
+        std::vector<uint8_t> counts(static_cast<size_t>(n), 1);
+        for (int i = 0; i < n; i += 3) counts[static_cast<size_t>(i)] = 0;  // rows left out of the received sums
+
+        KeyMask causal;
+        causal.causal = true;
+        KeyMask keys = random_key_mask(n, 9, 0.7);
+        keys.key_allowed[0] = 1;
+        KeyMask both = keys;
+        both.causal = true;
+        both.key_allowed[0] = 0;  // row 0 (and every row before the first allowed key) has no allowed key
+        KeyMask one_key;
+        one_key.key_allowed.assign(static_cast<size_t>(n), 0);
+        one_key.key_allowed[static_cast<size_t>(n / 2)] = 1;
+        KeyMask none;
+        none.key_allowed.assign(static_cast<size_t>(n), 0);
+        double worst_vs_reference = 0.0, worst_vs_exact = 0.0;
+        const std::vector<std::pair<const char*, KeyMask>> masks = {
+            {"causal", causal}, {"key mask", keys}, {"causal + key mask", both}, {"one key", one_key}, {"no key", none}};
+        for (const auto& [name, mask] : masks) {
+          INFO(kernel_isa_name(isa) << " N=" << n << " " << name);
+          const FastResult fast = run_fast(x, scale, mask, counts);
+          REQUIRE(fast.finished);
+          const Differences diff = compare(x, scale, mask, counts, fast);
+          check_differences(diff, 4e-6);
+          worst_vs_reference = std::max(worst_vs_reference, diff.probs_vs_reference);
+          worst_vs_exact = std::max({worst_vs_exact, diff.probs, diff.context, diff.sums});
+          if (std::string(name) == "one key") {
+            // Weight exactly 1 on the one key, so each output is that key's value exactly.
+            CHECK(fast.probs[1].col(n / 2).isOnes(0.0f));
+            CHECK(fast.context.middleCols(12, 12).rowwise().operator-(x.v(1).row(n / 2)).isZero(0.0f));
+          }
+          if (std::string(name) == "no key") {
+            CHECK(fast.probs[0].isZero(0.0f));
+            CHECK(fast.context.isZero(0.0f));
+            CHECK(fast.column_sums.isZero(0.0f));
+          }
+        }
+        WARN(kernel_isa_name(isa) << " N=" << n << " masks: largest probs vs reference " << worst_vs_reference
+                                  << ", largest vs exact (probs, context, received) " << worst_vs_exact);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast attention: the same numbers for any thread count", "[fast_attention][threads]") {
+  IsaGuard guard;
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    DYNAMIC_SECTION(kernel_isa_name(isa)) {
+      const int n = 1500;
+      const Heads x = random_heads(n, 4, 12, 11);
+      KeyMask mask = random_key_mask(n, 12, 0.8);
+      mask.causal = true;
+      const std::vector<uint8_t> counts(static_cast<size_t>(n), 1);
+      const FastResult one = run_fast(x, 0.3f, mask, counts, 1);
+      for (int threads : {2, 3, 8}) {
+        INFO(threads << " threads");
+        const FastResult many = run_fast(x, 0.3f, mask, counts, threads);
+        CHECK(many.context == one.context);
+        CHECK(many.column_sums == one.column_sums);
+        CHECK(many.first_rows == one.first_rows);
+        for (int h = 0; h < 4; ++h) CHECK(many.probs[static_cast<size_t>(h)] == one.probs[static_cast<size_t>(h)]);
+      }
+    }
+  }
+}
+
+TEST_CASE("fast attention: one query's row is bit for bit the row of P", "[fast_attention][row]") {
+  IsaGuard guard;
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    DYNAMIC_SECTION(kernel_isa_name(isa)) {
+      const int n = 777, heads = 2, d = 12;
+      const Heads x = random_heads(n, heads, d, 21, 4.0f);
+      KeyMask masks[3];
+      masks[1] = random_key_mask(n, 5, 0.6);
+      masks[2] = masks[1];
+      masks[2].causal = true;
+      for (const KeyMask& mask : masks) {
+        const FastResult fast = run_fast(x, 0.25f, mask, {});
+        const MatRM panels = key_panels(x.qkv.data() + heads * d, 3 * heads * d, n, heads, d);
+        REQUIRE(panels.cols() == aligned_keys(n) * d);
+        std::vector<float> row(static_cast<size_t>(n));
+        for (int h = 0; h < heads; ++h)
+          for (int query : {0, 1, 15, 16, 17, 400, n - 1}) {
+            INFO("head " << h << " query " << query << (mask.causal ? " causal" : ""));
+            attention_row_fast(x.qkv.row(query).data() + h * d, panels.row(h).data(), n, d, 0.25f, mask, query,
+                               row.data());
+            CHECK(ConstMapRM(row.data(), 1, n) == fast.probs[static_cast<size_t>(h)].row(query));
+          }
+      }
+    }
+  }
+}
+
+TEST_CASE("fast attention: cancelling through progress, inconsistent inputs", "[fast_attention]") {
+  const Heads x = random_heads(300, 2, 12, 1);
+  MatRM context(300, 24), sums(2, 300);
+  AttentionInputs in;
+  in.tokens = 300, in.heads = 2, in.head_dim = 12;
+  in.queries = x.qkv.data(), in.keys = x.qkv.data() + 24, in.values = x.qkv.data() + 48;
+  in.query_stride = in.key_stride = in.value_stride = 72;
+  AttentionOutputs out;
+  out.context = context.data(), out.context_stride = 24;
+  out.column_sums = sums.data();
+  std::vector<float> reported;
+  const bool finished = multi_head_attention(in, out, 2, [&](float f) {
+    reported.push_back(f);
+    return false;
+  });
+  CHECK_FALSE(finished);
+  REQUIRE(reported.size() == 1);  // the first report comes after the first block
+  CHECK(reported[0] > 0.0f);
+  CHECK(reported[0] <= 1.0f);
+  CHECK(multi_head_attention(in, out, 2, [](float) { return true; }));
+
+  KeyMask short_mask;
+  short_mask.key_allowed.assign(299, 1);
+  in.mask = &short_mask;
+  CHECK_THROWS_WITH(multi_head_attention(in, out), Catch::Contains("299 entries for 300 tokens"));
+  in.mask = nullptr;
+  in.tokens = 0;
+  CHECK_THROWS_WITH(multi_head_attention(in, out), Catch::Contains("must be positive"));
+}
+
+TEST_CASE("fast exp: within 1 ulp of exp over the softmax range (1.5 without FMA), 0 below it",
+          "[fast_attention][exp]") {
+  IsaGuard guard;
+  // Every 7th float in [kExpMin, 0] near the ends, plus an even sweep: 600k arguments.
+  std::vector<float> x;
+  for (float v = 0.0f; v > -1e-3f; v = std::nextafter(v, -1.0f)) {
+    x.push_back(v);
+    if (x.size() > 100000) break;
+  }
+  for (int i = 0; i <= 500000; ++i) x.push_back(fast_exp::kExpMin * static_cast<float>(i) / 500000.0f);
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    DYNAMIC_SECTION(kernel_isa_name(isa)) {
+      std::vector<float> y(x.size());
+      exp_array(x.data(), y.data(), static_cast<int>(x.size()));
+      double worst_ulps = 0.0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double exact = std::exp(static_cast<double>(x[i]));
+        const float nearest = static_cast<float>(exact);
+        const double ulp = std::nextafter(nearest, 2.0f * nearest) - nearest;
+        worst_ulps = std::max(worst_ulps, std::abs(y[i] - exact) / ulp);
+      }
+      WARN(kernel_isa_name(isa) << ": largest exp error " << worst_ulps << " ulp");
+      // The portable path rounds each product of the polynomial before adding it.
+      CHECK(worst_ulps <= (isa == KernelIsa::Portable ? 1.5 : 1.0));
+      const float special[] = {0.0f, -std::numeric_limits<float>::infinity(), std::nextafter(fast_exp::kExpMin, -1e9f),
+                               -1000.0f, fast_exp::kExpMin};
+      float out[5];
+      exp_array(special, out, 5);
+      CHECK(out[0] == 1.0f);
+      CHECK(out[1] == 0.0f);
+      CHECK(out[2] == 0.0f);
+      CHECK(out[3] == 0.0f);
+      CHECK(out[4] >= std::numeric_limits<float>::min());  // a normal float, not a denormal
+    }
+  }
+}
+
+TEST_CASE("forward without keep_probs: received, class row and rows match the reference; any thread count",
+          "[fast_attention][forward]") {
+  // 30 x 33 patches + class token = 991 tokens (not a multiple of 16), the last column padding.
+  const VitConfig c = test::small_config(16, true, 2);
+  const VitModel m = test::random_model(c, 31);
+  PatchGrid g;
+  g.grid_h = 30, g.grid_w = 33;
+  g.patches.resize(30 * 33, c.patch_values());
+  std::mt19937 rng(8);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (Eigen::Index i = 0; i < g.patches.size(); ++i) g.patches.data()[i] = normal(rng);
+  g.patch_is_padding.assign(30 * 33, 0);
+  for (int row = 0; row < 30; ++row) g.patch_is_padding[static_cast<size_t>(row * 33 + 32)] = 1;
+
+  IsaGuard guard;
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    for (bool causal : {false, true}) {
+      DYNAMIC_SECTION(kernel_isa_name(isa) << (causal ? " causal" : "")) {
+        ForwardOptions o;
+        o.causal = causal;
+        o.threads = 2;
+        const ForwardResult r = forward(m, g, o);
+        REQUIRE(r.tokens == 991);
+        REQUIRE(r.received_queries == 991 - 30);
+        REQUIRE(r.layers[0].probs.empty());
+        double worst = 0.0, largest_score = 0.0;
+        auto note = [&](double got, double want) { worst = std::max(worst, std::abs(got - want) / (want + 1e-12)); };
+        for (int l = 0; l < 2; ++l)
+          for (int h = 0; h < 4; ++h) {
+            const LayerState& state = r.layers[static_cast<size_t>(l)];
+            const MatRM q = state.qkv.middleCols(h * 12, 12), k = state.qkv.middleCols(48 + h * 12, 12),
+                        v = state.qkv.middleCols(96 + h * 12, 12);
+            const double scores = (q * k.transpose()).cwiseAbs().maxCoeff() * r.score_scale;
+            largest_score = std::max(largest_score, scores);
+            const AttentionResult ref = scaled_dot_product_attention(q, k, v, r.mask, r.score_scale);
+            for (int j = 0; j < r.tokens; ++j) {
+              double column = 0.0;
+              for (int i = 0; i < r.tokens; ++i)
+                if (i == 0 || !g.patch_is_padding[static_cast<size_t>(i - 1)]) column += ref.weights(i, j);
+              note(state.received(h, j), column / r.received_queries);
+              note(state.cls_row(h, j), ref.weights(0, j));
+            }
+            std::vector<float> row(static_cast<size_t>(r.tokens));
+            for (int query : {1, 500, 990}) {
+              attention_row(m, r, l, h, query, row.data());
+              for (int j = 0; j < r.tokens; ++j) note(row[static_cast<size_t>(j)], ref.weights(query, j));
+            }
+          }
+        // The scores of this model reach ~30; each side rounds a score by up to a few |s| * 6e-8.
+        const double tolerance = 4.0 * 6e-8 * (1.0 + largest_score);
+        WARN(kernel_isa_name(isa) << (causal ? " causal" : "") << ": forward's received, class rows and rows vs the "
+                                  << "reference: largest relative difference " << worst << " (scores up to "
+                                  << largest_score << ", tolerance " << tolerance << ")");
+        CHECK(worst < tolerance);
+
+        // One thread: the same numbers, bit for bit.
+        o.threads = 1;
+        const ForwardResult one = forward(m, g, o);
+        CHECK(one.output == r.output);
+        for (int l = 0; l < 2; ++l) {
+          CHECK(one.layers[static_cast<size_t>(l)].received == r.layers[static_cast<size_t>(l)].received);
+          CHECK(one.layers[static_cast<size_t>(l)].cls_row == r.layers[static_cast<size_t>(l)].cls_row);
+        }
+      }
+    }
+  }
+}
