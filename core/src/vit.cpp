@@ -2,8 +2,10 @@
 #include "vitlens/vit.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <sstream>
+#include <thread>
 
 #include "vitlens/error.hpp"
 #include "vitlens/fast_attention.hpp"
@@ -100,11 +102,29 @@ void cubic_taps(int out, int in_size, int out_size, int taps[4], float coeffs[4]
     taps[k] = std::clamp(static_cast<int>(base) - 1 + k, 0, in_size - 1);
 }
 
-// x = LayerNorm(x) row by row over D, statistics in double; out may alias nothing.
-void layer_norm(const MatRM& x, const float* weight, const float* bias, float eps, MatRM& out) {
-  const int n = static_cast<int>(x.rows()), dim = static_cast<int>(x.cols());
-  out.resize(n, dim);
-  for (int i = 0; i < n; ++i) {
+// Runs fn(r0, r1) over the rows [0, n) in fixed chunks of 256 rows, spread over `threads` threads.
+// The rest of the block (LayerNorm, Linear, GELU) works row by row, so each chunk is independent;
+// the chunking does not depend on the thread count, so neither do the numbers.
+template <class Fn>
+void for_row_chunks(int n, int threads, Fn&& fn) {
+  constexpr int kChunk = 256;
+  const int chunks = (n + kChunk - 1) / kChunk;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int workers = std::max(1, std::min(threads, chunks));
+  std::atomic<int> next{0};
+  auto work = [&] {
+    for (int c = next++; c < chunks; c = next++) fn(c * kChunk, std::min(n, (c + 1) * kChunk));
+  };
+  std::vector<std::thread> pool;
+  for (int t = 1; t < workers; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+// out[r0:r1] = LayerNorm(x[r0:r1]) row by row over D, statistics in double. out is (N, D) already.
+void layer_norm(const MatRM& x, const float* weight, const float* bias, float eps, MatRM& out, int r0, int r1) {
+  const int dim = static_cast<int>(x.cols());
+  for (int i = r0; i < r1; ++i) {
     const float* row = x.row(i).data();
     double mean = 0.0;
     for (int c = 0; c < dim; ++c) mean += row[c];
@@ -119,12 +139,23 @@ void layer_norm(const MatRM& x, const float* weight, const float* bias, float ep
   }
 }
 
-// y = x W^T + b  (nn.Linear), W (out, in) row-major; b may be null.
-void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y) {
+// y[r0:r1] = x[r0:r1] W^T + b  (nn.Linear), W (out, in) row-major; b may be null; y is sized.
+void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y, int r0, int r1) {
   ConstMapRM weight(w, out_features, x.cols());
+  auto rows = y.middleRows(r0, r1 - r0);
+  rows.noalias() = x.middleRows(r0, r1 - r0) * weight.transpose();
+  if (b) rows.rowwise() += ConstMapVec(b, out_features).transpose();
+}
+
+void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y) {
   y.resize(x.rows(), out_features);
-  y.noalias() = x * weight.transpose();
-  if (b) y.rowwise() += ConstMapVec(b, out_features).transpose();
+  linear(x, w, b, out_features, y, 0, static_cast<int>(x.rows()));
+}
+
+// Exact GELU, as nn.GELU(): 0.5 x (1 + erf(x / sqrt 2)).
+void gelu_rows(MatRM& h, int r0, int r1) {
+  auto rows = h.middleRows(r0, r1 - r0);
+  rows = rows.unaryExpr([](float t) { return 0.5f * t * (1.0f + std::erf(t * 0.70710678118654752f)); });
 }
 
 }  // namespace
@@ -206,8 +237,12 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
     LayerState& state = result.layers[static_cast<size_t>(l)];
     // qkv = self.qkv(self.norm1(x)).reshape(B, N, 3, H, d): columns [Q | K | V], head-major
-    layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed);
-    linear(normed, b.qkv_w, b.qkv_b, 3 * dim, state.qkv);
+    normed.resize(n, dim);
+    state.qkv.resize(n, 3 * dim);
+    for_row_chunks(n, options.threads, [&](int r0, int r1) {
+      layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed, r0, r1);
+      linear(normed, b.qkv_w, b.qkv_b, 3 * dim, state.qkv, r0, r1);
+    });
     // NaN scores would look like fully masked rows (zero attention) downstream: stop here instead.
     if (!state.qkv.allFinite())
       throw Error("model '" + cfg.name + "' produces non-finite queries/keys/values (NaN or infinity) in layer " +
@@ -247,17 +282,25 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     if (options.progress && !options.progress(static_cast<float>(l + 1) / static_cast<float>(cfg.depth)))
       throw Error("cancelled");
 
-    // x = x + self.proj(attn_out)          (W^O)
-    linear(attn_out, b.proj_w, b.proj_b, dim, projected);
-    x += projected;
-    // x = x + fc2(GELU(fc1(norm2(x))))   exact erf GELU, as nn.GELU()
-    layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed);
-    linear(normed, b.fc1_w, b.fc1_b, cfg.mlp_hidden(), hidden);
-    hidden = hidden.unaryExpr([](float t) { return 0.5f * t * (1.0f + std::erf(t * 0.70710678118654752f)); });
-    linear(hidden, b.fc2_w, b.fc2_b, dim, mlp_out);
-    x += mlp_out;
+    projected.resize(n, dim);
+    hidden.resize(n, cfg.mlp_hidden());
+    mlp_out.resize(n, dim);
+    for_row_chunks(n, options.threads, [&](int r0, int r1) {
+      // x = x + self.proj(attn_out)          (W^O)
+      linear(attn_out, b.proj_w, b.proj_b, dim, projected, r0, r1);
+      x.middleRows(r0, r1 - r0) += projected.middleRows(r0, r1 - r0);
+      // x = x + fc2(GELU(fc1(norm2(x))))   exact erf GELU, as nn.GELU()
+      layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
+      linear(normed, b.fc1_w, b.fc1_b, cfg.mlp_hidden(), hidden, r0, r1);
+      gelu_rows(hidden, r0, r1);
+      linear(hidden, b.fc2_w, b.fc2_b, dim, mlp_out, r0, r1);
+      x.middleRows(r0, r1 - r0) += mlp_out.middleRows(r0, r1 - r0);
+    });
   }
-  layer_norm(x, model.w.norm_w, model.w.norm_b, cfg.norm_eps, result.output);
+  result.output.resize(n, dim);
+  for_row_chunks(n, options.threads, [&](int r0, int r1) {
+    layer_norm(x, model.w.norm_w, model.w.norm_b, cfg.norm_eps, result.output, r0, r1);
+  });
   return result;
 }
 
