@@ -42,6 +42,7 @@
 #include "vitlens/error.hpp"
 #include "vitlens/export.hpp"
 #include "vitlens/fast_attention.hpp"
+#include "vitlens/bundled.hpp"
 #include "vitlens/model_io.hpp"
 
 namespace {
@@ -119,18 +120,7 @@ VitModel bench_model(int img) {
   c.name = "bench";
   c.patch_size = 4, c.embed_dim = 48, c.num_heads = 4, c.depth = 1;
   c.img_h = c.img_w = img;
-  std::mt19937 rng(1234);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  TensorMap tensors;
-  for (const auto& [name, shape] : expected_tensor_shapes(c)) {
-    TensorData t;
-    t.shape = shape;
-    t.values.resize(t.numel());
-    const bool norm_weight = name.find("norm") != std::string::npos && name.find(".weight") != std::string::npos;
-    for (float& v : t.values) v = norm_weight ? 1.0f + 0.1f * normal(rng) : 0.3f * normal(rng);
-    tensors.emplace(name, std::move(t));
-  }
-  return model_from_tensors(c, tensors, "bench model");
+  return model_from_tensors(c, gaussian_tensors(c, 1234, 0.3f), "bench model");
 }
 
 json bench_size(const BenchArgs& args, int img) {

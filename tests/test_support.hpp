@@ -6,24 +6,14 @@
 
 #include <unistd.h>
 
+#include "vitlens/bundled.hpp"
 #include "vitlens/model_io.hpp"
 
 namespace vitlens::test {
 
 // Every tensor of the config filled with N(0, scale^2) (LayerNorm weights around 1), seeded.
 inline TensorMap random_tensors(const VitConfig& config, unsigned seed, float scale = 0.3f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  TensorMap tensors;
-  for (const auto& [name, shape] : expected_tensor_shapes(config)) {
-    TensorData t;
-    t.shape = shape;
-    t.values.resize(t.numel());
-    const bool norm_weight = name.find("norm") != std::string::npos && name.find(".weight") != std::string::npos;
-    for (float& v : t.values) v = norm_weight ? 1.0f + 0.1f * dist(rng) : scale * dist(rng);
-    tensors.emplace(name, std::move(t));
-  }
-  return tensors;
+  return gaussian_tensors(config, seed, scale);
 }
 
 inline VitModel random_model(const VitConfig& config, unsigned seed, float scale = 0.3f) {

@@ -374,4 +374,19 @@ ModelTensors random_model(uint32_t seed) {
   return m;
 }
 
+TensorMap gaussian_tensors(const VitConfig& config, uint32_t seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  TensorMap tensors;
+  for (const auto& [name, shape] : expected_tensor_shapes(config)) {
+    TensorData t;
+    t.shape = shape;
+    t.values.resize(t.numel());
+    const bool norm_weight = name.find("norm") != std::string::npos && name.find(".weight") != std::string::npos;
+    for (float& v : t.values) v = norm_weight ? 1.0f + 0.1f * normal(rng) : scale * normal(rng);
+    tensors.emplace(name, std::move(t));
+  }
+  return tensors;
+}
+
 }  // namespace vitlens

@@ -68,6 +68,11 @@ ModelTensors designed_model();
 constexpr uint32_t kRandomModelSeed = 20240611u;
 ModelTensors random_model(uint32_t seed = kRandomModelSeed);
 
+// Every tensor of any config filled from N(0, scale^2), LayerNorm weights from 1 + N(0, 0.1^2):
+// attention far from uniform, for tests and benchmarks. std::normal_distribution, so the values
+// may differ between standard libraries (unlike random_model, whose bytes are shipped).
+TensorMap gaussian_tensors(const VitConfig& config, uint32_t seed, float scale = 0.3f);
+
 // [SECTION] Demo image
 
 struct DemoImage {
