@@ -1,7 +1,6 @@
 #pragma once
 // Shared helpers for the tests: random models built in memory, temporary folders.
 #include <cstdlib>
-#include <random>
 #include <string>
 
 #include <unistd.h>
