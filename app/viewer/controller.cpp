@@ -166,7 +166,8 @@ void fit_choices_to(App& app, int old_rows, int old_cols) {
   if (v.key_row >= rows || v.key_col >= cols) v.key_row = v.key_col = -1;
   if (v.layer >= static_cast<int>(c.forward.layers.size())) v.layer = -1;
   if (v.mode == MapMode::ClassToken && c.forward.prefix == 0) v.mode = MapMode::Query;
-  if (app.ui.compute.painted.size() != static_cast<size_t>(rows * cols)) app.ui.compute.painted.clear();
+  if (old_rows != rows || old_cols != cols || app.ui.compute.painted.size() != static_cast<size_t>(rows * cols))
+    app.ui.compute.painted.clear();
 }
 
 }  // namespace
@@ -254,6 +255,7 @@ void poll_worker(App& app) {
       return ec ? path : p.lexically_normal().string();
     };
     if (r.loaded_image) {
+      app.ui.compute.painted.clear();  // a new image: its own patches, never the last image's mask
       remember_recent(app.ui.recent_images, absolute(r.image->path));
       app.settings.recent_images = app.ui.recent_images;
     }
@@ -330,7 +332,8 @@ void schedule_compute(App& app) {
 }
 
 bool is_idle(const App& app) {
-  return app.compute_job == 0 && app.export_jobs.empty() && !app.worker.busy() && !app.requests.any() &&
+  const bool maps_current = !app.doc.comp || app.derived.comp_serial == app.doc.comp->serial;
+  return maps_current && app.compute_job == 0 && app.export_jobs.empty() && !app.worker.busy() && !app.requests.any() &&
          !wanted_key(app);
 }
 
@@ -528,7 +531,8 @@ bool cli_equivalent(const App& app) {
   if (!app.doc.ready()) return false;
   bool has_padding = false;
   for (uint8_t v : app.doc.comp->image.grid.patch_is_padding) has_padding = has_padding || v;
-  const MaskMode mask = ui.compute.mask;
+  // The pass on screen (and exported), not a choice whose pass is still running.
+  const MaskMode mask = app.doc.comp->key.mask;
   const bool mask_ok = mask == MaskMode::Padding || mask == MaskMode::Causal ||
                        (mask == MaskMode::None && !has_padding) ||
                        (mask == MaskMode::Painted && app.doc.comp->key.painted.empty());
@@ -549,7 +553,7 @@ std::string cli_command(const App& app, const std::string& out_dir) {
   }
   if (ui.view.layer >= 0 && ui.view.layer != static_cast<int>(f.layers.size()) - 1)
     cmd += " --layer " + std::to_string(current_layer(app));
-  if (ui.compute.mask == MaskMode::Causal) cmd += " --mask causal";
+  if (app.doc.comp->key.mask == MaskMode::Causal) cmd += " --mask causal";
   cmd += " --colormap " + ui.display.style.colormap + " --alpha " + format_float(ui.display.style.alpha);
   cmd += std::string(" --upsample ") + upsample_name(ui.display.style.upsample);
   cmd += std::string(" --normalize ") + normalize_name(ui.display.normalize);
@@ -599,11 +603,11 @@ void start_export(App& app, const std::string& folder) {
     for (size_t i = 0; i < c.key.painted.size(); ++i)
       if (c.key.painted[i]) painted.push_back({static_cast<int>(i) / c.forward.grid_w, static_cast<int>(i) % c.forward.grid_w});
     notes["painted_patches"] = painted;
-    notes["scale"] = scale_mode_name(ui.compute.scale);
+    // The scale of the exported pass: the model's 1/sqrt(d), or the factor it ran with.
+    notes["scale"] = c.key.score_scale < 0.0f ? "1/sqrt(d)" : "custom";
     notes["score_scale"] = c.forward.score_scale;
     // Floats as the user set them (0.7, not 0.699999988).
     auto exact = [](float v) { return std::strtod(format_float(v).c_str(), nullptr); };
-    if (ui.compute.scale == ScaleMode::Temperature) notes["temperature"] = exact(ui.compute.temperature);
     if (ui.display.threshold_on) {
       nlohmann::json kept = nlohmann::json::array();
       for (const ThresholdResult& t : app.derived.kept)

@@ -59,8 +59,11 @@ void DrawWorkingSize(App& app) {
   ImGui::SliderInt("working size", &edit, kMinWorkingSide, kMaxWorkingSide, "%d px");
   if (ImGui::IsItemDeactivatedAfterEdit()) app.ui.compute.max_side = edit;  // recompute on release only
   HelpMarker("The image's long side is scaled down to this (never up; aspect kept) and padded to whole patches. "
-             "More pixels give more tokens: the forward pass grows as tokens squared.");
+             "More pixels give more tokens: the forward pass grows as tokens squared. An image of exactly the "
+             "model's img_size is never resampled, as `vitlens export` does.");
   const cv::Mat& src = app.doc.image->rgb01;
+  if (src.cols == config.img_w && src.rows == config.img_h)
+    ImGui::TextDisabled("this image is the model's own size: it is never resampled");
   const GridPrediction g = predict_grid(src.cols, src.rows, config, edit);
   ImGui::TextDisabled("%dx%d -> %dx%d: grid %dx%d, %d tokens", src.cols, src.rows, g.content_w, g.content_h, g.grid_h,
                       g.grid_w, g.tokens);

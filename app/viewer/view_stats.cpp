@@ -70,7 +70,7 @@ void DrawPlots(const App& app, const std::vector<HeadStats>& layer_stats) {
       per_layer.push_back(static_cast<float>(sum / std::max<size_t>(1, l.size())));
     }
     ImGui::PlotLines("##layers", per_layer.data(), static_cast<int>(per_layer.size()), 0,
-                     "mean distance by layer (mean over heads)", 0.0f, FLT_MAX, ImVec2(-1.0f, 50.0f));
+                     "mean distance by layer (mean over heads)", 0.0f, FLT_MAX, ImVec2(ImGui::GetContentRegionAvail().x, 50.0f));
   }
 }
 

@@ -169,7 +169,7 @@ PreparedImage prepare_image(const cv::Mat& rgb01, const VitConfig& config, int m
     if (w < p || h < p)
       throw Error(what + ": image " + std::to_string(rgb01.cols) + "x" + std::to_string(rgb01.rows) +
                   " becomes " + std::to_string(w) + "x" + std::to_string(h) + " at working size " +
-                  std::to_string(max_side) + ", thinner than one patch; use a larger --size, or --size 0 for the native size");
+                  std::to_string(max_side) + ", thinner than one patch; use a larger working size (vitlens export: --size, or --size 0 for the native size)");
     cv::resize(rgb01, content, cv::Size(w, h), 0, 0, cv::INTER_AREA);
     out.resized = true;
   }
