@@ -479,6 +479,23 @@ TEST_CASE("viewer actions: pin clamps, keys move, painting masks keys, scale and
   for (const MatRM& m : app.derived.raw_maps.heads) CHECK(m(0, 0) == 0.0f);
   CHECK_FALSE(cli_equivalent(app));
 
+  // A new image (even of the same size) starts with no painted patches.
+  {
+    const std::string again = fx.dir + "/again.png";
+    write_png_atomic(again, test_picture(32, 32));
+    App other;
+    start_app(other, fx.image_path, fx.model_path);
+    REQUIRE(run_until_idle(other));
+    paint_patch(other, 1, 2, true);
+    REQUIRE(run_until_idle(other));
+    REQUIRE(other.doc.comp->key.painted.size() == 64);
+    other.requests.open_image = again;
+    REQUIRE(run_until_idle(other));
+    CHECK(other.doc.image->path == again);
+    CHECK(other.ui.compute.painted.empty());
+    CHECK(other.doc.comp->key.painted.empty());
+  }
+
   // Without the 1/sqrt(d) scale the scores are sqrt(12) times larger.
   ScriptCommand c;
   c.verb = "scale";
