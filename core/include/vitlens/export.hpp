@@ -46,7 +46,8 @@ struct ExportSettings {
 constexpr int kMaxRawTokens = 4096;
 constexpr double kMaxRawBytes = 2.0 * (1 << 30);  // and at most 2 GiB of (L, H, N, N) floats
 // Largest token count any export takes (a 2048 x 2048 working size at P = 4): attention work
-// grows as N^2, and beyond this an export would run for many minutes.
+// grows as N^2 (65537 tokens: about 5 s on two cores, see bench/README.md; the cap: about 16 times
+// that), and beyond it an export would run for many minutes.
 constexpr int kMaxTokens = 262145;
 
 struct ImageAnalysis {
