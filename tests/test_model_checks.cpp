@@ -51,6 +51,12 @@ TEST_CASE("normalisation out of range and non-finite activations are errors, not
   g.patches(1, 3) = -2.0f;
   g.patch_is_padding.assign(4, 0);
   CHECK_THROWS_WITH(forward(m, g, ForwardOptions{}), Catch::Contains("non-finite"));
+
+  // Finite queries and keys, but a score scale so large that the scores overflow.
+  const VitModel ok = test::random_model(test::small_config(), 5);
+  ForwardOptions huge_scale;
+  huge_scale.score_scale = 3e38f;
+  CHECK_THROWS_WITH(forward(ok, g, huge_scale), Catch::Contains("overflow"));
 }
 
 TEST_CASE("raw export refuses an analysis without the full weights", "[export]") {

@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <exception>
+#include <mutex>
 #include <cmath>
 #include <sstream>
+#include <system_error>
 #include <thread>
 
 #include "vitlens/error.hpp"
@@ -112,13 +115,26 @@ void for_row_chunks(int n, int threads, Fn&& fn) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int workers = std::max(1, std::min(threads, chunks));
   std::atomic<int> next{0};
+  std::mutex failure_lock;
+  std::exception_ptr failure;  // the first exception of any worker, rethrown after every join
   auto work = [&] {
-    for (int c = next++; c < chunks; c = next++) fn(c * kChunk, std::min(n, (c + 1) * kChunk));
+    try {
+      for (int c = next++; c < chunks; c = next++) fn(c * kChunk, std::min(n, (c + 1) * kChunk));
+    } catch (...) {
+      std::lock_guard<std::mutex> hold(failure_lock);
+      if (!failure) failure = std::current_exception();
+      next = chunks;  // the others stop at their next chunk
+    }
   };
   std::vector<std::thread> pool;
-  for (int t = 1; t < workers; ++t) pool.emplace_back(work);
+  try {
+    for (int t = 1; t < workers; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No more threads to be had: the ones that started and this one share the chunks.
+  }
   work();
   for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
 }
 
 // out[r0:r1] = LayerNorm(x[r0:r1]) row by row over D, statistics in double. out is (N, D) already.
@@ -277,6 +293,10 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     if (options.progress)
       layer_progress = [&](float f) { return options.progress((static_cast<float>(l) + f) / cfg.depth); };
     if (!multi_head_attention(in, out, options.threads, layer_progress)) throw Error("cancelled");
+    // Scores can still overflow (finite q and k, a huge score scale): an error, not NaN maps.
+    if (!attn_out.allFinite() || !state.received.allFinite())
+      throw Error("attention scores overflow in layer " + std::to_string(l) +
+                  " (NaN or infinity): the score scale or the model's weights are too large");
     if (result.received_queries > 0) state.received /= static_cast<float>(result.received_queries);
     else state.received.setZero();
     if (options.progress && !options.progress(static_cast<float>(l + 1) / static_cast<float>(cfg.depth)))
