@@ -354,9 +354,10 @@ ModelTensors random_model(uint32_t seed) {
   std::mt19937 rng(seed);
   const double conv_bound = 1.0 / std::sqrt(3.0 * kPatch * kPatch);  // kaiming_uniform(a=sqrt 5): 1/sqrt(fan_in)
   for (auto& [name, tensor] : t) {
-    const auto ends_with = [&](const char* suffix) {
+    // Takes the name as an argument: C++17 lambdas cannot capture a structured binding (clang 14).
+    const auto ends_with = [](const std::string& key, const char* suffix) {
       const std::string s(suffix);
-      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+      return key.size() >= s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0;
     };
     std::vector<float>& v = tensor.values;
     if (name.rfind("patch_embed.proj.", 0) == 0) {
@@ -365,8 +366,8 @@ ModelTensors random_model(uint32_t seed) {
     } else if (name == "cls_token") {
       for (float& x : v) x = static_cast<float>(1e-6 * truncated_normal(rng));  // timm: normal_(std=1e-6)
     } else if (name.find("norm") != std::string::npos) {
-      if (ends_with(".weight")) std::fill(v.begin(), v.end(), 1.0f);  // LayerNorm: weight 1, bias 0
-    } else if (name == "pos_embed" || ends_with(".weight")) {
+      if (ends_with(name, ".weight")) std::fill(v.begin(), v.end(), 1.0f);  // LayerNorm: weight 1, bias 0
+    } else if (name == "pos_embed" || ends_with(name, ".weight")) {
       for (float& x : v) x = static_cast<float>(0.02 * truncated_normal(rng));  // trunc_normal_(std=.02)
     }
     // Linear biases stay 0 (timm's init_weights_vit_timm).
