@@ -8,6 +8,7 @@ PACKAGES=(
   libeigen3-dev libopencv-dev nlohmann-json3-dev libcli11-dev catch2   # core, models, CLI, tests
   libimgui-dev libglfw3-dev libgl-dev                                  # the desktop viewer
   xvfb xauth                                                           # viewer tests on a virtual display
+  clang-14 libclang-rt-14-dev llvm-14                                  # ASan + UBSan build, libFuzzer, symbolized reports
   python3 python3-numpy                                                # fixture checks
 )
 # Only the scripts that regenerate reference data need PyTorch; pass --with-torch to get it.
