@@ -15,7 +15,9 @@ cmake -S . -B "$ASAN_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_COMPILER
 cmake --build "$ASAN_DIR" -j"$(nproc)"
 
 # Leaks are checked at every exit; the only suppressions are for the OpenGL driver, GLFW and X11
-# (tests/sanitizers/lsan.supp says why). Nothing in vitlens is suppressed.
+# (tests/sanitizers/lsan.supp says why). Nothing in vitlens is suppressed. The preloaded library
+# keeps unloaded libraries mapped so every leak report can name its library.
+export LD_PRELOAD="$(cd "$ASAN_DIR" && pwd)/libvitlens_keep_loaded.so"
 export ASAN_OPTIONS="check_initialization_order=1:strict_init_order=1:detect_stack_use_after_return=1"
 export UBSAN_OPTIONS="print_stacktrace=1"
 export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppressions=0"
