@@ -320,7 +320,7 @@ TEST_CASE("atomic writes: a failed write leaves no temporary and no damaged file
   FILE* p = ::popen(("ls -A " + dir).c_str(), "r");
   REQUIRE(p);
   char buf[256];
-  while (std::fgets(buf, sizeof buf, p)) leftovers += std::string(buf).find(".tmp-") != std::string::npos;
+  while (std::fgets(buf, sizeof buf, p)) leftovers += std::string(buf).find(".vitlens-") != std::string::npos;
   ::pclose(p);
   CHECK(leftovers == 0);
 }

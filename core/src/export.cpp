@@ -240,40 +240,42 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
 std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
   require_writable_dir(settings.out_dir);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string base =
-      settings.out_dir + "/" + (settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem);
+  const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
   const ExportImages images = render_export_images(model, analysis, settings.style, settings.normalize);
   const double render_ms = ms_since(t0);
+  // The files appear together or not at all (files.hpp: OutputSet), the JSON last.
+  OutputSet set(settings.out_dir);
   std::vector<std::string> written;
-  for (size_t h = 0; h < images.heads.size(); ++h) {
-    written.push_back(base + "_head" + std::to_string(h) + ".png");
-    write_png_atomic(written.back(), images.heads[h]);
-  }
-  written.push_back(base + "_mean.png");
-  write_png_atomic(written.back(), images.mean);
-  written.push_back(base + "_montage.png");
-  write_png_atomic(written.back(), images.montage);
+  auto add_png = [&](const std::string& name, const cv::Mat& rgb8) {
+    set.add_png(name, rgb8);
+    written.push_back(set.final_path(name));
+  };
+  for (size_t h = 0; h < images.heads.size(); ++h) add_png(stem + "_head" + std::to_string(h) + ".png", images.heads[h]);
+  add_png(stem + "_mean.png", images.mean);
+  add_png(stem + "_montage.png", images.montage);
   if (settings.raw) {
-    // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it.
+    // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it;
+    // streamed: the header, then each (layer, head) block straight from the forward's buffers.
     const auto& f = analysis.forward;
     const size_t n = static_cast<size_t>(f.tokens), heads = static_cast<size_t>(model.config.num_heads);
     for (const LayerState& layer : f.layers)
       if (layer.probs.size() != heads)
         throw Error(analysis.image_path + ": raw export needs the full weights; analyse with settings.raw set");
-    std::string npy = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);  // header only
-    npy.reserve(npy.size() + f.layers.size() * heads * n * n * sizeof(float));
-    for (const LayerState& layer : f.layers)
-      for (const MatRM& probs : layer.probs)
-        npy.append(reinterpret_cast<const char*>(probs.data()), static_cast<size_t>(probs.size()) * sizeof(float));
-    written.push_back(base + "_attn.npy");
-    write_file_atomic(written.back(), npy);
+    const std::string header = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);
+    set.add_stream(stem + "_attn.npy", [&](FileSink& sink) {
+      sink.write(header.data(), header.size());
+      for (const LayerState& layer : f.layers)
+        for (const MatRM& probs : layer.probs) sink.write(probs.data(), static_cast<size_t>(probs.size()) * sizeof(float));
+    });
+    written.push_back(set.final_path(stem + "_attn.npy"));
   }
   nlohmann::json sidecar = export_sidecar(model, analysis, settings);
   sidecar["timings_ms"]["render"] = render_ms;
   sidecar["files"] = written;
-  written.push_back(base + ".json");
+  sidecar["set"] = set.id();
+  written.push_back(set.final_path(stem + ".json"));
   // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
-  write_file_atomic(written.back(), sidecar.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  set.commit(stem + ".json", sidecar.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   return written;
 }
 
