@@ -55,9 +55,19 @@ class QuietStderr {
   int saved_ = -1;
 };
 
+// What Debian 12's OpenCV decodes, named when a file is refused (GIF, SVG, HEIC ... are not).
+const char* const kReadableFormats = "PNG, JPEG, BMP, TIFF, WebP, JPEG 2000 or PPM/PGM/PBM";
+
+std::string undecodable(const std::string& what, const std::vector<unsigned char>* bytes) {
+  // Formats users often try get named: OpenCV 4.6 has no GIF reader at all.
+  if (bytes && bytes->size() >= 6 && std::equal(bytes->begin(), bytes->begin() + 4, "GIF8"))
+    return what + ": GIF images cannot be read; vitlens reads " + std::string(kReadableFormats) + " (convert it, e.g. to PNG)";
+  return what + ": not an image OpenCV can decode; vitlens reads " + std::string(kReadableFormats);
+}
+
 // Any decoded cv::Mat (1..4 channels, 8/16-bit or float) -> CV_32FC3 RGB in [0, 1].
 cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
-  if (decoded.empty()) throw Error(what + ": not an image OpenCV can decode");
+  if (decoded.empty()) throw Error(undecodable(what, nullptr));
   if (decoded.dims != 2 || decoded.rows < 1 || decoded.cols < 1) throw Error(what + ": image has no pixels");
   // A small compressed file can hold a huge image; its float copy takes 12 bytes a pixel.
   const double pixels = static_cast<double>(decoded.rows) * decoded.cols;
@@ -104,8 +114,9 @@ cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::str
     QuietStderr quiet;
     decoded = cv::imdecode(bytes, cv::IMREAD_UNCHANGED | cv::IMREAD_ANYDEPTH);
   } catch (const cv::Exception&) {
-    throw Error(what + ": not an image OpenCV can decode");
+    throw Error(undecodable(what, &bytes));
   }
+  if (decoded.empty()) throw Error(undecodable(what, &bytes));
   return to_rgb01(decoded, what);
 }
 
