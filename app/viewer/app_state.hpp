@@ -39,7 +39,7 @@ const char* scale_mode_name(ScaleMode mode);  // "default", "none", "temperature
 enum class Brush { Paint, Erase, Off };
 
 bool parse_map_mode(const std::string& name, MapMode& mode);            // "query", "cls", "received"
-bool parse_normalize(const std::string& name, Normalize& normalize);    // "head", "shared", "log"
+bool parse_normalize(const std::string& name, Normalize& normalize);    // "head", "shared", "log", "robust"
 bool parse_upsample(const std::string& name, Upsample& upsample);       // "nearest", "bilinear"
 const char* upsample_name(Upsample upsample);
 
@@ -94,7 +94,7 @@ struct Document {
 
 struct DisplayState {
   HeatmapStyle style;                    // colormap, alpha (opacity), upsample
-  Normalize normalize = Normalize::PerHead;
+  Normalize normalize = kDefaultNormalize;   // as `vitlens export`
   bool threshold_on = false;
   float threshold = 0.6f;                // DINO's visualize_attention --threshold: top mass kept
   bool show_grid = false;

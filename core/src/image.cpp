@@ -56,9 +56,18 @@ class QuietStderr {
   int saved_ = -1;
 };
 
+// What Debian 12's OpenCV decodes, named when a file is refused (GIF, SVG, HEIC ... are not).
+
+std::string undecodable(const std::string& what, const unsigned char* bytes, size_t size) {
+  // Formats users often try get named: OpenCV 4.6 has no GIF reader at all.
+  if (bytes && size >= 6 && std::equal(bytes, bytes + 4, "GIF8"))
+    return what + ": GIF images cannot be read; vitlens reads " + std::string(kImageFormatsRead) + " (convert it, e.g. to PNG)";
+  return what + ": not an image vitlens reads (" + std::string(kImageFormatsRead) + ")";
+}
+
 // Any decoded cv::Mat (1..4 channels, 8/16-bit or float) -> CV_32FC3 RGB in [0, 1].
 cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
-  if (decoded.empty()) throw Error(what + ": not an image OpenCV can decode");
+  if (decoded.empty()) throw Error(undecodable(what, nullptr, 0));
   if (decoded.dims != 2 || decoded.rows < 1 || decoded.cols < 1) throw Error(what + ": image has no pixels");
   // A small compressed file can hold a huge image; its float copy takes 12 bytes a pixel.
   const double pixels = static_cast<double>(decoded.rows) * decoded.cols;
@@ -118,7 +127,7 @@ cv::Mat decode_image_rgb(const unsigned char* bytes, size_t size, const std::str
   // damaged file is named as such instead of decoding into a partly grey picture.
   const ImageProbe probe = probe_image(bytes, size);
   if (probe.format.empty())
-    throw Error(what + ": not an image vitlens reads (" + std::string(kImageFormatsRead) + ")");
+    throw Error(undecodable(what, bytes, size));
   if (probe.width == 0 || probe.height == 0)
     throw Error(what + ": " + probe.format + " image declares no pixels (" + std::to_string(probe.width) + "x" +
                 std::to_string(probe.height) + ")");
