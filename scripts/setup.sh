@@ -10,7 +10,7 @@ PACKAGES=(
   xvfb xauth                                                           # viewer tests on a virtual display
   clang-14 libclang-rt-14-dev llvm-14                                  # ASan + UBSan build, libFuzzer, symbolized reports
   python3 python3-numpy                                                # fixture checks
-  opencv-doc                                                           # photos the map-scale test reads
+  opencv-doc                                                           # photos the map-scale and designed-head tests read in place
 )
 # Only the scripts that regenerate reference data need PyTorch; pass --with-torch to get it.
 if [[ "${1:-}" == "--with-torch" ]]; then PACKAGES+=(python3-torch); fi

@@ -19,6 +19,7 @@
 
 #include "attention_stats.hpp"
 #include "vitlens/export.hpp"
+#include "vitlens/head_roles.hpp"
 #include "vitlens/vit.hpp"
 
 namespace vitlens::viewer {
@@ -80,7 +81,8 @@ struct Computation {
   PreparedImage image;
   ForwardResult forward;
   ImageStats stats;
-  double forward_ms = 0.0, stats_ms = 0.0;
+  HeadRoleScores roles;  // head-role lifts of every layer and head (core/include/vitlens/head_roles.hpp)
+  double forward_ms = 0.0, stats_ms = 0.0;  // stats_ms: entropy, distance and roles together
 };
 
 struct Document {

@@ -11,6 +11,7 @@
 
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/head_roles.hpp"
 
 namespace vitlens {
 
@@ -393,6 +394,11 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   } else {
     j["threshold"] = nullptr;
   }
+  // Head-role lifts of the exported layer (head_roles.hpp, README "Head roles").
+  HeadRoleOptions role_options;
+  role_options.layer = a.request.layer;
+  const HeadRoleScores roles = head_role_scores(model, a.image.grid, a.forward, role_options);
+  j["head_roles"] = {{"top_fraction", roles.top_fraction}, {"queries", roles.queries}};
   json heads = json::array();
   for (size_t h = 0; h < a.maps.heads.size(); ++h) {
     const MatRM& m = a.maps.heads[h];
@@ -401,6 +407,10 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
     head["class_token_weight"] = a.forward.prefix ? json(a.maps.cls_weight[h]) : json(nullptr);
     const auto layer = static_cast<size_t>(a.request.layer);
     if (layer < cfg.head_descriptions.size()) head["description"] = cfg.head_descriptions[layer][h];
+    json lifts;
+    for (int role = 0; role < kHeadRoles; ++role)
+      lifts[head_role_name(role)] = std::round(roles.lift[layer][h][static_cast<size_t>(role)] * 1e6) / 1e6;
+    head["head_roles"] = lifts;
     heads.push_back(head);
   }
   j["heads"] = heads;
