@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   libeigen3-dev libopencv-dev nlohmann-json3-dev libcli11-dev catch2   # core, models, CLI, tests
+  zlib1g-dev                                                           # gzip'd training data (dataset.cpp)
   libimgui-dev libglfw3-dev libgl-dev                                  # the desktop viewer
   xvfb xauth                                                           # viewer tests on a virtual display
   python3 python3-numpy                                                # fixture checks
