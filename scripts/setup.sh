@@ -10,6 +10,7 @@ PACKAGES=(
   libimgui-dev libglfw3-dev libgl-dev                                  # the desktop viewer
   xvfb xauth                                                           # viewer tests on a virtual display
   python3 python3-numpy                                                # fixture checks
+  dataset-fashion-mnist opencv-doc                                     # training data the dataset tests read
 )
 # Only the scripts that regenerate reference data need PyTorch; pass --with-torch to get it.
 if [[ "${1:-}" == "--with-torch" ]]; then PACKAGES+=(python3-torch); fi

@@ -179,6 +179,7 @@ IdxArray read_idx(const std::string& dir, const std::string& name, int ndim, con
     throw Error(a.path + ": not gzip data (the name ends in .gz but the file does not start with the gzip magic 1f 8b)");
   }
   const size_t header = 4 + 4 * static_cast<size_t>(ndim);
+  if (a.bytes.empty()) throw Error(a.path + ": file is empty, not an IDX " + what + " file");
   if (a.bytes.size() < 4) throw Error(a.path + ": truncated IDX file (" + std::to_string(a.bytes.size()) + " bytes, no header)");
   const uint32_t magic = big_endian_u32(a.bytes, 0);
   const uint32_t expected = 0x800u + static_cast<uint32_t>(ndim);
