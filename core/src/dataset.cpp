@@ -278,14 +278,18 @@ void note_skip(FolderReport* report, const std::string& message) {
   if (report->examples.size() < 5) report->examples.push_back(message);
 }
 
-// (h, w, 3) interleaved float -> (3, h, w) planar, appended to `out`.
+// Area and bilinear resampling round a sum of weights that should be 1: a white pixel can come
+// out as 1.0000001. Every image here promises [0, 1].
+float unit(float v) { return std::min(1.0f, std::max(0.0f, v)); }
+
+// (h, w, 3) interleaved float -> (3, h, w) planar, written to `out`, clamped to [0, 1].
 void append_planar(const cv::Mat& rgb, float* out) {
   const size_t plane = static_cast<size_t>(rgb.rows) * static_cast<size_t>(rgb.cols);
   for (int y = 0; y < rgb.rows; ++y) {
     const cv::Vec3f* row = rgb.ptr<cv::Vec3f>(y);
     for (int x = 0; x < rgb.cols; ++x) {
       const size_t at = static_cast<size_t>(y) * static_cast<size_t>(rgb.cols) + static_cast<size_t>(x);
-      for (int c = 0; c < 3; ++c) out[static_cast<size_t>(c) * plane + at] = row[x][c];
+      for (int c = 0; c < 3; ++c) out[static_cast<size_t>(c) * plane + at] = unit(row[x][c]);
     }
   }
 }
@@ -501,6 +505,8 @@ void sample_photo_crop(const PhotoCorpus& corpus, Rng& rng, int out_size, float 
       crop.copyTo(target);
     } else {
       cv::resize(crop, target, target.size(), 0, 0, interpolation);
+      for (int y = 0; y < out_size; ++y)
+        for (float* v = target.ptr<float>(y); v != target.ptr<float>(y) + out_size; ++v) *v = unit(*v);
     }
     if (mirrored)
       for (int y = 0; y < out_size; ++y) std::reverse(target.ptr<float>(y), target.ptr<float>(y) + out_size);
