@@ -27,6 +27,8 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   auto* query_processed = cmd->add_option(
       "--query-processed", args.query_processed,
       "Map of the query patch under pixel X,Y of the processed image (resized to --size and padded to whole patches)");
+  query->type_name("X,Y");
+  query_processed->type_name("X,Y");
   auto* patch = cmd->add_option("--patch", args.patch, "Map of the query patch at ROW,COL of the patch grid");
   auto* cls = cmd->add_flag("--cls", args.cls, "Map of the class token's attention (models with a class token)");
   auto* received = cmd->add_flag("--received", args.received,
@@ -52,14 +54,17 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   cmd->add_option("--mask-image", args.settings.mask_image,
                   "Painted key mask: an image of the IMAGE's aspect ratio, white = key allowed, black = forbidden; "
                   "stretched over the image, a patch is forbidden when the mask's mean over it is below 50% grey "
-                  "(padding patches are always masked)");
+                  "(padding patches are always masked)")
+      ->type_name("FILE");
   cmd->add_option("--temperature", args.settings.temperature,
                   "Softmax temperature T: scores are q.k / (sqrt(d) T); T > 1 flattens, T < 1 sharpens; " +
                       std::string("0.05 to 20"))
+      ->type_name("T")
       ->capture_default_str();
   cmd->add_option("--threshold", args.threshold,
                   "Keep only the largest patches that hold this share of each map's mass, 0 < MASS <= 1 (DINO's "
-                  "--threshold); ties are kept together, a map with no structure is shown whole");
+                  "--threshold); ties are kept together, a map with no structure is shown whole")
+      ->type_name("MASS");
   cmd->add_option("--normalize", args.normalize,
                   "robust: each head from 0 to its 99th percentile, the top 1% saturate (the default); head: each "
                   "head to its own maximum; shared: one scale for all heads; log: each head on a 3-decade log scale")

@@ -391,6 +391,15 @@ TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]"
   CHECK(plain["threshold"].is_null());
   CHECK(plain["normalize"] == "robust");  // the new default
   CHECK(plain["score_scale"].get<double>() == Approx(1.0 / std::sqrt(12.0)).epsilon(1e-6));
+  CHECK(plain["robust_percentile"] == 99.0);
+  REQUIRE(plain["colour_scale_top"].size() == 5);
+  for (size_t h = 0; h < 4; ++h)  // the 99th percentile: at most the maximum
+    CHECK(plain["colour_scale_top"][h].get<double>() <= plain["heads"][h]["max"].get<double>());
+  REQUIRE(run(base + "--normalize head").code == 0);
+  const auto per_head = read_json(f.dir + "/photo.json");
+  CHECK(per_head["normalize"] == "head");
+  for (size_t h = 0; h < 4; ++h)  // the old scale: each head's maximum
+    CHECK(per_head["colour_scale_top"][h].get<double>() == per_head["heads"][h]["max"].get<double>());
 
   Run hot = run(base + "--temperature 2.5");
   INFO(hot.err);

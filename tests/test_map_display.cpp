@@ -274,8 +274,8 @@ TEST_CASE("montage caption and labels fit a 16x16 image and a long model name", 
     const ExportImages images = render_export_images(model, a, s.style, s.normalize);
     // The montage as render_export_images lays it out: 6 tiles of 16x16, 3 columns.
     std::vector<std::string> labels = {"image 16x16"};
-    for (int h = 0; h < 4; ++h) labels.push_back(head_label(c, 0, h) + "  max 0.0123 top 0.00456");
-    labels.push_back("mean of heads  max 0.0123 top 0.00456");
+    for (int h = 0; h < 4; ++h) labels.push_back(head_label(c, 0, h) + "\nmax 0.0123 top 0.00456");
+    labels.push_back("mean of heads\nmax 0.0123 top 0.00456");
     const std::vector<std::string> caption = montage_caption(model, a, normalize);
     const ColourBarSpec bar = montage_colour_bar(s.style, normalize, 0.01f);
     const MontageLayout layout = layout_montage(cv::Size(16, 16), labels, 6, 3, &bar, caption);

@@ -201,7 +201,7 @@ void DrawExport(App& app) {
     if (cli_equivalent(app)) {
       ImGui::TextDisabled("Same files as: %s", cli_command(app, ui.export_folder).c_str());
     } else {
-      ImGui::TextDisabled("Viewer-only settings are on (mask, scale or threshold): the export shows them and "
+      ImGui::TextDisabled("Viewer-only settings are on (mask or scale): the export shows them and "
                           "adds <stem>_view.json describing them.");
     }
     ImGui::PopTextWrapPos();

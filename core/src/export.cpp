@@ -228,8 +228,8 @@ int padding_patches(const ImageAnalysis& a) {
 
 std::vector<std::string> montage_caption(const VitModel& model, const ImageAnalysis& a, Normalize normalize) {
   std::vector<std::string> caption;
-  caption.push_back("model " + model.config.name + ", layer " + std::to_string(a.request.layer) + " of 0-" +
-                    std::to_string(model.config.depth - 1) + ", " + std::to_string(a.forward.tokens) + " tokens");
+  caption.push_back("model " + model.config.name + ", layer " + std::to_string(a.request.layer) + " of depth " +
+                    std::to_string(model.config.depth) + ", " + std::to_string(a.forward.tokens) + " tokens");
   switch (a.request.mode) {
     case MapMode::Received:
       caption.push_back("attention received: each patch's mean weight over " + std::to_string(a.forward.received_queries) +
@@ -322,7 +322,7 @@ ExportImages render_export_images(const VitModel& model, const ImageAnalysis& an
   // this query) fills its tile with full colour, and only its tiny maximum (1 / tokens) says so.
   // The robust scale's top value follows, since the colour bar is relative to it.
   auto with_values = [&](std::string label, const MatRM& map, float scale) {
-    label += "  max " + format_weight(map.maxCoeff());
+    label += "\nmax " + format_weight(map.maxCoeff());  // the numbers on a line of their own
     if (normalize == Normalize::Robust) label += " top " + format_weight(scale);
     return label;
   };
