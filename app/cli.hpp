@@ -28,6 +28,7 @@ struct ExportArgs {
   bool rollout = false;         // --rollout
   std::string fusion = "mean";  // --fusion
   float discard = 0.0f;         // --discard
+  float threshold = 0.0f;       // --threshold (0: none)
   ExportSettings settings;
 };
 void add_export_command(CLI::App& app, ExportArgs& args);

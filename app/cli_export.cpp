@@ -41,6 +41,10 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
                   "Rollout: fraction of each layer's lowest fused weights set to zero (never the class token's own), 0 to below 1")
       ->check(CLI::Range(0.0f, 0.999999f))
       ->capture_default_str();
+  cmd->add_option("--threshold", args.threshold,
+                  "Also write <stem>_head<h>_th<T>.png: the patches holding the top T of each head's attention mass, "
+                  "as DINO's visualize_attention.py --threshold (e.g. 0.6 with --cls)")
+      ->check(CLI::Range(0.000001f, 1.0f));
   cmd->add_option("--mask", args.mask, "Attention mask applied before the softmax (padding patches are always masked)")
       ->check(CLI::IsMember({"none", "causal"}))
       ->capture_default_str();
@@ -114,6 +118,10 @@ int run_export(ExportArgs& args) {
       s.layer = parse_index(args.layer);
     }
   }
+  if (args.threshold != 0.0f && !(args.threshold > 0.0f && args.threshold <= 1.0f))
+    throw UsageError("--threshold must be a number above 0 and at most 1");
+  if (args.threshold > 0.0f && (args.rollout || layer_range))
+    throw UsageError("--threshold applies to one layer's maps, not to --rollout or a --layer range");
   if (!(args.discard >= 0.0f && args.discard < 1.0f))
     throw UsageError("--discard must be a number from 0 to below 1");
   if (args.rollout && layer_range && args.layer == "all") layer_range = false;  // rollout over all layers: the default
@@ -196,10 +204,18 @@ int run_export(ExportArgs& args) {
     }
     try {
       const auto t0 = std::chrono::steady_clock::now();
-      const std::vector<std::string> files =
+      std::vector<std::string> files =
           args.rollout  ? export_rollout(model, image, settings, rollout)
           : layer_range ? export_layers(model, image, settings, first_layer, last_layer)
-                        : export_attention(model, image, settings);
+                        : std::vector<std::string>{};
+      if (!args.rollout && !layer_range) {
+        const ImageAnalysis analysis = analyse_image(model, image, settings);
+        files = write_export(model, analysis, settings);
+        if (args.threshold > 0.0f) {
+          const std::vector<std::string> masks = write_threshold_masks(model, analysis, settings, args.threshold);
+          files.insert(files.end(), masks.begin(), masks.end());
+        }
+      }
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!args.quiet) {
         if (show_progress) std::fprintf(stderr, "\r\033[K");

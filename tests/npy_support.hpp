@@ -27,7 +27,7 @@ struct NpyArray {
   std::vector<float> values;  // C order
 };
 
-inline [[noreturn]] void npy_fail(const std::string& what, const std::string& why) {
+[[noreturn]] inline void npy_fail(const std::string& what, const std::string& why) {
   throw std::runtime_error(what + ": " + why);
 }
 

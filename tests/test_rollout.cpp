@@ -9,6 +9,7 @@
 #include "npy_support.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/model_io.hpp"
+#include "vitlens/export_layers.hpp"
 #include "vitlens/rollout.hpp"
 
 namespace {
@@ -79,4 +80,23 @@ TEST_CASE("attention rollout refuses what it cannot compute", "[rollout]") {
   bad.last_layer = -1;
   bad.discard_ratio = 1.0f;
   CHECK_THROWS_WITH(vitlens::attention_rollout(r, bad), Contains("[0, 1)"));
+}
+
+TEST_CASE("DINO's top-mass threshold keeps the patches holding the top share of the mass", "[rollout][threshold]") {
+  // Worked by hand with DINO's rule (sort ascending, normalise, cumsum > 1 - threshold):
+  // values 0.5 0.1 / 0.3 0.1 -> ascending 0.1 0.1 0.3 0.5, cumsum 0.1 0.2 0.5 1.0; with 0.6 the
+  // last two (> 0.4) stay: the 0.5 and the 0.3.
+  vitlens::MatRM map(2, 2);
+  map << 0.5f, 0.1f, 0.3f, 0.1f;
+  vitlens::MatRM want(2, 2);
+  want << 1.0f, 0.0f, 1.0f, 0.0f;
+  CHECK(vitlens::top_mass_mask(map, 0.6f) == want);
+  // 0.4: cumsum > 0.6 only for the 0.5 entry.
+  want << 1.0f, 0.0f, 0.0f, 0.0f;
+  CHECK(vitlens::top_mass_mask(map, 0.4f) == want);
+  // 1.0 keeps every patch with any mass; an all-zero map keeps none.
+  CHECK(vitlens::top_mass_mask(map, 1.0f).sum() == 4.0f);
+  CHECK(vitlens::top_mass_mask(vitlens::MatRM::Zero(3, 3), 0.6f).sum() == 0.0f);
+  // Unnormalised input: the same mask as the normalised one.
+  CHECK(vitlens::top_mass_mask(map * 7.0f, 0.6f) == vitlens::top_mass_mask(map, 0.6f));
 }

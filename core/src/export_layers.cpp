@@ -1,8 +1,11 @@
 // Every layer of a range, and attention rollout, written the way export.cpp writes one layer.
 #include "vitlens/export_layers.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
 #include <cmath>
+#include <numeric>
 
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
@@ -97,6 +100,40 @@ std::vector<std::string> export_rollout(const VitModel& model, const std::string
   written.push_back(base + "_rollout.json");
   j["files"] = written;
   write_file_atomic(written.back(), j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  return written;
+}
+
+MatRM top_mass_mask(const MatRM& map, float threshold) {
+  const Eigen::Index n = map.size();
+  std::vector<Eigen::Index> order(static_cast<size_t>(n));
+  std::iota(order.begin(), order.end(), Eigen::Index{0});
+  const float* v = map.data();
+  // torch.sort ascending; equal values keep their index order (stable), so the result is defined.
+  std::stable_sort(order.begin(), order.end(), [v](Eigen::Index a, Eigen::Index b) { return v[a] < v[b]; });
+  double total = 0.0;
+  for (Eigen::Index i = 0; i < n; ++i) total += v[i];
+  MatRM mask = MatRM::Zero(map.rows(), map.cols());
+  if (!(total > 0.0)) return mask;
+  double cumulative = 0.0;
+  for (Eigen::Index k = 0; k < n; ++k) {
+    cumulative += v[order[static_cast<size_t>(k)]] / total;
+    if (cumulative > 1.0 - static_cast<double>(threshold)) mask.data()[order[static_cast<size_t>(k)]] = 1.0f;
+  }
+  return mask;
+}
+
+std::vector<std::string> write_threshold_masks(const VitModel& model, const ImageAnalysis& analysis,
+                                               const ExportSettings& settings, float threshold) {
+  if (!(threshold > 0.0f && threshold <= 1.0f)) throw Error("--threshold must be in (0, 1]");
+  const std::string base = settings.out_dir + "/" + (settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem);
+  char tag[32];
+  std::snprintf(tag, sizeof tag, "_th%g.png", static_cast<double>(threshold));
+  std::vector<std::string> written;
+  for (size_t h = 0; h < analysis.maps.heads.size(); ++h) {
+    const MatRM mask = top_mass_mask(analysis.maps.heads[h], threshold);
+    written.push_back(base + "_head" + std::to_string(h) + tag);
+    write_png_atomic(written.back(), heatmap_overlay(analysis.image.rgb, mask, model.config.patch_size, 1.0f, settings.style));
+  }
   return written;
 }
 

@@ -23,4 +23,14 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
 std::vector<std::string> export_rollout(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
                                         const RolloutOptions& rollout);
 
+// DINO's top-mass threshold (visualize_attention.py, --threshold): the patches that together hold
+// the largest `threshold` fraction of the map's mass, as 1, the rest 0. (gh, gw) -> (gh, gw).
+// Its rule: sort ascending, normalise, cumulative sum, keep where cumsum > 1 - threshold.
+MatRM top_mass_mask(const MatRM& map, float threshold);
+
+// After write_export: <stem>_head<h>_th<T>.png, each head's top-mass mask over the image, as
+// DINO's mask images; returns the paths. Throws vitlens::Error on a threshold outside (0, 1].
+std::vector<std::string> write_threshold_masks(const VitModel& model, const ImageAnalysis& analysis,
+                                               const ExportSettings& settings, float threshold);
+
 }  // namespace vitlens
