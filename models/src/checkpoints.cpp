@@ -288,6 +288,8 @@ ConvertedModel convert_timm(Tensors t, const std::string& folder, const LoadOpti
   // What only the names or the config say.
   bool heads_known = false;
   if (!arch.empty()) timm_architecture_options(arch, dim, c, heads_known, what);
+  if (contains(arch, "_clip_") && contains(arch, ".openai") && !contains(arch, "quickgelu"))
+    note("GELU as timm runs '" + arch + "'; the original OpenAI CLIP uses quick-GELU (timm's *_clip_quickgelu_* name)");
   auto args_int = [&](const char* key, int tensor_value, const char* from) {
     if (!args.contains(key)) return;
     const json& v = args[key];
