@@ -17,13 +17,18 @@ constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2;
 struct ExportArgs {
   std::vector<std::string> images;
   std::string model;  // empty: the bundled designed model
+  int heads = 0;      // --heads for a checkpoint that does not say it
   std::string query, query_processed, patch;
   bool cls = false, received = false;
   std::string mask = "none";
   std::string upsample = "nearest";
   std::string normalize = normalize_name(kDefaultNormalize);
   bool quiet = false;
-  std::string threshold;  // --threshold MASS as typed; empty: off
+  std::string threshold;         // --threshold MASS as typed; empty: off
+  std::string layer;            // "", "L", "A-B" or "all"
+  bool rollout = false;         // --rollout
+  std::string fusion = "mean";  // --fusion
+  float discard = 0.0f;         // --discard
   ExportSettings settings;
 };
 void add_export_command(CLI::App& app, ExportArgs& args);
@@ -31,7 +36,11 @@ int run_export(ExportArgs& args);
 
 struct InfoArgs {
   std::string model;
+  int heads = 0;
 };
+
+// --heads: the attention head count of a timm checkpoint without a config.json.
+void add_heads_option(CLI::App* cmd, int& heads);
 void add_info_command(CLI::App& app, InfoArgs& args);
 int run_info(const InfoArgs& args);
 

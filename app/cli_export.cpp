@@ -9,6 +9,7 @@
 
 #include "cli.hpp"
 #include "vitlens/error.hpp"
+#include "vitlens/export_layers.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/image.hpp"
 #include "vitlens/model_io.hpp"
@@ -19,6 +20,7 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   CLI::App* cmd = app.add_subcommand("export", "Write per-head attention heatmaps, a montage and a JSON sidecar for each image");
   cmd->add_option("IMAGE", args.images, "Image files (PNG, JPEG, BMP, TIFF, WebP, ...)")->required();
   cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  add_heads_option(cmd, args.heads);
   cmd->add_option("--out,-o", args.settings.out_dir,
                   "Folder to write into; created (with its parents) when missing")
       ->capture_default_str();
@@ -37,8 +39,19 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   query_processed->excludes(patch)->excludes(cls)->excludes(received);
   patch->excludes(cls)->excludes(received);
   cls->excludes(received);
-  cmd->add_option("--layer", args.settings.layer, "Layer (block) index, 0-based; default: the last")
-      ->check(CLI::Range(0, 1000000));
+  cmd->add_option("--layer", args.layer,
+                  "Layer (block) index L, 0-based (default: the last); a range A-B or 'all' writes every layer's files "
+                  "(<stem>_layer<L>_*) and a layers x heads montage (<stem>_layers_montage.png)");
+  cmd->add_flag("--rollout", args.rollout,
+                "Attention rollout (Abnar & Zuidema) from the class token, or from the --patch / --query patch: "
+                "<stem>_rollout.png and .json; with --layer A-B over those layers");
+  cmd->add_option("--fusion", args.fusion, "Rollout: how each layer's heads are fused")
+      ->check(CLI::IsMember({"mean", "max", "min"}))
+      ->capture_default_str();
+  cmd->add_option("--discard", args.discard,
+                  "Rollout: fraction of each layer's lowest fused weights set to zero (never the class token's own), 0 to below 1")
+      ->check(CLI::Range(0.0f, 0.999999f))
+      ->capture_default_str();
   cmd->add_option("--mask", args.mask, "Attention mask applied before the softmax (padding patches are always masked)")
       ->check(CLI::IsMember({"none", "causal"}))
       ->capture_default_str();
@@ -114,12 +127,49 @@ int run_export(ExportArgs& args) {
   } else {
     s.select = QuerySelect::Received;
   }
+  // --layer: one index, a range A-B, or all (the range is checked against the model below).
+  int first_layer = -1, last_layer = -1;
+  bool layer_range = false;
+  if (!args.layer.empty()) {
+    auto parse_index = [&](const std::string& text) {
+      size_t used = 0;
+      long v = -1;
+      try {
+        v = std::stol(text, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (text.empty() || used != text.size() || v < 0 || v > 1000000 || text[0] == '-' || text[0] == '+')
+        throw UsageError("--layer expects a layer index L, a range A-B (0-based) or 'all'; got '" + args.layer + "'");
+      return static_cast<int>(v);
+    };
+    const auto dash = args.layer.find('-', 1);
+    if (args.layer == "all") {
+      layer_range = true;
+      first_layer = 0;
+    } else if (dash != std::string::npos && args.layer[0] != '-') {
+      layer_range = true;
+      first_layer = parse_index(args.layer.substr(0, dash));
+      last_layer = parse_index(args.layer.substr(dash + 1));
+      if (last_layer < first_layer)
+        throw UsageError("--layer " + args.layer + ": the range's end is before its start");
+    } else {
+      s.layer = parse_index(args.layer);
+    }
+  }
+  if (s.threshold > 0.0f && args.rollout)
+    throw UsageError("--threshold applies to attention maps, not to --rollout");
+  if (!(args.discard >= 0.0f && args.discard < 1.0f))
+    throw UsageError("--discard must be a number from 0 to below 1");
+  if (args.rollout && layer_range && args.layer == "all") layer_range = false;  // rollout over all layers: the default
   s.causal = args.mask == "causal";
   s.style.upsample = args.upsample == "bilinear" ? Upsample::Bilinear : Upsample::Nearest;
   if (!parse_normalize_name(args.normalize, s.normalize)) throw UsageError("unknown --normalize " + args.normalize);
 
   const std::string model_path = args.model.empty() ? default_model_path() : args.model;
-  const VitModel model = load_model(model_path);
+  LoadOptions load;
+  load.heads = args.heads;
+  const VitModel model = load_model(model_path, load);
   try {
     check_settings(model, s);  // flags that cannot fit this model are usage errors, found before any work
   } catch (const Error& e) {
@@ -139,6 +189,21 @@ int run_export(ExportArgs& args) {
     std::filesystem::create_directories(s.out_dir, ec);
     if (ec) throw Error(s.out_dir + ": cannot create the output folder (" + ec.message() + ")");
   }
+  if (layer_range && last_layer < 0) last_layer = model.config.depth - 1;
+  if (layer_range && last_layer >= model.config.depth)
+    throw UsageError("--layer " + args.layer + " is out of range: model '" + model.config.name + "' has " +
+                     std::to_string(model.config.depth) + " layer(s), 0 to " + std::to_string(model.config.depth - 1));
+  RolloutOptions rollout;
+  rollout.fusion = args.fusion == "max" ? HeadFusion::Max : args.fusion == "min" ? HeadFusion::Min : HeadFusion::Mean;
+  rollout.discard_ratio = args.discard;
+  if (args.rollout && layer_range) {
+    rollout.first_layer = first_layer;
+    rollout.last_layer = last_layer;
+  } else if (args.rollout && s.layer >= 0) {
+    rollout.last_layer = s.layer;  // --rollout --layer L: layers 0 to L
+  }
+  if (args.rollout && s.select == QuerySelect::Received && !model.config.class_token)
+    throw UsageError("--rollout: model '" + model.config.name + "' has no class token; choose a query with --patch or --query");
   require_writable_dir(s.out_dir);
 
   const bool show_progress = ::isatty(STDERR_FILENO) && !args.quiet;
@@ -188,7 +253,14 @@ int run_export(ExportArgs& args) {
     }
     try {
       const auto t0 = std::chrono::steady_clock::now();
-      const std::vector<std::string> files = export_attention(model, image, settings);
+      std::vector<std::string> files =
+          args.rollout  ? export_rollout(model, image, settings, rollout)
+          : layer_range ? export_layers(model, image, settings, first_layer, last_layer)
+                        : std::vector<std::string>{};
+      if (!args.rollout && !layer_range) {
+        const ImageAnalysis analysis = analyse_image(model, image, settings);
+        files = write_export(model, analysis, settings);
+      }
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!args.quiet) {
         if (show_progress) std::fprintf(stderr, "\r\033[K");

@@ -8,30 +8,49 @@ namespace vitlens::cli {
 
 void add_info_command(CLI::App& app, InfoArgs& args) {
   CLI::App* cmd = app.add_subcommand("info", "Print a model's configuration, parameter count and head descriptions");
-  cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  cmd->add_option("--model,-m", args.model,
+                  "Model file (.safetensors: vitlens, timm or Hugging Face layout); default: the bundled hand-designed model");
+  add_heads_option(cmd, args.heads);
+}
+
+void add_heads_option(CLI::App* cmd, int& heads) {
+  cmd->add_option("--heads", heads,
+                  "Attention heads of a timm checkpoint without config.json (the tensors do not say it); "
+                  "checked against the config when there is one")
+      ->check(CLI::Range(1, 8192));
 }
 
 int run_info(const InfoArgs& args) {
   const std::string path = args.model.empty() ? default_model_path() : args.model;
-  const VitModel model = load_model(path);
+  LoadOptions load;
+  load.heads = args.heads;
+  const VitModel model = load_model(path, load);
   const VitConfig& c = model.config;
   std::printf("model:        %s\n", c.name.c_str());
   std::printf("file:         %s\n", path.c_str());
+  std::printf("layout:       %s\n", model.format.c_str());
   std::printf("description:  %s\n", c.description.c_str());
   std::printf("patch size:   %d (a patch is %d values)\n", c.patch_size, c.patch_values());
   std::printf("embed dim:    %d\n", c.embed_dim);
   std::printf("heads:        %d of %d dims\n", c.num_heads, c.head_dim());
   std::printf("depth:        %d\n", c.depth);
-  std::printf("image size:   %dx%d (grid %dx%d, %d tokens)\n", c.img_w, c.img_h, c.grid_w(), c.grid_h(), c.pos_tokens());
+  std::printf("image size:   %dx%d (grid %dx%d, %d tokens)\n", c.img_w, c.img_h, c.grid_w(), c.grid_h(), c.tokens());
   std::printf("class token:  %s\n", c.class_token ? "yes" : "no");
+  if (c.dist_token) std::printf("distillation: yes (token %d)\n", c.dist_index());
+  if (c.register_tokens)
+    std::printf("registers:    %d (tokens %d to %d)\n", c.register_tokens, c.first_register(), c.first_register() + c.register_tokens - 1);
+  std::printf("pos embed:    %s\n", c.pos_embed_prefix || c.prefix_tokens() == 0 ? "every token" : "patches only (no_embed_class)");
   std::printf("qkv bias:     %s\n", c.qkv_bias ? "yes" : "no");
-  std::printf("mlp:          ratio %g (%d hidden)\n", c.mlp_ratio, c.mlp_hidden());
+  std::printf("mlp:          ratio %g (%d hidden), %s\n", c.mlp_ratio, c.mlp_hidden(), activation_name(c.act));
+  std::printf("norms:        %s%s%s\n", c.pre_norm ? "pre-norm before the blocks, " : "", c.layer_scale ? "LayerScale, " : "",
+              c.final_norm ? "final norm over the tokens" : "no final norm over the tokens (pooled-only norm)");
   std::printf("norm eps:     %g\n", static_cast<double>(c.norm_eps));
   std::printf("mean / std:   [%g, %g, %g] / [%g, %g, %g]\n", static_cast<double>(c.mean[0]), static_cast<double>(c.mean[1]),
               static_cast<double>(c.mean[2]), static_cast<double>(c.std[0]), static_cast<double>(c.std[1]),
               static_cast<double>(c.std[2]));
   std::printf("classifier:   %s\n", model.w.num_classes ? (std::to_string(model.w.num_classes) + " classes").c_str() : "none");
   std::printf("parameters:   %lld\n", static_cast<long long>(model.parameter_count()));
+  for (const std::string& line : model.notes) std::printf("inferred:     %s\n", line.c_str());
   if (c.head_descriptions.empty()) {
     std::printf("heads described: none in this file\n");
   } else {

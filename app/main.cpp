@@ -41,12 +41,14 @@ void parse_pair(const std::string& text, const char* flag, int& first, int& seco
 struct ViewArgs {
   std::string image, model, screenshot, script;
   int frames = -1;
+  int heads = 0;
 };
 
 void add_view_command(CLI::App& app, ViewArgs& args) {
   CLI::App* cmd = app.add_subcommand("view", "Open the desktop viewer: every head's attention map over an image, live");
   cmd->add_option("IMAGE", args.image, "Image file; default: the bundled demo image");
   cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  add_heads_option(cmd, args.heads);
   cmd->add_option("--screenshot", args.screenshot,
                   "Write the window as PNG once everything is drawn, then exit (settings are not read or saved)");
   cmd->add_option("--frames", args.frames, "Frames to draw before the screenshot (default 3), or before exiting")
@@ -65,6 +67,7 @@ int run_view(const ViewArgs& args) {
   viewer.screenshot = args.screenshot;
   viewer.script = args.script;
   viewer.frames = args.frames;
+  viewer.heads = args.heads;
   return vitlens::viewer::run_viewer(viewer);
 #else
   (void)args;

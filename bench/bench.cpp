@@ -43,6 +43,7 @@
 #include "vitlens/fast_attention.hpp"
 #include "vitlens/bundled.hpp"
 #include "vitlens/model_io.hpp"
+#include "vitlens/rollout.hpp"
 
 namespace {
 
@@ -64,6 +65,7 @@ struct BenchArgs {
   RunPolicy runs;
   int reference_max_tokens = 3200;
   bool no_export = false;
+  bool deep = false;  // --deep: the ViT-B/16 shape instead of the size sweep
 };
 
 // [SECTION] Timing helpers
@@ -199,6 +201,50 @@ json bench_size(const BenchArgs& args, int img) {
   return r;
 }
 
+// [SECTION] A deep model (issue 8): ViT-B/16 at 224 px, 197 tokens, 12 layers x 12 heads
+
+json bench_deep(const BenchArgs& args) {
+  VitConfig c;
+  c.name = "vit-b16-shape";
+  c.patch_size = 16, c.embed_dim = 768, c.num_heads = 12, c.depth = 12;
+  c.img_h = c.img_w = 224;
+  const VitModel model = model_from_tensors(c, gaussian_tensors(c, 4321, 0.05f), "bench deep model");
+  cv::Mat pixels(224, 224, CV_8UC3);
+  cv::randu(pixels, 0, 256);
+  cv::Mat rgb01;
+  pixels.convertTo(rgb01, CV_32FC3, 1.0 / 255.0);
+  const PreparedImage prepared = prepare_image(rgb01, c, 0);
+  ForwardOptions options;
+  options.threads = args.threads;
+  json r;
+  r["model"] = {{"patch_size", 16}, {"embed_dim", 768}, {"num_heads", 12}, {"depth", 12}, {"image", 224}};
+  ForwardResult result;
+  r["forward_ms"] = time_runs(args.runs, [&](int) { result = forward(model, prepared.grid, options); });
+  r["tokens"] = result.tokens;
+  // Every head of every layer for one query: what a layers x heads grid redraws when the query moves.
+  const RunPolicy many{std::max(args.runs.max_runs, 21), std::max(args.runs.min_runs, 21), args.runs.budget_s};
+  MapRequest request;
+  request.mode = MapMode::Query;
+  r["all_layers_query_maps_ms"] = time_runs(many, [&](int run) {
+    request.query_token = 1 + static_cast<int>((static_cast<int64_t>(run) * 37) % (result.tokens - 1));
+    for (int l = 0; l < c.depth; ++l) {
+      request.layer = l;
+      const HeadMaps maps = attention_maps(model, result, request);
+      if (maps.heads.size() != 12) throw Error("attention_maps gave no maps");
+    }
+  });
+  options.keep_probs = true;
+  ForwardResult full = forward(model, prepared.grid, options);
+  r["forward_keep_probs_ms"] = time_runs(args.runs, [&](int) { full = forward(model, prepared.grid, options); });
+  RolloutOptions rollout;
+  rollout.discard_ratio = 0.9f;
+  r["rollout_ms"] = time_runs(args.runs, [&](int) {
+    const MatRM m = attention_rollout(full, rollout);
+    if (m.rows() != result.tokens) throw Error("rollout size");
+  });
+  return r;
+}
+
 // Runs bench_size in a forked child and returns its JSON (or {"image", "error"}).
 json bench_size_in_child(const BenchArgs& args, int img) {
   int fds[2];
@@ -291,6 +337,9 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--reference-max-tokens", args.reference_max_tokens, "largest size the plain reference runs at");
   app.add_flag("--no-export", args.no_export, "skip the export timing");
+  app.add_flag("--deep", args.deep,
+               "instead: a ViT-B/16-shaped model (D 768, 12 heads, 12 layers) at 224 px: forward, every layer's "
+               "query maps (144 heads), rollout");
   CLI11_PARSE(app, argc, argv);
   args.runs.min_runs = std::min(args.runs.min_runs, args.runs.max_runs);
   for (int s : args.sizes)
@@ -306,6 +355,19 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     std::cerr << "vitlens_bench: " << e.what() << "\n";
     return 2;
+  }
+  if (args.deep) {
+    const json r = bench_deep(args);
+    if (args.json_output) {
+      std::cout << r.dump(2) << std::endl;
+    } else {
+      std::printf("ViT-B/16 shape, 224 px, %d tokens, %s kernels, load %.2f (medians in ms)\n", r["tokens"].get<int>(),
+                  kernel_isa_name(kernel_isa()), load_average());
+      for (const char* key : {"forward_ms", "all_layers_query_maps_ms", "forward_keep_probs_ms", "rollout_ms"})
+        std::printf("  %-26s %8.3f (min %.3f, %d runs)\n", key, r[key]["median"].get<double>(), r[key]["min"].get<double>(),
+                    r[key]["runs"].get<int>());
+    }
+    return 0;
   }
   json report;
   report["bench"] = "vitlens_bench";

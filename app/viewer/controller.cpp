@@ -165,7 +165,7 @@ void fit_choices_to(App& app, int old_rows, int old_cols) {
   v.query_col = std::clamp(v.query_col, 0, cols - 1);
   if (v.key_row >= rows || v.key_col >= cols) v.key_row = v.key_col = -1;
   if (v.layer >= static_cast<int>(c.forward.layers.size())) v.layer = -1;
-  if (v.mode == MapMode::ClassToken && c.forward.prefix == 0) v.mode = MapMode::Query;
+  if (v.mode == MapMode::ClassToken && !c.forward.has_class_token) v.mode = MapMode::Query;
   if (old_rows != rows || old_cols != cols || app.ui.compute.painted.size() != static_cast<size_t>(rows * cols))
     app.ui.compute.painted.clear();
 }
@@ -206,6 +206,7 @@ void start_app(App& app, const std::string& image_path, const std::string& model
   ComputeJob job;
   job.load_image = image_path;
   job.load_model = model_path;
+  job.load_options = app.load_options;
   job.choice = app.ui.compute;
   submit_compute(app, std::move(job));
 }
@@ -309,6 +310,7 @@ void process_requests(App& app) {
     job.image = app.doc.image;
     job.load_image = req.open_image;
     job.load_model = req.open_model;
+    job.load_options = app.load_options;
     job.choice = app.ui.compute;
     if (!req.open_image.empty()) job.choice.painted.clear();  // a new image: its own patches
     set_message(app, "Loading " + (req.open_image.empty() ? req.open_model : req.open_image) + " ...", false);
@@ -439,7 +441,7 @@ void update_derived(App& app) {
 
   // Inspector: the pinned query (or the class token in cls mode) against the inspected key.
   const int prefix = c.forward.prefix;
-  const int q_token = ui.view.mode == MapMode::ClassToken && prefix ? 0 : query_token(app);
+  const int q_token = ui.view.mode == MapMode::ClassToken && c.forward.has_class_token ? 0 : query_token(app);
   const int k_token = in_grid(app, ui.view.key_row, ui.view.key_col)
                           ? prefix + ui.view.key_row * c.forward.grid_w + ui.view.key_col
                           : q_token;
@@ -651,7 +653,7 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
   } else if (v == "mode") {
     MapMode mode = MapMode::Query;
     parse_map_mode(a[0], mode);
-    if (mode == MapMode::ClassToken && app.doc.comp && app.doc.comp->forward.prefix == 0)
+    if (mode == MapMode::ClassToken && app.doc.comp && !app.doc.comp->forward.has_class_token)
       return "model '" + app.doc.model->model.config.name + "' has no class token";
     ui.view.mode = mode;
   } else if (v == "layer") {

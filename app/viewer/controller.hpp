@@ -44,6 +44,7 @@ struct App {
   ScriptRunner script;
   int export_failures = 0;                  // exports or screenshots that failed (script exit code)
   std::string last_load_error;              // the last file or pass that failed, for the exit message
+  LoadOptions load_options;                 // --heads, for every model this session opens
 };
 
 // [SECTION] Start and stop

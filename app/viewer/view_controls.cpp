@@ -41,8 +41,9 @@ void DrawFiles(App& app) {
     ImGui::SetTooltip("%s\n%s", doc.model->path.c_str(), doc.model->model.config.description.c_str());
   if (doc.model) {
     const VitConfig& c = doc.model->model.config;
-    ImGui::TextDisabled("%d heads of %d dims, depth %d, patch %d, %s", c.num_heads, c.head_dim(), c.depth, c.patch_size,
-                        c.class_token ? "class token" : "no class token");
+    ImGui::TextDisabled("%d heads of %d dims, depth %d, patch %d, %s%s, %d register(s)", c.num_heads, c.head_dim(), c.depth,
+                        c.patch_size, c.class_token ? "class token" : "no class token",
+                        c.dist_token ? " + distillation token" : "", c.register_tokens);
   }
   if (ImGui::Button("Open image...")) open_browser(app, BrowserPurpose::OpenImage);
   ImGui::SameLine();

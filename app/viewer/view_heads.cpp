@@ -86,7 +86,7 @@ void DrawHeadPanel(App& app, const ViewTextures& textures, int index, float widt
   ImGui::PushTextWrapPos(ImGui::GetCursorPosX() + width);  // keep the text inside the panel's column
   if (i < d.entropy.size()) {
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
-    if (!is_mean && i < d.view.maps.cls_weight.size() && app.doc.comp->forward.prefix)
+    if (!is_mean && i < d.view.maps.cls_weight.size() && app.doc.comp->forward.has_class_token)
       ImGui::TextWrapped("entropy %.2f, cls %.3f", d.entropy[i], static_cast<double>(d.view.maps.cls_weight[i]));
     else
       ImGui::TextWrapped("entropy %.2f", d.entropy[i]);

@@ -22,16 +22,13 @@ ImVec2 TableSize(int rows) {
 }
 
 std::string TokenName(const App& app, int token) {
-  const auto& f = app.doc.comp->forward;
-  if (token < f.prefix) return "class token";
-  const int patch = token - f.prefix;
-  return "patch (" + std::to_string(patch / f.grid_w) + ", " + std::to_string(patch % f.grid_w) + ")";
+  return token_name(app.doc.model->model.config, app.doc.comp->forward.grid_w, token);
 }
 
 // The 3 P P normalised values of a patch as P rows of P values per channel, side by side.
 void DrawPatchValues(const char* id, const std::vector<float>& values, int p) {
   if (values.empty()) {
-    ImGui::TextDisabled("(the class token has no pixels: it is a learned vector)");
+    ImGui::TextDisabled("(a class, distillation or register token has no pixels: it is a learned vector)");
     return;
   }
   const int columns = 3 * p;

@@ -185,6 +185,7 @@ int run_viewer(const ViewerArgs& args) {
   ImGui_ImplOpenGL3_Init("#version 130");
 
   app.script = std::move(script);
+  app.load_options.heads = args.heads;
   start_app(app, args.image.empty() ? default_image_path() : args.image,
             args.model.empty() ? default_model_path() : args.model);
 

@@ -160,7 +160,7 @@ ComputeResult Worker::run_compute(uint64_t id, const ComputeJob& job) {
     if (!job.load_model.empty()) {
       set_activity("loading model " + job.load_model);
       auto loaded = std::make_shared<LoadedModel>();
-      loaded->model = load_model(job.load_model);
+      loaded->model = load_model(job.load_model, job.load_options);
       loaded->path = job.load_model;
       loaded->serial = g_next_serial++;
       result.model = std::move(loaded);

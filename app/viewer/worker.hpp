@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app_state.hpp"
+#include "vitlens/model_io.hpp"
 
 namespace vitlens::viewer {
 
@@ -34,6 +35,7 @@ constexpr int kStatsQueries = 1024;  // queries the head statistics sample at mo
 struct ComputeJob {
   std::shared_ptr<const LoadedModel> model;
   std::string load_model;                    // non-empty: load this file and use it instead
+  LoadOptions load_options;                  // how to read it (--heads)
   std::shared_ptr<const SourceImage> image;
   std::string load_image;                    // non-empty: load this file and use it instead
   ComputeChoice choice;

@@ -353,7 +353,8 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["resized"] = a.image.resized;
   j["grid"] = {a.forward.grid_h, a.forward.grid_w};
   j["tokens"] = a.forward.tokens;
-  j["class_token"] = a.forward.prefix == 1;
+  j["class_token"] = a.forward.has_class_token;
+  j["prefix_tokens"] = a.forward.prefix;
   j["mode"] = map_mode_name(a.request.mode);
   if (a.request.mode == MapMode::Query) {
     const int patch = a.request.query_token - a.forward.prefix;
@@ -404,7 +405,12 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
     const MatRM& m = a.maps.heads[h];
     json head = {{"head", h}, {"min", m.minCoeff()}, {"max", m.maxCoeff()}, {"sum", m.sum()},
                  {"entropy", map_entropy(m)}};
-    head["class_token_weight"] = a.forward.prefix ? json(a.maps.cls_weight[h]) : json(nullptr);
+    head["class_token_weight"] = a.forward.has_class_token ? json(a.maps.cls_weight[h]) : json(nullptr);
+    if (a.forward.prefix > 1) {  // distillation and register tokens: their weights, in token order
+      json prefix = json::array();
+      for (int t = 0; t < a.forward.prefix; ++t) prefix.push_back(a.maps.prefix_weight(static_cast<Eigen::Index>(h), t));
+      head["prefix_weights"] = prefix;
+    }
     const auto layer = static_cast<size_t>(a.request.layer);
     if (layer < cfg.head_descriptions.size()) head["description"] = cfg.head_descriptions[layer][h];
     json lifts;

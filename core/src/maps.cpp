@@ -24,7 +24,7 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
   if (request.layer < 0 || request.layer >= layers)
     throw Error("layer " + std::to_string(request.layer) + " is out of range: the model has " +
                 std::to_string(layers) + " layer(s), 0 to " + std::to_string(layers - 1));
-  if (request.mode == MapMode::ClassToken && result.prefix == 0)
+  if (request.mode == MapMode::ClassToken && !result.has_class_token)
     throw Error("model '" + model.config.name + "' has no class token: use a query patch or attention received");
   const LayerState& state = result.layers[static_cast<size_t>(request.layer)];
 
@@ -33,6 +33,7 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
   maps.grid_w = result.grid_w;
   maps.mean = MatRM::Zero(result.grid_h, result.grid_w);
   maps.cls_weight.assign(static_cast<size_t>(heads), 0.0f);
+  maps.prefix_weight = MatRM::Zero(heads, result.prefix);
   std::vector<float> row(static_cast<size_t>(result.tokens));
   for (int h = 0; h < heads; ++h) {
     const float* weights = nullptr;
@@ -45,7 +46,9 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
       case MapMode::ClassToken: weights = state.cls_row.row(h).data(); break;
       case MapMode::Received: weights = state.received.row(h).data(); break;
     }
-    if (result.prefix) maps.cls_weight[static_cast<size_t>(h)] = weights[0];
+    if (result.has_class_token) maps.cls_weight[static_cast<size_t>(h)] = weights[0];
+    if (result.prefix) maps.prefix_weight.row(h) = ConstMapRM(weights, 1, result.prefix);
+    // The patch map leaves the prefix tokens (class, distillation, registers) out.
     MatRM map = ConstMapRM(weights + result.prefix, result.grid_h, result.grid_w);
     maps.mean += map;
     maps.heads.push_back(std::move(map));

@@ -32,6 +32,7 @@ std::string VitConfig::validate() const {
   else if (mlp_hidden() < 1)
     why << "mlp_ratio " << mlp_ratio << " gives an MLP hidden size of int(" << embed_dim << " * " << mlp_ratio << ") = 0";
   else if (!(norm_eps > 0.0f) || norm_eps > 1.0f) why << "norm_eps " << norm_eps << " is not in (0, 1]";
+  else if (register_tokens < 0 || register_tokens > 256) why << "register_tokens " << register_tokens << " is not in [0, 256]";
   else {
     for (int c = 0; c < 3; ++c) {
       if (!std::isfinite(mean[c])) { why << "mean[" << c << "] is not finite"; break; }
@@ -51,6 +52,26 @@ std::string VitConfig::validate() const {
         }
   }
   return why.str();
+}
+
+const char* activation_name(Activation act) {
+  switch (act) {
+    case Activation::Gelu: return "gelu";
+    case Activation::GeluTanh: return "gelu_tanh";
+    case Activation::QuickGelu: return "quick_gelu";
+  }
+  return "?";
+}
+
+std::string token_name(const VitConfig& config, int grid_w, int token) {
+  if (token == config.class_index()) return "class token";
+  if (token == config.dist_index()) return "distillation token";
+  const int prefix = config.prefix_tokens();
+  if (token >= config.first_register() && token < prefix)
+    return "register " + std::to_string(token - config.first_register());
+  if (token < prefix || grid_w < 1) return "token " + std::to_string(token);
+  const int patch = token - prefix;
+  return "patch (row " + std::to_string(patch / grid_w) + ", col " + std::to_string(patch % grid_w) + ")";
 }
 
 int64_t VitModel::parameter_count() const { return static_cast<int64_t>(storage.size()); }
@@ -137,7 +158,8 @@ void for_row_chunks(int n, int threads, Fn&& fn) {
   if (failure) std::rethrow_exception(failure);
 }
 
-// out[r0:r1] = LayerNorm(x[r0:r1]) row by row over D, statistics in double. out is (N, D) already.
+// out[r0:r1] = LayerNorm(x[r0:r1]) row by row over D, statistics in double. out is (N, D) already;
+// out may be x (each value is read before it is overwritten).
 void layer_norm(const MatRM& x, const float* weight, const float* bias, float eps, MatRM& out, int r0, int r1) {
   const int dim = static_cast<int>(x.cols());
   for (int i = r0; i < r1; ++i) {
@@ -168,17 +190,38 @@ void linear(const MatRM& x, const float* w, const float* b, int out_features, Ma
   linear(x, w, b, out_features, y, 0, static_cast<int>(x.rows()));
 }
 
-// Exact GELU, as nn.GELU(): 0.5 x (1 + erf(x / sqrt 2)).
-void gelu_rows(MatRM& h, int r0, int r1) {
+// The MLP activation on rows [r0, r1), in place.
+void activation_rows(Activation act, MatRM& h, int r0, int r1) {
   auto rows = h.middleRows(r0, r1 - r0);
-  rows = rows.unaryExpr([](float t) { return 0.5f * t * (1.0f + std::erf(t * 0.70710678118654752f)); });
+  switch (act) {
+    case Activation::Gelu:  // nn.GELU(): 0.5 x (1 + erf(x / sqrt 2))
+      rows = rows.unaryExpr([](float t) { return 0.5f * t * (1.0f + std::erf(t * 0.70710678118654752f)); });
+      break;
+    case Activation::GeluTanh:  // nn.GELU(approximate='tanh'), HF gelu_new / gelu_pytorch_tanh
+      rows = rows.unaryExpr([](float t) {
+        return 0.5f * t * (1.0f + std::tanh(0.79788456080286536f * (t + 0.044715f * t * t * t)));
+      });
+      break;
+    case Activation::QuickGelu:  // OpenAI CLIP: x * sigmoid(1.702 x)
+      rows = rows.unaryExpr([](float t) { return t / (1.0f + std::exp(-1.702f * t)); });
+      break;
+  }
+}
+
+// x[r0:r1] += branch[r0:r1], times the LayerScale gamma (D) per column when there is one.
+void add_branch(MatRM& x, const MatRM& branch, const float* gamma, int r0, int r1) {
+  if (gamma)
+    x.middleRows(r0, r1 - r0).array() +=
+        branch.middleRows(r0, r1 - r0).array().rowwise() * ConstMapVec(gamma, x.cols()).transpose().array();
+  else
+    x.middleRows(r0, r1 - r0) += branch.middleRows(r0, r1 - r0);
 }
 
 }  // namespace
 
 MatRM positional_table(const VitModel& model, int grid_h, int grid_w) {
   const VitConfig& cfg = model.config;
-  const int dim = cfg.embed_dim, prefix = cfg.prefix_tokens();
+  const int dim = cfg.embed_dim, prefix = cfg.pos_prefix();
   const int gh0 = cfg.grid_h(), gw0 = cfg.grid_w();
   ConstMapRM pos(model.w.pos_embed, cfg.pos_tokens(), dim);
   if (grid_h == gh0 && grid_w == gw0) return pos;
@@ -223,6 +266,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   ForwardResult result;
   result.tokens = n;
   result.prefix = prefix;
+  result.has_class_token = cfg.class_token;
   result.grid_h = grid.grid_h;
   result.grid_w = grid.grid_w;
   result.score_scale = options.score_scale >= 0.0f ? options.score_scale
@@ -242,10 +286,20 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     MatRM tokens;
     linear(grid.patches, model.w.patch_w, model.w.patch_b, dim, tokens);
     x.bottomRows(patches) = tokens;
-    // x = cat(cls_token, x); x = x + pos_embed
-    if (prefix) x.row(0) = ConstMapVec(model.w.cls_token, dim).transpose();
-    x += positional_table(model, grid.grid_h, grid.grid_w);
+    // timm _pos_embed: x = cat(cls_token, [dist_token], reg_token, x), then x + pos_embed over all
+    // tokens, or with no_embed_class the pos_embed added to the patches only (before the cat).
+    if (cfg.class_token) x.row(cfg.class_index()) = ConstMapVec(model.w.cls_token, dim).transpose();
+    if (cfg.dist_token) x.row(cfg.dist_index()) = ConstMapVec(model.w.dist_token, dim).transpose();
+    if (cfg.register_tokens)
+      x.middleRows(cfg.first_register(), cfg.register_tokens) = ConstMapRM(model.w.reg_tokens, cfg.register_tokens, dim);
+    const MatRM pos = positional_table(model, grid.grid_h, grid.grid_w);
+    x.bottomRows(pos.rows()) += pos;
   }
+  // x = self.norm_pre(x): CLIP's ln_pre / pre_layrnorm, before the first block.
+  if (cfg.pre_norm)
+    for_row_chunks(n, options.threads, [&](int r0, int r1) {
+      layer_norm(x, model.w.norm_pre_w, model.w.norm_pre_b, cfg.norm_eps, x, r0, r1);
+    });
 
   MatRM normed, attn_out(n, dim), projected, hidden, mlp_out;
   result.layers.resize(static_cast<size_t>(cfg.depth));
@@ -265,7 +319,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
                   std::to_string(l) + " on this image: its weights or normalisation are out of range");
     state.key_panels = key_panels(state.qkv.data() + dim, 3 * dim, n, heads, hd);
     state.received.resize(heads, n);
-    if (prefix) state.cls_row.resize(heads, n);
+    if (cfg.class_token) state.cls_row.resize(heads, n);
     std::vector<float*> probs;
     if (options.keep_probs) {
       state.probs.assign(static_cast<size_t>(heads), MatRM(n, n));
@@ -287,7 +341,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     AttentionOutputs out;
     out.context = attn_out.data(), out.context_stride = dim;
     out.column_sums = state.received.data();
-    out.first_rows = prefix ? state.cls_row.data() : nullptr;
+    out.first_rows = cfg.class_token ? state.cls_row.data() : nullptr;
     out.probs = options.keep_probs ? probs.data() : nullptr;
     std::function<bool(float)> layer_progress;
     if (options.progress)
@@ -306,16 +360,23 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     hidden.resize(n, cfg.mlp_hidden());
     mlp_out.resize(n, dim);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
-      // x = x + self.proj(attn_out)          (W^O)
+      // x = x + self.ls1(self.proj(attn_out))          (W^O; ls1 is Identity without LayerScale)
       linear(attn_out, b.proj_w, b.proj_b, dim, projected, r0, r1);
-      x.middleRows(r0, r1 - r0) += projected.middleRows(r0, r1 - r0);
-      // x = x + fc2(GELU(fc1(norm2(x))))   exact erf GELU, as nn.GELU()
+      add_branch(x, projected, b.ls1, r0, r1);
+      // x = x + self.ls2(fc2(act(fc1(norm2(x)))))
       layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
       linear(normed, b.fc1_w, b.fc1_b, cfg.mlp_hidden(), hidden, r0, r1);
-      gelu_rows(hidden, r0, r1);
+      activation_rows(cfg.act, hidden, r0, r1);
       linear(hidden, b.fc2_w, b.fc2_b, dim, mlp_out, r0, r1);
-      x.middleRows(r0, r1 - r0) += mlp_out.middleRows(r0, r1 - r0);
+      add_branch(x, mlp_out, b.ls2, r0, r1);
     });
+  }
+  // x = self.norm(x); Identity when the model norms only its pooled vector (fc_norm, CLIP's
+  // post_layernorm), so the tokens are the last block's, as timm forward_features / HF
+  // last_hidden_state return them.
+  if (!cfg.final_norm) {
+    result.output = std::move(x);
+    return result;
   }
   result.output.resize(n, dim);
   for_row_chunks(n, options.threads, [&](int r0, int r1) {

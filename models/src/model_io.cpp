@@ -2,12 +2,15 @@
 #include "vitlens/model_io.hpp"
 
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <sstream>
 
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "vitlens/checkpoints.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/image.hpp"  // read_whole_file
 
@@ -73,9 +76,42 @@ std::array<float, 3> get_rgb(const json& j, const char* key, const std::string& 
   return out;
 }
 
+bool parse_activation(const std::string& name, Activation& act) {
+  for (Activation a : {Activation::Gelu, Activation::GeluTanh, Activation::QuickGelu})
+    if (name == activation_name(a)) {
+      act = a;
+      return true;
+    }
+  return false;
+}
+
 bool path_exists(const std::string& p) {
   struct stat st {};
   return ::stat(p.c_str(), &st) == 0;
+}
+
+// Loading holds the file's bytes, the decoded floats and the model's blob at once: about three
+// times the file for F32 (more for F16/BF16). A file whose load cannot fit is refused before
+// any of it is read, with the numbers, instead of the machine swapping or the process dying.
+void check_fits_in_memory(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // read_whole_file says why
+  std::ifstream meminfo("/proc/meminfo");
+  std::string key;
+  long long kib = 0;
+  long long available = -1;
+  while (meminfo >> key >> kib) {
+    if (key == "MemAvailable:") available = kib * 1024;
+    meminfo.ignore(256, '\n');
+  }
+  if (available <= 0) return;  // not Linux-like: let the read try
+  const double need = 3.0 * static_cast<double>(st.st_size);
+  if (need > static_cast<double>(available)) {
+    char text[256];
+    std::snprintf(text, sizeof text, ": the file is %.1f GiB and loading it needs about %.1f GiB, but only %.1f GiB of memory is available",
+                  static_cast<double>(st.st_size) / (1 << 30), need / (1 << 30), static_cast<double>(available) / (1 << 30));
+    throw Error(path + text);
+  }
 }
 
 }  // namespace
@@ -110,6 +146,19 @@ VitConfig config_from_json(const json& j, const std::string& what) {
   c.mean = get_rgb(j, "mean", what);
   c.std = get_rgb(j, "std", what);
   c.qkv_bias = get_bool(j, "qkv_bias", what);
+  // The architecture options (vit.hpp); absent keys keep the original vitlens block.
+  if (j.contains("dist_token")) c.dist_token = get_bool(j, "dist_token", what);
+  if (j.contains("register_tokens")) c.register_tokens = get_int(j, "register_tokens", what);
+  if (j.contains("pos_embed_prefix")) c.pos_embed_prefix = get_bool(j, "pos_embed_prefix", what);
+  if (j.contains("patch_bias")) c.patch_bias = get_bool(j, "patch_bias", what);
+  if (j.contains("pre_norm")) c.pre_norm = get_bool(j, "pre_norm", what);
+  if (j.contains("layer_scale")) c.layer_scale = get_bool(j, "layer_scale", what);
+  if (j.contains("final_norm")) c.final_norm = get_bool(j, "final_norm", what);
+  if (j.contains("act")) {
+    const std::string act = get_string(j, "act", what);
+    if (!parse_activation(act, c.act))
+      throw Error(what + ": config key 'act' is '" + act + "'; vitlens knows gelu, gelu_tanh and quick_gelu");
+  }
   if (j.contains("head_descriptions")) {
     const json& hd = j["head_descriptions"];
     bool ok = hd.is_array();
@@ -136,6 +185,16 @@ json config_to_json(const VitConfig& c) {
             {"img_size", {c.img_h, c.img_w}}, {"class_token", c.class_token}, {"mlp_ratio", c.mlp_ratio},
             {"norm_eps", c.norm_eps},   {"mean", c.mean},               {"std", c.std},
             {"qkv_bias", c.qkv_bias}};
+  // Options away from the original block only, so the bundled files' metadata stays as it was.
+  const VitConfig base;
+  if (c.dist_token != base.dist_token) j["dist_token"] = c.dist_token;
+  if (c.register_tokens != base.register_tokens) j["register_tokens"] = c.register_tokens;
+  if (c.pos_embed_prefix != base.pos_embed_prefix) j["pos_embed_prefix"] = c.pos_embed_prefix;
+  if (c.patch_bias != base.patch_bias) j["patch_bias"] = c.patch_bias;
+  if (c.pre_norm != base.pre_norm) j["pre_norm"] = c.pre_norm;
+  if (c.layer_scale != base.layer_scale) j["layer_scale"] = c.layer_scale;
+  if (c.final_norm != base.final_norm) j["final_norm"] = c.final_norm;
+  if (c.act != base.act) j["act"] = activation_name(c.act);
   if (!c.head_descriptions.empty()) j["head_descriptions"] = c.head_descriptions;
   return j;
 }
@@ -144,9 +203,15 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
   const int64_t d = c.embed_dim, p = c.patch_size, hm = c.mlp_hidden();
   std::map<std::string, std::vector<int64_t>> s;
   s["patch_embed.proj.weight"] = {d, 3, p, p};
-  s["patch_embed.proj.bias"] = {d};
+  if (c.patch_bias) s["patch_embed.proj.bias"] = {d};
   if (c.class_token) s["cls_token"] = {1, 1, d};
+  if (c.dist_token) s["dist_token"] = {1, 1, d};
+  if (c.register_tokens) s["reg_token"] = {1, c.register_tokens, d};
   s["pos_embed"] = {1, c.pos_tokens(), d};
+  if (c.pre_norm) {
+    s["norm_pre.weight"] = {d};
+    s["norm_pre.bias"] = {d};
+  }
   for (int i = 0; i < c.depth; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     s[b + "norm1.weight"] = {d};
@@ -157,13 +222,19 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
     s[b + "attn.proj.bias"] = {d};
     s[b + "norm2.weight"] = {d};
     s[b + "norm2.bias"] = {d};
+    if (c.layer_scale) {
+      s[b + "ls1.gamma"] = {d};
+      s[b + "ls2.gamma"] = {d};
+    }
     s[b + "mlp.fc1.weight"] = {hm, d};
     s[b + "mlp.fc1.bias"] = {hm};
     s[b + "mlp.fc2.weight"] = {d, hm};
     s[b + "mlp.fc2.bias"] = {d};
   }
-  s["norm.weight"] = {d};
-  s["norm.bias"] = {d};
+  if (c.final_norm) {
+    s["norm.weight"] = {d};
+    s["norm.bias"] = {d};
+  }
   return s;
 }
 
@@ -226,7 +297,11 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
   w.patch_w = view("patch_embed.proj.weight");
   w.patch_b = view("patch_embed.proj.bias");
   w.cls_token = view("cls_token");
+  w.dist_token = view("dist_token");
+  w.reg_tokens = view("reg_token");
   w.pos_embed = view("pos_embed");
+  w.norm_pre_w = view("norm_pre.weight");
+  w.norm_pre_b = view("norm_pre.bias");
   for (int i = 0; i < config.depth; ++i) {
     const std::string b = "blocks." + std::to_string(i) + ".";
     BlockWeights bw;
@@ -238,6 +313,8 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
     bw.proj_b = view(b + "attn.proj.bias");
     bw.norm2_w = view(b + "norm2.weight");
     bw.norm2_b = view(b + "norm2.bias");
+    bw.ls1 = view(b + "ls1.gamma");
+    bw.ls2 = view(b + "ls2.gamma");
     bw.fc1_w = view(b + "mlp.fc1.weight");
     bw.fc1_b = view(b + "mlp.fc1.bias");
     bw.fc2_w = view(b + "mlp.fc2.weight");
@@ -252,11 +329,25 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
   return model;
 }
 
-VitModel parse_model(const std::string& bytes, const std::string& what) {
-  SafetensorsFile file = parse_safetensors(bytes, what);
+namespace {
+
+// A parsed safetensors file as a model: vitlens' own config in __metadata__, else a foreign
+// layout (timm, Hugging Face) converted by checkpoints.cpp, whose companion config.json is looked
+// for in `folder` (empty: none, as for bytes that came from no file).
+VitModel model_from_file(SafetensorsFile file, const std::string& what, const std::string& folder,
+                         const LoadOptions& options) {
   const auto it = file.metadata.find("config");
-  if (it == file.metadata.end())
-    throw Error(what + ": no vitlens config: __metadata__[\"config\"] is missing (see README, Model files)");
+  if (it == file.metadata.end()) {
+    if (folder.empty())
+      throw Error(what + ": no vitlens config: __metadata__[\"config\"] is missing (see README, Model files)");
+    ConvertedModel converted = convert_checkpoint(std::move(file.tensors), what, folder, options);
+    const std::string why = converted.config.validate();
+    if (!why.empty()) throw Error(what + ": inconsistent " + converted.format + " model: " + why);
+    VitModel model = model_from_tensors(converted.config, converted.tensors, what);
+    model.format = converted.format;
+    model.notes = std::move(converted.notes);
+    return model;
+  }
   json config_json;
   try {
     config_json = json::parse(it->second);
@@ -267,8 +358,19 @@ VitModel parse_model(const std::string& bytes, const std::string& what) {
   return model_from_tensors(config, file.tensors, what);
 }
 
-VitModel load_model(const std::string& path) {
-  return parse_model(read_whole_file(path, "a model file", kMaxModelFileBytes), path);
+}  // namespace
+
+VitModel parse_model(const std::string& bytes, const std::string& what) {
+  return model_from_file(parse_safetensors(bytes, what), what, "", LoadOptions{});
+}
+
+VitModel load_model(const std::string& path) { return load_model(path, LoadOptions{}); }
+
+VitModel load_model(const std::string& path, const LoadOptions& options) {
+  check_fits_in_memory(path);
+  const auto slash = path.find_last_of('/');
+  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+  return model_from_file(read_safetensors(path), path, folder, options);
 }
 
 void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors) {

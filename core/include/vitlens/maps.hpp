@@ -22,6 +22,7 @@ struct HeadMaps {
   std::vector<MatRM> heads;  // H x (gh, gw): weight on each patch key
   MatRM mean;                // (gh, gw): mean over heads
   std::vector<float> cls_weight;  // (H) weight on the class token key (0 without one)
+  MatRM prefix_weight;            // (H, prefix) weight on each prefix key: class, distillation, registers
 };
 
 // Throws vitlens::Error on a layer or query out of range or a mode the model cannot give

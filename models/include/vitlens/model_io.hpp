@@ -3,21 +3,28 @@
 // config as JSON in __metadata__["config"].
 //
 // Tensor names and shapes (D = embed_dim, P = patch_size, Hm = int(D * mlp_ratio), Np = the
-// config grid's patch count, prefix = 1 with class token else 0):
-//   patch_embed.proj.weight (D, 3, P, P)     patch_embed.proj.bias (D)
+// config grid's patch count, R = register_tokens, pos_prefix = the prefix token count, or 0
+// without pos_embed_prefix):
+//   patch_embed.proj.weight (D, 3, P, P)     patch_embed.proj.bias (D)   [patch_bias only]
 //   cls_token (1, 1, D)                        [class_token only]
-//   pos_embed (1, prefix + Np, D)
+//   dist_token (1, 1, D)                       [dist_token only]
+//   reg_token (1, R, D)                        [register_tokens > 0 only]
+//   pos_embed (1, pos_prefix + Np, D)
+//   norm_pre.weight/bias (D)                   [pre_norm only]
 //   blocks.{i}.norm1.weight/bias (D)          blocks.{i}.attn.qkv.weight (3D, D)
 //   blocks.{i}.attn.qkv.bias (3D)              [qkv_bias only]
 //   blocks.{i}.attn.proj.weight (D, D)         blocks.{i}.attn.proj.bias (D)
+//   blocks.{i}.ls1.gamma, ls2.gamma (D)        [layer_scale only]
 //   blocks.{i}.norm2.weight/bias (D)
 //   blocks.{i}.mlp.fc1.weight (Hm, D)          blocks.{i}.mlp.fc1.bias (Hm)
 //   blocks.{i}.mlp.fc2.weight (D, Hm)          blocks.{i}.mlp.fc2.bias (D)
-//   norm.weight/bias (D)                       head.weight (C, D), head.bias (C)  [optional]
+//   norm.weight/bias (D)  [final_norm only]    head.weight (C, D), head.bias (C)  [optional]
 //
 // Config keys (JSON object): patch_size, embed_dim, num_heads, depth, img_size [H, W],
-// class_token, mlp_ratio, norm_eps, mean [3], std [3], qkv_bias, name, description, and the
-// optional head_descriptions [[str per head] per layer].
+// class_token, mlp_ratio, norm_eps, mean [3], std [3], qkv_bias, name, description, the
+// optional head_descriptions [[str per head] per layer], and the optional architecture keys
+// dist_token, register_tokens, pos_embed_prefix, patch_bias, pre_norm, layer_scale, final_norm,
+// act (written only when they differ from the original block's defaults).
 #include <map>
 #include <string>
 
@@ -38,6 +45,14 @@ nlohmann::json config_to_json(const VitConfig& config);
 // points the weight views into it. Throws vitlens::Error naming `what` and the tensor.
 VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, const std::string& what);
 
+struct LoadOptions {
+  int heads = 0;  // --heads: num_heads when the files do not say it (0 = not given)
+};
+
+// Any model file vitlens opens: a vitlens file (config in __metadata__), or a timm / Hugging Face
+// checkpoint with its companion config.json (checkpoints.hpp). Refuses, before reading it, a file
+// far larger than the memory available. Throws vitlens::Error with one line.
+VitModel load_model(const std::string& path, const LoadOptions& options);
 VitModel load_model(const std::string& path);
 // The same from a file's bytes already in memory (`what` names it in errors); load_model reads
 // the file and calls this, and so does the model loader's fuzz harness (tests/fuzz).

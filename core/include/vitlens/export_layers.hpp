@@ -1,0 +1,27 @@
+#pragma once
+// Exports beyond one layer's maps: every layer of a range (one montage per layer plus a
+// layers x heads montage) and attention rollout. The same analysis as export.hpp (one forward
+// pass per image), the same pictures and file conventions (atomic writes, <stem>_* names).
+#include <string>
+#include <vector>
+
+#include "vitlens/export.hpp"
+#include "vitlens/rollout.hpp"
+
+namespace vitlens {
+
+// Layers [first, last] of one image: for each layer l what write_export writes, named
+// <stem>_layer<l>_* (the --raw weights once, as <stem>_attn.npy), and <stem>_layers_montage.png:
+// one row per layer, one column per head plus the mean. Throws vitlens::Error.
+std::vector<std::string> export_layers(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
+                                       int first, int last);
+
+// Rollout of one image (rollout.hpp) from the class token, or from the query patch the settings
+// select: <stem>_rollout.png (the map over the image) and <stem>_rollout.json. The received mode
+// means the class token here; a model without one needs a query patch. Limited to kMaxRawTokens,
+// since rollout multiplies the full (N, N) weights. Throws vitlens::Error.
+std::vector<std::string> export_rollout(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
+                                        const RolloutOptions& rollout);
+
+
+}  // namespace vitlens

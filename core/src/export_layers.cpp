@@ -1,0 +1,109 @@
+// Every layer of a range, and attention rollout, written the way export.cpp writes one layer.
+#include "vitlens/export_layers.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cmath>
+#include <numeric>
+
+#include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
+
+namespace vitlens {
+
+std::vector<std::string> export_layers(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
+                                       int first, int last) {
+  const int depth = model.config.depth;
+  if (first < 0 || first > last || last >= depth)
+    throw Error("--layer " + std::to_string(first) + "-" + std::to_string(last) + " is out of range: model '" +
+                model.config.name + "' has " + std::to_string(depth) + " layer(s), 0 to " + std::to_string(depth - 1));
+  require_writable_dir(settings.out_dir);
+  ExportSettings per_layer = settings;
+  per_layer.layer = first;
+  ImageAnalysis a = analyse_image(model, image_path, per_layer);  // one forward pass for every layer
+  const std::string stem = settings.stem.empty() ? output_stem(image_path) : settings.stem;
+  std::vector<std::string> written;
+  std::vector<cv::Mat> tiles;
+  std::vector<std::string> labels;
+  for (int l = first; l <= last; ++l) {
+    a.request.layer = l;
+    if (l != first) {
+      a.maps = attention_maps(model, a.forward, a.request);
+      if (settings.threshold > 0.0f) a.kept = apply_threshold(a.maps, settings.threshold);  // as analyse_image
+    }
+    per_layer.layer = l;
+    per_layer.stem = stem + "_layer" + std::to_string(l);
+    per_layer.raw = false;  // the (L, H, N, N) weights hold every layer: written once below
+    const std::vector<std::string> files = write_export(model, a, per_layer);
+    written.insert(written.end(), files.begin(), files.end());
+    const ExportImages images = render_export_images(model, a, settings.style, settings.normalize);
+    for (size_t h = 0; h < images.heads.size(); ++h) {
+      tiles.push_back(images.heads[h]);
+      labels.push_back("L" + std::to_string(l) + " " + head_label(model.config, l, static_cast<int>(h)));
+    }
+    tiles.push_back(images.mean);
+    labels.push_back("L" + std::to_string(l) + " mean");
+  }
+  written.push_back(settings.out_dir + "/" + stem + "_layers_montage.png");
+  write_png_atomic(written.back(), montage(tiles, labels, model.config.num_heads + 1));
+  if (settings.raw) {
+    const auto& f = a.forward;
+    const size_t n = static_cast<size_t>(f.tokens), heads = static_cast<size_t>(model.config.num_heads);
+    std::string npy = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);
+    for (const LayerState& layer : f.layers)
+      for (const MatRM& probs : layer.probs)
+        npy.append(reinterpret_cast<const char*>(probs.data()), static_cast<size_t>(probs.size()) * sizeof(float));
+    written.push_back(settings.out_dir + "/" + stem + "_attn.npy");
+    write_file_atomic(written.back(), npy);
+  }
+  return written;
+}
+
+std::vector<std::string> export_rollout(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
+                                        const RolloutOptions& rollout) {
+  require_writable_dir(settings.out_dir);
+  if (settings.select == QuerySelect::Received && !model.config.class_token)
+    throw Error("--rollout: model '" + model.config.name + "' has no class token; choose a query with --patch or --query");
+  ExportSettings keep = settings;
+  keep.raw = true;  // rollout multiplies the full (N, N) weights; analyse_image checks their size
+  const auto t0 = std::chrono::steady_clock::now();
+  const ImageAnalysis a = analyse_image(model, image_path, keep);
+  const int query = a.request.mode == MapMode::Query ? a.request.query_token : model.config.class_index();
+  const MatRM matrix = attention_rollout(a.forward, rollout);
+  const MatRM map = rollout_map(matrix, a.forward, query);
+  const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+
+  const std::string base = settings.out_dir + "/" + (settings.stem.empty() ? output_stem(image_path) : settings.stem);
+  std::vector<std::string> written;
+  const float top = map.maxCoeff();
+  cv::Mat picture = settings.normalize == Normalize::Log
+                        ? heatmap_overlay(a.image.rgb, log_scaled_map(map, top), model.config.patch_size, 1.0f, settings.style)
+                        : heatmap_overlay(a.image.rgb, map, model.config.patch_size, top, settings.style);
+  written.push_back(base + "_rollout.png");
+  write_png_atomic(written.back(), picture);
+
+  nlohmann::json j;
+  j["image"] = image_path;
+  j["model"] = {{"name", model.config.name}, {"file", model.source}, {"depth", model.config.depth},
+                {"num_heads", model.config.num_heads}};
+  j["grid"] = {a.forward.grid_h, a.forward.grid_w};
+  j["tokens"] = a.forward.tokens;
+  j["query"] = {{"token", query}, {"name", token_name(model.config, a.forward.grid_w, query)}};
+  const int last = rollout.last_layer < 0 ? model.config.depth - 1 : rollout.last_layer;
+  j["rollout"] = {{"head_fusion", head_fusion_name(rollout.fusion)},
+                  {"discard_ratio", std::round(static_cast<double>(rollout.discard_ratio) * 1e6) / 1e6},
+                  {"layers", {rollout.first_layer, last}}};
+  j["map"] = {{"min", map.minCoeff()}, {"max", top}, {"sum", map.sum()}, {"entropy", map_entropy(map)}};
+  // The rest of the query's row: how much of its output comes from the prefix tokens.
+  nlohmann::json prefix = nlohmann::json::array();
+  for (int t = 0; t < a.forward.prefix; ++t) prefix.push_back(matrix(query, t));
+  j["prefix_weights"] = prefix;
+  j["timings_ms"] = {{"forward_and_rollout", ms}};
+  written.push_back(base + "_rollout.json");
+  j["files"] = written;
+  write_file_atomic(written.back(), j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  return written;
+}
+
+}  // namespace vitlens

@@ -1,0 +1,246 @@
+// Checkpoints that vitlens must refuse with one clear line, and the timm layout without its
+// config.json: copies of the foreign fixtures (tests/fixtures/foreign), edited one fault at a time.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <fcntl.h>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "test_support.hpp"
+#include "vitlens/checkpoints.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/image.hpp"
+#include "vitlens/model_io.hpp"
+#include "vitlens/safetensors.hpp"
+
+using Catch::Contains;
+using nlohmann::json;
+
+namespace {
+
+const std::string kForeign = std::string(VITLENS_TEST_FIXTURES) + "/foreign/";
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void spill(const std::string& path, const std::string& bytes) {
+  std::ofstream out(path, std::ios::binary);
+  out << bytes;
+}
+
+// A copy of fixture `name` in a fresh folder: model.safetensors and, unless dropped, config.json.
+std::string copy_case(const std::string& name, bool with_config = true) {
+  const std::string dir = vitlens::test::temp_dir("ckpt");
+  spill(dir + "/model.safetensors", slurp(kForeign + name + "/model.safetensors"));
+  if (with_config) spill(dir + "/config.json", slurp(kForeign + name + "/config.json"));
+  return dir;
+}
+
+json read_config(const std::string& dir) { return json::parse(slurp(dir + "/config.json")); }
+void write_config(const std::string& dir, const json& j) { spill(dir + "/config.json", j.dump()); }
+
+// The message of the error load_model throws, or "" when it loads.
+std::string load_error(const std::string& path, int heads = 0) {
+  vitlens::LoadOptions options;
+  options.heads = heads;
+  try {
+    (void)vitlens::load_model(path, options);
+  } catch (const vitlens::Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find('\n') == std::string::npos);  // one line
+    CHECK_THAT(what, Contains(path));             // naming the file
+    return what;
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("a config.json that contradicts the tensors is one line", "[formats][errors]") {
+  {
+    const std::string dir = copy_case("timm_vit");
+    json j = read_config(dir);
+    j["model_args"]["embed_dim"] = 32;
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("model_args.embed_dim is 32") && Contains("says 24"));
+  }
+  {
+    const std::string dir = copy_case("timm_vit");
+    json j = read_config(dir);
+    j["num_classes"] = 1000;
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("num_classes is 1000") && Contains("head.weight has 5 rows"));
+  }
+  {
+    const std::string dir = copy_case("timm_vit");
+    json j = read_config(dir);
+    j["pretrained_cfg"]["input_size"] = {3, 32, 32};
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("64 patches") && Contains("pos_embed has 17 rows"));
+  }
+  {
+    const std::string dir = copy_case("hf_vit");
+    json j = read_config(dir);
+    j["num_hidden_layers"] = 3;
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("num_hidden_layers 3") && Contains("2 blocks"));
+  }
+  {
+    const std::string dir = copy_case("hf_clip");
+    json j = read_config(dir);
+    j["hidden_size"] = 30;
+    j["num_attention_heads"] = 3;
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("hidden_size 30"));
+  }
+  {
+    const std::string dir = copy_case("timm_vit");
+    spill(dir + "/config.json", "{\"architecture\": ");
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("config.json is not valid JSON"));
+  }
+}
+
+TEST_CASE("unsupported families are refused, saying which and why", "[formats][errors]") {
+  {
+    const std::string dir = copy_case("timm_vit");
+    json j = read_config(dir);
+    j["architecture"] = "eva02_small_patch14_224.mim_in22k";
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("unsupported model") && Contains("eva02_small_patch14_224"));
+  }
+  {
+    const std::string dir = copy_case("timm_vit");
+    json j = read_config(dir);
+    j["architecture"] = "vit_base_patch16_siglip_224";
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("unsupported model") && Contains("SigLIP"));
+  }
+  {
+    const std::string dir = copy_case("hf_vit");
+    json j = read_config(dir);
+    j["model_type"] = "beit";
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("model_type 'beit'"));
+  }
+  {
+    const std::string dir = copy_case("hf_dinov2");
+    json j = read_config(dir);
+    j["use_swiglu_ffn"] = true;
+    write_config(dir, j);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("SwiGLU"));
+  }
+  {  // timm qk-norm: a tensor vitlens' block has no place for
+    const std::string dir = copy_case("timm_vit");
+    vitlens::SafetensorsFile f = vitlens::read_safetensors(dir + "/model.safetensors");
+    vitlens::TensorData norm;
+    norm.shape = {8};
+    norm.values.assign(8, 1.0f);
+    f.tensors["blocks.0.attn.q_norm.weight"] = norm;
+    vitlens::write_safetensors(dir + "/model.safetensors", f);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("qk-norm") && Contains("blocks.0.attn.q_norm.weight"));
+  }
+  {  // a safetensors file of something else entirely
+    const std::string dir = vitlens::test::temp_dir("ckpt");
+    vitlens::SafetensorsFile f;
+    vitlens::TensorData t;
+    t.shape = {2};
+    t.values = {1.0f, 2.0f};
+    f.tensors["conv1.weight"] = t;
+    vitlens::write_safetensors(dir + "/model.safetensors", f);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("'conv1.weight'") && Contains("match neither"));
+  }
+}
+
+TEST_CASE("a missing companion file, NaN weights and a model larger than memory are one line", "[formats][errors]") {
+  {
+    const std::string dir = copy_case("hf_dinov2", false);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("config.json beside it"));
+  }
+  for (const char* name : {"timm_vit", "hf_clip"}) {
+    INFO(name);
+    const std::string dir = copy_case(name);
+    vitlens::SafetensorsFile f = vitlens::read_safetensors(dir + "/model.safetensors");
+    auto& t = f.tensors.begin()->second;
+    t.values[t.values.size() / 2] = std::nanf("");
+    vitlens::write_safetensors(dir + "/model.safetensors", f);
+    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("NaN or infinite"));
+  }
+  {  // 1 TiB, sparse: refused from its size before any of it is read
+    const std::string dir = vitlens::test::temp_dir("ckpt");
+    const std::string path = dir + "/model.safetensors";
+    const std::string header = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
+    std::string bytes(8, '\0');
+    for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
+    spill(path, bytes + header);
+    const int fd = ::open(path.c_str(), O_WRONLY);
+    REQUIRE(fd >= 0);
+    REQUIRE(::ftruncate(fd, static_cast<off_t>(1) << 40) == 0);
+    ::close(fd);
+    CHECK_THAT(load_error(path), Contains("1024.0 GiB") && Contains("memory is available"));
+  }
+}
+
+TEST_CASE("timm layout without config.json: inferred from the tensors, heads from --heads", "[formats]") {
+  const std::string dir = copy_case("timm_vit", false);
+  const std::string path = dir + "/model.safetensors";
+  CHECK_THAT(load_error(path), Contains("pass --heads") && Contains("no config.json"));
+
+  vitlens::LoadOptions options;
+  options.heads = 3;
+  const vitlens::VitModel bare = vitlens::load_model(path, options);
+  const vitlens::VitModel full = vitlens::load_model(kForeign + "timm_vit/model.safetensors");
+  CHECK(bare.config.num_heads == 3);
+  CHECK(bare.config.patch_size == 4);
+  CHECK(bare.config.embed_dim == 24);
+  CHECK(bare.config.depth == 2);
+  CHECK(bare.config.img_h == 16);
+  bool said_heads = false, said_size = false;
+  for (const std::string& note : bare.notes) {
+    said_heads |= note.find("--heads") != std::string::npos;
+    said_size |= note.find("from pos_embed") != std::string::npos;
+  }
+  CHECK(said_heads);
+  CHECK(said_size);
+  // The same weights and options (vit_small_patch16_224's mean/std is 0.5, the assumed one): the
+  // same numbers as the load with config.json.
+  const cv::Mat rgb = vitlens::load_image_rgb(kForeign + "image.png");
+  const auto a = vitlens::forward(bare, vitlens::prepare_image(rgb, bare.config, 0).grid, {});
+  const auto b = vitlens::forward(full, vitlens::prepare_image(rgb, full.config, 0).grid, {});
+  CHECK(a.output == b.output);
+
+  // --heads against a config that says otherwise.
+  CHECK_THAT(load_error(kForeign + "timm_vit/model.safetensors", 4), Contains("--heads 4 contradicts"));
+  CHECK_THAT(load_error(kForeign + "hf_vit/model.safetensors", 4), Contains("--heads 4 contradicts"));
+}
+
+TEST_CASE("the architecture table fills what tensors cannot say", "[formats]") {
+  vitlens::VitConfig c;
+  bool heads = false;
+  vitlens::timm_architecture_options("vit_small_patch16_224.dino", 384, c, heads, "x");
+  CHECK(heads);
+  CHECK(c.num_heads == 6);
+  heads = false;
+  vitlens::timm_architecture_options("vit_base_patch16_clip_quickgelu_224.openai", 768, c, heads, "x");
+  CHECK(heads);
+  CHECK(c.num_heads == 12);
+  CHECK(c.act == vitlens::Activation::QuickGelu);
+  CHECK(c.norm_eps == Approx(1e-5f));
+  vitlens::VitConfig g;
+  heads = false;
+  vitlens::timm_architecture_options("vit_giant_patch14_dinov2.lvd142m", 1536, g, heads, "x");
+  CHECK(g.num_heads == 24);
+  heads = false;
+  vitlens::timm_architecture_options("vit_small_patch16_224", 48, g, heads, "x");  // a width the name does not have
+  CHECK_FALSE(heads);
+  CHECK_THROWS_WITH(vitlens::timm_architecture_options("swin_tiny_patch4_window7_224", 96, g, heads, "m"),
+                    Contains("not a VisionTransformer family"));
+}

@@ -1,0 +1,123 @@
+// `vitlens info` / `export` on published checkpoints: layouts, --heads, --layer ranges, --rollout.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+#include <sys/wait.h>
+
+#include "test_support.hpp"
+
+namespace {
+
+const std::string kForeign = std::string(VITLENS_TEST_FIXTURES) + "/foreign/";
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Run {
+  int code = -1;
+  std::string out, err;
+};
+
+Run run(const std::string& args) {
+  static const std::string dir = vitlens::test::temp_dir("cli-formats");
+  const std::string cmd = std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir + "/err </dev/null";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir + "/out");
+  r.err = slurp(dir + "/err");
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("cli: info names the layout, the options and what was inferred", "[cli][formats]") {
+  const Run reg = run("info --model " + kForeign + "timm_dinov2_reg/model.safetensors");
+  CHECK(reg.code == 0);
+  CHECK_THAT(reg.out, Catch::Contains("layout:       timm") && Catch::Contains("registers:    4 (tokens 1 to 4)") &&
+                          Catch::Contains("patches only (no_embed_class)") && Catch::Contains("LayerScale"));
+  const Run clip = run("info --model " + kForeign + "hf_clip/model.safetensors");
+  CHECK(clip.code == 0);
+  CHECK_THAT(clip.out, Catch::Contains("hf-clip") && Catch::Contains("quick_gelu") && Catch::Contains("pre-norm") &&
+                           Catch::Contains("inferred:     post_layernorm ignored"));
+
+  const std::string dir = vitlens::test::temp_dir("cli-formats-bare");
+  std::ofstream(dir + "/model.safetensors", std::ios::binary) << slurp(kForeign + "timm_vit/model.safetensors");
+  const Run bare = run("info --model " + dir + "/model.safetensors");
+  CHECK(bare.code == 1);
+  CHECK_THAT(bare.err, Catch::Contains("pass --heads"));
+  CHECK(std::count(bare.err.begin(), bare.err.end(), '\n') == 1);
+  const Run heads = run("info --model " + dir + "/model.safetensors --heads 3");
+  CHECK(heads.code == 0);
+  CHECK_THAT(heads.out, Catch::Contains("inferred:     num_heads 3 from --heads"));
+  CHECK(run("info --model " + dir + "/model.safetensors --heads 0").code == 2);
+}
+
+TEST_CASE("cli: --layer all writes every layer and a layers x heads montage", "[cli][formats]") {
+  const std::string out = vitlens::test::temp_dir("cli-layers");
+  const std::string model = kForeign + "timm_deit_distilled/model.safetensors";
+  const Run r = run("export " + kForeign + "image.png --model " + model + " --layer all --quiet --out " + out);
+  REQUIRE(r.code == 0);
+  for (int l = 0; l < 2; ++l) {
+    const nlohmann::json j = nlohmann::json::parse(slurp(out + "/image_layer" + std::to_string(l) + ".json"));
+    CHECK(j["layer"] == l);
+    CHECK(j["prefix_tokens"] == 2);  // class + distillation
+    CHECK(j["heads"][0]["prefix_weights"].size() == 2);
+  }
+  const cv::Mat grid = cv::imread(out + "/image_layers_montage.png");
+  const cv::Mat one = cv::imread(out + "/image_layer0_montage.png");
+  REQUIRE_FALSE(grid.empty());
+  REQUIRE_FALSE(one.empty());
+  CHECK(grid.cols >= 4 * 16);  // 4 columns (3 heads + mean) of 16 px tiles
+  CHECK(grid.rows >= 2 * 16);  // 2 rows (layers)
+
+  CHECK(run("export " + kForeign + "image.png --model " + model + " --layer 1-0 --out " + out).code == 2);
+  CHECK(run("export " + kForeign + "image.png --model " + model + " --layer 0-2 --out " + out).code == 2);
+  CHECK(run("export " + kForeign + "image.png --model " + model + " --layer 1x --out " + out).code == 2);
+}
+
+TEST_CASE("cli: --rollout writes the class token's rollout map", "[cli][formats][rollout]") {
+  const std::string out = vitlens::test::temp_dir("cli-rollout");
+  const Run r = run("export " + kForeign + "image.png --model " + kForeign +
+                    "timm_dinov2_reg/model.safetensors --rollout --fusion min --discard 0.9 --quiet --out " + out);
+  REQUIRE(r.code == 0);
+  const nlohmann::json j = nlohmann::json::parse(slurp(out + "/image_rollout.json"));
+  CHECK(j["query"]["name"] == "class token");
+  CHECK(j["rollout"]["head_fusion"] == "min");
+  // A rollout row is a distribution over the input tokens: patches (the map) plus prefix tokens.
+  double total = j["map"]["sum"].get<double>();
+  for (const auto& w : j["prefix_weights"]) total += w.get<double>();
+  CHECK(total == Approx(1.0).epsilon(1e-5));
+  CHECK_FALSE(cv::imread(out + "/image_rollout.png").empty());
+  CHECK(run("export " + kForeign + "image.png --model " + kForeign + "timm_vit/model.safetensors --rollout --discard 1 --out " + out)
+            .code == 2);
+}
+
+TEST_CASE("cli: --threshold keeps DINO's top mass of a foreign model's class-token maps", "[cli][formats][threshold]") {
+  const std::string out = vitlens::test::temp_dir("cli-threshold");
+  const Run r = run("export " + kForeign + "image.png --model " + kForeign + "timm_dino/model.safetensors --cls --threshold 0.6 --quiet --out " +
+                    out);
+  REQUIRE(r.code == 0);
+  std::ifstream in(out + "/image.json");
+  REQUIRE(in);
+  nlohmann::json j;
+  in >> j;
+  CHECK(j["threshold"]["mass"] == 0.6);
+  REQUIRE(j["threshold"]["heads_then_mean"].size() == 4);  // 3 heads and the mean
+  for (const auto& t : j["threshold"]["heads_then_mean"]) {
+    CHECK(t["kept_mass"].get<double>() >= 0.6);
+    CHECK(t["kept_patches"].get<int>() < t["total_patches"].get<int>());
+  }
+  CHECK_FALSE(cv::imread(out + "/image_montage.png").empty());
+  CHECK(run("export " + kForeign + "image.png --model " + kForeign + "timm_dino/model.safetensors --threshold 0 --out " + out).code == 2);
+}

@@ -1,0 +1,171 @@
+// Checkpoints as timm and Hugging Face transformers publish them, against those libraries' own
+// forward: every layer's attention (class, distillation and register tokens included) and the
+// final tokens, to 1e-5.
+//
+// The fixtures come from tests/fixtures/make_foreign_fixtures.py, which builds each model with
+// the real library (timm 1.0.31, transformers 5.24; pretrained=False, small, seeded random
+// weights), saves it as the library does (timm save_for_hf: model.safetensors + config.json;
+// transformers save_pretrained) and records probs (L, H, N, N) and the output (N, D) of a float64
+// forward on exactly the saved values. vitlens opens the folder's model.safetensors as a user
+// would, with nothing but the files beside it.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "npy_support.hpp"
+#include "vitlens/image.hpp"
+#include "vitlens/maps.hpp"
+#include "vitlens/model_io.hpp"
+#include "vitlens/vit.hpp"
+
+namespace {
+
+const std::string kForeignDir = std::string(VITLENS_TEST_FIXTURES) + "/foreign/";
+
+nlohmann::json foreign_manifest() { return nlohmann::json::parse(npy_file_bytes(kForeignDir + "manifest.json")); }
+
+}  // namespace
+
+TEST_CASE("timm and Hugging Face checkpoints match their libraries' forward", "[parity][formats]") {
+  const nlohmann::json manifest = foreign_manifest();
+  const double tolerance = manifest.at("tolerance").get<double>();
+  REQUIRE(tolerance == Approx(1e-5));
+  REQUIRE(manifest.at("cases").size() == 11);  // the script writes eleven; fewer means stale fixtures
+  const cv::Mat rgb = vitlens::load_image_rgb(kForeignDir + manifest.at("image").get<std::string>());
+
+  for (const auto& c : manifest.at("cases")) {
+    const std::string name = c.at("name").get<std::string>();
+    SECTION(name) {
+      INFO("case " << name << " (" << c.at("source").get<std::string>() << ")");
+      const vitlens::VitModel model = vitlens::load_model(kForeignDir + c.at("model").get<std::string>());
+      const vitlens::VitConfig& config = model.config;
+      const vitlens::PreparedImage image = vitlens::prepare_image(rgb, config, 0 /* native size */);
+      REQUIRE_FALSE(image.resized);
+      vitlens::ForwardOptions options;
+      options.keep_probs = true;
+      const vitlens::ForwardResult result = vitlens::forward(model, image.grid, options);
+
+      const NpyArray probs = read_npy(kForeignDir + c.at("probs").get<std::string>());    // (L, H, N, N)
+      const NpyArray output = read_npy(kForeignDir + c.at("output").get<std::string>());  // (N, D)
+      const int L = config.depth, H = config.num_heads, N = result.tokens, D = config.embed_dim;
+      REQUIRE(probs.shape == std::vector<int64_t>{L, H, N, N});
+      REQUIRE(output.shape == std::vector<int64_t>{N, D});
+      REQUIRE(N == c.at("tokens").get<int>());
+
+      double worst_probs = 0.0, worst_row = 0.0;
+      for (int l = 0; l < L; ++l) {
+        for (int h = 0; h < H; ++h) {
+          INFO("layer " << l << " head " << h);
+          const vitlens::MatRM& got = result.layers[static_cast<size_t>(l)].probs[static_cast<size_t>(h)];
+          const float* want = probs.values.data() + (static_cast<size_t>(l) * H + h) * N * N;
+          const double diff = max_abs_diff(got.data(), want, static_cast<size_t>(N) * N);
+          CHECK(diff <= tolerance);
+          worst_probs = std::max(worst_probs, diff);
+          // Every prefix token's own row (class, distillation, registers) through attention_row,
+          // the path the maps and the inspector use.
+          std::vector<float> row(static_cast<size_t>(N));
+          for (int query = 0; query <= result.prefix && query < N; ++query) {
+            vitlens::attention_row(model, result, l, h, query, row.data());
+            const double row_diff = max_abs_diff(row.data(), want + static_cast<size_t>(query) * N, static_cast<size_t>(N));
+            CHECK(row_diff <= tolerance);
+            worst_row = std::max(worst_row, row_diff);
+          }
+        }
+      }
+      const double worst_output = max_abs_diff(result.output.data(), output.values.data(), output.values.size());
+      CHECK(worst_output <= tolerance);
+      WARN(name << " [" << model.format << "]: max |diff| probs " << worst_probs << ", attention_row " << worst_row
+                << ", output " << worst_output);
+    }
+  }
+}
+
+TEST_CASE("checkpoints get the options of their family", "[formats]") {
+  struct Expect {
+    const char* name;
+    const char* format;
+    bool cls, dist;
+    int registers;
+    bool pos_prefix, pre_norm, layer_scale, final_norm, patch_bias;
+    vitlens::Activation act;
+    float eps;
+    int classes;
+  };
+  using A = vitlens::Activation;
+  const Expect expects[] = {
+      {"timm_vit", "timm", true, false, 0, true, false, false, true, true, A::Gelu, 1e-6f, 5},
+      {"timm_deit_distilled", "timm", true, true, 0, true, false, false, true, true, A::Gelu, 1e-6f, 4},
+      {"timm_dino", "timm", true, false, 0, true, false, false, true, true, A::Gelu, 1e-6f, 0},
+      {"timm_dinov2", "timm", true, false, 0, true, false, true, true, true, A::Gelu, 1e-6f, 0},
+      {"timm_dinov2_reg", "timm", true, false, 4, false, false, true, true, true, A::Gelu, 1e-6f, 0},
+      {"timm_clip", "timm", true, false, 0, true, true, false, true, false, A::QuickGelu, 1e-5f, 0},
+      {"hf_vit", "hf-vit", true, false, 0, true, false, false, true, true, A::Gelu, 1e-12f, 0},
+      {"hf_vit_cls", "hf-vit", true, false, 0, true, false, false, true, true, A::Gelu, 1e-12f, 3},
+      {"hf_dinov2", "hf-dinov2", true, false, 0, true, false, true, true, true, A::Gelu, 1e-6f, 0},
+      {"hf_dinov2_reg", "hf-dinov2", true, false, 2, false, false, true, true, true, A::Gelu, 1e-6f, 0},
+      {"hf_clip", "hf-clip", true, false, 0, true, true, false, false, false, A::QuickGelu, 1e-5f, 0},
+  };
+  for (const Expect& e : expects) {
+    INFO(e.name);
+    const vitlens::VitModel m = vitlens::load_model(kForeignDir + e.name + "/model.safetensors");
+    const vitlens::VitConfig& c = m.config;
+    CHECK(m.format == e.format);
+    CHECK(c.class_token == e.cls);
+    CHECK(c.dist_token == e.dist);
+    CHECK(c.register_tokens == e.registers);
+    CHECK(c.pos_embed_prefix == e.pos_prefix);
+    CHECK(c.pre_norm == e.pre_norm);
+    CHECK(c.layer_scale == e.layer_scale);
+    CHECK(c.final_norm == e.final_norm);
+    CHECK(c.patch_bias == e.patch_bias);
+    CHECK(c.act == e.act);
+    CHECK(c.norm_eps == Approx(e.eps));
+    CHECK(m.w.num_classes == e.classes);
+    CHECK(c.embed_dim == 24);
+    CHECK(c.num_heads == 3);
+    CHECK(c.depth == 2);
+    CHECK(c.patch_size == 4);
+    CHECK(c.img_h == 16);
+  }
+}
+
+TEST_CASE("register and distillation tokens: in the token list, out of the patch maps", "[formats]") {
+  const vitlens::VitModel m = vitlens::load_model(kForeignDir + "timm_dinov2_reg/model.safetensors");
+  const vitlens::PreparedImage image = vitlens::prepare_image(vitlens::load_image_rgb(kForeignDir + "image.png"), m.config, 0);
+  const vitlens::ForwardResult f = vitlens::forward(m, image.grid, {});
+  REQUIRE(f.prefix == 5);
+  REQUIRE(f.tokens == 5 + 16);
+  CHECK(vitlens::token_name(m.config, f.grid_w, 0) == "class token");
+  CHECK(vitlens::token_name(m.config, f.grid_w, 1) == "register 0");
+  CHECK(vitlens::token_name(m.config, f.grid_w, 4) == "register 3");
+  CHECK(vitlens::token_name(m.config, f.grid_w, 5) == "patch (row 0, col 0)");
+  CHECK(vitlens::token_name(m.config, f.grid_w, 20) == "patch (row 3, col 3)");
+
+  // A register as the query: its row over every token; the map keeps the patch keys only, and
+  // the prefix keys' weights are reported beside it. Together they are the whole row (sum 1).
+  vitlens::MapRequest request;
+  request.mode = vitlens::MapMode::Query;
+  request.layer = 1;
+  request.query_token = 2;  // register 1
+  const vitlens::HeadMaps maps = vitlens::attention_maps(m, f, request);
+  REQUIRE(maps.prefix_weight.rows() == 3);
+  REQUIRE(maps.prefix_weight.cols() == 5);
+  std::vector<float> row(static_cast<size_t>(f.tokens));
+  for (int h = 0; h < 3; ++h) {
+    vitlens::attention_row(m, f, 1, h, 2, row.data());
+    CHECK(maps.heads[static_cast<size_t>(h)].rows() == 4);
+    CHECK(maps.heads[static_cast<size_t>(h)](0, 0) == row[5]);
+    for (int t = 0; t < 5; ++t) CHECK(maps.prefix_weight(h, t) == row[static_cast<size_t>(t)]);
+    CHECK(maps.cls_weight[static_cast<size_t>(h)] == row[0]);
+    CHECK(maps.heads[static_cast<size_t>(h)].sum() + maps.prefix_weight.row(h).sum() == Approx(1.0).epsilon(1e-5));
+  }
+
+  const vitlens::VitModel deit = vitlens::load_model(kForeignDir + "timm_deit_distilled/model.safetensors");
+  CHECK(vitlens::token_name(deit.config, 4, 1) == "distillation token");
+  CHECK(vitlens::token_name(deit.config, 4, 2) == "patch (row 0, col 0)");
+}
