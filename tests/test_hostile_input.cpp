@@ -364,7 +364,7 @@ TEST_CASE("a long stem works: temporary names are short whatever the output name
   CHECK(slurp(out + "/" + std::string(250, 'n') + ".json") == "{}");
 }
 
-TEST_CASE("--raw is streamed: the same bytes as the whole array, without a second copy in memory", "[export][raw]") {
+TEST_CASE("raw export is streamed: the same bytes as the whole array, without a second copy in memory", "[export][raw]") {
   Setup s;
   ExportSettings settings;
   settings.out_dir = test::temp_dir("rawstream");
