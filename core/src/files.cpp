@@ -43,6 +43,7 @@ const char kTempPrefix[] = ".vitlens-tmp-";  // + <pid>-XXXXXX
 const char kSetPrefix[] = ".vitlens-set-";   // + <set id>
 const char kRecordFile[] = ".record";        // inside a commit folder: the record, moved last
 const char kNameFile[] = ".name";            // inside a commit folder: the record's final name
+const char kReplacesFile[] = ".replaces";    // inside a commit folder: the set id of the record it replaces
 
 std::string parent_dir(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -296,6 +297,20 @@ bool read_at(int dir_fd, const std::string& name, std::string& out) {
   return true;
 }
 
+// A record's "set" id ("" when it has none or is not JSON).
+std::string set_id_of(const std::string& record) {
+  const nlohmann::json j = nlohmann::json::parse(record, nullptr, false);
+  if (j.is_object() && j.contains("set") && j["set"].is_string()) return j["set"].get<std::string>();
+  return "";
+}
+
+// The set id of the record `name` in the folder: "" when there is none, "?" when unreadable.
+std::string current_set_id(int dir_fd, const std::string& name) {
+  std::string record;
+  if (!read_at(dir_fd, name, record)) return errno == ENOENT ? "" : "?";
+  return set_id_of(record);
+}
+
 // The file names a record's "files" array lists (empty when it is missing or not JSON).
 std::set<std::string> listed_names(const std::string& record) {
   std::set<std::string> names;
@@ -339,8 +354,21 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
     fail(commit_name + "/" + kNameFile, ENOENT);
   }
   if (record_name.empty() || record_name.find('/') != std::string::npos) fail(commit_name + "/" + kNameFile, EINVAL);
+  // Which set is in place now: the one this commit replaces (move on), this one (only the
+  // cleanup is left), or a set committed later by another process while this commit lay
+  // interrupted (this older set is dropped: moving the rest of it would mix the two).
+  std::string replaces;
+  const bool knows_replaced = read_at(set_fd, kReplacesFile, replaces);
+  const std::string in_place = current_set_id(dir_fd, record_name);
+  const std::string own_id = commit_name.substr(sizeof kSetPrefix - 1);
+  if (knows_replaced && in_place != replaces && in_place != own_id) {
+    ::close(set_fd);
+    remove_tree_at(dir_fd, commit_name);
+    ::fsync(dir_fd);
+    return;
+  }
   for (const std::string& name : list_names(set_fd)) {
-    if (name == kRecordFile || name == kNameFile) continue;
+    if (name == kRecordFile || name == kNameFile || name == kReplacesFile) continue;
     if (rename_at(set_fd, name.c_str(), dir_fd, name.c_str()) != 0) fail(name, errno);
   }
   std::string record;
@@ -358,6 +386,7 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
     }
     if (rename_at(set_fd, kRecordFile, dir_fd, record_name.c_str()) != 0) fail(record_name, errno);
   }
+  ::unlinkat(set_fd, kReplacesFile, 0);
   ::unlinkat(set_fd, kNameFile, 0);
   ::close(set_fd);
   ::unlinkat(dir_fd, commit_name.c_str(), AT_REMOVEDIR);
@@ -478,9 +507,20 @@ void write_png_atomic(const std::string& path, const cv::Mat& rgb8) {
   write_file_atomic(path, std::string(buf.begin(), buf.end()));
 }
 
+// Each folder is tidied once per process (listing a folder of 100000 files for every image of a
+// batch would cost more than the export).
+static bool first_set_in(const std::string& dir) {
+  static std::mutex lock;
+  static std::set<std::pair<dev_t, ino_t>> seen;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return true;
+  const std::lock_guard<std::mutex> hold(lock);
+  return seen.insert({st.st_dev, st.st_ino}).second;
+}
+
 OutputSet::OutputSet(const std::string& dir) : dir_(dir) {
   install_cleanup_handlers();
-  tidy_output_dir(dir);
+  if (first_set_in(dir)) tidy_output_dir(dir);
   std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
@@ -503,6 +543,7 @@ OutputSet::~OutputSet() {
   for (const std::string& name : names_) ::unlink((path + "/" + name).c_str());
   ::unlink((path + "/" + kRecordFile).c_str());
   ::unlink((path + "/" + kNameFile).c_str());
+  ::unlink((path + "/" + kReplacesFile).c_str());
   ::rmdir(path.c_str());
   unregister_temp(slot_);
 }
@@ -539,8 +580,12 @@ void OutputSet::commit(const std::string& record_name, const std::string& record
   write_member(kNameFile, [&](FileSink& sink) { sink.write(record_name.data(), record_name.size()); });
   FolderLock lock(dir_);
   const CommitGuard no_signals;
-  // Sets left by a killed commit go first, or one of them would later replace this newer set.
-  tidy_locked(lock.fd(), dir_);
+  // The set this one replaces, so that completing it after an interruption never mixes it with
+  // a set committed in between (finish_commit).
+  write_member(kReplacesFile, [&](FileSink& sink) {
+    const std::string replaces = current_set_id(lock.fd(), record_name);
+    sink.write(replaces.data(), replaces.size());
+  });
   const std::string commit_name = kSetPrefix + id_;
   if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), commit_name.c_str()) != 0)
     throw Error(final_path(record_name) + ": cannot move the export into place (" + errno_text(errno) +
