@@ -424,6 +424,11 @@ TEST_CASE("SIGTERM and SIGINT during an export leave no temporaries; stale ones 
     ::kill(pid, sig);
     const Child child = reap(pid, s.dir + "/signal-err-" + std::to_string(sig));
     CHECK(child.signal == sig);  // terminated by the signal, as without the handler
+    INFO([&] {
+      std::string names;
+      for (const std::string& e : entries(out)) names += e + " ";
+      return names;
+    }());
     CHECK(entries(out).empty());  // no temporary, and no part of the set
   }
 
@@ -615,4 +620,28 @@ TEST_CASE("an interrupted commit is completed by the next run, or dropped when a
   CHECK(tidy_output_dir(raced) == 1);
   CHECK(snapshot(raced) == sets["magma"]);
   CHECK(hidden_entries(raced) == 0);
+}
+
+TEST_CASE("a file size limit (as a full disk) kills an export mid-write: the old set stays whole", "[export][atomic]") {
+  Setup s;
+  const std::string out = test::temp_dir("fsize");
+  const std::string err = s.dir + "/fsize-err";
+  const std::vector<std::string> plain = {VITLENS_BINARY, "export", s.image, "--model", s.model, "--out", out, "-q",
+                                          "--size", "0"};
+  REQUIRE(reap(spawn(plain, err), err).code == 0);
+  const auto before = snapshot(out);
+  REQUIRE(before.size() == 7);
+  // The same export with --raw and new colours, under RLIMIT_FSIZE of 16 KiB: the PNGs fit, the
+  // 30 KB .npy does not, and SIGXFSZ kills the process in the middle of writing it.
+  std::vector<std::string> limited = {"/bin/sh", "-c", "ulimit -f 32 && exec \"$@\"", "sh"};
+  limited.insert(limited.end(), plain.begin(), plain.end());
+  limited.insert(limited.end(), {"--raw", "--colormap", "magma"});
+  const Child killed = reap(spawn(limited, err), err);
+  CHECK(killed.signal == SIGXFSZ);
+  CHECK(snapshot(out) == before);  // nothing of the new set in place
+  CHECK(hidden_entries(out) == 1);  // its private folder, left by the kill
+  // The next run removes it (its process is gone) and writes its own set.
+  REQUIRE(reap(spawn(plain, err), err).code == 0);
+  CHECK(snapshot(out) == before);
+  CHECK(hidden_entries(out) == 0);
 }

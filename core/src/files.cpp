@@ -72,7 +72,9 @@ struct Slot {
   char path[PATH_MAX];
 };
 Slot g_slots[kSlots];
-std::atomic<int> g_commits{0};  // commits in progress: a handler waits for them to finish
+// Critical sections in progress (creating and registering a temporary, a commit): a handler,
+// which may run on any thread of the process, waits for them to finish.
+std::atomic<int> g_critical{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads these atomics");
 
 int register_temp(const std::string& path) {
@@ -123,14 +125,34 @@ void remove_tree_signal_safe(const char* path) {
 
 extern "C" void cleanup_on_signal(int sig) {
   const int saved_errno = errno;
-  // A commit blocks these signals on its own thread; delivered on another thread, wait for it so
-  // a set is never left half moved into place (a commit is a few renames).
-  while (g_commits.load() > 0) {
+  // A critical section blocks these signals on its own thread; delivered on another thread, wait
+  // for it, so a set is never left half moved into place (a commit is a few renames) and a
+  // temporary is never left created but not yet registered.
+  while (g_critical.load() > 0) {
     const timespec pause{0, 1000000};
     ::nanosleep(&pause, nullptr);
   }
-  for (Slot& slot : g_slots)
-    if (slot.state.load() == 2) remove_tree_signal_safe(slot.path);
+  for (int i = 0; i < kSlots; ++i) {
+    Slot& slot = g_slots[i];
+    if (slot.state.load() != 2) continue;
+    if (::unlink(slot.path) == 0 || errno == ENOENT) continue;  // a single-file temporary
+    // A private folder. Another thread may still be writing into it (the handler runs on any
+    // thread): renamed first, the folder takes no new files under its old path, then it is
+    // emptied. The new name keeps our pattern (.vitlens-tmp-<pid>-dyiNNN) for the next run's tidy.
+    char dying[PATH_MAX];
+    const size_t len = std::strlen(slot.path);
+    std::memcpy(dying, slot.path, len + 1);
+    if (len >= 6) {
+      dying[len - 6] = 'd';
+      dying[len - 5] = 'y';
+      dying[len - 4] = 'i';
+      dying[len - 3] = static_cast<char>('0' + i / 100);
+      dying[len - 2] = static_cast<char>('0' + i / 10 % 10);
+      dying[len - 1] = static_cast<char>('0' + i % 10);
+    }
+    if (len >= 6 && ::rename(slot.path, dying) == 0) remove_tree_signal_safe(dying);
+    else remove_tree_signal_safe(slot.path);
+  }
   // Terminate as the signal would have: default action, raised again (delivered on return, as
   // the signal is blocked while its handler runs).
   struct sigaction dfl {};
@@ -143,25 +165,34 @@ extern "C" void cleanup_on_signal(int sig) {
 
 const int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
-// Blocks the cleanup signals on this thread and marks a commit in progress, for its lifetime.
-class CommitGuard {
+// Blocks the cleanup signals on this thread for its lifetime: between creating a temporary and
+// registering it, and during a commit.
+class BlockCleanupSignals {
  public:
-  CommitGuard() {
+  BlockCleanupSignals() {
     sigset_t block;
     sigemptyset(&block);
     for (int sig : kCleanupSignals) sigaddset(&block, sig);
     ::pthread_sigmask(SIG_BLOCK, &block, &saved_);
-    g_commits.fetch_add(1);
   }
-  ~CommitGuard() {
-    g_commits.fetch_sub(1);
-    ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
-  }
-  CommitGuard(const CommitGuard&) = delete;
-  CommitGuard& operator=(const CommitGuard&) = delete;
+  ~BlockCleanupSignals() { ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+  BlockCleanupSignals(const BlockCleanupSignals&) = delete;
+  BlockCleanupSignals& operator=(const BlockCleanupSignals&) = delete;
 
  private:
   sigset_t saved_{};
+};
+
+// ... and marks a critical section in progress, which a handler on another thread waits for.
+class CriticalSection {
+ public:
+  CriticalSection() { g_critical.fetch_add(1); }
+  ~CriticalSection() { g_critical.fetch_sub(1); }
+  CriticalSection(const CriticalSection&) = delete;
+  CriticalSection& operator=(const CriticalSection&) = delete;
+
+ private:
+  BlockCleanupSignals blocked_;  // constructed first: the count never rises with signals open
 };
 
 // =============================================================================================
@@ -476,10 +507,14 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
-  const int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  int fd = -1, slot = -1;
+  {
+    const CriticalSection created_and_registered;
+    fd = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd >= 0) slot = register_temp(name.data());
+  }
   if (fd < 0) throw Error(path + ": cannot create a file in " + dir + " (" + errno_text(errno) + ")");
   const std::string tmp(name.data());
-  const int slot = register_temp(tmp);
   try {
     fill_and_close(fd, path, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
     if (rename_at(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str()) != 0)
@@ -524,9 +559,12 @@ OutputSet::OutputSet(const std::string& dir) : dir_(dir) {
   std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
-  if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for the export (" + errno_text(errno) + ")");
+  {
+    const CriticalSection created_and_registered;
+    if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for the export (" + errno_text(errno) + ")");
+    slot_ = register_temp(name.data());
+  }
   const std::string path(name.data());
-  slot_ = register_temp(path);
   open_ = true;
   private_name_ = base_name(path);
   // <pid>-<nanoseconds since the epoch, hex>-<the private folder's random part>
@@ -579,7 +617,7 @@ void OutputSet::commit(const std::string& record_name, const std::string& record
   write_member(kRecordFile, [&](FileSink& sink) { sink.write(record_bytes.data(), record_bytes.size()); });
   write_member(kNameFile, [&](FileSink& sink) { sink.write(record_name.data(), record_name.size()); });
   FolderLock lock(dir_);
-  const CommitGuard no_signals;
+  const CriticalSection no_signals;
   // The set this one replaces, so that completing it after an interruption never mixes it with
   // a set committed in between (finish_commit).
   write_member(kReplacesFile, [&](FileSink& sink) {
@@ -601,7 +639,7 @@ void OutputSet::commit(const std::string& record_name, const std::string& record
 
 int tidy_output_dir(const std::string& dir) {
   FolderLock lock(dir);
-  const CommitGuard no_signals;
+  const CriticalSection no_signals;
   return tidy_locked(lock.fd(), dir);
 }
 
