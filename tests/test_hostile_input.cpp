@@ -171,10 +171,11 @@ struct Setup {
   }
 };
 
-// Every file of a folder: name -> bytes; JSON files without their run-specific fields.
+// Every visible file of a folder: name -> bytes; JSON files without their run-specific fields.
 std::map<std::string, std::string> snapshot(const std::string& dir) {
   std::map<std::string, std::string> files;
   for (const std::string& name : entries(dir)) {
+    if (name[0] == '.') continue;  // temporaries and commit folders: counted by hidden_entries
     std::string bytes = slurp(dir + "/" + name);
     if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
       nlohmann::json j = nlohmann::json::parse(bytes);
@@ -364,7 +365,7 @@ TEST_CASE("a long stem works: temporary names are short whatever the output name
   CHECK(slurp(out + "/" + std::string(250, 'n') + ".json") == "{}");
 }
 
-TEST_CASE("--raw is streamed: the same bytes as the whole array, without a second copy in memory", "[export][raw]") {
+TEST_CASE("raw export is streamed: the same bytes as the whole array, without a second copy in memory", "[export][raw]") {
   Setup s;
   ExportSettings settings;
   settings.out_dir = test::temp_dir("rawstream");
@@ -423,6 +424,11 @@ TEST_CASE("SIGTERM and SIGINT during an export leave no temporaries; stale ones 
     ::kill(pid, sig);
     const Child child = reap(pid, s.dir + "/signal-err-" + std::to_string(sig));
     CHECK(child.signal == sig);  // terminated by the signal, as without the handler
+    INFO([&] {
+      std::string names;
+      for (const std::string& e : entries(out)) names += e + " ";
+      return names;
+    }());
     CHECK(entries(out).empty());  // no temporary, and no part of the set
   }
 
@@ -548,4 +554,94 @@ TEST_CASE("two concurrent exports into one folder leave one complete, consistent
     CHECK((now == viridis || now == inferno));
     CHECK(hidden_entries(out) == 0);
   }
+}
+
+TEST_CASE("an interrupted commit is completed by the next run, or dropped when a newer set replaced it", "[export][atomic]") {
+  Setup s;
+  ExportSettings base;
+  base.max_side = 0;
+  const ImageAnalysis analysis = analyse_image(s.loaded, s.image, base);
+  auto export_with = [&](const std::string& dir, const char* colormap) {
+    ExportSettings e = base;
+    e.out_dir = dir;
+    e.style.colormap = colormap;
+    write_export(s.loaded, analysis, e);
+  };
+  auto pending = [](const std::string& dir) {
+    for (const std::string& e : entries(dir))
+      if (e.rfind(".vitlens-set-", 0) == 0) return true;
+    return false;
+  };
+  std::map<std::string, std::map<std::string, std::string>> sets;
+  for (const char* colormap : {"viridis", "inferno", "magma"}) {
+    const std::string ref = test::temp_dir("ref");
+    export_with(ref, colormap);
+    sets[colormap] = snapshot(ref);
+  }
+  // The first failing operation that leaves a commit folder: the first rename after the commit
+  // point. Two later, two of the new files are already in place when it stops.
+  long first = 0;
+  for (long n = 1; n < 60 && first == 0; ++n) {
+    const std::string dir = test::temp_dir("find");
+    export_with(dir, "viridis");
+    testing::fail_file_operation(n);
+    CHECK_THROWS(export_with(dir, "inferno"));
+    testing::fail_file_operation(0);
+    if (pending(dir)) first = n;
+  }
+  REQUIRE(first > 0);
+  auto interrupted = [&](const std::string& dir) {
+    export_with(dir, "viridis");
+    testing::fail_file_operation(first + 2);
+    CHECK_THROWS_WITH(export_with(dir, "inferno"), Catch::Contains("the next export into this folder completes it"));
+    testing::fail_file_operation(0);
+    REQUIRE(pending(dir));
+    const auto mixed = snapshot(dir);
+    CHECK(mixed != sets["viridis"]);  // two of inferno's PNGs are in place beside viridis' JSON
+    CHECK(mixed != sets["inferno"]);
+  };
+  // Nothing happened since: the next run completes the interrupted set.
+  const std::string alone = test::temp_dir("alone");
+  interrupted(alone);
+  CHECK(tidy_output_dir(alone) == 1);
+  CHECK(snapshot(alone) == sets["inferno"]);
+  CHECK(hidden_entries(alone) == 0);
+  // A newer set (magma) was committed in between: completing inferno would mix the two, so the
+  // interrupted set is dropped and magma stays whole.
+  const std::string raced = test::temp_dir("raced");
+  interrupted(raced);
+  export_with(raced, "magma");  // this process tidied the folder already: it commits over it
+  INFO([&] {
+    std::string names;
+    for (const std::string& e : entries(raced)) names += e + " ";
+    return names;
+  }());
+  CHECK(snapshot(raced) == sets["magma"]);
+  CHECK(tidy_output_dir(raced) == 1);
+  CHECK(snapshot(raced) == sets["magma"]);
+  CHECK(hidden_entries(raced) == 0);
+}
+
+TEST_CASE("a file size limit (as a full disk) kills an export mid-write: the old set stays whole", "[export][atomic]") {
+  Setup s;
+  const std::string out = test::temp_dir("fsize");
+  const std::string err = s.dir + "/fsize-err";
+  const std::vector<std::string> plain = {VITLENS_BINARY, "export", s.image, "--model", s.model, "--out", out, "-q",
+                                          "--size", "0"};
+  REQUIRE(reap(spawn(plain, err), err).code == 0);
+  const auto before = snapshot(out);
+  REQUIRE(before.size() == 7);
+  // The same export with --raw and new colours, under RLIMIT_FSIZE of 16 KiB: the PNGs fit, the
+  // 30 KB .npy does not, and SIGXFSZ kills the process in the middle of writing it.
+  std::vector<std::string> limited = {"/bin/sh", "-c", "ulimit -f 32 && exec \"$@\"", "sh"};
+  limited.insert(limited.end(), plain.begin(), plain.end());
+  limited.insert(limited.end(), {"--raw", "--colormap", "magma"});
+  const Child killed = reap(spawn(limited, err), err);
+  CHECK(killed.signal == SIGXFSZ);
+  CHECK(snapshot(out) == before);  // nothing of the new set in place
+  CHECK(hidden_entries(out) == 1);  // its private folder, left by the kill
+  // The next run removes it (its process is gone) and writes its own set.
+  REQUIRE(reap(spawn(plain, err), err).code == 0);
+  CHECK(snapshot(out) == before);
+  CHECK(hidden_entries(out) == 0);
 }

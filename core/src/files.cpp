@@ -43,6 +43,7 @@ const char kTempPrefix[] = ".vitlens-tmp-";  // + <pid>-XXXXXX
 const char kSetPrefix[] = ".vitlens-set-";   // + <set id>
 const char kRecordFile[] = ".record";        // inside a commit folder: the record, moved last
 const char kNameFile[] = ".name";            // inside a commit folder: the record's final name
+const char kReplacesFile[] = ".replaces";    // inside a commit folder: the set id of the record it replaces
 
 std::string parent_dir(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -71,7 +72,9 @@ struct Slot {
   char path[PATH_MAX];
 };
 Slot g_slots[kSlots];
-std::atomic<int> g_commits{0};  // commits in progress: a handler waits for them to finish
+// Critical sections in progress (creating and registering a temporary, a commit): a handler,
+// which may run on any thread of the process, waits for them to finish.
+std::atomic<int> g_critical{0};
 static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads these atomics");
 
 int register_temp(const std::string& path) {
@@ -122,14 +125,34 @@ void remove_tree_signal_safe(const char* path) {
 
 extern "C" void cleanup_on_signal(int sig) {
   const int saved_errno = errno;
-  // A commit blocks these signals on its own thread; delivered on another thread, wait for it so
-  // a set is never left half moved into place (a commit is a few renames).
-  while (g_commits.load() > 0) {
+  // A critical section blocks these signals on its own thread; delivered on another thread, wait
+  // for it, so a set is never left half moved into place (a commit is a few renames) and a
+  // temporary is never left created but not yet registered.
+  while (g_critical.load() > 0) {
     const timespec pause{0, 1000000};
     ::nanosleep(&pause, nullptr);
   }
-  for (Slot& slot : g_slots)
-    if (slot.state.load() == 2) remove_tree_signal_safe(slot.path);
+  for (int i = 0; i < kSlots; ++i) {
+    Slot& slot = g_slots[i];
+    if (slot.state.load() != 2) continue;
+    if (::unlink(slot.path) == 0 || errno == ENOENT) continue;  // a single-file temporary
+    // A private folder. Another thread may still be writing into it (the handler runs on any
+    // thread): renamed first, the folder takes no new files under its old path, then it is
+    // emptied. The new name keeps our pattern (.vitlens-tmp-<pid>-dyiNNN) for the next run's tidy.
+    char dying[PATH_MAX];
+    const size_t len = std::strlen(slot.path);
+    std::memcpy(dying, slot.path, len + 1);
+    if (len >= 6) {
+      dying[len - 6] = 'd';
+      dying[len - 5] = 'y';
+      dying[len - 4] = 'i';
+      dying[len - 3] = static_cast<char>('0' + i / 100);
+      dying[len - 2] = static_cast<char>('0' + i / 10 % 10);
+      dying[len - 1] = static_cast<char>('0' + i % 10);
+    }
+    if (len >= 6 && ::rename(slot.path, dying) == 0) remove_tree_signal_safe(dying);
+    else remove_tree_signal_safe(slot.path);
+  }
   // Terminate as the signal would have: default action, raised again (delivered on return, as
   // the signal is blocked while its handler runs).
   struct sigaction dfl {};
@@ -142,25 +165,34 @@ extern "C" void cleanup_on_signal(int sig) {
 
 const int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
 
-// Blocks the cleanup signals on this thread and marks a commit in progress, for its lifetime.
-class CommitGuard {
+// Blocks the cleanup signals on this thread for its lifetime: between creating a temporary and
+// registering it, and during a commit.
+class BlockCleanupSignals {
  public:
-  CommitGuard() {
+  BlockCleanupSignals() {
     sigset_t block;
     sigemptyset(&block);
     for (int sig : kCleanupSignals) sigaddset(&block, sig);
     ::pthread_sigmask(SIG_BLOCK, &block, &saved_);
-    g_commits.fetch_add(1);
   }
-  ~CommitGuard() {
-    g_commits.fetch_sub(1);
-    ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
-  }
-  CommitGuard(const CommitGuard&) = delete;
-  CommitGuard& operator=(const CommitGuard&) = delete;
+  ~BlockCleanupSignals() { ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
+  BlockCleanupSignals(const BlockCleanupSignals&) = delete;
+  BlockCleanupSignals& operator=(const BlockCleanupSignals&) = delete;
 
  private:
   sigset_t saved_{};
+};
+
+// ... and marks a critical section in progress, which a handler on another thread waits for.
+class CriticalSection {
+ public:
+  CriticalSection() { g_critical.fetch_add(1); }
+  ~CriticalSection() { g_critical.fetch_sub(1); }
+  CriticalSection(const CriticalSection&) = delete;
+  CriticalSection& operator=(const CriticalSection&) = delete;
+
+ private:
+  BlockCleanupSignals blocked_;  // constructed first: the count never rises with signals open
 };
 
 // =============================================================================================
@@ -296,6 +328,20 @@ bool read_at(int dir_fd, const std::string& name, std::string& out) {
   return true;
 }
 
+// A record's "set" id ("" when it has none or is not JSON).
+std::string set_id_of(const std::string& record) {
+  const nlohmann::json j = nlohmann::json::parse(record, nullptr, false);
+  if (j.is_object() && j.contains("set") && j["set"].is_string()) return j["set"].get<std::string>();
+  return "";
+}
+
+// The set id of the record `name` in the folder: "" when there is none, "?" when unreadable.
+std::string current_set_id(int dir_fd, const std::string& name) {
+  std::string record;
+  if (!read_at(dir_fd, name, record)) return errno == ENOENT ? "" : "?";
+  return set_id_of(record);
+}
+
 // The file names a record's "files" array lists (empty when it is missing or not JSON).
 std::set<std::string> listed_names(const std::string& record) {
   std::set<std::string> names;
@@ -339,8 +385,21 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
     fail(commit_name + "/" + kNameFile, ENOENT);
   }
   if (record_name.empty() || record_name.find('/') != std::string::npos) fail(commit_name + "/" + kNameFile, EINVAL);
+  // Which set is in place now: the one this commit replaces (move on), this one (only the
+  // cleanup is left), or a set committed later by another process while this commit lay
+  // interrupted (this older set is dropped: moving the rest of it would mix the two).
+  std::string replaces;
+  const bool knows_replaced = read_at(set_fd, kReplacesFile, replaces);
+  const std::string in_place = current_set_id(dir_fd, record_name);
+  const std::string own_id = commit_name.substr(sizeof kSetPrefix - 1);
+  if (knows_replaced && in_place != replaces && in_place != own_id) {
+    ::close(set_fd);
+    remove_tree_at(dir_fd, commit_name);
+    ::fsync(dir_fd);
+    return;
+  }
   for (const std::string& name : list_names(set_fd)) {
-    if (name == kRecordFile || name == kNameFile) continue;
+    if (name == kRecordFile || name == kNameFile || name == kReplacesFile) continue;
     if (rename_at(set_fd, name.c_str(), dir_fd, name.c_str()) != 0) fail(name, errno);
   }
   std::string record;
@@ -358,6 +417,7 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
     }
     if (rename_at(set_fd, kRecordFile, dir_fd, record_name.c_str()) != 0) fail(record_name, errno);
   }
+  ::unlinkat(set_fd, kReplacesFile, 0);
   ::unlinkat(set_fd, kNameFile, 0);
   ::close(set_fd);
   ::unlinkat(dir_fd, commit_name.c_str(), AT_REMOVEDIR);
@@ -447,10 +507,14 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
-  const int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  int fd = -1, slot = -1;
+  {
+    const CriticalSection created_and_registered;
+    fd = ::mkostemp(name.data(), O_CLOEXEC);
+    if (fd >= 0) slot = register_temp(name.data());
+  }
   if (fd < 0) throw Error(path + ": cannot create a file in " + dir + " (" + errno_text(errno) + ")");
   const std::string tmp(name.data());
-  const int slot = register_temp(tmp);
   try {
     fill_and_close(fd, path, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
     if (rename_at(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str()) != 0)
@@ -478,15 +542,29 @@ void write_png_atomic(const std::string& path, const cv::Mat& rgb8) {
   write_file_atomic(path, std::string(buf.begin(), buf.end()));
 }
 
+// Each folder is tidied once per process (listing a folder of 100000 files for every image of a
+// batch would cost more than the export).
+static bool first_set_in(const std::string& dir) {
+  static std::mutex lock;
+  static std::set<std::pair<dev_t, ino_t>> seen;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return true;
+  const std::lock_guard<std::mutex> hold(lock);
+  return seen.insert({st.st_dev, st.st_ino}).second;
+}
+
 OutputSet::OutputSet(const std::string& dir) : dir_(dir) {
   install_cleanup_handlers();
-  tidy_output_dir(dir);
+  if (first_set_in(dir)) tidy_output_dir(dir);
   std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
-  if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for the export (" + errno_text(errno) + ")");
+  {
+    const CriticalSection created_and_registered;
+    if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for the export (" + errno_text(errno) + ")");
+    slot_ = register_temp(name.data());
+  }
   const std::string path(name.data());
-  slot_ = register_temp(path);
   open_ = true;
   private_name_ = base_name(path);
   // <pid>-<nanoseconds since the epoch, hex>-<the private folder's random part>
@@ -503,6 +581,7 @@ OutputSet::~OutputSet() {
   for (const std::string& name : names_) ::unlink((path + "/" + name).c_str());
   ::unlink((path + "/" + kRecordFile).c_str());
   ::unlink((path + "/" + kNameFile).c_str());
+  ::unlink((path + "/" + kReplacesFile).c_str());
   ::rmdir(path.c_str());
   unregister_temp(slot_);
 }
@@ -538,9 +617,13 @@ void OutputSet::commit(const std::string& record_name, const std::string& record
   write_member(kRecordFile, [&](FileSink& sink) { sink.write(record_bytes.data(), record_bytes.size()); });
   write_member(kNameFile, [&](FileSink& sink) { sink.write(record_name.data(), record_name.size()); });
   FolderLock lock(dir_);
-  const CommitGuard no_signals;
-  // Sets left by a killed commit go first, or one of them would later replace this newer set.
-  tidy_locked(lock.fd(), dir_);
+  const CriticalSection no_signals;
+  // The set this one replaces, so that completing it after an interruption never mixes it with
+  // a set committed in between (finish_commit).
+  write_member(kReplacesFile, [&](FileSink& sink) {
+    const std::string replaces = current_set_id(lock.fd(), record_name);
+    sink.write(replaces.data(), replaces.size());
+  });
   const std::string commit_name = kSetPrefix + id_;
   if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), commit_name.c_str()) != 0)
     throw Error(final_path(record_name) + ": cannot move the export into place (" + errno_text(errno) +
@@ -556,7 +639,7 @@ void OutputSet::commit(const std::string& record_name, const std::string& record
 
 int tidy_output_dir(const std::string& dir) {
   FolderLock lock(dir);
-  const CommitGuard no_signals;
+  const CriticalSection no_signals;
   return tidy_locked(lock.fd(), dir);
 }
 

@@ -11,8 +11,11 @@
 // will be moved into place) and each file is renamed into the output folder, the record (the
 // JSON sidecar) last; files the previous record listed that the new set does not have are removed
 // before the new record appears. SIGINT and SIGTERM wait for a commit in progress. A commit cut
-// short by SIGKILL or a power loss leaves its ".vitlens-set-<id>" folder, and the next OutputSet in
-// that folder (or tidy_output_dir) completes it before anything else is written.
+// short by SIGKILL or a power loss leaves its ".vitlens-set-<id>" folder, and the next process
+// writing an OutputSet into that folder (or tidy_output_dir) completes it before writing its own,
+// unless another set of that record was committed since (the commit folder records which set it
+// replaces): then the interrupted, older set is dropped, as completing it would mix the two.
+// A process tidies each folder once, when it first writes there.
 //
 // Temporary names are short and fixed-length whatever the target's name:
 // ".vitlens-tmp-<pid>-XXXXXX" (a file or a private folder). SIGINT and SIGTERM remove the pending
@@ -53,7 +56,7 @@ class FileSink {
 class OutputSet {
  public:
   // Creates the private folder in `dir` (after completing interrupted commits and removing stale
-  // temporaries there). Throws vitlens::Error.
+  // temporaries there, the first time this process writes into `dir`). Throws vitlens::Error.
   explicit OutputSet(const std::string& dir);
   ~OutputSet();  // not committed: the private folder and everything in it is removed
   OutputSet(const OutputSet&) = delete;
@@ -67,7 +70,8 @@ class OutputSet {
   // The file's bytes come from `fill`, written as they come (no copy of the whole file in memory).
   void add_stream(const std::string& name, const std::function<void(FileSink&)>& fill);
   // Moves every file into `dir`, `record_name` (written from record_bytes) last. The record is a
-  // JSON object whose "files" array lists the set's files (paths; their names are used). Throws
+  // JSON object whose "files" array lists the set's files (paths; their names are used) and whose
+  // "set" is id(). Throws
   // vitlens::Error; after the commit point a failure leaves the set to be completed by the next
   // OutputSet or tidy_output_dir in `dir`.
   void commit(const std::string& record_name, const std::string& record_bytes);
