@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config
   libeigen3-dev libopencv-dev nlohmann-json3-dev libcli11-dev catch2   # core, models, CLI, tests
   libimgui-dev libglfw3-dev libgl-dev                                  # the desktop viewer
-  xvfb xauth                                                           # viewer tests on a virtual display
+  xvfb xauth xdotool                                                   # viewer tests on a virtual display, real input
   python3 python3-numpy                                                # fixture checks
 )
 # Only the scripts that regenerate reference data need PyTorch; pass --with-torch to get it.
