@@ -221,7 +221,8 @@ const json& find_widget(const json& dump, const std::string& spec) {
 }
 
 int print_widget_centre(const std::string& dump_path, const std::string& spec) {
-  const json& w = find_widget(read_json(dump_path), spec);
+  const json dump = read_json(dump_path);
+  const json& w = find_widget(dump, spec);
   std::cout << static_cast<int>(w["centre"][0].get<double>()) << " " << static_cast<int>(w["centre"][1].get<double>()) << "\n";
   return 0;
 }

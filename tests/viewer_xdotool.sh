@@ -51,8 +51,9 @@ done
 click "Controls > Display > log"
 click "Controls > Display > patch grid"
 click "Controls > Export and screenshot > Export"
+# Done when the viewer has taken the export's result (it then remembers the folder).
 tries=0
-until [ -s "$OUT/exports/vitlens-demo.json" ]; do
+until grep -q '"export_folder": *"/' "$OUT/config/vitlens/settings.json" 2>/dev/null; do
   tries=$((tries + 1))
   if [ "$tries" -gt 300 ]; then break; fi
   sleep 0.1
