@@ -184,10 +184,9 @@ bool Picture(const char* label, const ImVec2& size, ImGuiButtonFlags flags) {
 
 bool SelectableText(const std::string& text, bool selected, ImGuiSelectableFlags flags) {
   // An empty label: ImGui would cut a name at "##" and hash it; the entry's scope is its ID.
+  const ImVec2 text_pos = ImGui::GetCursorScreenPos();  // where Selectable would draw its label
   const bool pressed = ImGui::Selectable("##entry", selected, flags);
-  const ImVec2 min = ImGui::GetItemRectMin();
-  ImGui::GetWindowDrawList()->AddText(ImVec2(min.x, min.y), ImGui::GetColorU32(ImGuiCol_Text), text.c_str(),
-                                      text.c_str() + text.size());
+  ImGui::GetWindowDrawList()->AddText(text_pos, ImGui::GetColorU32(ImGuiCol_Text), text.c_str(), text.c_str() + text.size());
   Record(text, "##entry", WidgetKind::Selectable);
   return pressed;
 }
