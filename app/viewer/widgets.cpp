@@ -45,7 +45,9 @@ void Record(const std::string& label, const char* id_label, WidgetKind kind, flo
   WidgetInfo w;
   w.label = label;
   w.id_label = id_label;
-  w.id = ImGui::GetItemID();
+  // A multi-part widget (InputFloat2) ends in a group, which has no ID: its ID is its label's
+  // hash in the current scope, the scope its parts are pushed under.
+  w.id = ImGui::GetItemID() != 0 ? ImGui::GetItemID() : ImGui::GetID(id_label);
   w.window = g.CurrentWindow ? g.CurrentWindow->Name : "";
   w.sections = g_recorder.sections;
   w.kind = kind;
