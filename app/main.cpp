@@ -39,7 +39,7 @@ void parse_pair(const std::string& text, const char* flag, int& first, int& seco
 
 // `vitlens view`: the desktop viewer; `vitlens` with no arguments runs it on the bundled files.
 struct ViewArgs {
-  std::string image, model, screenshot, script;
+  std::string image, model, screenshot, script, dump_widgets;
   int frames = -1;
   int heads = 0;
 };
@@ -57,6 +57,9 @@ void add_view_command(CLI::App& app, ViewArgs& args) {
                   "Run the commands in FILE (pin R C, mode received, colormap inferno, mask causal, export DIR, "
                   "screenshot FILE, ...), then exit")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--dump-widgets", args.dump_widgets,
+                  "Once the first image is drawn, write every widget's label, ID, window and rectangle as JSON to "
+                  "FILE (for tools that click the real window, such as xdotool); the viewer keeps running");
 }
 
 int run_view(const ViewArgs& args) {
@@ -68,6 +71,7 @@ int run_view(const ViewArgs& args) {
   viewer.script = args.script;
   viewer.frames = args.frames;
   viewer.heads = args.heads;
+  viewer.dump_widgets = args.dump_widgets;
   return vitlens::viewer::run_viewer(viewer);
 #else
   (void)args;

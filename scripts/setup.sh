@@ -8,7 +8,7 @@ PACKAGES=(
   libeigen3-dev libopencv-dev nlohmann-json3-dev libcli11-dev catch2   # core, models, CLI, tests
   zlib1g-dev                                                           # gzip'd training data (dataset.cpp)
   libimgui-dev libglfw3-dev libgl-dev                                  # the desktop viewer
-  xvfb xauth                                                           # viewer tests on a virtual display
+  xvfb xauth xdotool                                                   # viewer tests on a virtual display, real input
   clang-14 libclang-rt-14-dev llvm-14                                  # ASan + UBSan build, libFuzzer, symbolized reports
   python3 python3-numpy                                                # fixture checks
   dataset-fashion-mnist opencv-doc                                     # data the tests read in place: training set, photos

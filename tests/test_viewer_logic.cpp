@@ -583,6 +583,7 @@ TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --thres
   auto without_timings = [](const std::string& path) {
     nlohmann::json j = nlohmann::json::parse(read_text(path));
     j.erase("timings_ms");
+    j.erase("set");  // each export's commit id
     for (auto& f : j["files"]) f = fs::path(f.get<std::string>()).filename().string();
     return j;
   };
@@ -603,4 +604,209 @@ TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --thres
     CHECK(t.no_structure);
     CHECK(t.kept_patches == t.total_patches);
   }
+}
+
+// [SECTION] Issue 9: status bar, folders, browser, widgets and real-input commands
+
+namespace {
+
+// Sets an environment variable for one scope and puts the old value back.
+struct ScopedEnv {
+  std::string name, old;
+  bool had = false;
+  ScopedEnv(const char* n, const std::string& value) : name(n) {
+    const char* v = std::getenv(n);
+    had = v != nullptr;
+    if (had) old = v;
+    ::setenv(n, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (had) ::setenv(name.c_str(), old.c_str(), 1);
+    else ::unsetenv(name.c_str());
+  }
+};
+
+WidgetInfo widget(const std::string& label, const std::string& window, std::vector<std::string> sections, WidgetKind kind,
+                  uint32_t id) {
+  WidgetInfo w;
+  w.label = w.id_label = label;
+  w.window = window;
+  w.sections = std::move(sections);
+  w.kind = kind;
+  w.id = id;
+  w.rect = w.frame = Rect{10.0f, 20.0f, 100.0f, 20.0f};
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("viewer status bar shows the grid of the pass on screen, after the working size changes", "[viewer]") {
+  Fixture fx;
+  const std::string big = fx.dir + "/big.png";
+  write_png_atomic(big, test_picture(128, 128));
+  App app;
+  start_app(app, big, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  // The model's own size (32): 128 px scaled to 32, an 8x8 grid.
+  CHECK_THAT(status_text(app), Catch::Contains("grid 8x8, 65 tokens"));
+  app.ui.compute.max_side = 64;  // what releasing the working-size slider does
+  REQUIRE(run_until_idle(app));
+  CHECK(grid_rows(app) == 16);
+  CHECK_THAT(status_text(app), Catch::Contains("grid 16x16, 257 tokens"));
+  CHECK_THAT(status_text(app), Catch::Contains("64x64 px"));
+  // Nothing on screen says the old grid any more.
+  CHECK(app.ui.message.text.find("8x8") == std::string::npos);
+  CHECK(state_json(app)["status"].get<std::string>().find("16x16") != std::string::npos);
+}
+
+TEST_CASE("viewer export folder: $VITLENS_EXPORT_DIR or ~/vitlens-exports, created on demand, full path said",
+          "[viewer]") {
+  Fixture fx;
+  {
+    ScopedEnv home("HOME", fx.dir + "/home");
+    ScopedEnv unset("VITLENS_EXPORT_DIR", "");
+    CHECK(default_export_folder() == fx.dir + "/home/vitlens-exports");
+  }
+  const std::string exports = fx.dir + "/exports";
+  ScopedEnv env("VITLENS_EXPORT_DIR", exports + "/");
+  CHECK(default_export_folder() == exports);
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  CHECK(app.ui.export_folder == exports);
+  CHECK(app.ui.screenshot_path == exports + "/vitlens-screenshot.png");
+  REQUIRE_FALSE(fs::exists(exports));
+  app.requests.export_folder = app.ui.export_folder;  // the Export button
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  CHECK(fs::exists(exports + "/picture_montage.png"));
+  CHECK_THAT(app.ui.message.text, Catch::StartsWith("Exported 7 files to " + exports + ":"));
+
+  // A relative folder is reported absolute; a missing folder that is not the default is an error.
+  const fs::path cwd = fs::current_path();
+  fs::current_path(fx.dir);
+  fs::create_directory(fx.dir + "/rel");
+  app.requests.export_folder = "rel";
+  REQUIRE(run_until_idle(app));
+  CHECK_THAT(app.ui.message.text, Catch::StartsWith("Exported 7 files to " + fx.dir + "/rel:"));
+  app.requests.export_folder = "missing/deeper";
+  REQUIRE(run_until_idle(app));
+  fs::current_path(cwd);
+  CHECK(app.ui.message.error);
+  CHECK_THAT(app.ui.message.text, Catch::Contains(fx.dir + "/missing/deeper: no such folder"));
+  CHECK_FALSE(fs::exists(fx.dir + "/missing"));
+  CHECK_THROWS_WITH(check_output_path(fx.dir + "/nowhere/w.json", "--dump-widgets"), Catch::Contains("does not exist"));
+  CHECK_NOTHROW(check_output_path(fx.dir + "/w.json", "--dump-widgets"));
+}
+
+TEST_CASE("viewer browser lists the folder its path field shows", "[viewer]") {
+  Fixture fx;
+  fs::create_directory(fx.dir + "/out");
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  app.ui.export_folder = fx.dir + "/out";
+  app.ui.browser.folder = "/";  // the browser was somewhere else before
+  open_browser(app, BrowserPurpose::ExportFolder);
+  CHECK(app.ui.browser.folder == fx.dir + "/out");
+  CHECK(app.ui.browser.typed == fx.dir + "/out");
+  // A default folder that does not exist yet: its nearest existing parent is listed.
+  app.ui.export_folder = fx.dir + "/not-yet/exports";
+  open_browser(app, BrowserPurpose::ExportFolder);
+  CHECK(app.ui.browser.folder == fx.dir);
+  CHECK(app.ui.browser.typed == fx.dir + "/not-yet/exports");
+  app.ui.screenshot_path = fx.dir + "/out/shot.png";
+  open_browser(app, BrowserPurpose::ScreenshotFile);
+  CHECK(app.ui.browser.folder == fx.dir + "/out");
+  CHECK(app.ui.browser.typed == fx.dir + "/out/shot.png");
+  open_browser(app, BrowserPurpose::OpenImage);  // opening keeps the folder the browser was in
+  CHECK(app.ui.browser.folder == fx.dir + "/out");
+  CHECK(app.ui.browser.typed.empty());
+}
+
+TEST_CASE("viewer widget names: label, or window and section to tell equal labels apart", "[viewer]") {
+  WidgetFrame frame;
+  frame.widgets = {widget("Export", "Controls", {}, WidgetKind::Header, 1),
+                   widget("Export", "Controls", {"Export"}, WidgetKind::Button, 2),
+                   widget("none", "Controls", {"Mask"}, WidgetKind::Radio, 3),
+                   widget("none", "Controls", {"Softmax scale"}, WidgetKind::Radio, 4),
+                   widget("Export...", "##Menu_00", {"File"}, WidgetKind::MenuItem, 5),
+                   widget("hidden", "Controls", {}, WidgetKind::Button, 6)};
+  frame.widgets.back().visible = false;
+  std::string error;
+  CHECK(find_widget(frame, "Export...", error)->id == 5);
+  CHECK(find_widget(frame, "File > Export...", error)->id == 5);
+  CHECK(find_widget(frame, "Softmax scale > none", error)->id == 4);
+  CHECK(find_widget(frame, "Controls > Mask > none", error)->id == 3);
+  CHECK(find_widget(frame, "Export > Export", error)->id == 2);
+  CHECK(find_widget(frame, "none", error) == nullptr);
+  CHECK_THAT(error, Catch::Contains("names 2 widgets") && Catch::Contains("[Controls > Mask > none]"));
+  CHECK(find_widget(frame, "Mask > Export", error) == nullptr);
+  CHECK(find_widget(frame, "hidden", error) == nullptr);  // not on screen: not clickable
+  CHECK_THAT(error, Catch::Contains("no visible widget 'hidden'"));
+  const nlohmann::json j = widgets_json(frame);
+  REQUIRE(j["widgets"].size() == 6);
+  CHECK(j["widgets"][1]["path"] == "Controls > Export > Export");
+  CHECK(j["widgets"][1]["kind"] == "button");
+  CHECK(j["widgets"][1]["id"] == "0x00000002");
+  CHECK(j["widgets"][1]["centre"][0] == 60.0);
+}
+
+TEST_CASE("viewer real-input script commands queue input steps; checks fail with the values", "[viewer]") {
+  const auto commands = parse_script(
+      "click Controls > Export and screenshot > Export\nclick image at 0.25 0.75\ndrag working size to 0\n"
+      "key escape\ndrop /tmp/a b.png\nexpect show/heads true\nexpect-contains status grid 8x8\n"
+      "click 1/sqrt(d)\n",
+      "t");
+  REQUIRE(commands.size() == 8);
+  CHECK(commands[0].args == std::vector<std::string>{"Controls > Export and screenshot > Export"});
+  CHECK(commands[1].args == std::vector<std::string>{"image", "0.25", "0.75"});
+  CHECK(commands[2].args == std::vector<std::string>{"working size", "0"});
+  CHECK(commands[4].args == std::vector<std::string>{"/tmp/a b.png"});
+  CHECK(commands[6].args == std::vector<std::string>{"status", "grid 8x8"});
+  CHECK_THROWS_WITH(parse_script("drag opacity\n", "t"), Catch::Contains("drag LABEL to T"));
+  CHECK_THROWS_WITH(parse_script("click image at 2 0\n", "t"), Catch::Contains("click LABEL [at FX FY]"));
+  CHECK_THROWS_WITH(parse_script("key space\n", "t"), Catch::Contains("key left|right"));
+
+  Fixture fx;
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  app.ui.widgets.widgets = {widget("image", "Image", {}, WidgetKind::Picture, 1),
+                            widget("working size", "Controls", {}, WidgetKind::Slider, 2)};
+  CHECK(apply_script_command(app, commands[1]).empty());
+  REQUIRE(app.input.size() == 3);  // move, press, release: one frame each
+  CHECK(app.input[0].type == InputStep::Type::MouseMove);
+  CHECK(app.input[0].x == 10.0f + 25.0f);
+  CHECK(app.input[0].y == 20.0f + 15.0f);
+  CHECK(app.input[1].type == InputStep::Type::MouseDown);
+  CHECK(app.input[2].type == InputStep::Type::MouseUp);
+  CHECK_FALSE(is_idle(app));  // the script waits until the window has played the input
+  app.input.clear();
+  CHECK(apply_script_command(app, commands[2]).empty());
+  REQUIRE(app.input.size() == 5);
+  CHECK(app.input[2].x == 10.0f);  // the left end of the track
+  app.input.clear();
+  CHECK(apply_script_command(app, commands[3]).empty());
+  REQUIRE(app.input.size() == 2);  // a press and its release in the same frame
+  CHECK(app.input[0].type == InputStep::Type::KeyDown);
+  CHECK(app.input[1].type == InputStep::Type::KeyUp);
+  CHECK(app.input[1].same_frame);
+  app.input.clear();
+  CHECK_THAT(apply_script_command(app, commands[0]), Catch::Contains("no visible widget"));
+  CHECK(apply_script_command(app, commands[5]).empty());
+  CHECK_THAT(apply_script_command(app, parse_script("expect show/heads false\n", "t")[0]),
+             Catch::Contains("to be false, it is true"));
+  CHECK(apply_script_command(app, commands[6]).empty());
+  CHECK_THAT(apply_script_command(app, parse_script("expect-contains status grid 9x9\n", "t")[0]),
+             Catch::Contains("without 'grid 9x9'"));
+  CHECK_THAT(apply_script_command(app, parse_script("expect-file " + fx.dir + "/none.png\n", "t")[0]),
+             Catch::Contains("it is not there"));
+}
+
+TEST_CASE("viewer script comments: a '#' word or line, never a '#' inside a widget ID", "[viewer]") {
+  const auto commands = parse_script("# a comment\n  # indented\ndrag ##mass to 1  # top mass\nclick ...##export\n", "t");
+  REQUIRE(commands.size() == 2);
+  CHECK(commands[0].args == std::vector<std::string>{"##mass", "1"});
+  CHECK(commands[1].args == std::vector<std::string>{"...##export"});
 }

@@ -6,6 +6,9 @@
 //   viewer_check png FILE W H               a screenshot of that size that is not blank
 //   viewer_check expect-fail TEXT [--no-display] -- CMD...
 //                                           CMD fails with one stderr line containing TEXT
+//   viewer_check widget-centre DUMP SPEC     print "X Y", the middle of the widget SPEC in a
+//                                           --dump-widgets file (SPEC: its path's last parts)
+//   viewer_check xdotool DIR                what the xdotool run (viewer_xdotool.sh) left in DIR
 //   viewer_check skip REASON                exit 77 (ctest SKIP_RETURN_CODE)
 // Exit 0 when every check passes, 1 with one line per failed check otherwise.
 #include <cmath>
@@ -200,6 +203,69 @@ int check_png(const std::string& path, int w, int h) {
   return g_failures == 0 ? 0 : 1;
 }
 
+// [SECTION] widgets (issue 9)
+
+// The one visible widget whose path ("WINDOW > SECTION > LABEL") is SPEC or ends with " > SPEC".
+const json& find_widget(const json& dump, const std::string& spec) {
+  const json* found = nullptr;
+  int count = 0;
+  for (const json& w : dump["widgets"]) {
+    const std::string path = w["path"].get<std::string>();
+    const bool ends = path.size() > spec.size() + 3 && path.compare(path.size() - spec.size() - 3, std::string::npos, " > " + spec) == 0;
+    if (w["visible"] == true && (path == spec || ends)) {
+      found = &w;
+      ++count;
+    }
+  }
+  if (count != 1) throw std::runtime_error("'" + spec + "' names " + std::to_string(count) + " visible widgets in the dump");
+  return *found;
+}
+
+int print_widget_centre(const std::string& dump_path, const std::string& spec) {
+  const json dump = read_json(dump_path);
+  const json& w = find_widget(dump, spec);
+  std::cout << static_cast<int>(w["centre"][0].get<double>()) << " " << static_cast<int>(w["centre"][1].get<double>()) << "\n";
+  return 0;
+}
+
+// After viewer_xdotool.sh: the dump is complete and clash-free, the export button wrote files,
+// every quick key tap moved the query, and the clicked settings were saved.
+int check_xdotool(const std::string& dir) {
+  const json dump = read_json(dir + "/widgets.json");
+  check(dump["clashes"].empty(), "no two widgets share an ID: " + dump["clashes"].dump());
+  const int w = dump["display"][0].get<int>(), h = dump["display"][1].get<int>();
+  int visible = 0, inside = 0;
+  std::set<std::string> kinds;
+  for (const json& item : dump["widgets"]) {
+    if (item["visible"] != true) continue;
+    ++visible;
+    kinds.insert(item["kind"].get<std::string>());
+    const auto& r = item["rect"];
+    inside += r[0].get<double>() >= 0 && r[1].get<double>() >= 0 && r[2].get<double>() > 0 && r[3].get<double>() > 0 &&
+              r[0].get<double>() + r[2].get<double>() <= w && r[1].get<double>() + r[3].get<double>() <= h;
+  }
+  check(visible >= 40, std::to_string(visible) + " visible widgets listed");
+  check(inside == visible, std::to_string(inside) + " of them inside the " + std::to_string(w) + "x" + std::to_string(h) + " window");
+  for (const char* kind : {"button", "checkbox", "radio", "slider", "combo", "menu", "header", "picture", "drop target"})
+    check(kinds.count(kind) == 1, std::string("the dump has a ") + kind);
+
+  const std::string exported = dir + "/exports/vitlens-demo.json";
+  check(fs::exists(exported), "the Export button wrote " + exported);
+  if (fs::exists(exported)) {
+    const json e = read_json(exported);
+    // From the centre (28, 28): three 12 ms taps of Right, two back-to-back taps of Down.
+    check(e["mode"] == "query", "the arrow keys pinned a query: mode " + e["mode"].dump());
+    check(e["query"].is_object() && e["query"]["patch"] == json::array({30, 31}),
+          "every tap moved the query: (28, 28) -> " + (e["query"].is_object() ? e["query"]["patch"].dump() : std::string("none")) +
+              ", want [30, 31]");
+    check(e["normalize"] == "log", "the 'log' radio button was pressed: normalize " + e["normalize"].dump());
+  }
+  const json settings = read_json(dir + "/config/vitlens/settings.json");
+  check(settings["show_grid"] == true, "the 'patch grid' checkbox was ticked and saved");
+  check(settings["export_folder"] == dir + "/exports", "the export folder is remembered: " + settings["export_folder"].dump());
+  return g_failures == 0 ? 0 : 1;
+}
+
 // [SECTION] expect-fail
 
 int expect_fail(const std::string& text, bool no_display, const std::vector<std::string>& command) {
@@ -241,6 +307,8 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "export") return check_export(args[1], args[2]);
     if (args.size() == 2 && args[0] == "bad-file") return check_bad_file(args[1]);
     if (args.size() == 4 && args[0] == "png") return check_png(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()));
+    if (args.size() == 3 && args[0] == "widget-centre") return print_widget_centre(args[1], args[2]);
+    if (args.size() == 2 && args[0] == "xdotool") return check_xdotool(args[1]);
     if (args.size() >= 2 && args[0] == "skip") {
       std::cout << "skipped: " << args[1] << "\n";
       return 77;
@@ -260,6 +328,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "usage: viewer_check screenshots DIR | export VIEWER_DIR CLI_DIR | bad-file DIR | png FILE W H | "
-               "expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
+               "widget-centre DUMP SPEC | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
   return 2;
 }

@@ -5,6 +5,8 @@
 //   Derived   what follows from both (maps, pictures, inspector numbers), rebuilt when its inputs
 //             change (controller.hpp), never every frame
 //   Requests  what the views asked for this frame (open a file, export, screenshot)
+//   Widgets   every widget drawn last frame (label, ID, rectangle) and the synthetic input the
+//             script sends to them through the real input path
 // Views read Document and Derived and write UiState and Requests; they never compute.
 //
 // Legend: N = tokens (class token first), H = heads, d = head dim, gh, gw = patch grid rows and
@@ -123,6 +125,7 @@ enum class BrowserPurpose { OpenImage, OpenModel, ExportFolder, ScreenshotFile }
 
 struct BrowserState {
   bool open_requested = false;           // the menu asked; the browser opens its popup next frame
+  bool shown = false;                    // the popup is on screen
   BrowserPurpose purpose = BrowserPurpose::OpenImage;
   std::string folder;                    // listed folder
   std::string typed;                     // the path field
@@ -157,6 +160,46 @@ struct Rect {
   float x = 0, y = 0, w = 0, h = 0;      // framebuffer pixels, top-left origin
 };
 
+// [SECTION] Widgets and synthetic input
+
+// What a widget is, for `click` / `drag` and `--dump-widgets`.
+enum class WidgetKind { Button, Checkbox, Radio, Slider, Combo, Input, Menu, MenuItem, Selectable, Header, TreeNode, Picture, DropTarget };
+const char* widget_kind_name(WidgetKind kind);  // "button", "checkbox", ...
+
+// One widget as it was drawn (views record each one through widgets.hpp).
+struct WidgetInfo {
+  std::string label;                 // the visible text (before any "##")
+  std::string id_label;              // the text ImGui hashed for the ID ("...##export")
+  uint32_t id = 0;                   // ImGuiID: equal IDs in one window are a clash
+  std::string window;                // the ImGui window it is in
+  std::vector<std::string> sections; // the collapsing header or menu it sits under, outermost first
+  WidgetKind kind = WidgetKind::Button;
+  Rect rect;                         // the whole item, in window pixels (ImGui's coordinates)
+  Rect frame;                        // the part that takes the mouse (a slider's track, not its
+                                     // label), cut to what shows inside the window
+  bool enabled = true;
+  bool visible = true;               // inside its window's visible area
+};
+
+struct WidgetFrame {
+  std::vector<WidgetInfo> widgets;   // in the order they were drawn
+  std::vector<std::string> clashes;  // "window: 'a' (button) and 'b' (header) share ID 0x..."
+  int display_w = 0, display_h = 0;
+};
+
+// One step of synthetic input, played by the window into Dear ImGui's input (io.MousePos,
+// io.MouseDown) or through the GLFW key and drop callbacks. Steps run one per frame, except a
+// step marked `same_frame`, which runs in the frame of the step before it.
+struct InputStep {
+  enum class Type { MouseMove, MouseDown, MouseUp, KeyDown, KeyUp, Drop, Wait };
+  Type type = Type::Wait;
+  float x = 0.0f, y = 0.0f;          // MouseMove: window pixels
+  int button = 0;                    // MouseDown / MouseUp: 0 left, 1 right
+  std::string key;                   // KeyDown / KeyUp: left, right, up, down, escape, enter, tab
+  std::string path;                  // Drop
+  bool same_frame = false;
+};
+
 struct UiState {
   DisplayState display;
   ViewChoice view;
@@ -166,12 +209,13 @@ struct UiState {
   BrowserState browser;
   Message message;
   WorkedExample example;
-  std::string export_folder = ".";
+  std::string export_folder;             // empty: default_export_folder() (controller.hpp)
   bool export_raw = false;
-  std::string screenshot_path = "vitlens-screenshot.png";
+  std::string screenshot_path;           // empty: vitlens-screenshot.png in the default export folder
   int working_side_edit = 0;             // the size slider while it is dragged (applied on release)
   std::vector<std::string> recent_images, recent_models;
   std::map<std::string, Rect> layout;    // where the pictures were drawn last frame (for tests)
+  WidgetFrame widgets;                   // every widget drawn last frame (widgets.hpp)
 };
 
 // [SECTION] Requests

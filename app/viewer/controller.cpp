@@ -203,6 +203,8 @@ std::string load_app_settings(App& app) {
 }
 
 void start_app(App& app, const std::string& image_path, const std::string& model_path) {
+  if (app.ui.export_folder.empty()) app.ui.export_folder = default_export_folder();
+  if (app.ui.screenshot_path.empty()) app.ui.screenshot_path = join_path(default_export_folder(), "vitlens-screenshot.png");
   ComputeJob job;
   job.load_image = image_path;
   job.load_model = model_path;
@@ -279,9 +281,9 @@ void poll_worker(App& app) {
     const Computation& c = *doc.comp;
     char text[512];
     if (r.loaded_image || r.loaded_model) {
-      std::snprintf(text, sizeof text, "Opened %s with %s: %dx%d, grid %dx%d, %d tokens",
-                    r.image->path.c_str(), doc.model->model.config.name.c_str(), c.image.source_w, c.image.source_h,
-                    c.forward.grid_h, c.forward.grid_w, c.forward.tokens);
+      // The grid is not part of it: the status bar shows the current grid beside the message.
+      std::snprintf(text, sizeof text, "Opened %s (%dx%d) with %s", r.image->path.c_str(), c.image.source_w,
+                    c.image.source_h, doc.model->model.config.name.c_str());
       set_message(app, text, false);
     } else if (app.ui.message.error) {
       app.ui.message = {};  // a later good result clears an old error
@@ -336,7 +338,7 @@ void schedule_compute(App& app) {
 bool is_idle(const App& app) {
   const bool maps_current = !app.doc.comp || app.derived.comp_serial == app.doc.comp->serial;
   return maps_current && app.compute_job == 0 && app.export_jobs.empty() && !app.worker.busy() && !app.requests.any() &&
-         !wanted_key(app);
+         app.input.empty() && !wanted_key(app);
 }
 
 // [SECTION] Derived state
@@ -491,15 +493,31 @@ void paint_patch(App& app, int row, int col, bool forbid) {
 
 void clear_paint(App& app) { app.ui.compute.painted.clear(); }
 
+namespace {
+
+// The folder itself when it exists, else its nearest existing parent (an export folder that is
+// created on the first export).
+std::string nearest_existing_folder(const std::string& folder) {
+  std::error_code ec;
+  std::string f = output_path(folder);
+  while (!std::filesystem::is_directory(f, ec) && f != "/") f = parent_folder(f);
+  return f;
+}
+
+}  // namespace
+
 void open_browser(App& app, BrowserPurpose purpose) {
   BrowserState& b = app.ui.browser;
   b.purpose = purpose;
   b.open_requested = true;
   b.typed.clear();
-  if (purpose == BrowserPurpose::ExportFolder) b.typed = app.ui.export_folder;
-  if (purpose == BrowserPurpose::ScreenshotFile) b.typed = app.ui.screenshot_path;
   std::error_code ec;
-  if (b.folder.empty() || !std::filesystem::is_directory(b.folder, ec)) {
+  if (purpose == BrowserPurpose::ExportFolder || purpose == BrowserPurpose::ScreenshotFile) {
+    // The list shows where the path field points: the export folder, or the screenshot's folder.
+    const std::string& target = purpose == BrowserPurpose::ExportFolder ? app.ui.export_folder : app.ui.screenshot_path;
+    b.typed = output_path(target);
+    b.folder = nearest_existing_folder(purpose == BrowserPurpose::ExportFolder ? b.typed : folder_of(b.typed));
+  } else if (b.folder.empty() || !std::filesystem::is_directory(b.folder, ec)) {
     const std::filesystem::path start = std::filesystem::absolute(folder_of(app.doc.image ? app.doc.image->path : ""), ec);
     b.folder = start.lexically_normal().string();
   }
@@ -560,9 +578,17 @@ std::string cli_command(const App& app, const std::string& out_dir) {
   return cmd;
 }
 
-void start_export(App& app, const std::string& folder) {
+void start_export(App& app, const std::string& requested_folder) {
   if (!app.doc.ready() || app.derived.comp_serial != app.doc.comp->serial || app.derived.view.maps.heads.empty()) {
     set_message(app, "Nothing to export yet: open an image and a model first", true);
+    ++app.export_failures;
+    return;
+  }
+  const std::string folder = output_path(requested_folder);
+  try {
+    prepare_output_folder(folder);
+  } catch (const Error& e) {
+    set_message(app, std::string("Export failed: ") + e.what(), true);
     ++app.export_failures;
     return;
   }
@@ -617,7 +643,157 @@ void start_export(App& app, const std::string& folder) {
   app.export_jobs.push_back(app.worker.submit(std::move(job)));
 }
 
+// [SECTION] Output folders
+
+std::string default_export_folder() {
+  const char* env = std::getenv("VITLENS_EXPORT_DIR");
+  if (env && *env) return output_path(env);
+  const char* home = std::getenv("HOME");
+  return output_path(home && *home ? join_path(home, "vitlens-exports") : std::string("vitlens-exports"));
+}
+
+std::string output_path(const std::string& path) {
+  if (path.empty()) return path;
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::absolute(path, ec);
+  std::string s = ec ? path : p.lexically_normal().string();
+  while (s.size() > 1 && s.back() == '/') s.pop_back();
+  return s;
+}
+
+void prepare_output_folder(const std::string& folder) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(folder, ec)) return;
+  if (output_path(folder) != default_export_folder())
+    throw Error(folder + ": no such folder (choose an existing one, or leave the default " + default_export_folder() + ")");
+  std::filesystem::create_directories(folder, ec);
+  if (ec) throw Error(folder + ": cannot create the export folder (" + ec.message() + ")");
+}
+
+void check_output_path(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  const std::string folder = folder_of(path);
+  if (path.empty() || path.back() == '/' || std::filesystem::is_directory(path, ec))
+    throw Error(flag + " " + path + ": expects a file name");
+  if (!std::filesystem::is_directory(folder, ec)) throw Error(flag + " " + path + ": the folder " + folder + " does not exist");
+}
+
+// [SECTION] Status bar
+
+std::string status_text(const App& app) {
+  if (!app.doc.ready()) return {};
+  const Computation& c = *app.doc.comp;
+  char text[160];
+  std::snprintf(text, sizeof text, "%dx%d px, grid %dx%d, %d tokens", c.image.padded_w, c.image.padded_h, c.forward.grid_h,
+                c.forward.grid_w, c.forward.tokens);
+  return text;
+}
+
+// [SECTION] Widgets
+
+const char* widget_kind_name(WidgetKind kind) {
+  switch (kind) {
+    case WidgetKind::Button: return "button";
+    case WidgetKind::Checkbox: return "checkbox";
+    case WidgetKind::Radio: return "radio";
+    case WidgetKind::Slider: return "slider";
+    case WidgetKind::Combo: return "combo";
+    case WidgetKind::Input: return "input";
+    case WidgetKind::Menu: return "menu";
+    case WidgetKind::MenuItem: return "menu item";
+    case WidgetKind::Selectable: return "selectable";
+    case WidgetKind::Header: return "header";
+    case WidgetKind::TreeNode: return "tree node";
+    case WidgetKind::Picture: return "picture";
+    case WidgetKind::DropTarget: return "drop target";
+  }
+  return "?";
+}
+
+namespace {
+
+std::vector<std::string> split_spec(const std::string& spec) {
+  std::vector<std::string> parts;
+  size_t start = 0;
+  while (true) {
+    const size_t sep = spec.find(" > ", start);
+    parts.push_back(spec.substr(start, sep == std::string::npos ? std::string::npos : sep - start));
+    if (sep == std::string::npos) break;
+    start = sep + 3;
+  }
+  return parts;
+}
+
+// The parts before the label, in order, among the widget's window and sections (gaps allowed).
+bool leading_parts_match(const std::vector<std::string>& parts, const std::vector<std::string>& places) {
+  size_t next = 0;
+  for (size_t i = 0; i + 1 < parts.size(); ++i) {
+    while (next < places.size() && places[next] != parts[i]) ++next;
+    if (next == places.size()) return false;
+    ++next;
+  }
+  return true;
+}
+
+std::string widget_path(const WidgetInfo& w) {
+  std::string path = w.window;
+  for (const std::string& s : w.sections) path += " > " + s;
+  return path + " > " + w.label;
+}
+
+}  // namespace
+
+const WidgetInfo* find_widget(const WidgetFrame& frame, const std::string& spec, std::string& error) {
+  const std::vector<std::string> parts = split_spec(spec);
+  std::vector<const WidgetInfo*> found;
+  for (const WidgetInfo& w : frame.widgets) {
+    if (!w.visible || (w.label != parts.back() && w.id_label != parts.back())) continue;
+    std::vector<std::string> places = {w.window};
+    places.insert(places.end(), w.sections.begin(), w.sections.end());
+    if (leading_parts_match(parts, places)) found.push_back(&w);
+  }
+  if (found.size() == 1) return found.front();
+  if (found.empty()) {
+    std::string shown;
+    for (const WidgetInfo& w : frame.widgets)
+      if (w.visible && w.kind != WidgetKind::DropTarget) shown += (shown.empty() ? "" : ", ") + w.label;
+    error = "no visible widget '" + spec + "' (visible: " + shown + ")";
+  } else {
+    error = "'" + spec + "' names " + std::to_string(found.size()) + " widgets:";
+    for (const WidgetInfo* w : found) error += " [" + widget_path(*w) + "]";
+    error += "; name the window or section too (WINDOW > SECTION > LABEL)";
+  }
+  return nullptr;
+}
+
+nlohmann::json widgets_json(const WidgetFrame& frame) {
+  using nlohmann::json;
+  json list = json::array();
+  for (const WidgetInfo& w : frame.widgets) {
+    char id[16];
+    std::snprintf(id, sizeof id, "0x%08X", w.id);
+    list.push_back({{"label", w.label}, {"id_label", w.id_label}, {"id", id}, {"window", w.window},
+                    {"sections", w.sections}, {"path", widget_path(w)}, {"kind", widget_kind_name(w.kind)},
+                    {"rect", {w.rect.x, w.rect.y, w.rect.w, w.rect.h}},
+                    {"frame", {w.frame.x, w.frame.y, w.frame.w, w.frame.h}},
+                    {"centre", {w.frame.x + 0.5f * w.frame.w, w.frame.y + 0.5f * w.frame.h}},
+                    {"enabled", w.enabled}, {"visible", w.visible}});
+  }
+  return {{"note", "rectangles are [x, y, w, h] in window pixels, origin at the window's top left"},
+          {"display", {frame.display_w, frame.display_h}}, {"widgets", list}, {"clashes", frame.clashes}};
+}
+
 // [SECTION] Script
+
+namespace {
+
+InputStep input_step(InputStep::Type type) {
+  InputStep step;
+  step.type = type;
+  return step;
+}
+
+}  // namespace
 
 std::string apply_script_command(App& app, const ScriptCommand& command) {
   const std::string& v = command.verb;
@@ -645,11 +821,75 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
     else if (v == "hover") set_hover(app, i, j);
     else paint_patch(app, i, j, v == "paint");
   } else if (v == "key") {
-    if (auto e = need_image(); !e.empty()) return e;
-    if (a[0] == "left") move_query(app, 0, -1);
-    else if (a[0] == "right") move_query(app, 0, 1);
-    else if (a[0] == "up") move_query(app, -1, 0);
-    else move_query(app, 1, 0);
+    // Press and release in one frame, through the window's key queue (the quickest tap).
+    InputStep down;
+    down.type = InputStep::Type::KeyDown;
+    down.key = a[0];
+    InputStep up = down;
+    up.type = InputStep::Type::KeyUp;
+    up.same_frame = true;
+    app.input.push_back(down);
+    app.input.push_back(up);
+  } else if (v == "click" || v == "drag") {
+    std::string error;
+    const WidgetInfo* w = find_widget(ui.widgets, a[0], error);
+    if (!w) return error;
+    if (!w->enabled) return "'" + a[0] + "' is disabled";
+    InputStep step;
+    step.type = InputStep::Type::MouseMove;
+    if (v == "click") {
+      float fx = 0.5f, fy = 0.5f;  // where in the widget, as fractions of its size
+      if (a.size() == 3) {
+        parse_float_arg(a[1], fx);
+        parse_float_arg(a[2], fy);
+      }
+      step.x = w->frame.x + fx * w->frame.w;
+      step.y = w->frame.y + fy * w->frame.h;
+      app.input.push_back(step);
+      app.input.push_back(input_step(InputStep::Type::MouseDown));
+      app.input.push_back(input_step(InputStep::Type::MouseUp));
+    } else {
+      // Press on the middle of the track, move to the fraction T of its width, release.
+      parse_float_arg(a[1], f);
+      step.x = w->frame.x + 0.5f * w->frame.w;
+      step.y = w->frame.y + 0.5f * w->frame.h;
+      app.input.push_back(step);
+      app.input.push_back(input_step(InputStep::Type::MouseDown));
+      step.x = w->frame.x + std::clamp(f, 0.0f, 1.0f) * (w->frame.w - 1.0f);
+      app.input.push_back(step);
+      app.input.push_back(input_step(InputStep::Type::Wait));
+      app.input.push_back(input_step(InputStep::Type::MouseUp));
+    }
+  } else if (v == "drop") {
+    InputStep step;
+    step.type = InputStep::Type::Drop;
+    step.path = a[0];
+    app.input.push_back(step);
+  } else if (v == "widgets") {
+    try {
+      write_file_atomic(a[0], widgets_json(ui.widgets).dump(2) + "\n");
+    } catch (const Error& e) {
+      return e.what();
+    }
+  } else if (v == "expect" || v == "expect-contains") {
+    const nlohmann::json state = state_json(app);
+    const nlohmann::json::json_pointer pointer(a[0][0] == '/' ? a[0] : "/" + a[0]);
+    if (!state.contains(pointer)) return "the state has no '" + a[0] + "'";
+    const nlohmann::json& got = state.at(pointer);
+    if (v == "expect-contains") {
+      const std::string text = got.is_string() ? got.get<std::string>() : got.dump();
+      if (text.find(a[1]) == std::string::npos) return "'" + a[0] + "' is " + got.dump() + ", without '" + a[1] + "'";
+    } else {
+      nlohmann::json want = nlohmann::json::parse(a[1], nullptr, false);
+      if (want.is_discarded()) want = a[1];  // a bare word is a string
+      const bool same = got.is_number() && want.is_number()
+                            ? std::fabs(got.get<double>() - want.get<double>()) <= 1e-6 * std::max(1.0, std::fabs(want.get<double>()))
+                            : got == want;
+      if (!same) return "expected '" + a[0] + "' to be " + want.dump() + ", it is " + got.dump();
+    }
+  } else if (v == "expect-file") {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(a[0], ec)) return "expected the file " + a[0] + ", it is not there";
   } else if (v == "mode") {
     MapMode mode = MapMode::Query;
     parse_map_mode(a[0], mode);
@@ -726,6 +966,10 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
 bool step_script(App& app) {
   ScriptRunner& s = app.script;
   if (!s.active()) return false;
+  if (!app.input.empty()) {
+    s.settle_frames = 2;  // the frames after the last input step draw what it did
+    return true;
+  }
   if (s.settle_frames > 0) {
     --s.settle_frames;
     return true;
@@ -771,6 +1015,25 @@ nlohmann::json state_json(const App& app) {
   j["upsample"] = upsample_name(ui.display.style.upsample);
   j["threshold"] = ui.display.threshold_on ? json(ui.display.threshold) : json(nullptr);
   j["cli_equivalent"] = cli_equivalent(app);
+  j["status"] = status_text(app);
+  j["show"] = {{"image", ui.show_image}, {"heads", ui.show_heads}, {"controls", ui.show_controls},
+               {"inspector", ui.show_inspector}, {"stats", ui.show_stats}, {"example", ui.show_example}};
+  j["grid_lines"] = ui.display.show_grid;
+  j["max_side"] = ui.compute.max_side;
+  j["mask_choice"] = mask_mode_name(ui.compute.mask);
+  j["brush"] = ui.compute.brush == Brush::Paint ? "paint" : ui.compute.brush == Brush::Erase ? "erase" : "off";
+  j["painted_choice"] = std::count(ui.compute.painted.begin(), ui.compute.painted.end(), uint8_t{1});
+  j["scale"] = scale_mode_name(ui.compute.scale);
+  j["temperature"] = ui.compute.temperature;
+  j["export_folder"] = ui.export_folder;
+  j["export_raw"] = ui.export_raw;
+  j["screenshot_path"] = ui.screenshot_path;
+  const char* purposes[] = {"open image", "open model", "export folder", "screenshot file"};
+  j["browser"] = {{"open", ui.browser.open_requested || ui.browser.shown},
+                  {"purpose", purposes[static_cast<int>(ui.browser.purpose)]}, {"folder", ui.browser.folder},
+                  {"path", ui.browser.typed}, {"show_all", ui.browser.show_all}};
+  j["example"] = {{"q", ui.example.q}, {"k", ui.example.k}, {"v", ui.example.v}, {"scaled", ui.example.scaled}};
+  j["widget_clashes"] = ui.widgets.clashes;
   j["recent_images"] = ui.recent_images;
   j["recent_models"] = ui.recent_models;
   json panels = json::object();

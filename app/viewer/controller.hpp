@@ -3,6 +3,7 @@
 // the bookkeeping; the functions below are the only way the state changes. The mouse, the keys,
 // the menus and the script all call the same functions, so a script drives the real code paths.
 // Nothing here touches ImGui, GLFW or OpenGL.
+#include <deque>
 #include <optional>
 #include <string>
 #include <vector>
@@ -45,6 +46,7 @@ struct App {
   int export_failures = 0;                  // exports or screenshots that failed (script exit code)
   std::string last_load_error;              // the last file or pass that failed, for the exit message
   LoadOptions load_options;                 // --heads, for every model this session opens
+  std::deque<InputStep> input;              // synthetic input the window plays, one step per frame
 };
 
 // [SECTION] Start and stop
@@ -90,6 +92,34 @@ int model_layers(const App& app);
 bool cli_equivalent(const App& app);
 // The `vitlens export` flags that give the same files when cli_equivalent, for the UI to show.
 std::string cli_command(const App& app, const std::string& out_dir);
+
+// [SECTION] Output folders
+
+// Where exports and screenshots go unless the user picks another place: $VITLENS_EXPORT_DIR when
+// set, else ~/vitlens-exports (created on the first export or screenshot).
+std::string default_export_folder();
+// `path` made absolute and normal, so messages say exactly where files went.
+std::string output_path(const std::string& path);
+// Creates `folder` when it is the default export folder and does not exist yet; any other folder
+// must exist already. Throws vitlens::Error naming the folder.
+void prepare_output_folder(const std::string& folder);
+// For a flag that names an output file: throws vitlens::Error when its folder does not exist.
+void check_output_path(const std::string& path, const std::string& flag);
+
+// [SECTION] Status bar
+
+// What the status bar shows after the message: the computation on screen (grid, tokens, working
+// size), always the current one.
+std::string status_text(const App& app);
+
+// [SECTION] Widgets
+
+// The widget named by `spec`: "LABEL", or "WINDOW > SECTION > LABEL" with any of the leading
+// parts (each must be the widget's window or one of its sections, in that order). Only visible
+// widgets count. Returns null and sets `error` when none or several fit.
+const WidgetInfo* find_widget(const WidgetFrame& frame, const std::string& spec, std::string& error);
+// The list as `--dump-widgets` and the script's `widgets FILE` write it.
+nlohmann::json widgets_json(const WidgetFrame& frame);
 
 // [SECTION] Script
 

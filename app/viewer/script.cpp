@@ -45,6 +45,33 @@ bool one_of(const std::string& v, std::initializer_list<const char*> options) {
   return false;
 }
 
+// A comment is a '#' that starts the line or stands alone as a word ("pin 3 4  # why"); a '#'
+// inside a word is text, as in the widget IDs "##mass" and "...##export".
+size_t comment_start(const std::string& line) {
+  for (size_t i = 0; i < line.size(); ++i) {
+    if (line[i] != '#') continue;
+    const bool word_start = i == 0 || line[i - 1] == ' ' || line[i - 1] == '\t';
+    const bool word_end = i + 1 == line.size() || line[i + 1] == ' ' || line[i + 1] == '\t';
+    if ((word_start && word_end) || line.find_first_not_of(" \t") == i) return i;
+  }
+  return line.size();
+}
+
+// "LABEL at 0.2 0.3" -> {LABEL, 0.2, 0.3}; "LABEL to 1" -> {LABEL, 1}; otherwise {LABEL}.
+std::vector<std::string> split_tail(const std::string& rest, const std::string& marker) {
+  const auto at = rest.rfind(marker);
+  if (at == std::string::npos) return {rest};
+  std::vector<std::string> out = {trim(rest.substr(0, at))};
+  std::istringstream numbers(rest.substr(at + marker.size()));
+  std::string w;
+  float f = 0.0f;
+  while (numbers >> w) {
+    if (!parse_float_arg(w, f)) return {rest};  // " at " inside a label, not numbers after it
+    out.push_back(w);
+  }
+  return out;
+}
+
 // Checks one command; returns an empty string when fine, else the reason.
 std::string check(const ScriptCommand& c) {
   const auto& a = c.args;
@@ -52,7 +79,7 @@ std::string check(const ScriptCommand& c) {
   int i = 0;
   float f = 0.0f;
   const std::string& v = c.verb;
-  if (v == "open" || v == "model" || v == "screenshot" || v == "state")
+  if (v == "open" || v == "model" || v == "screenshot" || v == "state" || v == "drop" || v == "widgets" || v == "expect-file")
     return n == 1 && !a[0].empty() ? "" : "expects a path: " + v + " PATH";
   if (v == "export") {
     if (n == 1 || (n == 2 && a[1] == "raw")) return "";
@@ -60,7 +87,21 @@ std::string check(const ScriptCommand& c) {
   }
   if (v == "pin" || v == "hover" || v == "paint" || v == "erase")
     return n == 2 && parse_int_arg(a[0], i) && parse_int_arg(a[1], i) ? "" : "expects: " + v + " ROW COL";
-  if (v == "key") return n == 1 && one_of(a[0], {"left", "right", "up", "down"}) ? "" : "expects: key left|right|up|down";
+  if (v == "key")
+    return n == 1 && one_of(a[0], {"left", "right", "up", "down", "escape", "enter", "tab"})
+               ? ""
+               : "expects: key left|right|up|down|escape|enter|tab";
+  if (v == "click") {
+    float fy = 0.0f;
+    if (n == 1 && !a[0].empty()) return "";
+    if (n == 3 && parse_float_arg(a[1], f) && parse_float_arg(a[2], fy) && f >= 0.0f && f <= 1.0f && fy >= 0.0f && fy <= 1.0f)
+      return "";
+    return "expects: click LABEL [at FX FY] (LABEL may be WINDOW > SECTION > LABEL; FX, FY from 0 to 1)";
+  }
+  if (v == "drag")
+    return n == 2 && parse_float_arg(a[1], f) && f >= 0.0f && f <= 1.0f ? "" : "expects: drag LABEL to T (T from 0 to 1)";
+  if (v == "expect" || v == "expect-contains")
+    return n == 2 && !a[0].empty() ? "" : "expects: " + v + " KEY VALUE (KEY as in the state file, e.g. normalize or show/heads)";
   if (v == "mode") return n == 1 && one_of(a[0], {"query", "cls", "received"}) ? "" : "expects: mode query|cls|received";
   if (v == "layer") return n == 1 && parse_int_arg(a[0], i) && i >= 0 ? "" : "expects: layer N (N >= 0)";
   if (v == "colormap") {
@@ -107,7 +148,8 @@ std::string check(const ScriptCommand& c) {
   if (v == "frames") return n == 1 && parse_int_arg(a[0], i) && i >= 1 && i <= 10000 ? "" : "expects: frames N (1 to 10000)";
   return "unknown command '" + v +
          "' (known: open, model, pin, key, hover, mode, layer, colormap, alpha, normalize, upsample, threshold, grid, "
-         "mask, paint, erase, clear-paint, scale, size, show, example, browse, export, screenshot, state, frames, quit)";
+         "mask, paint, erase, clear-paint, scale, size, show, example, browse, export, screenshot, state, frames, quit, "
+         "click, drag, drop, widgets, expect, expect-contains, expect-file)";
 }
 
 }  // namespace
@@ -119,8 +161,7 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
   int line = 0;
   while (std::getline(in, raw)) {
     ++line;
-    const auto hash = raw.find('#');
-    const std::string body = trim(hash == std::string::npos ? raw : raw.substr(0, hash));
+    const std::string body = trim(raw.substr(0, comment_start(raw)));
     if (body.empty()) continue;
     ScriptCommand c;
     c.line = line;
@@ -128,8 +169,16 @@ std::vector<ScriptCommand> parse_script(const std::string& text, const std::stri
     const auto space = body.find_first_of(" \t");
     c.verb = body.substr(0, space);
     const std::string rest = space == std::string::npos ? "" : trim(body.substr(space));
-    if (c.verb == "open" || c.verb == "model" || c.verb == "screenshot" || c.verb == "state") {
+    if (c.verb == "open" || c.verb == "model" || c.verb == "screenshot" || c.verb == "state" || c.verb == "drop" ||
+        c.verb == "widgets" || c.verb == "expect-file") {
       if (!rest.empty()) c.args.push_back(rest);  // a path: keep its spaces
+    } else if (c.verb == "click" || c.verb == "drag") {
+      // A label keeps its spaces; "at FX FY" (click) or "to T" (drag) at the end are the numbers.
+      c.args = split_tail(rest, c.verb == "click" ? " at " : " to ");
+    } else if (c.verb == "expect" || c.verb == "expect-contains") {
+      const auto key_end = rest.find_first_of(" \t");  // KEY, then the value with its spaces
+      c.args.push_back(rest.substr(0, key_end));
+      if (key_end != std::string::npos) c.args.push_back(trim(rest.substr(key_end)));
     } else if (c.verb == "export") {
       // export DIR [raw]: the last word is the flag only when it is exactly "raw"
       const auto last_space = rest.find_last_of(" \t");

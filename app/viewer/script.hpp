@@ -1,7 +1,8 @@
 #pragma once
-// The viewer's scripted mode (`vitlens view --script FILE`): one command per line, '#' starts a
-// comment. Each command goes through the same functions the mouse, keys and menus call
-// (controller.hpp), and the next command waits until the previous one's work is on screen.
+// The viewer's scripted mode (`vitlens view --script FILE`): one command per line; a '#' at the
+// start of a line or as a word of its own starts a comment ('#' inside a word, as in the widget
+// ID "##mass", is text). Each command goes through the same functions the mouse, keys and menus
+// call (controller.hpp), and the next command waits until the previous one's work is on screen.
 //
 //   open PATH | model PATH          load an image / a model (a bad file keeps the current one)
 //   pin ROW COL | key left|right|up|down | hover ROW COL
@@ -14,6 +15,16 @@
 //   example q|k|v ROW COL VALUE | example scaled on|off | example reset
 //   browse image|model|export|screenshot (opens the file browser, as the menus do)
 //   export DIR [raw] | screenshot FILE | state FILE | frames N | quit
+// Real input (the window plays it into Dear ImGui's input, one step per frame):
+//   click LABEL [at FX FY]          move the mouse onto the widget, press and release the left
+//                                   button (FX, FY: where in it, fractions; default the middle)
+//   drag LABEL to T                 press on a slider's track, move to T (0 left .. 1 right), release
+//   key left|right|up|down|escape|enter|tab   press and release within one frame
+//   drop PATH                       a file dropped on the window (the GLFW drop callback)
+// LABEL is the widget's text, or WINDOW > SECTION > LABEL when the text alone names several
+// (`widgets FILE` lists them all). Checks, which fail the script with a message:
+//   expect KEY VALUE | expect-contains KEY TEXT   a value of the state file (KEY: normalize, show/heads)
+//   expect-file PATH | widgets FILE (write the widget list)
 #include <string>
 #include <vector>
 

@@ -7,6 +7,7 @@
 
 #include "file_list.hpp"
 #include "views.hpp"
+#include "widgets.hpp"
 
 namespace vitlens::viewer {
 
@@ -100,11 +101,12 @@ void DrawFileBrowser(App& app) {
   const ImVec2 display = ImGui::GetIO().DisplaySize;
   ImGui::SetNextWindowSize(ImVec2(display.x * 0.5f, display.y * 0.6f), ImGuiCond_Appearing);
   ImGui::SetNextWindowPos(ImVec2(display.x * 0.5f, display.y * 0.5f), ImGuiCond_Appearing, ImVec2(0.5f, 0.5f));
-  if (!ImGui::BeginPopupModal("File browser")) return;
+  b.shown = ImGui::BeginPopupModal("File browser");
+  if (!b.shown) return;
   if (b.listed_folder != b.folder || b.listed_show_all != b.show_all) Relist(b);
 
   ImGui::TextUnformatted(Title(b.purpose));
-  if (ImGui::Button("Up")) Navigate(b, parent_folder(b.folder));
+  if (gui::Button("Up")) Navigate(b, parent_folder(b.folder));
   ImGui::SameLine();
   ImGui::TextUnformatted(b.folder.c_str());
   if (!b.list_error.empty()) ImGui::TextColored(ImVec4(1.0f, 0.4f, 0.4f, 1.0f), "%s", b.list_error.c_str());
@@ -113,11 +115,16 @@ void DrawFileBrowser(App& app) {
   const float footer = ImGui::GetFrameHeightWithSpacing() * 2.0f + ImGui::GetStyle().ItemSpacing.y;
   ImGui::BeginChild("entries", ImVec2(0.0f, -footer), true);
   std::string navigate_to;
-  for (const auto& [name, is_folder] : b.entries) {
+  for (size_t i = 0; i < b.entries.size(); ++i) {
+    const std::string& name = b.entries[i].first;
+    const bool is_folder = b.entries[i].second;
     const std::string label = is_folder ? name + "/" : name;
     const std::string full = join_path(b.folder, name);
     const bool selected = Resolve(b, b.typed) == full;
-    if (ImGui::Selectable(label.c_str(), selected, ImGuiSelectableFlags_AllowDoubleClick)) {
+    ImGui::PushID(static_cast<int>(i));  // a file name is not an ID: it may hold "##"
+    const bool pressed = gui::SelectableText(label, selected, ImGuiSelectableFlags_AllowDoubleClick);
+    ImGui::PopID();
+    if (pressed) {
       if (is_folder && b.purpose != BrowserPurpose::ExportFolder) {
         navigate_to = full;
       } else if (is_folder) {  // choosing a folder: one click selects, a double click enters
@@ -134,14 +141,14 @@ void DrawFileBrowser(App& app) {
   if (!navigate_to.empty()) Navigate(b, navigate_to);
 
   ImGui::SetNextItemWidth(-160.0f);
-  if (ImGui::InputText("path", &b.typed, ImGuiInputTextFlags_EnterReturnsTrue)) close = Confirm(app, Resolve(b, b.typed));
+  if (gui::InputText("path", &b.typed, ImGuiInputTextFlags_EnterReturnsTrue)) close = Confirm(app, Resolve(b, b.typed));
   if (b.purpose != BrowserPurpose::ExportFolder) {
     ImGui::SameLine();
-    ImGui::Checkbox("all files", &b.show_all);
+    gui::Checkbox("all files", &b.show_all);
   }
-  if (ImGui::Button(ConfirmLabel(b.purpose))) close = Confirm(app, Resolve(b, b.purpose == BrowserPurpose::ExportFolder && b.typed.empty() ? b.folder : b.typed));
+  if (gui::Button(ConfirmLabel(b.purpose))) close = Confirm(app, Resolve(b, b.purpose == BrowserPurpose::ExportFolder && b.typed.empty() ? b.folder : b.typed));
   ImGui::SameLine();
-  if (ImGui::Button("Cancel") || ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Escape))) close = true;
+  if (gui::Button("Cancel") || ImGui::IsKeyPressed(ImGui::GetKeyIndex(ImGuiKey_Escape))) close = true;
   if (close) ImGui::CloseCurrentPopup();
   ImGui::EndPopup();
 }

@@ -14,6 +14,7 @@
 
 #include "file_list.hpp"
 #include "views.hpp"
+#include "widgets.hpp"
 #include "vitlens/image.hpp"
 
 namespace vitlens::viewer {
@@ -45,9 +46,9 @@ void DrawFiles(App& app) {
                         c.patch_size, c.class_token ? "class token" : "no class token",
                         c.dist_token ? " + distillation token" : "", c.register_tokens);
   }
-  if (ImGui::Button("Open image...")) open_browser(app, BrowserPurpose::OpenImage);
+  if (gui::Button("Open image...")) open_browser(app, BrowserPurpose::OpenImage);
   ImGui::SameLine();
-  if (ImGui::Button("Open model...")) open_browser(app, BrowserPurpose::OpenModel);
+  if (gui::Button("Open model...")) open_browser(app, BrowserPurpose::OpenModel);
 }
 
 void DrawWorkingSize(App& app) {
@@ -57,7 +58,7 @@ void DrawWorkingSize(App& app) {
   const int committed = app.ui.compute.max_side > 0 ? app.ui.compute.max_side
                                                     : std::clamp(default_max_side(config), kMinWorkingSide, kMaxWorkingSide);
   if (!ImGui::IsAnyItemActive() || edit == 0) edit = committed;
-  ImGui::SliderInt("working size", &edit, kMinWorkingSide, kMaxWorkingSide, "%d px");
+  gui::SliderInt("working size", &edit, kMinWorkingSide, kMaxWorkingSide, "%d px");
   if (ImGui::IsItemDeactivatedAfterEdit()) app.ui.compute.max_side = edit;  // recompute on release only
   HelpMarker("The image's long side is scaled down to this (never up; aspect kept) and padded to whole patches. "
              "More pixels give more tokens: the forward pass grows as tokens squared. An image of exactly the "
@@ -66,12 +67,12 @@ void DrawWorkingSize(App& app) {
   if (src.cols == config.img_w && src.rows == config.img_h)
     ImGui::TextDisabled("this image is the model's own size: it is never resampled");
   const GridPrediction g = predict_grid(src.cols, src.rows, config, edit);
+  if (app.ui.compute.max_side > 0) {  // first, so a narrow window cuts the text, not the button
+    if (gui::SmallButton("model size")) app.ui.compute.max_side = 0;
+    ImGui::SameLine();
+  }
   ImGui::TextDisabled("%dx%d -> %dx%d: grid %dx%d, %d tokens", src.cols, src.rows, g.content_w, g.content_h, g.grid_h,
                       g.grid_w, g.tokens);
-  if (app.ui.compute.max_side > 0) {
-    ImGui::SameLine();
-    if (ImGui::SmallButton("model size")) app.ui.compute.max_side = 0;
-  }
 }
 
 // [SECTION] Map
@@ -79,19 +80,19 @@ void DrawWorkingSize(App& app) {
 void DrawMapChoice(App& app) {
   ViewChoice& v = app.ui.view;
   const bool has_cls = app.doc.model && app.doc.model->model.config.class_token;
-  if (ImGui::RadioButton("query patch", v.mode == MapMode::Query)) v.mode = MapMode::Query;
+  if (gui::RadioButton("query patch", v.mode == MapMode::Query)) v.mode = MapMode::Query;
   ImGui::SameLine();
   ImGui::BeginDisabled(!has_cls);
-  if (ImGui::RadioButton("class token", v.mode == MapMode::ClassToken)) v.mode = MapMode::ClassToken;
+  if (gui::RadioButton("class token", v.mode == MapMode::ClassToken)) v.mode = MapMode::ClassToken;
   ImGui::EndDisabled();
   ImGui::SameLine();
-  if (ImGui::RadioButton("received", v.mode == MapMode::Received)) v.mode = MapMode::Received;
+  if (gui::RadioButton("received", v.mode == MapMode::Received)) v.mode = MapMode::Received;
   HelpMarker("query patch: the attention row of the pinned patch (click a patch; arrow keys move it).\n"
              "class token: the class token's row.\nreceived: for each patch, the mean weight it gets over all queries.");
   const int layers = model_layers(app);
   if (layers > 1) {
     int layer = current_layer(app);
-    if (ImGui::SliderInt("layer", &layer, 0, layers - 1)) v.layer = layer;
+    if (gui::SliderInt("layer", &layer, 0, layers - 1)) v.layer = layer;
   } else if (layers == 1) {
     ImGui::TextDisabled("layer 0 (the model has one block)");
   }
@@ -101,42 +102,42 @@ void DrawMapChoice(App& app) {
 
 void DrawDisplay(App& app) {
   DisplayState& d = app.ui.display;
-  if (ImGui::BeginCombo("colour map", d.style.colormap.c_str())) {
+  if (gui::BeginCombo("colour map", d.style.colormap.c_str())) {
     for (const std::string& name : colormap_names())
-      if (ImGui::Selectable(name.c_str(), name == d.style.colormap)) d.style.colormap = name;
-    ImGui::EndCombo();
+      if (gui::Selectable(name.c_str(), name == d.style.colormap)) d.style.colormap = name;
+    gui::EndCombo();
   }
-  ImGui::SliderFloat("opacity", &d.style.alpha, 0.0f, 1.0f, "%.2f");
+  gui::SliderFloat("opacity", &d.style.alpha, 0.0f, 1.0f, "%.2f");
   ImGui::TextUnformatted("scale to");
   ImGui::SameLine();
-  if (ImGui::RadioButton("robust", d.normalize == Normalize::Robust)) d.normalize = Normalize::Robust;
+  if (gui::RadioButton("robust", d.normalize == Normalize::Robust)) d.normalize = Normalize::Robust;
   ImGui::SameLine();
-  if (ImGui::RadioButton("each head", d.normalize == Normalize::PerHead)) d.normalize = Normalize::PerHead;
+  if (gui::RadioButton("each head", d.normalize == Normalize::PerHead)) d.normalize = Normalize::PerHead;
   ImGui::SameLine();
-  if (ImGui::RadioButton("shared", d.normalize == Normalize::Shared)) d.normalize = Normalize::Shared;
+  if (gui::RadioButton("shared", d.normalize == Normalize::Shared)) d.normalize = Normalize::Shared;
   ImGui::SameLine();
-  if (ImGui::RadioButton("log", d.normalize == Normalize::Log)) d.normalize = Normalize::Log;
+  if (gui::RadioButton("log", d.normalize == Normalize::Log)) d.normalize = Normalize::Log;
   HelpMarker("robust: every map to its 99th percentile, so one to three hot patches saturate instead of flattening "
              "the rest. each head: every map to its own maximum. shared: all maps to the largest maximum, so heads compare. "
              "log: each map to its maximum over three decades, so the faint tail shows.");
   ImGui::TextUnformatted("upsample");
   ImGui::SameLine();
-  if (ImGui::RadioButton("nearest", d.style.upsample == Upsample::Nearest)) d.style.upsample = Upsample::Nearest;
+  if (gui::RadioButton("nearest", d.style.upsample == Upsample::Nearest)) d.style.upsample = Upsample::Nearest;
   ImGui::SameLine();
-  if (ImGui::RadioButton("bilinear", d.style.upsample == Upsample::Bilinear)) d.style.upsample = Upsample::Bilinear;
-  ImGui::Checkbox("threshold", &d.threshold_on);
+  if (gui::RadioButton("bilinear", d.style.upsample == Upsample::Bilinear)) d.style.upsample = Upsample::Bilinear;
+  gui::Checkbox("threshold", &d.threshold_on);
   HelpMarker("As DINO's visualize_attention: keep only the fewest patches that hold this share of each map's "
              "attention mass; the rest are drawn as zero.");
   if (d.threshold_on) {
     ImGui::SameLine();
     ImGui::SetNextItemWidth(-1.0f);
-    ImGui::SliderFloat("##mass", &d.threshold, 0.05f, 1.0f, "top %.2f of the mass");
+    gui::SliderFloat("##mass", &d.threshold, 0.05f, 1.0f, "top %.2f of the mass");
     const auto& kept = app.derived.kept;
     if (!kept.empty())
       ImGui::TextDisabled("mean map: %d of %d patches kept (%.1f%%)", kept.back().kept_patches, kept.back().total_patches,
                           100.0 * kept.back().kept_patches / std::max(1, kept.back().total_patches));
   }
-  ImGui::Checkbox("patch grid", &d.show_grid);
+  gui::Checkbox("patch grid", &d.show_grid);
 }
 
 // [SECTION] Mask
@@ -145,23 +146,23 @@ void DrawMask(App& app) {
   ComputeChoice& c = app.ui.compute;
   for (MaskMode m : {MaskMode::None, MaskMode::Padding, MaskMode::Causal, MaskMode::Painted}) {
     if (m != MaskMode::None) ImGui::SameLine();
-    if (ImGui::RadioButton(mask_mode_name(m), c.mask == m)) set_mask(app, m);
+    if (gui::RadioButton(mask_mode_name(m), c.mask == m)) set_mask(app, m);
   }
   HelpMarker("Keys a query may not attend to (weight exactly 0, the rest renormalised).\n"
              "none: every key, even the padded border. padding: not the padded border (as vitlens export).\n"
              "causal: only keys at or before the query in raster order (and not the padding).\n"
              "painted: not the patches you paint on the image (left drag paints, right drag erases).");
   if (c.mask == MaskMode::Painted) {
-    if (ImGui::RadioButton("paint", c.brush == Brush::Paint)) c.brush = Brush::Paint;
+    if (gui::RadioButton("paint", c.brush == Brush::Paint)) c.brush = Brush::Paint;
     ImGui::SameLine();
-    if (ImGui::RadioButton("erase", c.brush == Brush::Erase)) c.brush = Brush::Erase;
+    if (gui::RadioButton("erase", c.brush == Brush::Erase)) c.brush = Brush::Erase;
     ImGui::SameLine();
-    if (ImGui::RadioButton("off (click pins)", c.brush == Brush::Off)) c.brush = Brush::Off;
+    if (gui::RadioButton("off (click pins)", c.brush == Brush::Off)) c.brush = Brush::Off;
     int painted = 0;
     for (uint8_t v : c.painted) painted += v;
     ImGui::Text("%d patches forbidden as keys", painted);
     ImGui::SameLine();
-    if (ImGui::SmallButton("clear")) clear_paint(app);
+    if (gui::SmallButton("clear")) clear_paint(app);
   }
 }
 
@@ -170,16 +171,16 @@ void DrawMask(App& app) {
 void DrawScale(App& app) {
   ComputeChoice& c = app.ui.compute;
   const int d = app.doc.model ? app.doc.model->model.config.head_dim() : 0;
-  if (ImGui::RadioButton("1/sqrt(d)", c.scale == ScaleMode::Model)) c.scale = ScaleMode::Model;
+  if (gui::RadioButton("1/sqrt(d)", c.scale == ScaleMode::Model)) c.scale = ScaleMode::Model;
   ImGui::SameLine();
-  if (ImGui::RadioButton("none", c.scale == ScaleMode::Unscaled)) c.scale = ScaleMode::Unscaled;
+  if (gui::RadioButton("none", c.scale == ScaleMode::Unscaled)) c.scale = ScaleMode::Unscaled;
   ImGui::SameLine();
-  if (ImGui::RadioButton("temperature", c.scale == ScaleMode::Temperature)) c.scale = ScaleMode::Temperature;
+  if (gui::RadioButton("temperature", c.scale == ScaleMode::Temperature)) c.scale = ScaleMode::Temperature;
   HelpMarker("softmax(q.k * scale). The model's scale 1/sqrt(d) keeps the scores' spread from growing with the "
              "head dimension d; without it the softmax saturates and each head attends to one or two keys. "
              "A temperature T divides the scaled scores: T > 1 flattens, T < 1 sharpens.");
   if (c.scale == ScaleMode::Temperature)
-    ImGui::SliderFloat("T", &c.temperature, 0.1f, 10.0f, "%.2f", ImGuiSliderFlags_Logarithmic);
+    gui::SliderFloat("T", &c.temperature, 0.1f, 10.0f, "%.2f", ImGuiSliderFlags_Logarithmic);
   if (app.doc.comp)
     ImGui::TextDisabled("scores x %.4f now (1/sqrt(%d) = %.4f)", static_cast<double>(app.doc.comp->forward.score_scale), d,
                         d > 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 0.0);
@@ -189,14 +190,16 @@ void DrawScale(App& app) {
 
 void DrawExport(App& app) {
   UiState& ui = app.ui;
-  ImGui::InputText("folder", &ui.export_folder);
+  gui::InputText("folder", &ui.export_folder);
   ImGui::SameLine();
-  if (ImGui::SmallButton("...##export")) open_browser(app, BrowserPurpose::ExportFolder);
-  ImGui::Checkbox("raw weights (.npy)", &ui.export_raw);
+  if (gui::SmallButton("...##export")) open_browser(app, BrowserPurpose::ExportFolder);
+  gui::Checkbox("raw weights (.npy)", &ui.export_raw);
   HelpMarker("Also write <stem>_attn.npy: float32 (layers, heads, tokens, tokens); at most 4096 tokens.");
   ImGui::BeginDisabled(!app.doc.ready());
-  if (ImGui::Button("Export")) app.requests.export_folder = ui.export_folder;
+  if (gui::Button("Export")) app.requests.export_folder = ui.export_folder;
   ImGui::EndDisabled();
+  HelpMarker("Writes the heads, the mean, the montage and a JSON file into the folder above (created when it is "
+             "the default, $VITLENS_EXPORT_DIR or ~/vitlens-exports). The status bar says where they went.");
   if (app.doc.ready()) {
     ImGui::PushTextWrapPos(0.0f);
     if (cli_equivalent(app)) {
@@ -207,10 +210,10 @@ void DrawExport(App& app) {
     }
     ImGui::PopTextWrapPos();
   }
-  ImGui::InputText("screenshot", &ui.screenshot_path);
+  gui::InputText("screenshot", &ui.screenshot_path);
   ImGui::SameLine();
-  if (ImGui::SmallButton("...##shot")) open_browser(app, BrowserPurpose::ScreenshotFile);
-  if (ImGui::Button("Save screenshot")) app.requests.screenshot = ui.screenshot_path;
+  if (gui::SmallButton("...##shot")) open_browser(app, BrowserPurpose::ScreenshotFile);
+  if (gui::Button("Save screenshot")) app.requests.screenshot = ui.screenshot_path;
 }
 
 }  // namespace
@@ -227,11 +230,18 @@ void DrawControlsView(App& app) {
   ImGui::PushItemWidth(ImGui::GetWindowWidth() * 0.55f);
   DrawFiles(app);
   DrawWorkingSize(app);
-  if (ImGui::CollapsingHeader("Map", ImGuiTreeNodeFlags_DefaultOpen)) DrawMapChoice(app);
-  if (ImGui::CollapsingHeader("Display", ImGuiTreeNodeFlags_DefaultOpen)) DrawDisplay(app);
-  if (ImGui::CollapsingHeader("Mask", ImGuiTreeNodeFlags_DefaultOpen)) DrawMask(app);
-  if (ImGui::CollapsingHeader("Softmax scale", ImGuiTreeNodeFlags_DefaultOpen)) DrawScale(app);
-  if (ImGui::CollapsingHeader("Export", ImGuiTreeNodeFlags_DefaultOpen)) DrawExport(app);
+  // Each header's widgets live in the header's ID scope (gui::Section): the mask's and the scale's
+  // "none" are two widgets, and no widget shares its ID with the header above it.
+  struct Part {
+    const char* header;
+    void (*draw)(App&);
+  };
+  for (const Part& part : {Part{"Map", DrawMapChoice}, Part{"Display", DrawDisplay}, Part{"Mask", DrawMask},
+                           Part{"Softmax scale", DrawScale}, Part{"Export and screenshot", DrawExport}}) {
+    if (!gui::CollapsingHeader(part.header, ImGuiTreeNodeFlags_DefaultOpen)) continue;
+    gui::Section section(part.header);
+    part.draw(app);
+  }
   ImGui::PopItemWidth();
   ImGui::End();
 }

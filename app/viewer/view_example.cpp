@@ -8,6 +8,7 @@
 #include <imgui.h>
 
 #include "views.hpp"
+#include "widgets.hpp"
 
 namespace vitlens::viewer {
 
@@ -23,7 +24,7 @@ void DrawInputMatrix(const char* name, float (*rows)[2], int count) {
   for (int r = 0; r < count; ++r) {
     ImGui::PushID(r);
     ImGui::SetNextItemWidth(160.0f);
-    ImGui::InputFloat2("##row", rows[r], "%.3f");
+    gui::InputFloat2("##row", rows[r], "%.3f");
     ImGui::PopID();
   }
   ImGui::PopID();
@@ -76,9 +77,9 @@ void DrawWorkedExampleView(App& app) {
   ImGui::BeginGroup();
   DrawInputMatrix("V (values)", ex.v, 3);
   ImGui::EndGroup();
-  ImGui::Checkbox("divide the scores by sqrt(d_k) = sqrt(2)", &ex.scaled);
+  gui::Checkbox("divide the scores by sqrt(d_k) = sqrt(2)", &ex.scaled);
   ImGui::SameLine();
-  if (ImGui::Button("Reset to the seed's numbers")) ex = WorkedExample{};
+  if (gui::Button("Reset to the seed's numbers")) ex = WorkedExample{};
 
   const Derived& d = app.derived;
   if (d.example_valid) {

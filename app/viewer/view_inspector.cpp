@@ -7,6 +7,7 @@
 #include <imgui.h>
 
 #include "views.hpp"
+#include "widgets.hpp"
 
 namespace vitlens::viewer {
 
@@ -103,7 +104,7 @@ void DrawHeadSteps(const App& app, const InspectorStep& step) {
     const HeadStep& s = step.heads[h];
     char title[64];
     std::snprintf(title, sizeof title, "head %zu: the %d-value vectors", h, d);
-    if (!ImGui::TreeNode(title)) continue;
+    if (!gui::TreeNode(title)) continue;
     if (d <= 32 && ImGui::BeginTable("vectors", d + 1, kWideTable, TableSize(5))) {
       DrawVectorRow("q (query)", s.q);
       DrawVectorRow("k (key)", s.k);
@@ -143,8 +144,10 @@ void DrawInspectorView(App& app) {
                       app.doc.comp->forward.tokens, static_cast<double>(step.score_scale),
                       step.key_allowed ? "" : "; this key is masked for this query");
   DrawHeadSteps(app, step);
-  if (ImGui::TreeNode("patch values", "the patches' %d values each, normalised (x - mean) / std as the model reads them",
-                      3 * p * p)) {
+  char values_title[128];
+  std::snprintf(values_title, sizeof values_title,
+                "the patches' %d values each, normalised (x - mean) / std as the model reads them###patch values", 3 * p * p);
+  if (gui::TreeNode(values_title)) {
     ImGui::TextUnformatted("query");
     DrawPatchValues("query_values", step.query_patch, p);
     ImGui::TextUnformatted("key");

@@ -2,53 +2,57 @@
 #include <imgui.h>
 
 #include "views.hpp"
+#include "widgets.hpp"
 
 namespace vitlens::viewer {
 
 namespace {
 
 void DrawRecent(const char* title, const std::vector<std::string>& recent, std::string& request) {
-  if (!ImGui::BeginMenu(title, !recent.empty())) return;
-  for (const std::string& path : recent)
-    if (ImGui::MenuItem(path.c_str())) request = path;
-  ImGui::EndMenu();
+  if (!gui::BeginMenu(title, !recent.empty())) return;
+  for (size_t i = 0; i < recent.size(); ++i) {
+    ImGui::PushID(static_cast<int>(i));  // a path is not an ID: it may hold "##"
+    if (gui::MenuItem(recent[i].c_str())) request = recent[i];
+    ImGui::PopID();
+  }
+  gui::EndMenu();
 }
 
 void DrawFileMenu(App& app) {
-  if (!ImGui::BeginMenu("File")) return;
-  if (ImGui::MenuItem("Open image...")) open_browser(app, BrowserPurpose::OpenImage);
-  if (ImGui::MenuItem("Open model...")) open_browser(app, BrowserPurpose::OpenModel);
+  if (!gui::BeginMenu("File")) return;
+  if (gui::MenuItem("Open image...")) open_browser(app, BrowserPurpose::OpenImage);
+  if (gui::MenuItem("Open model...")) open_browser(app, BrowserPurpose::OpenModel);
   DrawRecent("Recent images", app.ui.recent_images, app.requests.open_image);
   DrawRecent("Recent models", app.ui.recent_models, app.requests.open_model);
   ImGui::Separator();
-  if (ImGui::MenuItem("Export...", nullptr, false, app.doc.ready())) open_browser(app, BrowserPurpose::ExportFolder);
-  if (ImGui::MenuItem("Save screenshot...")) open_browser(app, BrowserPurpose::ScreenshotFile);
+  if (gui::MenuItem("Export...", app.doc.ready())) open_browser(app, BrowserPurpose::ExportFolder);
+  if (gui::MenuItem("Save screenshot...")) open_browser(app, BrowserPurpose::ScreenshotFile);
   ImGui::Separator();
-  if (ImGui::MenuItem("Quit")) app.requests.quit = true;
-  ImGui::EndMenu();
+  if (gui::MenuItem("Quit")) app.requests.quit = true;
+  gui::EndMenu();
 }
 
 void DrawViewMenu(App& app) {
-  if (!ImGui::BeginMenu("View")) return;
+  if (!gui::BeginMenu("View")) return;
   UiState& ui = app.ui;
-  ImGui::MenuItem("Controls", nullptr, &ui.show_controls);
-  ImGui::MenuItem("Image", nullptr, &ui.show_image);
-  ImGui::MenuItem("Heads", nullptr, &ui.show_heads);
-  ImGui::MenuItem("Inspector", nullptr, &ui.show_inspector);
-  ImGui::MenuItem("Head statistics", nullptr, &ui.show_stats);
-  ImGui::MenuItem("Worked example", nullptr, &ui.show_example);
+  gui::MenuItemToggle("Controls", &ui.show_controls);
+  gui::MenuItemToggle("Image", &ui.show_image);
+  gui::MenuItemToggle("Heads", &ui.show_heads);
+  gui::MenuItemToggle("Inspector", &ui.show_inspector);
+  gui::MenuItemToggle("Head statistics", &ui.show_stats);
+  gui::MenuItemToggle("Worked example", &ui.show_example);
   ImGui::Separator();
-  ImGui::MenuItem("Patch grid", nullptr, &ui.display.show_grid);
-  ImGui::EndMenu();
+  gui::MenuItemToggle("Patch grid", &ui.display.show_grid);
+  gui::EndMenu();
 }
 
 void DrawHelpMenu() {
-  if (!ImGui::BeginMenu("Help")) return;
+  if (!gui::BeginMenu("Help")) return;
   ImGui::TextUnformatted("Click a patch: pin it as the query. Arrow keys: move the query.");
   ImGui::TextUnformatted("Hover a patch: it becomes the inspector's key.");
   ImGui::TextUnformatted("Drop an image or a .safetensors model onto the window to open it.");
   ImGui::TextUnformatted("Painted mask: choose 'painted', then drag on a picture (right drag erases).");
-  ImGui::EndMenu();
+  gui::EndMenu();
 }
 
 }  // namespace
@@ -78,12 +82,20 @@ void DrawStatusBar(App& app) {
     ImGui::ProgressBar(app.worker.progress(), ImVec2(260.0f, 0.0f), activity.empty() ? "working" : activity.c_str());
     ImGui::SameLine();
   }
+  // The current computation first (never an old message's grid), then the last message.
+  const std::string status = status_text(app);
+  if (!status.empty()) {
+    ImGui::TextUnformatted(status.c_str());
+    ImGui::SameLine();
+    ImGui::TextDisabled("|");
+    ImGui::SameLine();
+  }
   const Message& m = app.ui.message;
   if (!m.text.empty()) {
     if (m.error) ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "%s", m.text.c_str());
     else ImGui::TextUnformatted(m.text.c_str());
     ImGui::SameLine();
-    if (ImGui::SmallButton("x")) app.ui.message = {};
+    if (gui::SmallButton("x")) app.ui.message = {};
   } else if (!working) {
     ImGui::TextDisabled("Drop an image or a .safetensors model onto the window, or use File > Open.");
   }

@@ -5,6 +5,7 @@
 #include <imgui.h>
 
 #include "views.hpp"
+#include "widgets.hpp"
 
 namespace vitlens::viewer {
 
@@ -43,7 +44,7 @@ ImVec2 CellMin(ImVec2 origin, float cw, float ch, int row, int col) {
 void DrawPicture(App& app, const char* name, const Texture& texture, float width, float height, bool mark_query) {
   ImGuiIO& io = ImGui::GetIO();
   const ImVec2 origin = ImGui::GetCursorScreenPos();
-  ImGui::InvisibleButton(name, ImVec2(width, height), ImGuiButtonFlags_MouseButtonLeft | ImGuiButtonFlags_MouseButtonRight);
+  gui::Picture(name, ImVec2(width, height), ImGuiButtonFlags_MouseButtonLeft | ImGuiButtonFlags_MouseButtonRight);
   const bool hovered = ImGui::IsItemHovered();
   ImDrawList* draw = ImGui::GetWindowDrawList();
   const ImVec2 end(origin.x + width, origin.y + height);

@@ -8,6 +8,7 @@
 #include "viewer.hpp"
 
 #include <cfloat>
+#include <cstdio>
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -19,8 +20,10 @@
 
 #include "controller.hpp"
 #include "file_list.hpp"
+#include "input.hpp"
 #include "textures.hpp"
 #include "views.hpp"
+#include "widgets.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/model_io.hpp"
@@ -67,15 +70,6 @@ std::string g_glfw_error;  // the last GLFW error, for the one-line message
 
 void OnGlfwError(int /*code*/, const char* description) { g_glfw_error = description ? description : "unknown"; }
 
-struct WindowData {
-  std::vector<std::string> dropped;  // files dropped since the last frame
-};
-
-void OnDrop(GLFWwindow* window, int count, const char** paths) {
-  auto* data = static_cast<WindowData*>(glfwGetWindowUserPointer(window));
-  for (int i = 0; i < count; ++i) data->dropped.emplace_back(paths[i]);
-}
-
 // [SECTION] Frame pieces
 
 // A dropped .safetensors file is a model; anything else is tried as an image.
@@ -109,14 +103,35 @@ void DrawViews(App& app, const ViewTextures& textures) {
 
 // Writes the frame just rendered (the back buffer, before the swap).
 void CaptureScreenshot(App& app, int width, int height) {
-  const std::string path = app.requests.screenshot;
+  const std::string path = output_path(app.requests.screenshot);
   app.requests.screenshot.clear();
   try {
+    prepare_output_folder(folder_of(path));
     write_png_atomic(path, read_framebuffer(width, height));
     app.ui.message = {"Saved the screenshot to " + path, false};
   } catch (const Error& e) {
     app.ui.message = {std::string("Screenshot failed: ") + e.what(), true};
     ++app.export_failures;
+  }
+}
+
+// --dump-widgets: the widget list once the first image is on screen and settled (or, when
+// nothing can load, once the app is idle), written once.
+struct DumpState {
+  int idle_frames = 0;
+  bool done = false;
+};
+
+void DumpWidgetsOnce(App& app, const std::string& path, DumpState& dump) {
+  if (path.empty() || dump.done) return;
+  dump.idle_frames = is_idle(app) ? dump.idle_frames + 1 : 0;
+  if (dump.idle_frames < 3) return;  // windows take a frame or two to find their size
+  dump.done = true;
+  try {
+    write_file_atomic(path, widgets_json(app.ui.widgets).dump(2) + "\n");
+  } catch (const Error& e) {
+    app.ui.message = {std::string("--dump-widgets: ") + e.what(), true};
+    std::fprintf(stderr, "vitlens: --dump-widgets: %s\n", e.what());
   }
 }
 
@@ -138,6 +153,7 @@ int run_viewer(const ViewerArgs& args) {
   const bool automated = !args.script.empty() || !args.screenshot.empty() || args.frames > 0;
   ScriptRunner script;
   if (automated) script = BuildScript(args);  // a malformed script fails before any window opens
+  if (!args.dump_widgets.empty()) check_output_path(args.dump_widgets, "--dump-widgets");
 
   // Setup window
   glfwSetErrorCallback(OnGlfwError);
@@ -163,9 +179,8 @@ int run_viewer(const ViewerArgs& args) {
   }
   glfwMakeContextCurrent(window);
   glfwSwapInterval(automated ? 0 : 1);
-  WindowData window_data;
-  glfwSetWindowUserPointer(window, &window_data);
-  glfwSetDropCallback(window, OnDrop);
+  WindowInput input;
+  input.synthetic_mouse = automated;  // only the script moves things
 
   // Setup context
   IMGUI_CHECKVERSION();
@@ -183,6 +198,7 @@ int run_viewer(const ViewerArgs& args) {
   ImGui::StyleColorsDark();
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   ImGui_ImplOpenGL3_Init("#version 130");
+  install_input_callbacks(window, input);
 
   app.script = std::move(script);
   app.load_options.heads = args.heads;
@@ -192,16 +208,18 @@ int run_viewer(const ViewerArgs& args) {
   // Main loop
   ViewTextures textures;
   std::string title;
+  DumpState dump;
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
   while (!glfwWindowShouldClose(window) && !g_stop_requested) {
     // Poll and handle events. Never spin: while the worker runs, wake often enough to show its
     // progress and result promptly, and leave the CPU to it; idle, wait for input.
     const bool working = app.compute_job != 0 || !app.export_jobs.empty();
-    if (app.requests.any() || (automated && !working)) glfwPollEvents();
+    if (app.requests.any() || input_pending(app, input) || (automated && !working)) glfwPollEvents();
     else if (automated) glfwWaitEventsTimeout(0.005);
     else glfwWaitEventsTimeout(working ? 1.0 / 60.0 : 0.1);
-    RouteDroppedFiles(app, window_data.dropped);
+    play_synthetic_input(app, window, input);
+    RouteDroppedFiles(app, input.dropped);
 
     // Work: results in, requests out, derived state and textures up to date.
     poll_worker(app);
@@ -217,10 +235,13 @@ int run_viewer(const ViewerArgs& args) {
     // Start the Dear ImGui frame
     ImGui_ImplOpenGL3_NewFrame();
     ImGui_ImplGlfw_NewFrame();
-    if (automated) io.MousePos = ImVec2(-FLT_MAX, -FLT_MAX);  // only the script moves things
+    feed_imgui_input(window, input);
     ImGui::NewFrame();
+    gui::BeginFrame();
     HandleKeys(app);
     DrawViews(app, textures);
+    app.ui.widgets = gui::EndFrame(io.DisplaySize.x, io.DisplaySize.y);
+    DumpWidgetsOnce(app, args.dump_widgets, dump);
     // The mouse or keys may have moved the query: every head's map follows in this frame.
     update_derived(app);
     sync_textures(app.derived, textures);
