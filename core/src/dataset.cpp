@@ -172,6 +172,10 @@ IdxArray read_idx(const std::string& dir, const std::string& name, int ndim, con
     throw Error(packed.string() + ": cannot open Fashion-MNIST " + what + " (no such file, nor " + name +
                 " without .gz); is the dataset-fashion-mnist package installed?");
   }
+  const auto file_size = fs::file_size(a.path, ec);
+  if (!ec && file_size > kMaxIdxBytes)
+    throw Error(a.path + ": file is " + std::to_string(file_size >> 20) + " MiB, more than the " +
+                std::to_string(kMaxIdxBytes >> 20) + " MiB an IDX file vitlens reads may hold");
   a.bytes = read_whole_file(a.path, "an IDX file");
   const bool gzip = a.bytes.size() >= 2 && static_cast<unsigned char>(a.bytes[0]) == 0x1f &&
                     static_cast<unsigned char>(a.bytes[1]) == 0x8b;
