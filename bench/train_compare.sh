@@ -54,12 +54,13 @@ print(f"{statistics.median(rates):.1f}")
 EOF
 )
 
+echo "vitlens train: median $V_RATE images/s" >&2
 echo "PyTorch ($PY): $STEPS timed steps ..." >&2
 P_JSON=$("$PY" "$HERE/train_pytorch.py" "${RECIPE[@]}" --bench --steps "$STEPS" 2>/dev/null | tail -n 1)
 read -r P_RATE P_VERSION P_THREADS < <("$PY" -c '
 import json, sys
 r = json.loads(sys.argv[1])
-print(f"{r[\"images_per_s\"]:.1f} {r[\"torch\"]} {r[\"threads\"]}")' "$P_JSON")
+print("%.1f %s %s" % (r["images_per_s"], r["torch"], r["threads"]))' "$P_JSON")
 
 RATIO=$("$PY" -c "print(f'{$V_RATE / $P_RATE:.2f}')")
 printf '%-28s %12s\n' "trainer" "images/s"

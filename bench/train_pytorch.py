@@ -245,6 +245,8 @@ def parse_args():
     p.add_argument("--attention", choices=["auto", "fused", "plain"], default="auto",
                    help="auto: F.scaled_dot_product_attention when this PyTorch has it (as timm), else plain")
     p.add_argument("--no-eval", action="store_true", help="skip the test-set evaluation")
+    p.add_argument("--compare-grads", metavar="FILE",
+                   help="check the model against `vitlens train --grad-dump FILE` (same flags): first-batch gradients")
     a = p.parse_args()
     for name in ("depth", "embed_dim", "heads", "patch", "batch", "epochs"):
         if getattr(a, name) < 1:
@@ -258,6 +260,54 @@ def parse_args():
     if a.threads < 0 or a.steps < 0 or a.limit < 0:
         p.error("--threads, --steps and --limit must be >= 0")
     return a
+
+
+def read_safetensors(path):
+    """{name: float32 tensor} from a safetensors file (8-byte little-endian header size, JSON
+    header, raw little-endian data), without the safetensors package (Debian's Python lacks it)."""
+    with open(path, "rb") as f:
+        blob = f.read()
+    size = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + size])
+    out = {}
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        if entry["dtype"] != "F32":
+            sys.exit(f"{path}: tensor {name} is {entry['dtype']}, expected F32")
+        begin, end = entry["data_offsets"]
+        data = np.frombuffer(blob, dtype="<f4", count=(end - begin) // 4, offset=8 + size + begin)
+        out[name] = torch.from_numpy(data.copy()).reshape(entry["shape"])
+    return out
+
+
+def compare_grad_dump(a, model, x_train, y_train):
+    """Checks that this script's model IS vitlens' model: loads the weights `vitlens train
+    --grad-dump FILE` started from (FILE's .weights.safetensors), takes the gradients of the first
+    --batch training images (file order, no augmentation) and compares them with FILE's."""
+    grads = read_safetensors(a.compare_grads)
+    stem = a.compare_grads[:-len(".safetensors")] if a.compare_grads.endswith(".safetensors") else a.compare_grads
+    weights = read_safetensors(stem + ".weights.safetensors")
+    params = dict(model.named_parameters())
+    missing = sorted(set(params) ^ set(weights))
+    if missing:
+        sys.exit(f"names differ between this model and {stem}.weights.safetensors: {missing}")
+    with torch.no_grad():
+        for name, p in params.items():
+            p.copy_(weights[name].reshape(p.shape))
+    xb = (x_train[:a.batch] - MEAN) / STD
+    loss = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)(model(xb), y_train[:a.batch])
+    model.zero_grad()
+    loss.backward()
+    worst = 0.0
+    for name, p in params.items():
+        theirs = grads[name].reshape(p.shape).double()
+        diff = (p.grad.double() - theirs).abs().max().item() / max(theirs.abs().max().item(), 1e-12)
+        worst = max(worst, diff)
+        print(f"{name:32s} max |diff| / max |grad| = {diff:.2e}", file=sys.stderr)
+    print(f"loss {loss.item():.6f}; largest relative gradient difference {worst:.2e} over {len(params)} tensors "
+          f"({'OK' if worst <= 1e-4 else 'MISMATCH'}, tolerance 1e-4)")
+    return 0 if worst <= 1e-4 else 1
 
 
 @torch.no_grad()
@@ -284,6 +334,8 @@ def main():
     x_train, y_train = load_fashion_mnist(a.data_dir, True, a.limit)
     model = VisionTransformer(28, a.patch, a.embed_dim, a.depth, a.heads, a.mlp_ratio, 10, fused)
     opt = torch.optim.AdamW(param_groups(model, a.weight_decay), lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
+    if a.compare_grads:
+        return compare_grad_dump(a, model, x_train, y_train)
     loss_fn = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)
     n = x_train.shape[0]
     per_epoch = n // a.batch
@@ -358,4 +410,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

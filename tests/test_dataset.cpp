@@ -231,13 +231,17 @@ TEST_CASE("ImageFolder: classes sorted, images resized and centre-cropped, unrea
   REQUIRE(cv::imwrite(root + "/dog/nested/blue.png", cv::Mat(12, 6, CV_8UC3, cv::Scalar(255, 0, 0))));
   // Eel (sorts before cat: byte order, as Python's sorted): a 16 x 16 gray 128.
   REQUIRE(cv::imwrite(root + "/Eel/gray.jpg", cv::Mat(16, 16, CV_8UC1, cv::Scalar(128))));
+  // Eel: a 1 x 5000 strip, dark at the ends and 200 in its centre 1 x 1 (the centred square).
+  cv::Mat strip(1, 5000, CV_8UC1, cv::Scalar(0));
+  strip.at<unsigned char>(0, 2499) = 200;
+  REQUIRE(cv::imwrite(root + "/Eel/strip.png", strip));
   fs::create_directory(root + "/.hidden_class");  // ignored, not a class
 
   FolderReport report;
   const ImageSet s = load_image_folder(root, 4, &report);
   REQUIRE(s.class_names == std::vector<std::string>{"Eel", "cat", "dog"});
-  REQUIRE(s.size() == 4);
-  CHECK(s.labels == std::vector<int32_t>{0, 1, 2, 2});
+  REQUIRE(s.size() == 5);
+  CHECK(s.labels == std::vector<int32_t>{0, 0, 1, 2, 2});
   CHECK(s.height == 4);
   CHECK(s.width == 4);
   CHECK(report.skipped == 1);
@@ -247,19 +251,21 @@ TEST_CASE("ImageFolder: classes sorted, images resized and centre-cropped, unrea
 
   // Eel: gray 128 everywhere (JPEG keeps a flat field exact to +-1).
   for (int k = 0; k < 3 * 16; ++k) CHECK(s.image(0)[k] == Approx(128 / 255.0f).margin(1.5 / 255));
+  // Eel/strip.png: its centred 1 x 1 square (column (5000 - 1) / 2 = 2499) upscaled: 200 everywhere.
+  for (int k = 0; k < 3 * 16; ++k) CHECK(s.image(1)[k] == Approx(200 / 255.0f).margin(1e-6));
   // cat: out[c][y][x] = 10 (x + 2) / 255 for every channel and row
   for (int c = 0; c < 3; ++c)
     for (int y = 0; y < 4; ++y)
-      for (int x = 0; x < 4; ++x) CHECK(s.image(1)[(c * 4 + y) * 4 + x] == Approx(10 * (x + 2) / 255.0f).margin(1e-6));
-  // Files sort by path: dog/nested/blue.png before dog/red.png, so image 2 is blue, image 3 red.
+      for (int x = 0; x < 4; ++x) CHECK(s.image(2)[(c * 4 + y) * 4 + x] == Approx(10 * (x + 2) / 255.0f).margin(1e-6));
+  // Files sort by path: dog/nested/blue.png before dog/red.png, so image 3 is blue, image 4 red.
   for (int k = 0; k < 16; ++k) {
-    CHECK(s.image(2)[k] == 0.0f);            // R
-    CHECK(s.image(2)[32 + k] == 1.0f);       // B
-    CHECK(s.image(3)[k] == Approx(1.0f));    // R
-    CHECK(s.image(3)[16 + k] == Approx(0.0f));
+    CHECK(s.image(3)[k] == 0.0f);            // R
+    CHECK(s.image(3)[32 + k] == 1.0f);       // B
+    CHECK(s.image(4)[k] == Approx(1.0f));    // R
+    CHECK(s.image(4)[16 + k] == Approx(0.0f));
   }
   // No report pointer: still skips.
-  CHECK(load_image_folder(root, 3, nullptr).size() == 4);
+  CHECK(load_image_folder(root, 3, nullptr).size() == 5);
 }
 
 TEST_CASE("ImageFolder errors: not a folder, no classes, one class, an empty class", "[dataset][folder][errors]") {

@@ -105,6 +105,8 @@ std::string gunzip(const std::string& packed, const std::string& path) {
   if (packed.size() >= 18) {
     const auto* t = reinterpret_cast<const unsigned char*>(packed.data() + packed.size() - 4);
     guess = std::max<size_t>(guess, t[0] | (t[1] << 8) | (t[2] << 16) | (static_cast<size_t>(t[3]) << 24));
+    // deflate expands at most about 1032:1: a damaged trailer must not make us reserve 4 GB.
+    guess = std::min(guess, packed.size() * 1032 + 1024);
   }
   out.resize(std::min(guess + 1, kMaxIdxBytes));
   zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(packed.data()));
@@ -299,8 +301,16 @@ int interpolation_for(int from_side, int to_side) { return to_side < from_side ?
 
 // torchvision Resize(S) then CenterCrop(S): the short side becomes S, the long side
 // int(S * long / short) (Resize truncates), and the crop starts at round((side - S) / 2).
-cv::Mat resize_and_centre_crop(const cv::Mat& rgb, int side) {
+// A very elongated image (a 1 x 5000 strip at side 224 would be resized to 1.1 million x 224
+// first) is cut to its centred square of the short side before resizing instead: the same
+// pixels, up to the crop's rounding, without the huge intermediate.
+cv::Mat resize_and_centre_crop(const cv::Mat& source, int side) {
+  cv::Mat rgb = source;
   const int short_side = std::min(rgb.rows, rgb.cols);
+  if (std::max(rgb.rows, rgb.cols) > 8 * short_side) {
+    const int top = (rgb.rows - short_side) / 2, left = (rgb.cols - short_side) / 2;
+    rgb = rgb(cv::Rect(left, top, short_side, short_side));
+  }
   int w = side, h = side;
   if (rgb.cols > rgb.rows) w = static_cast<int>(static_cast<long long>(side) * rgb.cols / rgb.rows);
   if (rgb.rows > rgb.cols) h = static_cast<int>(static_cast<long long>(side) * rgb.rows / rgb.cols);
