@@ -24,6 +24,10 @@ export LSAN_OPTIONS="suppressions=$PWD/tests/sanitizers/lsan.supp:print_suppress
 echo "test-sanitize: the whole suite under ASan + UBSan ($ASAN_DIR)"
 ctest --test-dir "$ASAN_DIR" --output-on-failure -j"$(nproc)"
 
+# OpenCV allocates a whole image from its header before decoding it (a 300-byte JPEG can claim
+# 65535 x 16383 pixels); the fuzzers' images are capped at 4 megapixels (OpenCV refuses larger,
+# vitlens reports that in one line) so each run stays fast and within libFuzzer's memory limit.
+export OPENCV_IO_MAX_IMAGE_PIXELS=4194304
 for target in model image script; do
   work="$ASAN_DIR/fuzz-run/$target"
   rm -rf "$work"
