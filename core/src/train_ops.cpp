@@ -11,6 +11,8 @@
 #include <thread>
 #include <vector>
 
+#include <unsupported/Eigen/SpecialFunctions>  // vectorised erf for the GELU
+
 namespace vitlens::train {
 
 namespace {
@@ -31,6 +33,10 @@ template <class T>
 using ConstStrided = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
 template <class T>
 using RowVec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+template <class T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
 
 int chunks_of(int64_t n, int64_t chunk) { return static_cast<int>((n + chunk - 1) / chunk); }
 
@@ -134,13 +140,7 @@ void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int 
       // dw = dout^T @ inp, output features chunk by chunk (each a full reduction over R)
       const int o0 = (t - row_tasks) * kFeatureChunk, n = std::min(O, o0 + kFeatureChunk) - o0;
       grad_w.middleRows(o0, n).noalias() += grad_out.middleCols(o0, n).transpose() * x;
-      if (db) {
-        for (int o = o0; o < o0 + n; ++o) {
-          T sum = 0;
-          for (int r = 0; r < R; ++r) sum += dout[static_cast<int64_t>(r) * O + o];
-          db[o] += sum;
-        }
-      }
+      if (db) Eigen::Map<RowVec<T>>(db + o0, n) += grad_out.middleCols(o0, n).colwise().sum();
     }
   });
 }
@@ -261,22 +261,26 @@ void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, i
     p.noalias() = q * k.transpose();
     p *= scale;
     const uint8_t* allowed = key_allowed ? key_allowed + static_cast<int64_t>(b) * N : nullptr;
+    // Row softmax with Eigen's vectorised exp; masked keys are set to exactly 0 afterwards (the
+    // vectorised exp of a very negative number is tiny, not 0).
     for (int i = 0; i < N; ++i) {
-      T* row = p.row(i).data();
+      ArrayMap<T> row(p.row(i).data(), N);
       T top = -std::numeric_limits<T>::infinity();
-      for (int j = 0; j < N; ++j)
-        if (!allowed || allowed[j]) top = std::max(top, row[j]);
+      if (allowed) {
+        for (int j = 0; j < N; ++j)
+          if (allowed[j]) top = std::max(top, row[j]);
+      } else {
+        top = row.maxCoeff();
+      }
       if (top == -std::numeric_limits<T>::infinity()) {  // every key masked: a zero row, never NaN
-        std::fill(row, row + N, T(0));
+        row.setZero();
         continue;
       }
-      T sum = 0;
-      for (int j = 0; j < N; ++j) {
-        row[j] = (!allowed || allowed[j]) ? std::exp(row[j] - top) : T(0);
-        sum += row[j];
-      }
-      const T inv = T(1) / sum;
-      for (int j = 0; j < N; ++j) row[j] *= inv;
+      row = (row - top).exp();
+      if (allowed)
+        for (int j = 0; j < N; ++j)
+          if (!allowed[j]) row[j] = T(0);
+      row *= T(1) / row.sum();
     }
     Strided<T> out(ctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
     out.noalias() = p * v;
@@ -325,8 +329,9 @@ template <class T>
 void gelu_forward(const T* inp, int64_t n, T* out, int threads) {
   const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
-    const int64_t i0 = c * kElementChunk, i1 = std::min(n, i0 + kElementChunk);
-    for (int64_t i = i0; i < i1; ++i) out[i] = T(0.5) * inp[i] * (T(1) + std::erf(inp[i] * inv_sqrt2));
+    const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
+    ConstArrayMap<T> x(inp + i0, len);
+    ArrayMap<T>(out + i0, len) = T(0.5) * x * (T(1) + (x * inv_sqrt2).erf());
   });
 }
 
@@ -335,13 +340,12 @@ void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads)
   const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
   const T inv_sqrt_2pi = static_cast<T>(0.39894228040143267794);
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
-    const int64_t i0 = c * kElementChunk, i1 = std::min(n, i0 + kElementChunk);
-    for (int64_t i = i0; i < i1; ++i) {
-      const T x = inp[i];
-      const T cdf = T(0.5) * (T(1) + std::erf(x * inv_sqrt2));
-      const T pdf = inv_sqrt_2pi * std::exp(T(-0.5) * x * x);
-      dinp[i] += dout[i] * (cdf + x * pdf);
-    }
+    const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
+    ConstArrayMap<T> x(inp + i0, len);
+    ConstArrayMap<T> g(dout + i0, len);
+    // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+    ArrayMap<T>(dinp + i0, len) +=
+        g * (T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp());
   });
 }
 

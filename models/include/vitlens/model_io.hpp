@@ -39,7 +39,10 @@ nlohmann::json config_to_json(const VitConfig& config);
 VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, const std::string& what);
 
 VitModel load_model(const std::string& path);
-void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors);
+// extra_metadata goes into __metadata__ beside "config" and "format" (e.g. a trained model's
+// "training" record); those two keys cannot be replaced.
+void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                const std::map<std::string, std::string>& extra_metadata = {});
 
 // The expected tensor shapes for a config (name -> shape), optional tensors excluded.
 std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConfig& config);
