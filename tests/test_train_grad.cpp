@@ -5,8 +5,9 @@
 // stores the weights, the batch, the loss and the gradient of every parameter and of the input.
 // Here the float32 VitNet runs the same batch. Each tensor is compared in the max norm:
 //   rel = max_i |g_i - ref_i| / max_i |ref_i|   must be <= 1e-4 (printed: the largest per case).
-// Dropping any single term of a backward (e.g. LayerNorm's mean(dxhat) term, a residual branch,
-// the softmax's row-sum term) moves at least one tensor by far more than that.
+// Dropping one term of a backward moves some tensor by far more than that; measured by editing a
+// copy of train_ops.cpp: without LayerNorm's mean(dxhat) term the largest difference is 0.90
+// (grad_cls) and 1.16 (grad_avg), without the softmax's row-sum term 3.1 and 2.3.
 //
 // Finite differences: a tiny double-precision model (D = 8, 2 heads, depth 2, 2 x 2 grid), every
 // parameter nudged by +-1e-6; central differences agree with backward to 1e-6 relative.
