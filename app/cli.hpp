@@ -44,6 +44,21 @@ void add_heads_option(CLI::App* cmd, int& heads);
 void add_info_command(CLI::App& app, InfoArgs& args);
 int run_info(const InfoArgs& args);
 
+// `vitlens train` (cli_train.cpp). Defaults are the documented default recipe (README).
+struct TrainArgs {
+  std::string data, out, resume, grad_dump;
+  int depth = 6, embed_dim = 48, heads = 4, patch = 4;
+  double mlp_ratio = 2.0;
+  int batch = 128, epochs = 10;
+  double lr = 2e-3, weight_decay = 0.05, warmup = 1.0, label_smoothing = 0.1, val_split = 0.1;
+  uint64_t seed = 0;
+  int threads = 0, img_size = 32, limit = 0, stop_after = 0;
+  bool no_augment = false, quiet = false;
+  CLI::App* command = nullptr;  // to ask which flags were given
+};
+void add_train_command(CLI::App& app, TrainArgs& args);
+int run_train(TrainArgs& args);
+
 // A flag value the parser accepted but the command cannot use: exits with kExitUsage.
 struct UsageError : Error {
   using Error::Error;

@@ -90,9 +90,11 @@ int main(int argc, char** argv) {
   ExportArgs export_args;
   InfoArgs info_args;
   ViewArgs view_args;
+  TrainArgs train_args;
   add_export_command(app, export_args);
   add_info_command(app, info_args);
   add_view_command(app, view_args);
+  add_train_command(app, train_args);
 #ifdef VITLENS_HAS_VIEWER
   app.footer("Run 'vitlens COMMAND --help' for a command's options; 'vitlens' alone opens the viewer on the bundled "
              "demo image and model.");
@@ -119,6 +121,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("export")) return run_export(export_args);
     if (app.got_subcommand("info")) return run_info(info_args);
     if (app.got_subcommand("view")) return run_view(view_args);
+    if (app.got_subcommand("train")) return run_train(train_args);
 #ifdef VITLENS_HAS_VIEWER
     if (argc == 1) return run_view(view_args);  // plain `vitlens`: the viewer on the bundled files
 #endif

@@ -373,13 +373,15 @@ VitModel load_model(const std::string& path, const LoadOptions& options) {
   return model_from_file(read_safetensors(path), path, folder, options);
 }
 
-void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors) {
+void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                const std::map<std::string, std::string>& extra_metadata) {
   const std::string why = config.validate();
   if (!why.empty()) throw Error(path + ": refusing to save an inconsistent config: " + why);
   // Check the tensors the same way a load would, so a file we write always loads.
   (void)model_from_tensors(config, tensors, path);
   SafetensorsFile file;
   file.tensors = tensors;
+  file.metadata = extra_metadata;
   file.metadata["config"] = config_to_json(config).dump();
   file.metadata["format"] = "pt";
   write_safetensors(path, file);

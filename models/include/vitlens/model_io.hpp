@@ -54,10 +54,13 @@ struct LoadOptions {
 // far larger than the memory available. Throws vitlens::Error with one line.
 VitModel load_model(const std::string& path, const LoadOptions& options);
 VitModel load_model(const std::string& path);
-// The same from a file's bytes already in memory (`what` names it in errors); load_model reads
-// the file and calls this, and so does the model loader's fuzz harness (tests/fuzz).
+// A vitlens model file's bytes already in memory (`what` names it in errors): the config must be
+// in __metadata__, since no companion config.json can be looked for. The fuzz harness uses it.
 VitModel parse_model(const std::string& bytes, const std::string& what);
-void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors);
+// extra_metadata goes into __metadata__ beside "config" and "format" (e.g. a trained model's
+// "training" record); those two keys cannot be replaced.
+void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                const std::map<std::string, std::string>& extra_metadata = {});
 
 // The expected tensor shapes for a config (name -> shape), optional tensors excluded.
 std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConfig& config);

@@ -1,0 +1,123 @@
+#pragma once
+// Training a ViT classifier: the recipe, and a Trainer that a command line or a GUI drives one
+// step at a time (step(), evaluate(), state readable between steps; run() with a progress callback
+// that returns false to stop). Checkpoint files are written by models/ (checkpoint.hpp) from the
+// state exposed here, so core/ stays free of file formats.
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "vitlens/dataset.hpp"
+#include "vitlens/optimizer.hpp"
+#include "vitlens/vit_train.hpp"
+
+namespace vitlens {
+
+// How to train (everything `vitlens train` takes besides the data and the model shape).
+struct Recipe {
+  int epochs = 10;
+  int batch = 128;
+  double lr = 2e-3;             // peak learning rate, after warmup
+  double min_lr = 1e-5;         // end of the cosine
+  double weight_decay = 0.05;   // AdamW, decoupled, on weight matrices only (ParamEntry::decay)
+  double warmup_epochs = 1.0;   // linear warmup length, in epochs (fractions allowed)
+  double clip_norm = 1.0;       // gradient-norm clipping; 0 = off
+  double label_smoothing = 0.1;
+  bool augment = true;          // random crop with zero padding `crop_pad`, horizontal flip
+  int crop_pad = 2;
+  bool flip = true;
+  double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
+  uint64_t seed = 0;
+  int threads = 0;              // 0 = one per core; results depend on the seed, not on this
+
+  nlohmann::json to_json() const;
+  static Recipe from_json(const nlohmann::json& j);  // throws vitlens::Error on a bad key
+  std::string validate() const;                      // empty when usable, else one reason
+};
+
+struct StepReport {
+  int64_t step = 0;      // updates done, this one included
+  int epoch = 0;         // 0-based epoch this step belongs to
+  double loss = 0.0;     // this batch's mean loss
+  double accuracy = 0.0; // this batch's accuracy in [0, 1]
+  double lr = 0.0;       // learning rate used
+  double grad_norm = 0.0;  // before clipping
+};
+
+struct EvalReport {
+  double loss = 0.0, accuracy = 0.0;
+  int images = 0;
+};
+
+// Where training stands: everything beyond the parameters that resume needs to continue
+// bit for bit (plus the Adam moments in the optimizer).
+struct TrainPosition {
+  int64_t step = 0;                 // updates done
+  int epoch = 0;                    // current epoch (0-based)
+  int64_t position = 0;             // batches of this epoch already done
+  std::vector<int32_t> order;       // this epoch's shuffled image order
+  uint64_t rng[4] = {0, 0, 0, 0};   // data Rng state at the step boundary
+};
+
+class Trainer {
+ public:
+  // A fresh model initialised from recipe.seed as timm initialises a VisionTransformer. The image
+  // sets must outlive the trainer; `eval` may be null (no evaluation). Throws vitlens::Error on an
+  // inconsistent config, a bad recipe, an empty set or images of the wrong size.
+  Trainer(const VitConfig& config, const Recipe& recipe, const ImageSet* train, const ImageSet* eval);
+
+  const VitConfig& config() const { return net_.config(); }
+  const Recipe& recipe() const { return recipe_; }
+  const train::VitNet<float>& net() const { return net_; }
+  train::VitNet<float>& net() { return net_; }
+  const train::AdamW& optimizer() const { return adam_; }
+  const TrainPosition& position() const { return pos_; }
+  int num_classes() const { return net_.num_classes(); }
+
+  int64_t steps_per_epoch() const;   // whole batches per epoch (the last partial batch is dropped)
+  int64_t total_steps() const;       // epochs * steps_per_epoch
+  bool finished() const { return pos_.step >= total_steps(); }
+
+  // One batch: forward, backward, clip, AdamW at the scheduled lr. Throws when finished().
+  StepReport step();
+  // Mean loss and accuracy over a whole set, in batches of recipe.batch; progress in [0, 1],
+  // returning false cancels (then the report covers the images done so far).
+  EvalReport evaluate(const ImageSet& set, const std::function<bool(float)>& progress = {});
+
+  // Debug (`--grad-dump`): gradients of the first `batch` images in file order, no augmentation,
+  // no update. Leaves the gradients in net().grads.
+  double gradients_of_first_batch();
+
+  // Restores a saved state (parameters, Adam moments and step, position). Throws vitlens::Error
+  // when the sizes do not fit this trainer's model and data.
+  void restore(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
+               int64_t adam_step, const TrainPosition& position);
+
+  // Stops early (the recipe's epochs can be extended on resume).
+  void set_epochs(int epochs) { recipe_.epochs = epochs; }
+
+ private:
+  void initialise();
+  void start_epoch();
+  void load_batch(const ImageSet& set, const int32_t* indices, int count, bool augment);
+
+  train::VitNet<float> net_;
+  Recipe recipe_;
+  const ImageSet* train_ = nullptr;
+  const ImageSet* eval_ = nullptr;
+  train::AdamW adam_;
+  TrainPosition pos_;
+  Rng rng_;
+  std::vector<float> batch_images_;   // (B, 3, H, W) normalised
+  std::vector<int32_t> batch_labels_;  // (B)
+  std::vector<float> scratch_;         // (3, H, W)
+};
+
+// Images in the set that the model cannot take: "" when every image is config.img_h x img_w.
+std::string check_image_set(const VitConfig& config, const ImageSet& set, const std::string& what);
+
+}  // namespace vitlens

@@ -1,0 +1,115 @@
+#pragma once
+// A trainable ViT classifier: timm's VisionTransformer (pre-norm blocks, final norm per token,
+// class-token or mean pooling, linear head) as the train_ops chained together, llm.c style:
+// parameters, gradients and the Adam moments each in ONE allocation addressed by a table of
+// offsets carrying timm's tensor names and shapes (those of models/include/vitlens/model_io.hpp plus
+// head.weight/bias), activations allocated once per batch size. Templated on the scalar: float
+// trains, double checks gradients by finite differences.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "vitlens/vit.hpp"
+
+namespace vitlens::train {
+
+struct ParamEntry {
+  std::string name;            // timm name, e.g. "blocks.0.attn.qkv.weight"
+  std::vector<int64_t> shape;  // timm shape, e.g. (3D, D)
+  size_t offset = 0;           // into the one parameter buffer
+  size_t size = 0;             // product(shape)
+  bool decay = false;          // AdamW weight decay applies (timm's default: weights of >= 2 dims
+                               // except pos_embed and cls_token; no biases, norms, tokens)
+};
+
+// Offsets of one block's tensors in the parameter buffer (qkv_b = SIZE_MAX without qkv bias).
+struct BlockOffsets {
+  size_t norm1_w, norm1_b, qkv_w, qkv_b, proj_w, proj_b, norm2_w, norm2_b, fc1_w, fc1_b, fc2_w, fc2_b;
+};
+
+struct ParamLayout {
+  std::vector<ParamEntry> entries;  // in timm's state_dict order
+  size_t total = 0;
+  size_t patch_w = 0, patch_b = 0, cls_token = 0, pos_embed = 0, norm_w = 0, norm_b = 0, head_w = 0, head_b = 0;
+  std::vector<BlockOffsets> blocks;
+  const ParamEntry* find(const std::string& name) const;
+};
+
+// The table for a config and class count. Throws vitlens::Error on an inconsistent config or
+// num_classes < 2.
+ParamLayout param_layout(const VitConfig& config, int num_classes);
+
+template <class T>
+struct Activations {
+  int batch = 0;
+  std::vector<T> patches;      // (B*Np, K) patchified input
+  std::vector<T> tokens;       // (B*Np, D) patch embeddings
+  std::vector<T> resid;        // (L+1, B*N, D) residual stream entering each block, then the last
+  std::vector<T> ln1, ln1_mean, ln1_rstd;  // (L, B*N, D), (L, B*N), (L, B*N)
+  std::vector<T> qkv;          // (L, B*N, 3D)
+  std::vector<T> probs;        // (L, B, H, N, N) attention weights
+  std::vector<T> ctx;          // (L, B*N, D) attention output before proj
+  std::vector<T> attn_proj;    // (L, B*N, D) proj(ctx)
+  std::vector<T> mid;          // (L, B*N, D) residual after attention
+  std::vector<T> ln2, ln2_mean, ln2_rstd;  // (L, B*N, D), (L, B*N), (L, B*N)
+  std::vector<T> fc1;          // (L, B*N, Hm) before GELU
+  std::vector<T> gelu;         // (L, B*N, Hm)
+  std::vector<T> mlp;          // (L, B*N, D) fc2 output
+  std::vector<T> out, out_mean, out_rstd;  // (B*N, D) after the final norm, (B*N), (B*N)
+  std::vector<T> pooled;       // (B, D)
+  std::vector<T> logits;       // (B, C)
+  std::vector<T> probs_out;    // (B, C) softmax of the logits
+  // Backward scratch, the same shapes as one layer's forward buffers.
+  std::vector<T> d_resid, d_mid, d_ln, d_qkv, d_ctx, d_hidden, d_gelu, d_probs, d_tokens, d_patches, d_out,
+      d_pooled, d_logits;
+};
+
+template <class T>
+class VitNet {
+ public:
+  VitNet(const VitConfig& config, int num_classes);
+
+  const VitConfig& config() const { return config_; }
+  const ParamLayout& layout() const { return layout_; }
+  int num_classes() const { return num_classes_; }
+  int tokens() const { return config_.prefix_tokens() + config_.grid_h() * config_.grid_w(); }  // N
+  int threads = 0;            // 0 = one per core
+  T label_smoothing = 0;      // as nn.CrossEntropyLoss(label_smoothing=...)
+
+  std::vector<T> params;  // (layout().total)
+  std::vector<T> grads;   // (layout().total)
+
+  T* param(const std::string& name);  // throws vitlens::Error on an unknown name
+  T* grad(const std::string& name);
+
+  // images (B, 3, H, W) at the config's img size, already normalised by mean/std;
+  // key_allowed (B, N) or null (vitlens' padding mask: 0 = never attended to);
+  // labels (B) or null (then no loss: returns 0). Caches everything backward needs.
+  T forward(const T* images, const int32_t* labels, const uint8_t* key_allowed, int batch);
+  // grads += d loss / d params for the last forward (which must have had labels); also
+  // d loss / d images into input_grad() when want_input_grad.
+  void backward(bool want_input_grad = false);
+  void zero_grad();
+
+  const T* logits() const { return acts_.logits.data(); }  // (B, C) of the last forward
+  const std::vector<T>& input_grad() const { return d_images_; }  // (B, 3, H, W)
+  const Activations<T>& activations() const { return acts_; }
+
+ private:
+  void allocate(int batch);
+
+  VitConfig config_;
+  int num_classes_;
+  ParamLayout layout_;
+  Activations<T> acts_;
+  std::vector<T> images_;  // (B, 3, H, W) copy of the last input (for the input gradient)
+  std::vector<int32_t> labels_;
+  std::vector<uint8_t> key_allowed_;
+  std::vector<T> d_images_;
+  std::vector<T> d_branch_;  // (B*N, D) the residual branch's share of the gradient
+};
+
+extern template class VitNet<float>;
+extern template class VitNet<double>;
+
+}  // namespace vitlens::train

@@ -1,0 +1,586 @@
+// The training ops: forward and backward pairs (see train_ops.hpp for shapes and the legend).
+//
+// This file is compiled twice: as itself (namespace vitlens::train::portable, SSE2, any x86-64)
+// and through train_ops_avx2.cpp with -mavx2 -mfma (namespace ::avx2, Eigen's namespace renamed
+// so that no Eigen function compiled for AVX2 can stand in for the portable one at link time).
+// The public functions at the end pick one at run time.
+#include "vitlens/train_ops.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <exception>
+#include <limits>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include <Eigen/Core>
+#include <unsupported/Eigen/SpecialFunctions>  // vectorised erf for the GELU
+
+#ifndef VITLENS_TRAIN_ISA
+#define VITLENS_TRAIN_ISA portable
+#define VITLENS_TRAIN_PORTABLE_BUILD 1
+#endif
+
+namespace vitlens::train {
+
+#ifdef VITLENS_TRAIN_PORTABLE_BUILD
+void parallel_for(int tasks, int threads, const std::function<void(int)>& task) {
+  if (tasks <= 0) return;
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int workers = std::max(1, std::min(threads, tasks));
+  if (workers == 1) {
+    for (int i = 0; i < tasks; ++i) task(i);
+    return;
+  }
+  std::atomic<int> next{0};
+  std::mutex failure_lock;
+  std::exception_ptr failure;
+  auto work = [&] {
+    try {
+      for (int i = next++; i < tasks; i = next++) task(i);
+    } catch (...) {
+      std::lock_guard<std::mutex> hold(failure_lock);
+      if (!failure) failure = std::current_exception();
+      next = tasks;
+    }
+  };
+  std::vector<std::thread> pool;
+  try {
+    for (int t = 1; t < workers; ++t) pool.emplace_back(work);
+  } catch (const std::system_error&) {
+    // No more threads: the ones that started and this one share the tasks.
+  }
+  work();
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+#endif
+
+namespace VITLENS_TRAIN_ISA {
+
+#include "vitlens/train_ops_list.inc"
+
+namespace {
+
+// Fixed task sizes: the split of the work never depends on the thread count, so neither do the
+// numbers (each task's arithmetic is the same whoever runs it).
+constexpr int kRowChunk = 256;         // rows of a Linear / LayerNorm per task
+constexpr int kFeatureChunk = 16;      // output features of a weight gradient per task
+constexpr int64_t kElementChunk = 1 << 15;  // values of an elementwise op per task
+
+template <class T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using Map = Eigen::Map<Mat<T>>;
+template <class T>
+using ConstMap = Eigen::Map<const Mat<T>>;
+template <class T>
+using Strided = Eigen::Map<Mat<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using ConstStrided = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using RowVec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+template <class T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+int chunks_of(int64_t n, int64_t chunk) { return static_cast<int>((n + chunk - 1) / chunk); }
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// patchify: x = self.proj(x).flatten(2).transpose(1, 2) with proj = Conv2d(3, D, P, stride=P)
+
+template <class T>
+void patchify_forward(const T* images, int B, int H, int W, int P, T* patches) {
+  const int gh = H / P, gw = W / P, K = 3 * P * P;
+  for (int b = 0; b < B; ++b)
+    for (int py = 0; py < gh; ++py)
+      for (int px = 0; px < gw; ++px) {
+        T* row = patches + ((static_cast<int64_t>(b) * gh + py) * gw + px) * K;
+        for (int c = 0; c < 3; ++c)
+          for (int y = 0; y < P; ++y) {
+            const T* src = images + ((static_cast<int64_t>(b) * 3 + c) * H + py * P + y) * W + px * P;
+            std::copy(src, src + P, row + (c * P + y) * P);
+          }
+      }
+}
+
+template <class T>
+void patchify_backward(const T* dpatches, int B, int H, int W, int P, T* dimages) {
+  const int gh = H / P, gw = W / P, K = 3 * P * P;
+  for (int b = 0; b < B; ++b)
+    for (int py = 0; py < gh; ++py)
+      for (int px = 0; px < gw; ++px) {
+        const T* row = dpatches + ((static_cast<int64_t>(b) * gh + py) * gw + px) * K;
+        for (int c = 0; c < 3; ++c)
+          for (int y = 0; y < P; ++y) {
+            T* dst = dimages + ((static_cast<int64_t>(b) * 3 + c) * H + py * P + y) * W + px * P;
+            for (int x = 0; x < P; ++x) dst[x] += row[(c * P + y) * P + x];
+          }
+      }
+}
+
+// ---------------------------------------------------------------------------------------------
+// linear: nn.Linear, out = inp @ w^T + b, as whole (rows, features) GEMMs per row chunk.
+
+template <class T>
+void linear_forward(const T* inp, const T* w, const T* b, int R, int I, int O, T* out, int threads) {
+  ConstMap<T> weight(w, O, I);
+  parallel_for(chunks_of(R, kRowChunk), threads, [&](int c) {
+    const int r0 = c * kRowChunk, rows = std::min(R, r0 + kRowChunk) - r0;
+    ConstMap<T> x(inp + static_cast<int64_t>(r0) * I, rows, I);
+    Map<T> y(out + static_cast<int64_t>(r0) * O, rows, O);
+    y.noalias() = x * weight.transpose();
+    if (b) y.rowwise() += Eigen::Map<const RowVec<T>>(b, O);
+  });
+}
+
+template <class T>
+void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db,
+                     int threads) {
+  ConstMap<T> weight(w, O, I);
+  ConstMap<T> grad_out(dout, R, O);
+  ConstMap<T> x(inp, R, I);
+  Map<T> grad_w(dw, O, I);
+  const int row_tasks = dinp ? chunks_of(R, kRowChunk) : 0;
+  const int feature_tasks = chunks_of(O, kFeatureChunk);
+  parallel_for(row_tasks + feature_tasks, threads, [&](int t) {
+    if (t < row_tasks) {
+      // dinp = dout @ w, row chunk by row chunk
+      const int r0 = t * kRowChunk, rows = std::min(R, r0 + kRowChunk) - r0;
+      Map<T> dx(dinp + static_cast<int64_t>(r0) * I, rows, I);
+      dx.noalias() += grad_out.middleRows(r0, rows) * weight;
+    } else {
+      // dw = dout^T @ inp, output features chunk by chunk (each a full reduction over R)
+      const int o0 = (t - row_tasks) * kFeatureChunk, n = std::min(O, o0 + kFeatureChunk) - o0;
+      grad_w.middleRows(o0, n).noalias() += grad_out.middleCols(o0, n).transpose() * x;
+      if (db) {
+        // Row by row in a plain loop: Eigen's column sums take a different order in vector lanes
+        // than in its scalar edge, and where the edge falls depends on db's address.
+        T acc[kFeatureChunk] = {};
+        for (int r = 0; r < R; ++r) {
+          const T* row = dout + static_cast<int64_t>(r) * O + o0;
+          for (int k = 0; k < n; ++k) acc[k] += row[k];
+        }
+        for (int k = 0; k < n; ++k) db[o0 + k] += acc[k];
+      }
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// embed: x = cat(cls_token.expand(B, -1, -1), x); x = x + pos_embed   (timm _pos_embed)
+
+template <class T>
+void embed_forward(const T* tokens, const T* cls, const T* pos, int B, int Np, int D, T* x) {
+  const int prefix = cls ? 1 : 0, N = prefix + Np;
+  for (int b = 0; b < B; ++b) {
+    T* xb = x + static_cast<int64_t>(b) * N * D;
+    if (cls)
+      for (int c = 0; c < D; ++c) xb[c] = cls[c] + pos[c];
+    const T* tb = tokens + static_cast<int64_t>(b) * Np * D;
+    for (int64_t i = 0; i < static_cast<int64_t>(Np) * D; ++i) xb[prefix * D + i] = tb[i] + pos[prefix * D + i];
+  }
+}
+
+template <class T>
+void embed_backward(const T* dx, int B, int Np, int D, bool has_cls, T* dtokens, T* dcls, T* dpos) {
+  const int prefix = has_cls ? 1 : 0, N = prefix + Np;
+  for (int b = 0; b < B; ++b) {
+    const T* db = dx + static_cast<int64_t>(b) * N * D;
+    for (int64_t i = 0; i < static_cast<int64_t>(N) * D; ++i) dpos[i] += db[i];
+    if (has_cls)
+      for (int c = 0; c < D; ++c) dcls[c] += db[c];
+    T* tb = dtokens + static_cast<int64_t>(b) * Np * D;
+    for (int64_t i = 0; i < static_cast<int64_t>(Np) * D; ++i) tb[i] += db[prefix * D + i];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// layernorm: nn.LayerNorm(D, eps), statistics per row, biased variance (as torch).
+
+template <class T>
+void layernorm_forward(const T* inp, const T* w, const T* b, T eps, int R, int D, T* out, T* mean, T* rstd,
+                       int threads) {
+  parallel_for(chunks_of(R, kRowChunk), threads, [&](int c) {
+    const int r0 = c * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    for (int r = r0; r < r1; ++r) {
+      const T* x = inp + static_cast<int64_t>(r) * D;
+      // Statistics in double even for float: D values of similar size, cheap and stable.
+      double m = 0.0;
+      for (int i = 0; i < D; ++i) m += x[i];
+      m /= D;
+      double v = 0.0;
+      for (int i = 0; i < D; ++i) v += (x[i] - m) * (x[i] - m);
+      v /= D;
+      const T s = static_cast<T>(1.0 / std::sqrt(v + static_cast<double>(eps)));
+      const T mt = static_cast<T>(m);
+      T* y = out + static_cast<int64_t>(r) * D;
+      for (int i = 0; i < D; ++i) y[i] = (x[i] - mt) * s * w[i] + b[i];
+      mean[r] = mt;
+      rstd[r] = s;
+    }
+  });
+}
+
+template <class T>
+void layernorm_backward(const T* dout, const T* inp, const T* w, const T* mean, const T* rstd, int R, int D,
+                        T* dinp, T* dw, T* db, int threads) {
+  const int tasks = chunks_of(R, kRowChunk);
+  // Each task sums its rows' dw and db into its own slot; the slots are added in task order.
+  std::vector<T> partial(static_cast<size_t>(tasks) * 2 * D, T(0));
+  parallel_for(tasks, threads, [&](int c) {
+    const int r0 = c * kRowChunk, r1 = std::min(R, r0 + kRowChunk);
+    T* pw = partial.data() + static_cast<size_t>(c) * 2 * D;
+    T* pb = pw + D;
+    for (int r = r0; r < r1; ++r) {
+      const T* x = inp + static_cast<int64_t>(r) * D;
+      const T* dy = dout + static_cast<int64_t>(r) * D;
+      T* dx = dinp + static_cast<int64_t>(r) * D;
+      const T m = mean[r], s = rstd[r];
+      // xhat = (x - mean) * rstd; dxhat = dy * w
+      T mean_dxhat = 0, mean_dxhat_xhat = 0;
+      for (int i = 0; i < D; ++i) {
+        const T xhat = (x[i] - m) * s;
+        const T dxhat = dy[i] * w[i];
+        mean_dxhat += dxhat;
+        mean_dxhat_xhat += dxhat * xhat;
+        pw[i] += dy[i] * xhat;
+        pb[i] += dy[i];
+      }
+      mean_dxhat /= D;
+      mean_dxhat_xhat /= D;
+      for (int i = 0; i < D; ++i) {
+        const T xhat = (x[i] - m) * s;
+        dx[i] += (dy[i] * w[i] - mean_dxhat - xhat * mean_dxhat_xhat) * s;
+      }
+    }
+  });
+  for (int c = 0; c < tasks; ++c) {
+    const T* pw = partial.data() + static_cast<size_t>(c) * 2 * D;
+    for (int i = 0; i < D; ++i) {
+      dw[i] += pw[i];
+      db[i] += pw[D + i];
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// attention: per image and head, as timm's Attention.forward
+//   attn = (q @ k.transpose(-2, -1)) * scale; attn = attn.softmax(-1); x = attn @ v
+// with masked keys set to -inf before the softmax (vitlens' KeyMask: padding patches).
+
+template <class T>
+void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, int D, int H, T scale, T* probs,
+                       T* ctx, int threads) {
+  const int d = D / H;
+  parallel_for(B * H, threads, [&](int task) {
+    const int b = task / H, h = task % H;
+    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D;
+    ConstStrided<T> q(base + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> k(base + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> v(base + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    Map<T> p(probs + static_cast<int64_t>(task) * N * N, N, N);
+    p.noalias() = q * k.transpose();
+    p *= scale;
+    const uint8_t* allowed = key_allowed ? key_allowed + static_cast<int64_t>(b) * N : nullptr;
+    // Row softmax with Eigen's vectorised exp, in an Eigen-owned (so always equally aligned)
+    // scratch row: where the vector loop starts must not depend on the buffer's address, or the
+    // numbers would (scalar and vector exp and sums round differently). Masked keys are set to
+    // exactly 0 (the vectorised exp of a very negative number is tiny, not 0).
+    Eigen::Array<T, Eigen::Dynamic, 1> e(N);
+    for (int i = 0; i < N; ++i) {
+      T* row = p.row(i).data();
+      T top = -std::numeric_limits<T>::infinity();
+      for (int j = 0; j < N; ++j)
+        if (!allowed || allowed[j]) top = std::max(top, row[j]);
+      if (top == -std::numeric_limits<T>::infinity()) {  // every key masked: a zero row, never NaN
+        std::fill(row, row + N, T(0));
+        continue;
+      }
+      e = (ConstArrayMap<T>(row, N) - top).exp();
+      if (allowed)
+        for (int j = 0; j < N; ++j)
+          if (!allowed[j]) e[j] = T(0);
+      T sum = 0;
+      for (int j = 0; j < N; ++j) sum += e[j];  // in index order, whatever the vector width
+      ArrayMap<T>(row, N) = e * (T(1) / sum);
+    }
+    Strided<T> out(ctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
+    out.noalias() = p * v;
+  });
+}
+
+template <class T>
+void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale,
+                        T* dprobs, T* dqkv, int threads) {
+  const int d = D / H;
+  parallel_for(B * H, threads, [&](int task) {
+    const int b = task / H, h = task % H;
+    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D;
+    T* dbase = dqkv + static_cast<int64_t>(b) * N * 3 * D;
+    ConstStrided<T> q(base + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> k(base + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> v(base + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    Strided<T> dq(dbase + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    Strided<T> dk(dbase + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    Strided<T> dv(dbase + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> dout(dctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
+    ConstMap<T> p(probs + static_cast<int64_t>(task) * N * N, N, N);
+    Map<T> ds(dprobs + static_cast<int64_t>(task) * N * N, N, N);
+    // x = attn @ v:  dattn = dx @ v^T,  dv += attn^T @ dx
+    ds.noalias() = dout * v.transpose();
+    dv.noalias() += p.transpose() * dout;
+    // softmax: dscore_ij = p_ij (dattn_ij - sum_k p_ik dattn_ik)  (masked p_ij = 0 gives 0)
+    for (int i = 0; i < N; ++i) {
+      T* g = ds.row(i).data();
+      const T* pi = p.row(i).data();
+      T dot = 0;
+      for (int j = 0; j < N; ++j) dot += pi[j] * g[j];
+      for (int j = 0; j < N; ++j) g[j] = pi[j] * (g[j] - dot);
+    }
+    // score = (q @ k^T) * scale:  dq += scale dscore @ k,  dk += scale dscore^T @ q
+    ds *= scale;
+    dq.noalias() += ds * k;
+    dk.noalias() += ds.transpose() * q;
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// gelu: nn.GELU(approximate='none')
+
+// Both work on Eigen-owned scratch copies of each chunk: Eigen starts its vector loop where the
+// data is aligned, so on the caller's buffers the scalar (std::erf) / vector (polynomial erf)
+// split, and with it the last bits, would depend on the buffer's address.
+template <class T>
+void gelu_forward(const T* inp, int64_t n, T* out, int threads) {
+  const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
+  parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
+    const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
+    Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
+    x = T(0.5) * x * (T(1) + (x * inv_sqrt2).erf());
+    ArrayMap<T>(out + i0, len) = x;
+  });
+}
+
+template <class T>
+void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads) {
+  const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
+  const T inv_sqrt_2pi = static_cast<T>(0.39894228040143267794);
+  parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
+    const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
+    const Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
+    // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+    Eigen::Array<T, Eigen::Dynamic, 1> slope =
+        T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
+    slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
+    for (int64_t i = 0; i < len; ++i) dinp[i0 + i] += slope[i];  // one add each: same bits in any lane
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// residual: x = x + branch(x)
+
+template <class T>
+void residual_forward(const T* a, const T* b, int64_t n, T* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
+}
+
+template <class T>
+void residual_backward(const T* dout, int64_t n, T* da, T* db) {
+  for (int64_t i = 0; i < n; ++i) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// pool: timm forward_head: x[:, 0] with a class token, else x[:, num_prefix_tokens:].mean(1)
+
+template <class T>
+void pool_forward(const T* x, int B, int N, int D, bool class_token, T* pooled) {
+  for (int b = 0; b < B; ++b) {
+    const T* xb = x + static_cast<int64_t>(b) * N * D;
+    T* out = pooled + static_cast<int64_t>(b) * D;
+    if (class_token) {
+      std::copy(xb, xb + D, out);
+      continue;
+    }
+    std::fill(out, out + D, T(0));
+    for (int i = 0; i < N; ++i)
+      for (int c = 0; c < D; ++c) out[c] += xb[static_cast<int64_t>(i) * D + c];
+    for (int c = 0; c < D; ++c) out[c] /= static_cast<T>(N);
+  }
+}
+
+template <class T>
+void pool_backward(const T* dpooled, int B, int N, int D, bool class_token, T* dx) {
+  for (int b = 0; b < B; ++b) {
+    T* xb = dx + static_cast<int64_t>(b) * N * D;
+    const T* g = dpooled + static_cast<int64_t>(b) * D;
+    if (class_token) {
+      for (int c = 0; c < D; ++c) xb[c] += g[c];
+      continue;
+    }
+    const T share = T(1) / static_cast<T>(N);
+    for (int i = 0; i < N; ++i)
+      for (int c = 0; c < D; ++c) xb[static_cast<int64_t>(i) * D + c] += g[c] * share;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// crossentropy: nn.CrossEntropyLoss(label_smoothing=eps), reduction='mean'
+
+template <class T>
+T crossentropy_forward(const T* logits, const int32_t* labels, int B, int C, T smoothing, T* probs) {
+  double total = 0.0;
+  for (int b = 0; b < B; ++b) {
+    const T* l = logits + static_cast<int64_t>(b) * C;
+    T* p = probs + static_cast<int64_t>(b) * C;
+    const T top = *std::max_element(l, l + C);
+    double sum = 0.0;
+    for (int c = 0; c < C; ++c) sum += std::exp(static_cast<double>(l[c] - top));
+    const double log_z = static_cast<double>(top) + std::log(sum);  // log sum exp
+    double sum_nll = 0.0;
+    for (int c = 0; c < C; ++c) {
+      p[c] = static_cast<T>(std::exp(static_cast<double>(l[c]) - log_z));
+      sum_nll += log_z - l[c];
+    }
+    const double nll = log_z - l[labels[b]];
+    total += (1.0 - smoothing) * nll + smoothing / C * sum_nll;
+  }
+  return static_cast<T>(total / B);
+}
+
+template <class T>
+void crossentropy_backward(const T* probs, const int32_t* labels, int B, int C, T smoothing, T dloss, T* dlogits) {
+  const T scale = dloss / static_cast<T>(B);
+  const T off = smoothing / static_cast<T>(C);
+  for (int b = 0; b < B; ++b) {
+    const T* p = probs + static_cast<int64_t>(b) * C;
+    T* g = dlogits + static_cast<int64_t>(b) * C;
+    for (int c = 0; c < C; ++c) {
+      const T target = (c == labels[b] ? T(1) - smoothing : T(0)) + off;
+      g[c] += (p[c] - target) * scale;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+#define VITLENS_TRAIN_OPS(T)                                                                                     \
+  template void patchify_forward<T>(const T*, int, int, int, int, T*);                                          \
+  template void patchify_backward<T>(const T*, int, int, int, int, T*);                                         \
+  template void linear_forward<T>(const T*, const T*, const T*, int, int, int, T*, int);                        \
+  template void linear_backward<T>(const T*, const T*, const T*, int, int, int, T*, T*, T*, int);               \
+  template void embed_forward<T>(const T*, const T*, const T*, int, int, int, T*);                              \
+  template void embed_backward<T>(const T*, int, int, int, bool, T*, T*, T*);                                   \
+  template void layernorm_forward<T>(const T*, const T*, const T*, T, int, int, T*, T*, T*, int);               \
+  template void layernorm_backward<T>(const T*, const T*, const T*, const T*, const T*, int, int, T*, T*, T*,   \
+                                      int);                                                                     \
+  template void attention_forward<T>(const T*, const uint8_t*, int, int, int, int, T, T*, T*, int);             \
+  template void attention_backward<T>(const T*, const T*, const T*, int, int, int, int, T, T*, T*, int);        \
+  template void gelu_forward<T>(const T*, int64_t, T*, int);                                                    \
+  template void gelu_backward<T>(const T*, const T*, int64_t, T*, int);                                         \
+  template void residual_forward<T>(const T*, const T*, int64_t, T*);                                           \
+  template void residual_backward<T>(const T*, int64_t, T*, T*);                                                \
+  template void pool_forward<T>(const T*, int, int, int, bool, T*);                                             \
+  template void pool_backward<T>(const T*, int, int, int, bool, T*);                                            \
+  template T crossentropy_forward<T>(const T*, const int32_t*, int, int, T, T*);                                \
+  template void crossentropy_backward<T>(const T*, const int32_t*, int, int, T, T, T*);
+
+VITLENS_TRAIN_OPS(float)
+VITLENS_TRAIN_OPS(double)
+
+}  // namespace VITLENS_TRAIN_ISA
+
+#ifdef VITLENS_TRAIN_PORTABLE_BUILD
+// ---------------------------------------------------------------------------------------------
+// Run-time choice between the two builds.
+
+namespace avx2 {
+#include "vitlens/train_ops_list.inc"
+}
+
+namespace {
+
+std::atomic<bool> g_force_portable{false};
+
+bool use_avx2() {
+  static const bool capable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                              !(std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1');
+  return capable && !g_force_portable;
+}
+
+}  // namespace
+
+const char* train_ops_isa() { return use_avx2() ? "avx2" : "portable"; }
+void force_portable_train_ops(bool portable) { g_force_portable = portable; }
+
+#define VITLENS_DISPATCH(name, params, args) \
+  template <class T>                        \
+  void name params {                        \
+    if (use_avx2())                         \
+      avx2::name<T> args;                   \
+    else                                    \
+      portable::name<T> args;               \
+  }
+
+VITLENS_DISPATCH(patchify_forward, (const T* images, int B, int H, int W, int P, T* patches),
+                 (images, B, H, W, P, patches))
+VITLENS_DISPATCH(patchify_backward, (const T* dpatches, int B, int H, int W, int P, T* dimages),
+                 (dpatches, B, H, W, P, dimages))
+VITLENS_DISPATCH(linear_forward, (const T* inp, const T* w, const T* b, int R, int I, int O, T* out, int threads),
+                 (inp, w, b, R, I, O, out, threads))
+VITLENS_DISPATCH(linear_backward,
+                 (const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db, int threads),
+                 (dout, inp, w, R, I, O, dinp, dw, db, threads))
+VITLENS_DISPATCH(embed_forward, (const T* tokens, const T* cls, const T* pos, int B, int Np, int D, T* x),
+                 (tokens, cls, pos, B, Np, D, x))
+VITLENS_DISPATCH(embed_backward, (const T* dx, int B, int Np, int D, bool has_cls, T* dtokens, T* dcls, T* dpos),
+                 (dx, B, Np, D, has_cls, dtokens, dcls, dpos))
+VITLENS_DISPATCH(layernorm_forward,
+                 (const T* inp, const T* w, const T* b, T eps, int R, int D, T* out, T* mean, T* rstd, int threads),
+                 (inp, w, b, eps, R, D, out, mean, rstd, threads))
+VITLENS_DISPATCH(layernorm_backward,
+                 (const T* dout, const T* inp, const T* w, const T* mean, const T* rstd, int R, int D, T* dinp, T* dw,
+                  T* db, int threads),
+                 (dout, inp, w, mean, rstd, R, D, dinp, dw, db, threads))
+VITLENS_DISPATCH(attention_forward,
+                 (const T* qkv, const uint8_t* key_allowed, int B, int N, int D, int H, T scale, T* probs, T* ctx,
+                  int threads),
+                 (qkv, key_allowed, B, N, D, H, scale, probs, ctx, threads))
+VITLENS_DISPATCH(attention_backward,
+                 (const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dprobs, T* dqkv,
+                  int threads),
+                 (dctx, qkv, probs, B, N, D, H, scale, dprobs, dqkv, threads))
+VITLENS_DISPATCH(gelu_forward, (const T* inp, int64_t n, T* out, int threads), (inp, n, out, threads))
+VITLENS_DISPATCH(gelu_backward, (const T* dout, const T* inp, int64_t n, T* dinp, int threads),
+                 (dout, inp, n, dinp, threads))
+VITLENS_DISPATCH(residual_forward, (const T* a, const T* b, int64_t n, T* out), (a, b, n, out))
+VITLENS_DISPATCH(residual_backward, (const T* dout, int64_t n, T* da, T* db), (dout, n, da, db))
+VITLENS_DISPATCH(pool_forward, (const T* x, int B, int N, int D, bool class_token, T* pooled),
+                 (x, B, N, D, class_token, pooled))
+VITLENS_DISPATCH(pool_backward, (const T* dpooled, int B, int N, int D, bool class_token, T* dx),
+                 (dpooled, B, N, D, class_token, dx))
+VITLENS_DISPATCH(crossentropy_backward,
+                 (const T* probs, const int32_t* labels, int B, int C, T smoothing, T dloss, T* dlogits),
+                 (probs, labels, B, C, smoothing, dloss, dlogits))
+#undef VITLENS_DISPATCH
+
+template <class T>
+T crossentropy_forward(const T* logits, const int32_t* labels, int B, int C, T smoothing, T* probs) {
+  return use_avx2() ? avx2::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs)
+                    : portable::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs);
+}
+
+VITLENS_TRAIN_OPS(float)
+VITLENS_TRAIN_OPS(double)
+#endif
+
+}  // namespace vitlens::train

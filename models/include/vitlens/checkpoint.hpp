@@ -1,0 +1,46 @@
+#pragma once
+// Training checkpoints, two files side by side:
+//   <name>.safetensors        the model exactly as `vitlens view/export/info` open it (save_model:
+//                             timm names, head.weight/bias, the config), plus __metadata__["training"]:
+//                             a JSON record of the recipe, the data, steps, epochs and the results.
+//   <name>.state.safetensors  what resume needs beyond the weights: Adam's moments as
+//                             "adam_m.<param>" / "adam_v.<param>", the epoch's data order as
+//                             "data_order" (F32, exact below 2^24 images), and in __metadata__ the
+//                             step, epoch, position, Adam step, data Rng state, recipe and model size.
+// Each file is written atomically (temporary + rename), the state first: an interrupted write
+// leaves the previous pair as it was, and a pair from different steps is refused on resume.
+#include <map>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "vitlens/model_io.hpp"
+#include "vitlens/trainer.hpp"
+
+namespace vitlens {
+
+// "<dir>/last.safetensors" -> "<dir>/last.state.safetensors"
+std::string checkpoint_state_path(const std::string& model_path);
+
+// Parameters (or gradients) in a layout's buffer as timm-named tensors.
+TensorMap layout_tensors(const train::ParamLayout& layout, const std::vector<float>& values);
+
+// Writes both files. `training` is stored as the model's __metadata__["training"] (the step and
+// epoch are added to it).
+void save_checkpoint(const Trainer& trainer, const std::string& model_path, nlohmann::json training);
+
+struct SavedTraining {
+  VitConfig config;
+  Recipe recipe;
+  int num_classes = 0;
+  std::vector<float> params, adam_m, adam_v;  // in param_layout(config, num_classes) order
+  int64_t adam_step = 0;
+  TrainPosition position;
+  nlohmann::json training;  // the model's "training" record
+};
+
+// Reads both files; throws vitlens::Error naming the file on anything missing or inconsistent.
+SavedTraining load_checkpoint(const std::string& model_path);
+
+}  // namespace vitlens

@@ -1,0 +1,290 @@
+// The training loop end to end: a short run learns, resume is bit-exact, threads do not change the
+// numbers, checkpoints open as ordinary models, and `vitlens train` reports bad input in one line.
+#include <catch2/catch.hpp>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+#include "vitlens/checkpoint.hpp"
+#include "vitlens/dataset.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/model_io.hpp"
+#include "vitlens/trainer.hpp"
+
+using namespace vitlens;
+
+namespace {
+
+VitConfig fm_config(int depth = 1, int dim = 32, int heads = 4) {
+  VitConfig c;
+  c.name = "test-trained";
+  c.description = "trained in a test";
+  c.patch_size = 4;
+  c.embed_dim = dim;
+  c.num_heads = heads;
+  c.depth = depth;
+  c.img_h = c.img_w = 28;
+  c.mlp_ratio = 2.0;
+  return c;
+}
+
+// A small labelled set made here: class k is a bright square at one of 4 places plus noise, so
+// tests that only need *some* data do not depend on the Fashion-MNIST package.
+ImageSet synthetic_set(int n, uint64_t seed) {
+  ImageSet s;
+  s.height = s.width = 28;
+  s.class_names = {"top-left", "top-right", "bottom-left", "bottom-right"};
+  s.source = "synthetic";
+  Rng rng(seed);
+  s.pixels.assign(static_cast<size_t>(n) * 3 * 28 * 28, 0.0f);
+  for (int i = 0; i < n; ++i) {
+    const int label = rng.below(4);
+    s.labels.push_back(label);
+    float* img = s.pixels.data() + static_cast<size_t>(i) * 3 * 28 * 28;
+    const int y0 = (label / 2) * 14 + rng.below(4), x0 = (label % 2) * 14 + rng.below(4);
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < 28; ++y)
+        for (int x = 0; x < 28; ++x) {
+          const bool in = y >= y0 && y < y0 + 8 && x >= x0 && x < x0 + 8;
+          img[(c * 28 + y) * 28 + x] = (in ? 0.8f : 0.1f) + 0.1f * static_cast<float>(rng.uniform());
+        }
+  }
+  return s;
+}
+
+struct Run {
+  int code = -1;
+  std::string out, err;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+Run run_vitlens(const std::string& args) {
+  static const std::string dir = test::temp_dir("train-cli");
+  const std::string cmd = std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir + "/err </dev/null";
+  const int status = std::system(cmd.c_str());
+  Run r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir + "/out");
+  r.err = slurp(dir + "/err");
+  return r;
+}
+
+int count_lines(const std::string& text) {
+  int n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
+}
+
+bool have_fashion_mnist() {
+  struct stat st {};
+  return ::stat((default_fashion_mnist_dir() + "/train-labels-idx1-ubyte.gz").c_str(), &st) == 0 ||
+         ::stat((default_fashion_mnist_dir() + "/train-labels-idx1-ubyte").c_str(), &st) == 0;
+}
+
+}  // namespace
+
+TEST_CASE("train: a short Fashion-MNIST run lowers the loss and beats chance by far", "[train][loop]") {
+  REQUIRE(have_fashion_mnist());  // scripts/setup.sh installs dataset-fashion-mnist
+  const ImageSet train_set = load_fashion_mnist(default_fashion_mnist_dir(), true, 4000);
+  const ImageSet test_set = load_fashion_mnist(default_fashion_mnist_dir(), false, 1000);
+  Recipe r;
+  r.epochs = 5;
+  r.batch = 64;
+  r.lr = 2e-3;
+  r.warmup_epochs = 0.5;
+  r.label_smoothing = 0.0;
+  r.augment = false;
+  r.seed = 3;
+  Trainer trainer(fm_config(2, 32, 4), r, &train_set, &test_set);
+  REQUIRE(trainer.total_steps() == 5 * (4000 / 64));
+  const EvalReport before = trainer.evaluate(test_set);
+  double first = 0.0, last = 0.0;
+  const int window = 20;
+  while (!trainer.finished()) {
+    const StepReport s = trainer.step();
+    if (s.step <= window) first += s.loss / window;
+    if (s.step > trainer.total_steps() - window) last += s.loss / window;
+  }
+  const EvalReport after = trainer.evaluate(test_set);
+  std::printf("short run: %lld steps, mean loss of the first %d steps %.3f, of the last %d %.3f; test accuracy "
+              "%.1f%% before, %.1f%% after (1000 test images)\n",
+              static_cast<long long>(trainer.total_steps()), window, first, window, last, 100 * before.accuracy,
+              100 * after.accuracy);
+  CHECK(last < 0.65 * first);
+  CHECK(after.accuracy > 0.45);  // chance is 0.10; measured 0.595
+  CHECK(after.loss < before.loss);
+}
+
+TEST_CASE("train: resume after N steps reproduces the uninterrupted run bit for bit", "[train][resume]") {
+  const ImageSet train_set = synthetic_set(200, 5);
+  Recipe r;
+  r.epochs = 2;
+  r.batch = 32;  // 6 steps per epoch, 12 in all
+  r.seed = 9;
+  r.augment = true;  // the Rng's state must travel with the checkpoint
+  const VitConfig config = fm_config();
+
+  Trainer straight(config, r, &train_set, nullptr);
+  while (!straight.finished()) straight.step();
+
+  const std::string dir = test::temp_dir("resume");
+  const std::string path = dir + "/last.safetensors";
+  {
+    Trainer first(config, r, &train_set, nullptr);
+    for (int i = 0; i < 4; ++i) first.step();  // stop in the middle of the first epoch
+    save_checkpoint(first, path, {{"data", "synthetic"}});
+  }
+  const SavedTraining saved = load_checkpoint(path);
+  CHECK(saved.position.step == 4);
+  CHECK(saved.position.position == 4);
+  Trainer resumed(saved.config, saved.recipe, &train_set, nullptr);
+  resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  while (!resumed.finished()) resumed.step();
+
+  CHECK(resumed.position().step == straight.position().step);
+  CHECK(resumed.net().params == straight.net().params);  // bitwise: std::vector<float> ==
+  CHECK(resumed.optimizer().m == straight.optimizer().m);
+  CHECK(resumed.optimizer().v == straight.optimizer().v);
+
+  // The checkpoint is an ordinary model file: the viewer's loader takes it, head included.
+  const VitModel model = load_model(path);
+  CHECK(model.w.num_classes == 4);
+  CHECK(model.config.depth == 1);
+}
+
+TEST_CASE("train: the same run for 1 and 2 threads", "[train][threads]") {
+  const ImageSet train_set = synthetic_set(96, 6);
+  std::vector<std::vector<float>> params;
+  for (int threads : {1, 2}) {
+    Recipe r;
+    r.epochs = 1;
+    r.batch = 32;
+    r.threads = threads;
+    Trainer t(fm_config(), r, &train_set, nullptr);
+    while (!t.finished()) t.step();
+    params.push_back(t.net().params);
+  }
+  CHECK(params[0] == params[1]);
+}
+
+TEST_CASE("train: a damaged state file or a pair from different steps is refused", "[train][resume]") {
+  const ImageSet train_set = synthetic_set(64, 7);
+  Recipe r;
+  r.epochs = 1;
+  r.batch = 16;
+  const std::string dir = test::temp_dir("resume-bad");
+  const std::string path = dir + "/last.safetensors";
+  Trainer t(fm_config(), r, &train_set, nullptr);
+  t.step();
+  save_checkpoint(t, path, {{"data", "synthetic"}});
+  const std::string state = slurp(checkpoint_state_path(path));
+  t.step();
+  save_checkpoint(t, dir + "/other.safetensors", {{"data", "synthetic"}});
+  // The newer state beside the older model: refused, naming the step mismatch.
+  std::rename((dir + "/other.state.safetensors").c_str(), checkpoint_state_path(path).c_str());
+  CHECK_THROWS_WITH(load_checkpoint(path), Catch::Contains("different steps"));
+  {
+    std::ofstream out(checkpoint_state_path(path), std::ios::binary | std::ios::trunc);
+    out << state.substr(0, state.size() / 2);
+  }
+  CHECK_THROWS_AS(load_checkpoint(path), Error);
+  std::remove(checkpoint_state_path(path).c_str());
+  CHECK_THROWS_WITH(load_checkpoint(path), Catch::Contains("no training state"));
+}
+
+TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
+  const std::string dir = test::temp_dir("train-bad");
+  struct Case {
+    std::string args, expect;
+    int code;
+  };
+  const std::string empty_class = dir + "/folder_empty";
+  const std::string one_class = dir + "/folder_one";
+  ::mkdir(empty_class.c_str(), 0755);
+  ::mkdir((empty_class + "/a").c_str(), 0755);
+  ::mkdir((empty_class + "/b").c_str(), 0755);
+  ::mkdir(one_class.c_str(), 0755);
+  ::mkdir((one_class + "/only").c_str(), 0755);
+  const std::vector<Case> cases = {
+      {"train --out " + dir + "/r", "--data is required", 2},
+      {"train --data fashion-mnist", "--out", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --lr 0", "--lr", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --lr nan", "--lr", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --embed-dim 50 --heads 4", "divisible", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --patch 5", "multiple of --patch", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --depth 0", "--depth", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --val-split 1", "--val-split", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --img-size 32", "--img-size", 2},
+      {"train --data " + dir + "/nowhere --out " + dir + "/r", "neither", 1},
+      {"train --data " + empty_class + " --out " + dir + "/r", "", 1},
+      {"train --data " + one_class + " --out " + dir + "/r", "", 1},
+      {"train --data fashion-mnist --resume " + dir + "/missing.safetensors", "missing.safetensors", 1},
+      {"train --data fashion-mnist --resume " + dir + "/x.safetensors --lr 0.1", "cannot change on --resume", 2},
+  };
+  for (const Case& c : cases) {
+    const Run r = run_vitlens(c.args);
+    INFO("vitlens " << c.args << "\nstderr: " << r.err);
+    CHECK(r.code == c.code);
+    CHECK(count_lines(r.err) == 1);
+    CHECK(r.err.rfind("vitlens: ", 0) == 0);
+    if (!c.expect.empty()) CHECK(r.err.find(c.expect) != std::string::npos);
+  }
+}
+
+TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --stop-after/--resume continue it",
+          "[train][cli]") {
+  REQUIRE(have_fashion_mnist());
+  const std::string dir = test::temp_dir("train-run");
+  const std::string common = " --data fashion-mnist --limit 256 --depth 1 --embed-dim 16 --heads 2 --batch 32 "
+                             "--epochs 2 --threads 2 --quiet";
+  // Uninterrupted: 2 epochs of 8 steps.
+  Run a = run_vitlens("train" + common + " --out " + dir + "/a");
+  INFO(a.err);
+  REQUIRE(a.code == 0);
+  CHECK(a.out.find("test accuracy") != std::string::npos);
+  // Interrupted after 5 steps, then resumed.
+  Run b1 = run_vitlens("train" + common + " --out " + dir + "/b --stop-after 5");
+  INFO(b1.err);
+  REQUIRE(b1.code == 0);
+  Run b2 = run_vitlens("train --data fashion-mnist --quiet --resume " + dir + "/b/last.safetensors");
+  INFO(b2.err);
+  REQUIRE(b2.code == 0);
+  const SafetensorsFile fa = read_safetensors(dir + "/a/last.safetensors");
+  const SafetensorsFile fb = read_safetensors(dir + "/b/last.safetensors");
+  REQUIRE(fa.tensors.size() == fb.tensors.size());
+  for (const auto& [name, tensor] : fa.tensors) {
+    INFO(name);
+    CHECK(tensor.values == fb.tensors.at(name).values);
+  }
+  const auto record = nlohmann::json::parse(fa.metadata.at("training"));
+  CHECK(record.at("test_accuracy").get<double>() > 0.0);
+  CHECK(record.at("recipe").at("epochs") == 2);
+  // The log: JSON lines with the documented keys.
+  std::ifstream log(dir + "/a/log.jsonl");
+  std::string line;
+  int lines = 0;
+  while (std::getline(log, line)) {
+    const auto j = nlohmann::json::parse(line);
+    CHECK(j.contains("step"));
+    CHECK(j.contains("loss"));
+    ++lines;
+  }
+  CHECK(lines >= 3);
+  // `vitlens info` opens the checkpoint unchanged.
+  Run info = run_vitlens("info --model " + dir + "/a/last.safetensors");
+  CHECK(info.code == 0);
+  CHECK(info.out.find("10 classes") != std::string::npos);
+}
