@@ -83,20 +83,25 @@ TEST_CASE("attention rollout refuses what it cannot compute", "[rollout]") {
 }
 
 TEST_CASE("DINO's top-mass threshold keeps the patches holding the top share of the mass", "[rollout][threshold]") {
-  // Worked by hand with DINO's rule (sort ascending, normalise, cumsum > 1 - threshold):
-  // values 0.5 0.1 / 0.3 0.1 -> ascending 0.1 0.1 0.3 0.5, cumsum 0.1 0.2 0.5 1.0; with 0.6 the
-  // last two (> 0.4) stay: the 0.5 and the 0.3.
+  // The one threshold the CLI and the viewer use (maps.hpp keep_top_mass), worked by hand with
+  // DINO's rule (sort ascending, normalise, cumsum > 1 - threshold): values 0.5 0.1 / 0.3 0.1 ->
+  // ascending 0.1 0.1 0.3 0.5, cumsum 0.1 0.2 0.5 1.0; with 0.6 the last two (> 0.4) stay.
+  auto kept = [](const vitlens::MatRM& m, float mass) {
+    return vitlens::MatRM((vitlens::keep_top_mass(m, mass).kept_map.array() > 0.0f).cast<float>());
+  };
   vitlens::MatRM map(2, 2);
   map << 0.5f, 0.1f, 0.3f, 0.1f;
   vitlens::MatRM want(2, 2);
   want << 1.0f, 0.0f, 1.0f, 0.0f;
-  CHECK(vitlens::top_mass_mask(map, 0.6f) == want);
+  CHECK(kept(map, 0.6f) == want);
   // 0.4: cumsum > 0.6 only for the 0.5 entry.
   want << 1.0f, 0.0f, 0.0f, 0.0f;
-  CHECK(vitlens::top_mass_mask(map, 0.4f) == want);
-  // 1.0 keeps every patch with any mass; an all-zero map keeps none.
-  CHECK(vitlens::top_mass_mask(map, 1.0f).sum() == 4.0f);
-  CHECK(vitlens::top_mass_mask(vitlens::MatRM::Zero(3, 3), 0.6f).sum() == 0.0f);
+  CHECK(kept(map, 0.4f) == want);
+  // 1.0 keeps every patch with any mass; an all-zero map has no structure and keeps no mass.
+  CHECK(kept(map, 1.0f).sum() == 4.0f);
+  const vitlens::ThresholdResult zero = vitlens::keep_top_mass(vitlens::MatRM::Zero(3, 3), 0.6f);
+  CHECK(zero.no_structure);
+  CHECK(zero.kept_map.sum() == 0.0f);
   // Unnormalised input: the same mask as the normalised one.
-  CHECK(vitlens::top_mass_mask(map * 7.0f, 0.6f) == vitlens::top_mass_mask(map, 0.6f));
+  CHECK(kept(map * 7.0f, 0.6f) == kept(map, 0.6f));
 }
