@@ -309,9 +309,9 @@ TEST_CASE("damaged images are reported as damaged, never exported as a partly gr
     // The whole file loads, and so does one with bytes after its end marker (cameras append some).
     spit(dir + "/" + name, bytes);
     const cv::Mat ok = load_image_rgb(dir + "/" + name);
-    CHECK(ok.cols == 256);
+    CHECK(ok.cols == 512);
     spit(dir + "/tail_" + name, bytes + "trailing bytes");
-    CHECK(load_image_rgb(dir + "/tail_" + name).cols == 256);
+    CHECK(load_image_rgb(dir + "/tail_" + name).cols == 512);
     for (double keep : {0.999, 0.9, 0.5, 0.1}) {
       const size_t cut = static_cast<size_t>(static_cast<double>(bytes.size()) * keep);
       const std::string path = dir + "/cut" + std::to_string(cut) + "_" + name;

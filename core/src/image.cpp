@@ -62,7 +62,7 @@ std::string undecodable(const std::string& what, const unsigned char* bytes, siz
   // Formats users often try get named: OpenCV 4.6 has no GIF reader at all.
   if (bytes && size >= 6 && std::equal(bytes, bytes + 4, "GIF8"))
     return what + ": GIF images cannot be read; vitlens reads " + std::string(kImageFormatsRead) + " (convert it, e.g. to PNG)";
-  return what + ": not an image vitlens reads (" + std::string(kImageFormatsRead) + ")";
+  return what + ": not an image file vitlens can read; vitlens reads " + std::string(kImageFormatsRead);
 }
 
 // Any decoded cv::Mat (1..4 channels, 8/16-bit or float) -> CV_32FC3 RGB in [0, 1].

@@ -45,7 +45,7 @@ double map_entropy(const MatRM& map);
 //    be (so the kept mass is at least `mass`), never split by patch index;
 //  - a map whose values are all equal (within the same tolerance) has no region to keep: the
 //    result says `no_structure` and keeps the whole map unchanged.
-constexpr float kTieTolerance = 1e-5f;  // relative to the map's maximum; float32 softmax noise is ~1e-7
+constexpr float kTieTolerance = 1e-4f;  // relative to the map's maximum: far below one colour level (1/256)
 struct ThresholdResult {
   MatRM kept_map;            // (gh, gw) the map with every dropped patch set to 0
   int kept_patches = 0, total_patches = 0;
