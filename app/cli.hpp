@@ -17,12 +17,13 @@ constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2;
 struct ExportArgs {
   std::vector<std::string> images;
   std::string model;  // empty: the bundled designed model
-  std::string query, patch;
+  std::string query, query_processed, patch;
   bool cls = false, received = false;
   std::string mask = "none";
   std::string upsample = "nearest";
-  std::string normalize = "head";
+  std::string normalize = normalize_name(kDefaultNormalize);
   bool quiet = false;
+  std::string threshold;  // --threshold MASS as typed; empty: off
   ExportSettings settings;
 };
 void add_export_command(CLI::App& app, ExportArgs& args);

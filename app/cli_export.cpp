@@ -3,12 +3,14 @@
 #include <cstdio>
 #include <iostream>
 #include <cstdlib>
+#include <filesystem>
 #include <set>
 #include <unistd.h>
 
 #include "cli.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/image.hpp"
 #include "vitlens/model_io.hpp"
 
 namespace vitlens::cli {
@@ -17,13 +19,22 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   CLI::App* cmd = app.add_subcommand("export", "Write per-head attention heatmaps, a montage and a JSON sidecar for each image");
   cmd->add_option("IMAGE", args.images, "Image files (PNG, JPEG, BMP, TIFF, WebP, ...)")->required();
   cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
-  cmd->add_option("--out,-o", args.settings.out_dir, "Existing folder to write into")->capture_default_str();
-  auto* query = cmd->add_option("--query", args.query, "Map of the query patch under pixel X,Y of the processed image");
+  cmd->add_option("--out,-o", args.settings.out_dir,
+                  "Folder to write into; created (with its parents) when missing")
+      ->capture_default_str();
+  auto* query = cmd->add_option("--query", args.query,
+                                "Map of the query patch under pixel X,Y of the IMAGE as given (before any resizing)");
+  auto* query_processed = cmd->add_option(
+      "--query-processed", args.query_processed,
+      "Map of the query patch under pixel X,Y of the processed image (resized to --size and padded to whole patches)");
+  query->type_name("X,Y");
+  query_processed->type_name("X,Y");
   auto* patch = cmd->add_option("--patch", args.patch, "Map of the query patch at ROW,COL of the patch grid");
   auto* cls = cmd->add_flag("--cls", args.cls, "Map of the class token's attention (models with a class token)");
   auto* received = cmd->add_flag("--received", args.received,
                                  "Attention received: mean over queries of each patch's column (the default)");
-  query->excludes(patch)->excludes(cls)->excludes(received);
+  query->excludes(query_processed)->excludes(patch)->excludes(cls)->excludes(received);
+  query_processed->excludes(patch)->excludes(cls)->excludes(received);
   patch->excludes(cls)->excludes(received);
   cls->excludes(received);
   cmd->add_option("--layer", args.settings.layer, "Layer (block) index, 0-based; default: the last")
@@ -40,10 +51,24 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   cmd->add_option("--upsample", args.upsample, "Patch map to pixels")
       ->check(CLI::IsMember({"nearest", "bilinear"}))
       ->capture_default_str();
+  cmd->add_option("--mask-image", args.settings.mask_image,
+                  "Painted key mask: an image of the IMAGE's aspect ratio, white = key allowed, black = forbidden; "
+                  "stretched over the image, a patch is forbidden when the mask's mean over it is below 50% grey "
+                  "(padding patches are always masked)")
+      ->type_name("FILE");
+  cmd->add_option("--temperature", args.settings.temperature,
+                  "Softmax temperature T: scores are q.k / (sqrt(d) T); T > 1 flattens, T < 1 sharpens; " +
+                      std::string("0.05 to 20"))
+      ->type_name("T")
+      ->capture_default_str();
+  cmd->add_option("--threshold", args.threshold,
+                  "Keep only the largest patches that hold this share of each map's mass, 0 < MASS <= 1 (DINO's "
+                  "--threshold); ties are kept together, a map with no structure is shown whole")
+      ->type_name("MASS");
   cmd->add_option("--normalize", args.normalize,
-                  "head: each head to its own maximum; shared: one scale for all heads; log: each head on a "
-                  "3-decade log scale")
-      ->check(CLI::IsMember({"head", "shared", "log"}))
+                  "robust: each head from 0 to its 99th percentile, the top 1% saturate (the default); head: each "
+                  "head to its own maximum; shared: one scale for all heads; log: each head on a 3-decade log scale")
+      ->check(CLI::IsMember({"robust", "head", "shared", "log"}))
       ->capture_default_str();
   cmd->add_option("--size", args.settings.max_side,
                   "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size; "
@@ -60,9 +85,27 @@ int run_export(ExportArgs& args) {
   // CLI::Range lets NaN through (every comparison with NaN is false).
   if (!(s.style.alpha >= 0.0f && s.style.alpha <= 1.0f))
     throw UsageError("--alpha must be a number from 0 to 1, got " + std::to_string(s.style.alpha));
+  // CLI::Range lets NaN through too; these are checked here, with the flag's name.
+  if (!(s.temperature >= kMinTemperature && s.temperature <= kMaxTemperature))
+    throw UsageError("--temperature must be a number from 0.05 to 20, got " + std::to_string(s.temperature));
+  if (!args.threshold.empty()) {
+    size_t used = 0;
+    float mass = 0.0f;
+    try {
+      mass = std::stof(args.threshold, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != args.threshold.size() || !(mass > 0.0f && mass <= 1.0f))
+      throw UsageError("--threshold must be a mass in (0, 1] (the share of each map to keep), got '" + args.threshold + "'");
+    s.threshold = mass;
+  }
   if (!args.query.empty()) {
-    s.select = QuerySelect::Pixel;
+    s.select = QuerySelect::SourcePixel;
     parse_pair(args.query, "--query", s.query_x, s.query_y);
+  } else if (!args.query_processed.empty()) {
+    s.select = QuerySelect::Pixel;
+    parse_pair(args.query_processed, "--query-processed", s.query_x, s.query_y);
   } else if (!args.patch.empty()) {
     s.select = QuerySelect::Patch;
     parse_pair(args.patch, "--patch", s.patch_row, s.patch_col);
@@ -73,9 +116,7 @@ int run_export(ExportArgs& args) {
   }
   s.causal = args.mask == "causal";
   s.style.upsample = args.upsample == "bilinear" ? Upsample::Bilinear : Upsample::Nearest;
-  s.normalize = args.normalize == "shared" ? Normalize::Shared
-                : args.normalize == "log"  ? Normalize::Log
-                                           : Normalize::PerHead;
+  if (!parse_normalize_name(args.normalize, s.normalize)) throw UsageError("unknown --normalize " + args.normalize);
 
   const std::string model_path = args.model.empty() ? default_model_path() : args.model;
   const VitModel model = load_model(model_path);
@@ -83,6 +124,20 @@ int run_export(ExportArgs& args) {
     check_settings(model, s);  // flags that cannot fit this model are usage errors, found before any work
   } catch (const Error& e) {
     throw UsageError(e.what());
+  }
+  if (!s.mask_image.empty()) {
+    try {
+      load_image_rgb(s.mask_image);  // a mask that cannot be read is a bad flag, found before any image
+    } catch (const Error& e) {
+      throw UsageError(std::string("--mask-image: ") + e.what());
+    }
+  }
+  // A missing output folder is made, with its parents, as `mkdir -p` would; a path that exists
+  // and is not a folder is refused by require_writable_dir.
+  std::error_code ec;
+  if (!std::filesystem::exists(s.out_dir, ec) && !std::filesystem::is_symlink(s.out_dir, ec)) {
+    std::filesystem::create_directories(s.out_dir, ec);
+    if (ec) throw Error(s.out_dir + ": cannot create the output folder (" + ec.message() + ")");
   }
   require_writable_dir(s.out_dir);
 

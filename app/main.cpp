@@ -4,6 +4,7 @@
 
 #include "cli.hpp"
 #include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
 #ifdef VITLENS_HAS_VIEWER
 #include "viewer/viewer.hpp"
 #endif
@@ -107,6 +108,8 @@ int main(int argc, char** argv) {
     return kExitUsage;
   }
 
+  // Ctrl-C or SIGTERM during a write removes the temporaries first (vitlens/files.hpp).
+  vitlens::install_cleanup_handlers();
   try {
     if (app.got_subcommand("export")) return run_export(export_args);
     if (app.got_subcommand("info")) return run_info(info_args);

@@ -9,7 +9,9 @@ PACKAGES=(
   zlib1g-dev                                                           # gzip'd training data (dataset.cpp)
   libimgui-dev libglfw3-dev libgl-dev                                  # the desktop viewer
   xvfb xauth                                                           # viewer tests on a virtual display
+  clang-14 libclang-rt-14-dev llvm-14                                  # ASan + UBSan build, libFuzzer, symbolized reports
   python3 python3-numpy                                                # fixture checks
+  dataset-fashion-mnist opencv-doc                                     # data the tests read in place: training set, photos
 )
 # Only the scripts that regenerate reference data need PyTorch; pass --with-torch to get it.
 if [[ "${1:-}" == "--with-torch" ]]; then PACKAGES+=(python3-torch); fi

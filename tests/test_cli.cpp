@@ -2,6 +2,7 @@
 // errors, batches with a bad image, atomic writes.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -187,10 +188,6 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
     CHECK(lines(r.err) == 1);
     CHECK_THAT(r.err, Catch::Contains(c.says));
   }
-  Run no_dir = run("export " + f.image + " --model " + f.model + " --out " + f.dir + "/nope");
-  CHECK(no_dir.code == 1);
-  CHECK(lines(no_dir.err) == 1);
-  CHECK_THAT(no_dir.err, Catch::Contains("does not exist"));
   Run file_as_dir = run("export " + f.image + " --model " + f.model + " --out " + f.image);
   CHECK(file_as_dir.code == 1);
   CHECK_THAT(file_as_dir.err, Catch::Contains("not a folder"));
@@ -320,7 +317,212 @@ TEST_CASE("atomic writes: a failed write leaves no temporary and no damaged file
   FILE* p = ::popen(("ls -A " + dir).c_str(), "r");
   REQUIRE(p);
   char buf[256];
-  while (std::fgets(buf, sizeof buf, p)) leftovers += std::string(buf).find(".tmp-") != std::string::npos;
+  while (std::fgets(buf, sizeof buf, p)) leftovers += std::string(buf).find(".vitlens-") != std::string::npos;
   ::pclose(p);
   CHECK(leftovers == 0);
+}
+
+// [SECTION] Issue 9: flags the viewer had, the output folder, formats
+
+namespace {
+
+// A 512 x 384 photo-like picture: smooth colours with a bright square, so maps have structure.
+std::string write_photo(const std::string& dir) {
+  cv::Mat img(384, 512, CV_8UC3);
+  for (int y = 0; y < img.rows; ++y)
+    for (int x = 0; x < img.cols; ++x)
+      img.at<cv::Vec3b>(y, x) = cv::Vec3b(static_cast<uchar>(x / 2), static_cast<uchar>(y / 2), static_cast<uchar>((x + y) / 4));
+  img(cv::Rect(300, 200, 80, 80)).setTo(cv::Scalar(250, 250, 250));
+  const std::string path = dir + "/big_photo.png";
+  REQUIRE(cv::imwrite(path, img));
+  return path;
+}
+
+nlohmann::json read_json(const std::string& path) { return nlohmann::json::parse(slurp(path)); }
+
+}  // namespace
+
+TEST_CASE("cli: export --help tells of the new flags", "[cli]") {
+  Run eh = run("export --help");
+  CHECK(eh.code == 0);
+  for (const char* text : {"--query-processed", "--temperature", "--threshold", "--mask-image", "robust",
+                           "before any resizing", "created"})
+    CHECK_THAT(eh.out, Catch::Contains(text));
+}
+
+TEST_CASE("cli: --query is in the image's own pixels, --query-processed in the processed image's", "[cli]") {
+  Fixture f;
+  const std::string photo = write_photo(f.dir);  // 512x384 -> 224x168 at the bundled model's size
+  const std::string base = "export " + photo + " --out " + f.dir + " ";
+  Run r = run(base + "--query 500,380");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  auto j = read_json(f.dir + "/big_photo.json");
+  CHECK(j["query"]["source_pixel"] == nlohmann::json({500, 380}));
+  // (500.5 * 224 / 512, 380.5 * 168 / 384) = (218.97, 166.47) -> patch (166 / 4, 218 / 4) = (41, 54)
+  CHECK(j["query"]["patch"] == nlohmann::json({41, 54}));
+  CHECK(j["mode"] == "query");
+
+  Run processed = run(base + "--query-processed 500,380");
+  CHECK(processed.code == 1);
+  CHECK_THAT(processed.err, Catch::Contains("outside the 224x168 processed image"));
+  CHECK(run(base + "--query-processed 218,166").code == 0);
+  j = read_json(f.dir + "/big_photo.json");
+  CHECK(j["query"]["patch"] == nlohmann::json({41, 54}));
+  CHECK(j["query"]["processed_pixel"] == nlohmann::json({218, 166}));
+  CHECK_FALSE(j["query"].contains("source_pixel"));
+
+  Run outside = run(base + "--query 512,0");
+  CHECK(outside.code == 1);
+  CHECK_THAT(outside.err, Catch::Contains("outside the 512x384 image"));
+  Run both = run(base + "--query 1,1 --query-processed 1,1");
+  CHECK(both.code == 2);
+  Run bad = run(base + "--query-processed 1");
+  CHECK(bad.code == 2);
+  CHECK_THAT(bad.err, Catch::Contains("--query-processed expects two integers"));
+}
+
+TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]") {
+  Fixture f;
+  const std::string base = "export " + f.image + " --model " + f.model + " --out " + f.dir + " --size 0 --cls ";
+  REQUIRE(run(base).code == 0);
+  auto plain = read_json(f.dir + "/photo.json");
+  CHECK(plain["temperature"] == 1.0);
+  CHECK(plain["threshold"].is_null());
+  CHECK(plain["normalize"] == "robust");  // the new default
+  CHECK(plain["score_scale"].get<double>() == Approx(1.0 / std::sqrt(12.0)).epsilon(1e-6));
+  CHECK(plain["robust_percentile"] == 99.0);
+  REQUIRE(plain["colour_scale_top"].size() == 5);
+  for (size_t h = 0; h < 4; ++h)  // the 99th percentile: at most the maximum
+    CHECK(plain["colour_scale_top"][h].get<double>() <= plain["heads"][h]["max"].get<double>());
+  REQUIRE(run(base + "--normalize head").code == 0);
+  const auto per_head = read_json(f.dir + "/photo.json");
+  CHECK(per_head["normalize"] == "head");
+  for (size_t h = 0; h < 4; ++h)  // the old scale: each head's maximum
+    CHECK(per_head["colour_scale_top"][h].get<double>() == per_head["heads"][h]["max"].get<double>());
+
+  Run hot = run(base + "--temperature 2.5");
+  INFO(hot.err);
+  REQUIRE(hot.code == 0);
+  auto j = read_json(f.dir + "/photo.json");
+  CHECK(j["temperature"].get<double>() == Approx(2.5).epsilon(1e-6));
+  CHECK(j["score_scale"].get<double>() == Approx(1.0 / (std::sqrt(12.0) * 2.5)).epsilon(1e-6));
+  // A higher temperature flattens every head's class-token row: its entropy grows.
+  for (size_t h = 0; h < 4; ++h)
+    CHECK(j["heads"][h]["entropy"].get<double>() > plain["heads"][h]["entropy"].get<double>());
+
+  REQUIRE(run(base + "--threshold 0.6").code == 0);
+  j = read_json(f.dir + "/photo.json");
+  CHECK(j["threshold"]["mass"] == 0.6);
+  REQUIRE(j["threshold"]["heads_then_mean"].size() == 5);
+  for (const auto& t : j["threshold"]["heads_then_mean"]) {
+    CHECK(t["kept_mass"].get<double>() >= 0.6);
+    CHECK(t["total_patches"] == 30);
+    CHECK(t["no_structure"] == false);
+  }
+  // The maps as drawn are the kept maps: their sums are what was kept.
+  const double kept = j["threshold"]["heads_then_mean"][0]["kept_mass"].get<double>();
+  CHECK(j["heads"][0]["sum"].get<double>() == Approx(kept * plain["heads"][0]["sum"].get<double>()).epsilon(1e-4));
+
+  for (const char* bad : {"--temperature 0", "--temperature nan", "--temperature 100", "--threshold 0",
+                          "--threshold 1.5", "--threshold abc", "--threshold nan"}) {
+    Run r = run(base + bad);
+    INFO(bad << " -> " << r.err);
+    CHECK(r.code == 2);
+    CHECK(lines(r.err) == 1);
+    CHECK_THAT(r.err, Catch::Contains(std::string(bad).substr(0, std::string(bad).find(' '))));
+  }
+}
+
+TEST_CASE("cli: --threshold on a flat image reports no structure", "[cli]") {
+  Fixture f;
+  cv::Mat grey(224, 224, CV_8UC3, cv::Scalar(128, 128, 128));
+  REQUIRE(cv::imwrite(f.dir + "/grey.png", grey));
+  Run r = run("export " + f.dir + "/grey.png --cls --threshold 0.6 --out " + f.dir);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const auto j = read_json(f.dir + "/grey.json");
+  for (const auto& t : j["threshold"]["heads_then_mean"]) {
+    CHECK(t["no_structure"] == true);
+    CHECK(t["kept_patches"] == t["total_patches"]);
+  }
+}
+
+TEST_CASE("cli: --mask-image forbids the painted keys", "[cli]") {
+  Fixture f;  // photo.png is 22x18: a mask of 44x36 has its aspect ratio
+  cv::Mat mask(36, 44, CV_8UC3, cv::Scalar(255, 255, 255));
+  mask(cv::Rect(0, 0, 16, 36)).setTo(cv::Scalar(0, 0, 0));  // the left 8 source pixels: patch columns 0 and 1
+  REQUIRE(cv::imwrite(f.dir + "/mask.png", mask));
+  const std::string base = "export " + f.image + " --model " + f.model + " --out " + f.dir + " --size 0 --cls ";
+  Run r = run(base + "--mask-image " + f.dir + "/mask.png");
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  const auto j = read_json(f.dir + "/photo.json");
+  CHECK(j["mask"]["image"] == f.dir + "/mask.png");
+  // columns 0 and 1 of the 4 non-padding rows (row 4 holds padded pixels: 18 = 4*4 + 2)
+  CHECK(j["mask"]["painted_patches"] == 2 * 4);
+  // Forbidden keys get no weight from any query, in any layer or head (raw weights, 1 + 6x5 tokens).
+  REQUIRE(run(base + "--raw --mask-image " + f.dir + "/mask.png").code == 0);
+  const std::string npy = slurp(f.dir + "/photo_attn.npy");
+  const size_t header_len = static_cast<unsigned char>(npy[8]) | (static_cast<unsigned char>(npy[9]) << 8);
+  REQUIRE(npy.size() == 10 + header_len + 2 * 4 * 31 * 31 * 4);
+  const float* probs = reinterpret_cast<const float*>(npy.data() + 10 + header_len);
+  int forbidden_nonzero = 0, allowed_nonzero = 0;
+  for (int m = 0; m < 2 * 4; ++m)
+    for (int i = 0; i < 31; ++i)
+      for (int row = 0; row < 4; ++row)
+        for (int col = 0; col < 6; ++col) {
+          const float w = probs[(m * 31 + i) * 31 + 1 + row * 6 + col];
+          if (col < 2) forbidden_nonzero += w != 0.0f;
+          if (col >= 2 && col < 5) allowed_nonzero += w != 0.0f;
+        }
+  CHECK(forbidden_nonzero == 0);
+  CHECK(allowed_nonzero == 2 * 4 * 31 * 4 * 3);
+
+  Run missing = run(base + "--mask-image " + f.dir + "/nope.png");
+  CHECK(missing.code == 2);
+  CHECK(lines(missing.err) == 1);
+  CHECK_THAT(missing.err, Catch::Contains("--mask-image") && Catch::Contains("nope.png"));
+  cv::Mat square(30, 30, CV_8UC3, cv::Scalar(255, 255, 255));
+  REQUIRE(cv::imwrite(f.dir + "/square.png", square));
+  Run aspect = run(base + "--mask-image " + f.dir + "/square.png");
+  CHECK(aspect.code == 1);
+  CHECK(lines(aspect.err) == 1);
+  CHECK_THAT(aspect.err, Catch::Contains("aspect ratio"));
+}
+
+TEST_CASE("cli: --out is created when missing; a file is still refused", "[cli]") {
+  Fixture f;
+  const std::string nested = f.dir + "/new/deeper/out";
+  Run r = run("export " + f.image + " --model " + f.model + " --out " + nested);
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK(exists(nested + "/photo_montage.png"));
+  Run file_as_dir = run("export " + f.image + " --model " + f.model + " --out " + f.image);
+  CHECK(file_as_dir.code == 1);
+  CHECK_THAT(file_as_dir.err, Catch::Contains("not a folder"));
+  Run under_file = run("export " + f.image + " --model " + f.model + " --out " + f.image + "/sub");
+  CHECK(under_file.code == 1);
+  CHECK(lines(under_file.err) == 1);
+  CHECK_THAT(under_file.err, Catch::Contains("cannot create the output folder"));
+  // A bad flag creates nothing.
+  Run bad = run("export " + f.image + " --model " + f.model + " --out " + f.dir + "/never --alpha 3");
+  CHECK(bad.code == 2);
+  CHECK_FALSE(exists(f.dir + "/never"));
+}
+
+TEST_CASE("cli: a GIF is refused with the formats that work", "[cli][errors]") {
+  Fixture f;
+  // A real 1x1 GIF89a: header, logical screen, colour table, image block, trailer.
+  const unsigned char gif[] = {'G', 'I', 'F', '8', '9', 'a', 1, 0, 1, 0, 0x80, 0, 0, 0, 0, 0, 255, 255, 255,
+                               ',', 0, 0, 0, 0, 1, 0, 1, 0, 0, 2, 2, 0x44, 1, 0, ';'};
+  std::ofstream(f.dir + "/anim.gif", std::ios::binary).write(reinterpret_cast<const char*>(gif), sizeof gif);
+  Run r = run("export " + f.dir + "/anim.gif --model " + f.model + " --out " + f.dir);
+  CHECK(r.code == 1);
+  CHECK(lines(r.err) == 1);
+  CHECK_THAT(r.err, Catch::Contains("anim.gif") && Catch::Contains("GIF") && Catch::Contains("PNG, JPEG"));
+  std::ofstream(f.dir + "/notes.txt") << "plain text";
+  Run text = run("export " + f.dir + "/notes.txt --model " + f.model + " --out " + f.dir);
+  CHECK(text.code == 1);
+  CHECK_THAT(text.err, Catch::Contains("vitlens reads PNG, JPEG"));
 }

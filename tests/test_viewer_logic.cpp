@@ -393,6 +393,7 @@ TEST_CASE("viewer pictures and export are core's export for the same settings", 
   auto json_without_timings = [](const std::string& path) {
     nlohmann::json j = nlohmann::json::parse(read_text(path));
     j.erase("timings_ms");
+    j.erase("set");  // each export's own id
     for (auto& f : j["files"]) f = fs::path(f.get<std::string>()).filename().string();
     return j;
   };
@@ -543,4 +544,63 @@ TEST_CASE("viewer worked example reproduces the seed's numbers", "[viewer]") {
   app.ui.example.scaled = false;
   update_derived(app);
   CHECK(app.derived.example.scores(0, 1) == Approx(1.0));
+}
+
+// [SECTION] Threshold through core (issue 9)
+
+TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --threshold; flat maps say so", "[viewer]") {
+  Fixture fx;
+  const std::string grey_path = fx.dir + "/grey.png";
+  write_png_atomic(grey_path, cv::Mat(32, 32, CV_8UC3, cv::Scalar(128, 128, 128)));
+  const VitModel model = load_model(fx.model_path);
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  app.ui.display.threshold_on = true;
+  app.ui.display.threshold = 0.5f;
+  REQUIRE(run_until_idle(app));
+  CHECK(cli_equivalent(app));  // the threshold is a CLI flag now
+  CHECK_THAT(cli_command(app, "out"), Catch::Contains("--threshold 0.5"));
+
+  ExportSettings s;  // received mode, the last layer, as the viewer starts
+  s.threshold = 0.5f;
+  const ImageAnalysis reference = analyse_image(model, fx.image_path, s);
+  REQUIRE(app.derived.kept.size() == reference.kept.size());
+  for (size_t i = 0; i < reference.kept.size(); ++i) {
+    CHECK(app.derived.kept[i].kept_patches == reference.kept[i].kept_patches);
+    CHECK_FALSE(app.derived.kept[i].no_structure);
+  }
+  for (size_t h = 0; h < reference.maps.heads.size(); ++h)
+    CHECK((app.derived.view.maps.heads[h].array() == reference.maps.heads[h].array()).all());
+
+  const std::string viewer_dir = fx.dir + "/viewer_t", cli_dir = fx.dir + "/cli_t";
+  fs::create_directory(viewer_dir);
+  fs::create_directory(cli_dir);
+  app.requests.export_folder = viewer_dir;
+  REQUIRE(run_until_idle(app));
+  s.out_dir = cli_dir;
+  export_attention(model, fx.image_path, s);
+  auto without_timings = [](const std::string& path) {
+    nlohmann::json j = nlohmann::json::parse(read_text(path));
+    j.erase("timings_ms");
+    for (auto& f : j["files"]) f = fs::path(f.get<std::string>()).filename().string();
+    return j;
+  };
+  const nlohmann::json viewer_json = without_timings(viewer_dir + "/picture.json");
+  CHECK(viewer_json == without_timings(cli_dir + "/picture.json"));
+  CHECK(viewer_json["threshold"]["mass"] == 0.5);
+  CHECK(read_text(viewer_dir + "/picture_montage.png") == read_text(cli_dir + "/picture_montage.png"));
+
+  // A flat image's class-token maps under the bundled designed model (whose class token weighs
+  // identical patches alike) have nothing to keep: every result says no structure.
+  app.requests.open_model = default_model_path();
+  app.requests.open_image = grey_path;
+  REQUIRE(run_until_idle(app));
+  app.ui.view.mode = MapMode::ClassToken;
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.derived.kept.size() == 5);
+  for (const ThresholdResult& t : app.derived.kept) {
+    CHECK(t.no_structure);
+    CHECK(t.kept_patches == t.total_patches);
+  }
 }

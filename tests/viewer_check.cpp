@@ -143,6 +143,7 @@ int check_screenshots(const std::string& dir) {
 json without_timings(const std::string& path) {
   json j = read_json(path);
   j.erase("timings_ms");
+  j.erase("set");  // each export's own id
   for (auto& f : j["files"]) f = fs::path(f.get<std::string>()).filename().string();
   return j;
 }

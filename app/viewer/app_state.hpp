@@ -19,6 +19,7 @@
 
 #include "attention_stats.hpp"
 #include "vitlens/export.hpp"
+#include "vitlens/head_roles.hpp"
 #include "vitlens/vit.hpp"
 
 namespace vitlens::viewer {
@@ -39,7 +40,7 @@ const char* scale_mode_name(ScaleMode mode);  // "default", "none", "temperature
 enum class Brush { Paint, Erase, Off };
 
 bool parse_map_mode(const std::string& name, MapMode& mode);            // "query", "cls", "received"
-bool parse_normalize(const std::string& name, Normalize& normalize);    // "head", "shared", "log"
+bool parse_normalize(const std::string& name, Normalize& normalize);    // "head", "shared", "log", "robust"
 bool parse_upsample(const std::string& name, Upsample& upsample);       // "nearest", "bilinear"
 const char* upsample_name(Upsample upsample);
 
@@ -80,7 +81,8 @@ struct Computation {
   PreparedImage image;
   ForwardResult forward;
   ImageStats stats;
-  double forward_ms = 0.0, stats_ms = 0.0;
+  HeadRoleScores roles;  // head-role lifts of every layer and head (core/include/vitlens/head_roles.hpp)
+  double forward_ms = 0.0, stats_ms = 0.0;  // stats_ms: entropy, distance and roles together
 };
 
 struct Document {
@@ -94,7 +96,7 @@ struct Document {
 
 struct DisplayState {
   HeatmapStyle style;                    // colormap, alpha (opacity), upsample
-  Normalize normalize = Normalize::PerHead;
+  Normalize normalize = kDefaultNormalize;   // as `vitlens export`
   bool threshold_on = false;
   float threshold = 0.6f;                // DINO's visualize_attention --threshold: top mass kept
   bool show_grid = false;

@@ -1,42 +1,12 @@
-// Threshold, head statistics, working grid and inspector numbers (see attention_stats.hpp).
+// Head statistics, working grid and inspector numbers (see attention_stats.hpp).
 #include "attention_stats.hpp"
 
 #include <algorithm>
 #include <cmath>
-#include <numeric>
 
 #include "vitlens/error.hpp"
 
 namespace vitlens::viewer {
-
-// [SECTION] Threshold
-
-ThresholdResult keep_top_mass(const MatRM& map, float mass) {
-  ThresholdResult out;
-  out.total_patches = static_cast<int>(map.size());
-  out.kept_map = MatRM::Zero(map.rows(), map.cols());
-  double total = 0.0;
-  for (Eigen::Index i = 0; i < map.size(); ++i) total += std::max(0.0f, map.data()[i]);
-  if (total <= 0.0) return out;
-  // val, idx = torch.sort(attentions); val /= sum; cumval = cumsum(val); th = cumval > 1 - t
-  std::vector<Eigen::Index> order(static_cast<size_t>(map.size()));
-  std::iota(order.begin(), order.end(), Eigen::Index{0});
-  std::stable_sort(order.begin(), order.end(),
-                   [&](Eigen::Index a, Eigen::Index b) { return map.data()[a] < map.data()[b]; });
-  const double drop_below = 1.0 - static_cast<double>(mass);
-  double cumulative = 0.0, kept = 0.0;
-  for (const Eigen::Index i : order) {
-    const double v = std::max(0.0f, map.data()[i]);
-    cumulative += v / total;
-    if (cumulative > drop_below) {
-      out.kept_map.data()[i] = map.data()[i];
-      ++out.kept_patches;
-      kept += v;
-    }
-  }
-  out.kept_mass = kept / total;
-  return out;
-}
 
 // [SECTION] Head statistics
 

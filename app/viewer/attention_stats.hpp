@@ -1,7 +1,7 @@
 #pragma once
-// Numbers the viewer shows beside the maps, all from core's forward state: DINO's top-mass
-// threshold, per-head entropy and mean attention distance, the working grid a size gives, and the
-// step-by-step arithmetic of one query-key pair. No display needed; unit-tested.
+// Numbers the viewer shows beside the maps, all from core's forward state: per-head entropy and
+// mean attention distance, the working grid a size gives, and the step-by-step arithmetic of one
+// query-key pair. No display needed; unit-tested.
 //
 // Legend: N = tokens (class token first), H = heads, d = head dim, gh, gw = patch grid, P = patch.
 #include <functional>
@@ -9,20 +9,13 @@
 #include <vector>
 
 #include "vitlens/eigen.hpp"
+#include "vitlens/maps.hpp"
 #include "vitlens/vit.hpp"
 
 namespace vitlens::viewer {
 
-// [SECTION] Threshold
-
-// DINO's visualize_attention.py: sort the map ascending, divide by its sum, cumulative sum, keep
-// the patches where cumval > 1 - mass: the fewest largest patches that hold `mass` of the total.
-struct ThresholdResult {
-  MatRM kept_map;            // (gh, gw) the map with every dropped patch set to 0
-  int kept_patches = 0, total_patches = 0;
-  double kept_mass = 0.0;    // share of the map's sum that the kept patches hold
-};
-ThresholdResult keep_top_mass(const MatRM& map, float mass);
+// [SECTION] Threshold: keep_top_mass and ThresholdResult live in core (vitlens/maps.hpp), shared
+// with `vitlens export --threshold`.
 
 // [SECTION] Head statistics
 

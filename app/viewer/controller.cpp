@@ -66,7 +66,7 @@ bool parse_map_mode(const std::string& name, MapMode& mode) {
 }
 
 bool parse_normalize(const std::string& name, Normalize& normalize) {
-  for (Normalize n : {Normalize::PerHead, Normalize::Shared, Normalize::Log})
+  for (Normalize n : {Normalize::PerHead, Normalize::Shared, Normalize::Log, Normalize::Robust})
     if (name == normalize_name(n)) {
       normalize = n;
       return true;
@@ -418,15 +418,10 @@ void update_derived(App& app) {
   if ((maps_changed || d.picture_key != picture_key) && !d.raw_maps.heads.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     HeadMaps shown = d.raw_maps;
-    d.kept.clear();
-    if (disp.threshold_on) {
-      for (MatRM& m : shown.heads) {
-        d.kept.push_back(keep_top_mass(m, disp.threshold));
-        m = d.kept.back().kept_map;
-      }
-      d.kept.push_back(keep_top_mass(shown.mean, disp.threshold));
-      shown.mean = d.kept.back().kept_map;
-    }
+    // The same core call as `vitlens export --threshold`; the export records it from d.view.
+    d.kept = disp.threshold_on ? apply_threshold(shown, disp.threshold) : std::vector<ThresholdResult>{};
+    d.view.kept = d.kept;
+    d.view.threshold = disp.threshold_on ? disp.threshold : 0.0f;
     d.entropy.clear();
     for (const MatRM& m : shown.heads) d.entropy.push_back(map_entropy(m));
     d.entropy.push_back(map_entropy(shown.mean));
@@ -527,7 +522,6 @@ void set_mask(App& app, MaskMode mode) { app.ui.compute.mask = mode; }
 // [SECTION] Export
 
 bool cli_equivalent(const App& app) {
-  const UiState& ui = app.ui;
   if (!app.doc.ready()) return false;
   bool has_padding = false;
   for (uint8_t v : app.doc.comp->image.grid.patch_is_padding) has_padding = has_padding || v;
@@ -536,7 +530,7 @@ bool cli_equivalent(const App& app) {
   const bool mask_ok = mask == MaskMode::Padding || mask == MaskMode::Causal ||
                        (mask == MaskMode::None && !has_padding) ||
                        (mask == MaskMode::Painted && app.doc.comp->key.painted.empty());
-  return mask_ok && app.doc.comp->key.score_scale < 0.0f && !ui.display.threshold_on;
+  return mask_ok && app.doc.comp->key.score_scale < 0.0f;  // the threshold is `--threshold`
 }
 
 std::string cli_command(const App& app, const std::string& out_dir) {
@@ -557,6 +551,7 @@ std::string cli_command(const App& app, const std::string& out_dir) {
   cmd += " --colormap " + ui.display.style.colormap + " --alpha " + format_float(ui.display.style.alpha);
   cmd += std::string(" --upsample ") + upsample_name(ui.display.style.upsample);
   cmd += std::string(" --normalize ") + normalize_name(ui.display.normalize);
+  if (ui.display.threshold_on) cmd += " --threshold " + format_float(ui.display.threshold);
   if (ui.compute.max_side > 0) cmd += " --size " + std::to_string(ui.compute.max_side);
   if (ui.export_raw) cmd += " --raw";
   cmd += " --out '" + out_dir + "'";

@@ -70,7 +70,8 @@ std::string check(const ScriptCommand& c) {
     return "expects: colormap NAME (" + known + ")";
   }
   if (v == "alpha") return n == 1 && parse_float_arg(a[0], f) && f >= 0.0f && f <= 1.0f ? "" : "expects: alpha A (0 to 1)";
-  if (v == "normalize") return n == 1 && one_of(a[0], {"head", "shared", "log"}) ? "" : "expects: normalize head|shared|log";
+  if (v == "normalize")
+    return n == 1 && one_of(a[0], {"robust", "head", "shared", "log"}) ? "" : "expects: normalize robust|head|shared|log";
   if (v == "upsample") return n == 1 && one_of(a[0], {"nearest", "bilinear"}) ? "" : "expects: upsample nearest|bilinear";
   if (v == "threshold")
     return n == 1 && (a[0] == "off" || (parse_float_arg(a[0], f) && f > 0.0f && f <= 1.0f)) ? ""

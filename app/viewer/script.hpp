@@ -6,7 +6,7 @@
 //   open PATH | model PATH          load an image / a model (a bad file keeps the current one)
 //   pin ROW COL | key left|right|up|down | hover ROW COL
 //   mode query|cls|received         layer N
-//   colormap NAME | alpha A | normalize head|shared|log | upsample nearest|bilinear
+//   colormap NAME | alpha A | normalize robust|head|shared|log | upsample nearest|bilinear
 //   threshold off|T | grid on|off
 //   mask none|padding|causal|painted | paint ROW COL | erase ROW COL | clear-paint
 //   scale default|none|temperature T | size default|N

@@ -10,7 +10,7 @@ struct Settings {
   std::vector<std::string> recent_images, recent_models;  // most recent first
   std::string colormap = "viridis";
   float alpha = 0.6f;
-  std::string normalize = "head";   // head, shared, log
+  std::string normalize = "robust"; // robust, head, shared, log (as `vitlens export`)
   std::string upsample = "nearest"; // nearest, bilinear
   bool show_grid = false;
   int window_w = 1440, window_h = 900;

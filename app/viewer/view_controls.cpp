@@ -108,12 +108,15 @@ void DrawDisplay(App& app) {
   ImGui::SliderFloat("opacity", &d.style.alpha, 0.0f, 1.0f, "%.2f");
   ImGui::TextUnformatted("scale to");
   ImGui::SameLine();
+  if (ImGui::RadioButton("robust", d.normalize == Normalize::Robust)) d.normalize = Normalize::Robust;
+  ImGui::SameLine();
   if (ImGui::RadioButton("each head", d.normalize == Normalize::PerHead)) d.normalize = Normalize::PerHead;
   ImGui::SameLine();
   if (ImGui::RadioButton("shared", d.normalize == Normalize::Shared)) d.normalize = Normalize::Shared;
   ImGui::SameLine();
   if (ImGui::RadioButton("log", d.normalize == Normalize::Log)) d.normalize = Normalize::Log;
-  HelpMarker("each head: every map to its own maximum. shared: all maps to the largest maximum, so heads compare. "
+  HelpMarker("robust: every map to its 99th percentile, so one to three hot patches saturate instead of flattening "
+             "the rest. each head: every map to its own maximum. shared: all maps to the largest maximum, so heads compare. "
              "log: each map to its maximum over three decades, so the faint tail shows.");
   ImGui::TextUnformatted("upsample");
   ImGui::SameLine();
@@ -198,7 +201,7 @@ void DrawExport(App& app) {
     if (cli_equivalent(app)) {
       ImGui::TextDisabled("Same files as: %s", cli_command(app, ui.export_folder).c_str());
     } else {
-      ImGui::TextDisabled("Viewer-only settings are on (mask, scale or threshold): the export shows them and "
+      ImGui::TextDisabled("Viewer-only settings are on (mask or scale): the export shows them and "
                           "adds <stem>_view.json describing them.");
     }
     ImGui::PopTextWrapPos();

@@ -98,7 +98,10 @@ void DrawHeadPanel(App& app, const ViewTextures& textures, int index, float widt
   }
   if (i < d.kept.size()) {
     const ThresholdResult& t = d.kept[i];
-    ImGui::TextWrapped("kept %d/%d (%.1f%%), %.1f%% of mass", t.kept_patches, t.total_patches,
+    if (t.no_structure)  // a flat map has no region to keep: drawn whole, and said so
+      ImGui::TextWrapped("no structure: every patch has the same weight, nothing to threshold");
+    else
+      ImGui::TextWrapped("kept %d/%d (%.1f%%), %.1f%% of mass", t.kept_patches, t.total_patches,
                        100.0 * t.kept_patches / std::max(1, t.total_patches), 100.0 * t.kept_mass);
   }
   ImGui::PopTextWrapPos();

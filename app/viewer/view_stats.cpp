@@ -1,5 +1,5 @@
 // Head statistics for the current image (entropy, mean attention distance in pixels as the ViT
-// paper's figure 7 reports it), the designed heads' descriptions, and timings.
+// paper's figure 7 reports it, and the head-role lifts), the designed heads' descriptions, and timings.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -22,12 +22,20 @@ void DrawTimings(const App& app) {
 void DrawHeadTable(const App& app, const std::vector<HeadStats>& layer_stats, int layer) {
   const VitConfig& config = app.doc.model->model.config;
   const bool described = layer < static_cast<int>(config.head_descriptions.size());
-  if (!ImGui::BeginTable("heads", described ? 4 : 3,
+  const auto& role_layers = app.doc.comp->roles.lift;
+  const std::vector<RoleLifts>* roles =
+      layer < static_cast<int>(role_layers.size()) && role_layers[static_cast<size_t>(layer)].size() == layer_stats.size()
+          ? &role_layers[static_cast<size_t>(layer)]
+          : nullptr;
+  const int columns = 3 + (roles ? kHeadRoles : 0) + (described ? 1 : 0);
+  if (!ImGui::BeginTable("heads", columns,
                          ImGuiTableFlags_RowBg | ImGuiTableFlags_BordersInnerV | ImGuiTableFlags_SizingStretchProp))
     return;
   ImGui::TableSetupColumn("head", ImGuiTableColumnFlags_WidthFixed);
   ImGui::TableSetupColumn("entropy (nats)", ImGuiTableColumnFlags_WidthFixed);
   ImGui::TableSetupColumn("mean distance (px)", ImGuiTableColumnFlags_WidthFixed);
+  if (roles)
+    for (int role = 0; role < kHeadRoles; ++role) ImGui::TableSetupColumn(head_role_name(role), ImGuiTableColumnFlags_WidthFixed);
   if (described) ImGui::TableSetupColumn("description", ImGuiTableColumnFlags_WidthStretch);
   ImGui::TableHeadersRow();
   for (size_t h = 0; h < layer_stats.size(); ++h) {
@@ -38,6 +46,18 @@ void DrawHeadTable(const App& app, const std::vector<HeadStats>& layer_stats, in
     ImGui::Text("%.3f", layer_stats[h].entropy);
     ImGui::TableNextColumn();
     ImGui::Text("%.1f", layer_stats[h].mean_distance);
+    if (roles) {
+      // The head's strongest role in colour: the number to read first.
+      const RoleLifts& lift = (*roles)[h];
+      const auto best = std::max_element(lift.begin(), lift.end()) - lift.begin();
+      for (int role = 0; role < kHeadRoles; ++role) {
+        ImGui::TableNextColumn();
+        if (role == best)
+          ImGui::TextColored(ImVec4(1.0f, 0.8f, 0.3f, 1.0f), "%.2f", lift[static_cast<size_t>(role)]);
+        else
+          ImGui::Text("%.2f", lift[static_cast<size_t>(role)]);
+      }
+    }
     if (described) {
       ImGui::TableNextColumn();
       ImGui::TextWrapped("%s", config.head_descriptions[static_cast<size_t>(layer)][h].c_str());
@@ -94,6 +114,9 @@ void DrawStatsView(App& app) {
   ImGui::TextDisabled("layer %d, over %d patch queries of this image; distance between patch centres weighted by "
                       "attention, in pixels of the %dx%d processed image",
                       layer, c.stats.queries, c.image.padded_w, c.image.padded_h);
+  ImGui::TextDisabled("role lifts (edge, texture, colour, position) over %d queries: attention on the top %.0f%% most "
+                      "alike keys by that role, relative to uniform (1 = none, %.0f = all); see README, Head roles",
+                      c.roles.queries, 100.0 * c.roles.top_fraction, 1.0 / c.roles.top_fraction);
   if (layer < static_cast<int>(c.stats.layers.size()) && !c.stats.layers[static_cast<size_t>(layer)].empty()) {
     const auto& layer_stats = c.stats.layers[static_cast<size_t>(layer)];
     DrawPlots(app, layer_stats);

@@ -201,7 +201,9 @@ ComputeResult Worker::run_compute(uint64_t id, const ComputeJob& job) {
     t0 = std::chrono::steady_clock::now();
     comp->stats = head_statistics(model, comp->forward,
                                   options.mask_padding ? comp->image.grid.patch_is_padding : std::vector<uint8_t>{},
-                                  kStatsQueries, progress(0.7f, 1.0f));
+                                  kStatsQueries, progress(0.7f, 0.85f));
+    // Default options (256 queries), as the export's JSON: the window shows the exported numbers.
+    comp->roles = head_role_scores(model, comp->image.grid, comp->forward, HeadRoleOptions{}, progress(0.85f, 1.0f));
     comp->stats_ms = ms_since(t0);
     result.comp = std::move(comp);
   } catch (const Error& e) {

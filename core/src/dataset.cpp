@@ -170,7 +170,7 @@ IdxArray read_idx(const std::string& dir, const std::string& name, int ndim, con
     throw Error(packed.string() + ": cannot open Fashion-MNIST " + what + " (no such file, nor " + name +
                 " without .gz); is the dataset-fashion-mnist package installed?");
   }
-  a.bytes = read_whole_file(a.path, "an IDX file");
+  a.bytes = read_whole_file(a.path, "an IDX file", kMaxIdxBytes);
   const bool gzip = a.bytes.size() >= 2 && static_cast<unsigned char>(a.bytes[0]) == 0x1f &&
                     static_cast<unsigned char>(a.bytes[1]) == 0x8b;
   if (gzip) {
@@ -179,6 +179,7 @@ IdxArray read_idx(const std::string& dir, const std::string& name, int ndim, con
     throw Error(a.path + ": not gzip data (the name ends in .gz but the file does not start with the gzip magic 1f 8b)");
   }
   const size_t header = 4 + 4 * static_cast<size_t>(ndim);
+  if (a.bytes.empty()) throw Error(a.path + ": file is empty, not an IDX " + what + " file");
   if (a.bytes.size() < 4) throw Error(a.path + ": truncated IDX file (" + std::to_string(a.bytes.size()) + " bytes, no header)");
   const uint32_t magic = big_endian_u32(a.bytes, 0);
   const uint32_t expected = 0x800u + static_cast<uint32_t>(ndim);
@@ -277,14 +278,18 @@ void note_skip(FolderReport* report, const std::string& message) {
   if (report->examples.size() < 5) report->examples.push_back(message);
 }
 
-// (h, w, 3) interleaved float -> (3, h, w) planar, appended to `out`.
+// Area and bilinear resampling round a sum of weights that should be 1: a white pixel can come
+// out as 1.0000001. Every image here promises [0, 1].
+float unit(float v) { return std::min(1.0f, std::max(0.0f, v)); }
+
+// (h, w, 3) interleaved float -> (3, h, w) planar, written to `out`, clamped to [0, 1].
 void append_planar(const cv::Mat& rgb, float* out) {
   const size_t plane = static_cast<size_t>(rgb.rows) * static_cast<size_t>(rgb.cols);
   for (int y = 0; y < rgb.rows; ++y) {
     const cv::Vec3f* row = rgb.ptr<cv::Vec3f>(y);
     for (int x = 0; x < rgb.cols; ++x) {
       const size_t at = static_cast<size_t>(y) * static_cast<size_t>(rgb.cols) + static_cast<size_t>(x);
-      for (int c = 0; c < 3; ++c) out[static_cast<size_t>(c) * plane + at] = row[x][c];
+      for (int c = 0; c < 3; ++c) out[static_cast<size_t>(c) * plane + at] = unit(row[x][c]);
     }
   }
 }
@@ -500,6 +505,8 @@ void sample_photo_crop(const PhotoCorpus& corpus, Rng& rng, int out_size, float 
       crop.copyTo(target);
     } else {
       cv::resize(crop, target, target.size(), 0, 0, interpolation);
+      for (int y = 0; y < out_size; ++y)
+        for (float* v = target.ptr<float>(y); v != target.ptr<float>(y) + out_size; ++v) *v = unit(*v);
     }
     if (mirrored)
       for (int y = 0; y < out_size; ++y) std::reverse(target.ptr<float>(y), target.ptr<float>(y) + out_size);

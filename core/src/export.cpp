@@ -11,6 +11,7 @@
 
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/head_roles.hpp"
 
 namespace vitlens {
 
@@ -44,8 +45,18 @@ const char* normalize_name(Normalize normalize) {
     case Normalize::PerHead: return "head";
     case Normalize::Shared: return "shared";
     case Normalize::Log: return "log";
+    case Normalize::Robust: return "robust";
   }
   return "?";
+}
+
+bool parse_normalize_name(const std::string& name, Normalize& normalize) {
+  for (Normalize n : {Normalize::PerHead, Normalize::Shared, Normalize::Log, Normalize::Robust})
+    if (name == normalize_name(n)) {
+      normalize = n;
+      return true;
+    }
+  return false;
 }
 
 MatRM log_scaled_map(const MatRM& map, float max_value) {
@@ -58,10 +69,13 @@ MatRM log_scaled_map(const MatRM& map, float max_value) {
   return out;
 }
 
-ForwardOptions forward_options_for(const ExportSettings& settings) {
+ForwardOptions forward_options_for(const VitModel& model, const ExportSettings& settings) {
   ForwardOptions options;
   options.causal = settings.causal;
   options.mask_padding = true;
+  // The viewer's temperature: scores times 1 / (sqrt(d) T), the same expression, so both agree bit for bit.
+  if (settings.temperature != 1.0f)
+    options.score_scale = 1.0f / (std::sqrt(static_cast<float>(model.config.head_dim())) * settings.temperature);
   return options;
 }
 
@@ -74,6 +88,11 @@ void check_settings(const VitModel& model, const ExportSettings& settings) {
     throw Error("--cls: model '" + model.config.name + "' has no class token; use --query, --patch or --received");
   if (!(settings.style.alpha >= 0.0f && settings.style.alpha <= 1.0f)) throw Error("--alpha must be in [0, 1]");
   if (!is_colormap(settings.style.colormap)) throw Error("unknown colormap '" + settings.style.colormap + "'");
+  if (!(settings.temperature >= kMinTemperature && settings.temperature <= kMaxTemperature))
+    throw Error("--temperature must be from " + format_weight(kMinTemperature) + " to " + format_weight(kMaxTemperature) +
+                ", got " + format_weight(settings.temperature));
+  if (!(settings.threshold >= 0.0f && settings.threshold <= 1.0f))
+    throw Error("--threshold must be a mass in (0, 1] (the share of each map to keep), got " + format_weight(settings.threshold));
 }
 
 MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const ExportSettings& settings) {
@@ -83,6 +102,8 @@ MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const 
   switch (settings.select) {
     case QuerySelect::Received: request.mode = MapMode::Received; break;
     case QuerySelect::ClassToken: request.mode = MapMode::ClassToken; break;
+    case QuerySelect::SourcePixel:
+      throw Error("internal: a query in source pixels needs the image (analyse_image resolves it)");
     case QuerySelect::Pixel:
       request.mode = MapMode::Query;
       request.query_token = token_at_pixel(model.config, grid_h, grid_w, settings.query_x, settings.query_y);
@@ -116,8 +137,19 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
                 std::to_string(tokens) + ", " + std::to_string(tokens) + ") floats, above the " +
                 std::to_string(static_cast<long long>(kMaxRawBytes / (1 << 20))) + " MiB limit; use a smaller --size");
   // The query is checked against this image's grid before the forward pass, not after it.
-  a.request = resolve_request(model, a.image.grid.grid_h, a.image.grid.grid_w, settings);
-  ForwardOptions options = forward_options_for(settings);
+  ExportSettings resolved = settings;
+  if (settings.select == QuerySelect::SourcePixel) {
+    resolved.select = QuerySelect::Pixel;
+    source_to_processed_pixel(a.image, settings.query_x, settings.query_y, resolved.query_x, resolved.query_y);
+    a.requested_pixel = {settings.query_x, settings.query_y};
+  }
+  a.request = resolve_request(model, a.image.grid.grid_h, a.image.grid.grid_w, resolved);
+  ForwardOptions options = forward_options_for(model, settings);
+  if (!settings.mask_image.empty()) {
+    options.forbidden_patches = key_mask_from_image(load_image_rgb(settings.mask_image), a.image, model.config,
+                                                    settings.mask_image);
+    a.mask_image = settings.mask_image;
+  }
   options.keep_probs = settings.raw;
   options.progress = settings.progress;
   auto t0 = std::chrono::steady_clock::now();
@@ -125,6 +157,10 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
   a.forward_ms = ms_since(t0);
   t0 = std::chrono::steady_clock::now();
   a.maps = attention_maps(model, a.forward, a.request);
+  if (settings.threshold > 0.0f) {
+    a.kept = apply_threshold(a.maps, settings.threshold);
+    a.threshold = settings.threshold;
+  }
   a.maps_ms = ms_since(t0);
   return a;
 }
@@ -138,6 +174,10 @@ std::vector<float> map_scales(const HeadMaps& maps, Normalize normalize) {
   }
   scales.push_back(maps.mean.maxCoeff());
   if (normalize == Normalize::Shared) scales.assign(scales.size(), shared);
+  if (normalize == Normalize::Robust) {
+    for (size_t h = 0; h < maps.heads.size(); ++h) scales[h] = map_percentile(maps.heads[h], kRobustPercentile);
+    scales.back() = map_percentile(maps.mean, kRobustPercentile);
+  }
   return scales;
 }
 
@@ -146,10 +186,118 @@ std::string head_label(const VitConfig& config, int layer, int head) {
   if (layer >= 0 && layer < static_cast<int>(config.head_descriptions.size())) {
     const std::string& text = config.head_descriptions[static_cast<size_t>(layer)][static_cast<size_t>(head)];
     std::string shortname = text.substr(0, text.find(':'));
-    if (shortname.size() > 14) shortname = shortname.substr(0, 14);
+    // A long description is cut at a word (the montage wraps labels; the viewer shows the whole
+    // text on hover).
+    if (shortname.size() > 24) {
+      const size_t space = shortname.rfind(' ', 21);
+      shortname = shortname.substr(0, space == std::string::npos || space < 8 ? 21 : space) + "...";
+    }
     if (!shortname.empty()) label += " " + shortname;
   }
   return label;
+}
+
+namespace {
+
+// The model's own 1/sqrt(d) or the factor used, with the temperature it amounts to.
+std::string softmax_phrase(const VitModel& model, const ForwardResult& f) {
+  const int d = model.config.head_dim();
+  const float model_scale = 1.0f / std::sqrt(static_cast<float>(d));
+  if (f.score_scale == model_scale) return "softmax(q.k / sqrt(" + std::to_string(d) + "))";
+  return "softmax(q.k x " + format_weight(f.score_scale) + "), temperature " + format_weight(model_scale / f.score_scale);
+}
+
+// Patches a painted mask forbids, beyond the padding.
+int painted_patches(const ImageAnalysis& a) {
+  const auto& allowed = a.forward.mask.key_allowed;
+  int count = 0;
+  for (size_t p = 0; p < a.image.grid.patch_is_padding.size(); ++p) {
+    const size_t token = static_cast<size_t>(a.forward.prefix) + p;
+    if (!a.image.grid.patch_is_padding[p] && token < allowed.size() && !allowed[token]) ++count;
+  }
+  return count;
+}
+
+int padding_patches(const ImageAnalysis& a) {
+  int padding = 0;
+  for (uint8_t v : a.image.grid.patch_is_padding) padding += v;
+  return padding;
+}
+
+}  // namespace
+
+std::vector<std::string> montage_caption(const VitModel& model, const ImageAnalysis& a, Normalize normalize) {
+  std::vector<std::string> caption;
+  caption.push_back("model " + model.config.name + ", layer " + std::to_string(a.request.layer) + " of depth " +
+                    std::to_string(model.config.depth) + ", " + std::to_string(a.forward.tokens) + " tokens");
+  switch (a.request.mode) {
+    case MapMode::Received:
+      caption.push_back("attention received: each patch's mean weight over " + std::to_string(a.forward.received_queries) +
+                        " queries");
+      break;
+    case MapMode::ClassToken: caption.push_back("the class token's attention row"); break;
+    case MapMode::Query: {
+      const int patch = a.request.query_token - a.forward.prefix;
+      std::string q = "query patch (" + std::to_string(patch / a.forward.grid_w) + ", " +
+                      std::to_string(patch % a.forward.grid_w) + ") (boxed)";
+      if (a.requested_pixel[0] >= 0)
+        q += " under image pixel (" + std::to_string(a.requested_pixel[0]) + ", " + std::to_string(a.requested_pixel[1]) + ")";
+      caption.push_back(q);
+      break;
+    }
+  }
+  switch (normalize) {
+    case Normalize::PerHead: caption.push_back("scale: each tile 0 to its maximum"); break;
+    case Normalize::Shared: caption.push_back("scale: one for every tile, 0 to the largest value"); break;
+    case Normalize::Log:
+      caption.push_back("scale: log, " + format_weight(kLogDecades) + " decades below each tile's maximum");
+      break;
+    case Normalize::Robust:
+      caption.push_back("scale: each tile 0 to its " + format_weight(kRobustPercentile) +
+                        "th percentile (top); above it saturates");
+      break;
+  }
+  std::string mask = "mask: padding (" + std::to_string(padding_patches(a)) + " patches)";
+  if (a.forward.mask.causal) mask += ", causal";
+  if (!a.mask_image.empty()) mask += ", painted " + a.mask_image + " (" + std::to_string(painted_patches(a)) + " patches)";
+  caption.push_back(mask);
+  caption.push_back(softmax_phrase(model, a.forward));
+  if (a.threshold > 0.0f) {
+    int flat = 0;
+    for (const ThresholdResult& t : a.kept) flat += t.no_structure;
+    std::string t = "threshold: top " + format_weight(a.threshold * 100.0f) + "% of each map's mass kept";
+    if (flat > 0) t += "; " + std::to_string(flat) + " map(s) with no structure shown whole";
+    caption.push_back(t);
+  }
+  return caption;
+}
+
+ColourBarSpec montage_colour_bar(const HeatmapStyle& style, Normalize normalize, float shared_scale) {
+  ColourBarSpec bar;
+  bar.colormap = style.colormap;
+  switch (normalize) {
+    case Normalize::Shared:
+      bar.title = "colour: attention weight (every tile)";
+      bar.ticks = {{0.0f, "0"}, {0.5f, format_weight(shared_scale * 0.5f)}, {1.0f, format_weight(shared_scale)}};
+      break;
+    case Normalize::Log:
+      bar.title = "colour: weight relative to the tile's max (log)";
+      for (int k = 0; k <= static_cast<int>(kLogDecades); ++k) {
+        const int below = static_cast<int>(kLogDecades) - k;
+        bar.ticks.emplace_back(static_cast<float>(k) / kLogDecades,
+                               below == 0 ? std::string("max") : "max/" + std::to_string(static_cast<int>(std::pow(10, below))));
+      }
+      break;
+    case Normalize::PerHead:
+      bar.title = "colour: weight relative to the tile's max";
+      bar.ticks = {{0.0f, "0"}, {0.5f, "max/2"}, {1.0f, "max"}};
+      break;
+    case Normalize::Robust:
+      bar.title = "colour: weight relative to the tile's top";
+      bar.ticks = {{0.0f, "0"}, {0.5f, "top/2"}, {1.0f, "top+"}};
+      break;
+  }
+  return bar;
 }
 
 ExportImages render_export_images(const VitModel& model, const ImageAnalysis& analysis, const HeatmapStyle& style,
@@ -163,28 +311,32 @@ ExportImages render_export_images(const VitModel& model, const ImageAnalysis& an
   cv::Mat base;
   analysis.image.rgb.convertTo(base, CV_8UC3, 255.0);
   tiles.push_back(base);
-  labels.push_back("image");
-  // Log: the map is mapped to [0, 1] on the log scale first, then drawn with a maximum of 1.
+  labels.push_back("image " + std::to_string(analysis.image.padded_w) + "x" + std::to_string(analysis.image.padded_h));
+  // The map is mapped to its colour positions in [0, 1] first, then drawn with a maximum of 1.
   auto overlay = [&](const MatRM& map, float scale) {
-    cv::Mat out = normalize == Normalize::Log
-                      ? heatmap_overlay(analysis.image.rgb, log_scaled_map(map, scale), p, 1.0f, style)
-                      : heatmap_overlay(analysis.image.rgb, map, p, scale, style);
+    cv::Mat out = heatmap_overlay(analysis.image.rgb, display_values(map, scale, normalize), p, 1.0f, style);
     if (analysis.request.mode == MapMode::Query) draw_query_marker(out, analysis.forward, analysis.request.query_token, p);
     return out;
   };
   // The label carries each map's maximum: a uniform map (a head with nothing to look for at
   // this query) fills its tile with full colour, and only its tiny maximum (1 / tokens) says so.
-  auto with_max = [](std::string label, const MatRM& map) { return label + "  max " + format_weight(map.maxCoeff()); };
+  // The robust scale's top value follows, since the colour bar is relative to it.
+  auto with_values = [&](std::string label, const MatRM& map, float scale) {
+    label += "\nmax " + format_weight(map.maxCoeff());  // the numbers on a line of their own
+    if (normalize == Normalize::Robust) label += " top " + format_weight(scale);
+    return label;
+  };
   for (size_t h = 0; h < maps.heads.size(); ++h) {
     images.heads.push_back(overlay(maps.heads[h], scales[h]));
     tiles.push_back(images.heads.back());
-    labels.push_back(with_max(head_label(model.config, analysis.request.layer, static_cast<int>(h)), maps.heads[h]));
+    labels.push_back(with_values(head_label(model.config, analysis.request.layer, static_cast<int>(h)), maps.heads[h], scales[h]));
   }
   images.mean = overlay(maps.mean, scales.back());
   tiles.push_back(images.mean);
-  labels.push_back(with_max("mean of heads", maps.mean));
+  labels.push_back(with_values("mean of heads", maps.mean, scales.back()));
   const int columns = static_cast<int>(tiles.size()) <= 6 ? 3 : 4;
-  images.montage = montage(tiles, labels, columns);
+  const ColourBarSpec bar = montage_colour_bar(style, normalize, scales.empty() ? 0.0f : scales.front());
+  images.montage = montage(tiles, labels, columns, &bar, montage_caption(model, analysis, normalize));
   return images;
 }
 
@@ -209,18 +361,44 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
     j["query"] = {{"token", a.request.query_token}, {"patch", {row, col}},
                   {"pixel_center", {col * cfg.patch_size + cfg.patch_size / 2, row * cfg.patch_size + cfg.patch_size / 2}},
                   {"is_padding", a.image.grid.patch_is_padding[static_cast<size_t>(patch)] != 0}};
+    // How it was asked for: a pixel of the source image (--query), of the processed image
+    // (--query-processed) or a patch (--patch).
+    if (a.requested_pixel[0] >= 0)
+      j["query"]["source_pixel"] = {a.requested_pixel[0], a.requested_pixel[1]};
+    else if (settings.select == QuerySelect::Pixel)
+      j["query"]["processed_pixel"] = {settings.query_x, settings.query_y};
   } else {
     j["query"] = nullptr;
   }
   j["layer"] = a.request.layer;
-  int padding = 0;
-  for (uint8_t v : a.image.grid.patch_is_padding) padding += v;
-  j["mask"] = {{"causal", settings.causal}, {"padding_patches", padding}};
+  j["mask"] = {{"causal", settings.causal}, {"padding_patches", padding_patches(a)},
+               {"image", a.mask_image.empty() ? json(nullptr) : json(a.mask_image)},
+               {"painted_patches", painted_patches(a)}};
   j["score_scale"] = a.forward.score_scale;
+  // The temperature the scale amounts to: 1 for the model's 1/sqrt(d).
+  const float model_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim()));
+  j["temperature"] = std::round(static_cast<double>(model_scale / a.forward.score_scale) * 1e6) / 1e6;
   j["colormap"] = settings.style.colormap;
   j["alpha"] = std::round(static_cast<double>(settings.style.alpha) * 1e6) / 1e6;  // 0.6, not 0.6000000238
   j["upsample"] = upsample_name(settings.style.upsample);
   j["normalize"] = normalize_name(settings.normalize);
+  if (settings.normalize == Normalize::Robust) j["robust_percentile"] = kRobustPercentile;
+  // The value drawn at the top of the colour map, heads then mean (Log: the top of its decades).
+  j["colour_scale_top"] = map_scales(a.maps, settings.normalize);
+  if (a.threshold > 0.0f) {
+    json kept = json::array();
+    for (const ThresholdResult& t : a.kept)
+      kept.push_back({{"kept_patches", t.kept_patches}, {"total_patches", t.total_patches},
+                      {"kept_mass", t.kept_mass}, {"no_structure", t.no_structure}});
+    j["threshold"] = {{"mass", std::round(static_cast<double>(a.threshold) * 1e6) / 1e6}, {"heads_then_mean", kept}};
+  } else {
+    j["threshold"] = nullptr;
+  }
+  // Head-role lifts of the exported layer (head_roles.hpp, README "Head roles").
+  HeadRoleOptions role_options;
+  role_options.layer = a.request.layer;
+  const HeadRoleScores roles = head_role_scores(model, a.image.grid, a.forward, role_options);
+  j["head_roles"] = {{"top_fraction", roles.top_fraction}, {"queries", roles.queries}};
   json heads = json::array();
   for (size_t h = 0; h < a.maps.heads.size(); ++h) {
     const MatRM& m = a.maps.heads[h];
@@ -229,6 +407,10 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
     head["class_token_weight"] = a.forward.prefix ? json(a.maps.cls_weight[h]) : json(nullptr);
     const auto layer = static_cast<size_t>(a.request.layer);
     if (layer < cfg.head_descriptions.size()) head["description"] = cfg.head_descriptions[layer][h];
+    json lifts;
+    for (int role = 0; role < kHeadRoles; ++role)
+      lifts[head_role_name(role)] = std::round(roles.lift[layer][h][static_cast<size_t>(role)] * 1e6) / 1e6;
+    head["head_roles"] = lifts;
     heads.push_back(head);
   }
   j["heads"] = heads;
@@ -240,40 +422,42 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
 std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
   require_writable_dir(settings.out_dir);
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string base =
-      settings.out_dir + "/" + (settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem);
+  const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
   const ExportImages images = render_export_images(model, analysis, settings.style, settings.normalize);
   const double render_ms = ms_since(t0);
+  // The files appear together or not at all (files.hpp: OutputSet), the JSON last.
+  OutputSet set(settings.out_dir);
   std::vector<std::string> written;
-  for (size_t h = 0; h < images.heads.size(); ++h) {
-    written.push_back(base + "_head" + std::to_string(h) + ".png");
-    write_png_atomic(written.back(), images.heads[h]);
-  }
-  written.push_back(base + "_mean.png");
-  write_png_atomic(written.back(), images.mean);
-  written.push_back(base + "_montage.png");
-  write_png_atomic(written.back(), images.montage);
+  auto add_png = [&](const std::string& name, const cv::Mat& rgb8) {
+    set.add_png(name, rgb8);
+    written.push_back(set.final_path(name));
+  };
+  for (size_t h = 0; h < images.heads.size(); ++h) add_png(stem + "_head" + std::to_string(h) + ".png", images.heads[h]);
+  add_png(stem + "_mean.png", images.mean);
+  add_png(stem + "_montage.png", images.montage);
   if (settings.raw) {
-    // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it.
+    // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it;
+    // streamed: the header, then each (layer, head) block straight from the forward's buffers.
     const auto& f = analysis.forward;
     const size_t n = static_cast<size_t>(f.tokens), heads = static_cast<size_t>(model.config.num_heads);
     for (const LayerState& layer : f.layers)
       if (layer.probs.size() != heads)
         throw Error(analysis.image_path + ": raw export needs the full weights; analyse with settings.raw set");
-    std::string npy = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);  // header only
-    npy.reserve(npy.size() + f.layers.size() * heads * n * n * sizeof(float));
-    for (const LayerState& layer : f.layers)
-      for (const MatRM& probs : layer.probs)
-        npy.append(reinterpret_cast<const char*>(probs.data()), static_cast<size_t>(probs.size()) * sizeof(float));
-    written.push_back(base + "_attn.npy");
-    write_file_atomic(written.back(), npy);
+    const std::string header = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);
+    set.add_stream(stem + "_attn.npy", [&](FileSink& sink) {
+      sink.write(header.data(), header.size());
+      for (const LayerState& layer : f.layers)
+        for (const MatRM& probs : layer.probs) sink.write(probs.data(), static_cast<size_t>(probs.size()) * sizeof(float));
+    });
+    written.push_back(set.final_path(stem + "_attn.npy"));
   }
   nlohmann::json sidecar = export_sidecar(model, analysis, settings);
   sidecar["timings_ms"]["render"] = render_ms;
   sidecar["files"] = written;
-  written.push_back(base + ".json");
+  sidecar["set"] = set.id();
+  written.push_back(set.final_path(stem + ".json"));
   // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
-  write_file_atomic(written.back(), sidecar.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
+  set.commit(stem + ".json", sidecar.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
   return written;
 }
 

@@ -12,9 +12,11 @@
 #if defined(__x86_64__)
 // GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own _mm512_undefined_*
 // placeholders when inlined (a known false positive, gone in GCC 13); nothing of ours is
-// uninitialised.
+// uninitialised. Clang has no -Wmaybe-uninitialized (it would warn about the pragma itself).
+#if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 #include <immintrin.h>
 
 #include <algorithm>

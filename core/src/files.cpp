@@ -1,14 +1,35 @@
-// Whole-or-nothing output files: temporary in the same folder, flushed, renamed over the target.
+// Whole-or-nothing output files and file sets; temporaries removed on SIGINT / SIGTERM and, when
+// a process was killed, by the next run into the same folder. The protocol is in files.hpp.
+//
+// Index
+//   [SECTION] Signal cleanup registry (async-signal-safe)
+//   [SECTION] Failure injection
+//   [SECTION] Writing one file through a descriptor
+//   [SECTION] Folder lock, commit and tidy
+//   [SECTION] Public functions
 #include "vitlens/files.hpp"
 
+#include <atomic>
+#include <cctype>
 #include <cerrno>
+#include <chrono>
+#include <climits>
+#include <csignal>
 #include <cstring>
+#include <ctime>
+#include <mutex>
+#include <set>
 #include <sstream>
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
@@ -18,6 +39,11 @@ namespace vitlens {
 
 namespace {
 
+const char kTempPrefix[] = ".vitlens-tmp-";  // + <pid>-XXXXXX
+const char kSetPrefix[] = ".vitlens-set-";   // + <set id>
+const char kRecordFile[] = ".record";        // inside a commit folder: the record, moved last
+const char kNameFile[] = ".name";            // inside a commit folder: the record's final name
+
 std::string parent_dir(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
@@ -25,12 +51,388 @@ std::string parent_dir(const std::string& path) {
   return path.substr(0, slash);
 }
 
-std::string file_name(const std::string& path) {
+std::string base_name(const std::string& path) {
   const auto slash = path.find_last_of('/');
   return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
+std::string errno_text(int err) { return std::strerror(err); }
+
+// =============================================================================================
+// [SECTION] Signal cleanup registry (async-signal-safe)
+// =============================================================================================
+// A fixed table of paths (no allocation in the handler). A slot is claimed with a compare-and-
+// swap, filled, then published; the handler only reads published slots. A path is a temporary
+// file or a private folder; folders are emptied with getdents64 + unlinkat, which are plain
+// system calls (opendir/readdir allocate and are not async-signal-safe).
+constexpr int kSlots = 64;
+struct Slot {
+  std::atomic<int> state{0};  // 0 free, 1 being filled, 2 published
+  char path[PATH_MAX];
+};
+Slot g_slots[kSlots];
+std::atomic<int> g_commits{0};  // commits in progress: a handler waits for them to finish
+static_assert(std::atomic<int>::is_always_lock_free, "the signal handler reads these atomics");
+
+int register_temp(const std::string& path) {
+  if (path.size() >= PATH_MAX) return -1;
+  for (int i = 0; i < kSlots; ++i) {
+    int expected = 0;
+    if (g_slots[i].state.compare_exchange_strong(expected, 1)) {
+      std::memcpy(g_slots[i].path, path.c_str(), path.size() + 1);
+      g_slots[i].state.store(2);
+      return i;
+    }
+  }
+  return -1;  // table full: a leftover is still removed by the next run's tidy
+}
+
+void unregister_temp(int slot) {
+  if (slot >= 0) g_slots[slot].state.store(0);
+}
+
+void remove_tree_signal_safe(const char* path) {
+  if (::unlink(path) == 0 || errno == ENOENT) return;
+  const int fd = ::open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    // Our private folders hold plain files only. Deleting while listing may hide entries from the
+    // listing, so the folder is listed again from the start until nothing is left.
+    for (int pass = 0; pass < 8; ++pass) {
+      ::lseek(fd, 0, SEEK_SET);
+      bool removed = false;
+      alignas(8) char buf[4096];
+      long n;
+      while ((n = ::syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+        for (long off = 0; off < n;) {
+          // struct linux_dirent64: u64 d_ino, s64 d_off, u16 d_reclen, u8 d_type, char d_name[]
+          unsigned short reclen = 0;
+          std::memcpy(&reclen, buf + off + 16, sizeof reclen);
+          const char* name = buf + off + 19;
+          const bool dots = name[0] == '.' && (name[1] == '\0' || (name[1] == '.' && name[2] == '\0'));
+          if (!dots && ::unlinkat(fd, name, 0) == 0) removed = true;
+          off += reclen;
+        }
+      }
+      if (!removed) break;
+    }
+    ::close(fd);
+  }
+  ::rmdir(path);
+}
+
+extern "C" void cleanup_on_signal(int sig) {
+  const int saved_errno = errno;
+  // A commit blocks these signals on its own thread; delivered on another thread, wait for it so
+  // a set is never left half moved into place (a commit is a few renames).
+  while (g_commits.load() > 0) {
+    const timespec pause{0, 1000000};
+    ::nanosleep(&pause, nullptr);
+  }
+  for (Slot& slot : g_slots)
+    if (slot.state.load() == 2) remove_tree_signal_safe(slot.path);
+  // Terminate as the signal would have: default action, raised again (delivered on return, as
+  // the signal is blocked while its handler runs).
+  struct sigaction dfl {};
+  dfl.sa_handler = SIG_DFL;
+  sigemptyset(&dfl.sa_mask);
+  ::sigaction(sig, &dfl, nullptr);
+  ::raise(sig);
+  errno = saved_errno;
+}
+
+const int kCleanupSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// Blocks the cleanup signals on this thread and marks a commit in progress, for its lifetime.
+class CommitGuard {
+ public:
+  CommitGuard() {
+    sigset_t block;
+    sigemptyset(&block);
+    for (int sig : kCleanupSignals) sigaddset(&block, sig);
+    ::pthread_sigmask(SIG_BLOCK, &block, &saved_);
+    g_commits.fetch_add(1);
+  }
+  ~CommitGuard() {
+    g_commits.fetch_sub(1);
+    ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+  }
+  CommitGuard(const CommitGuard&) = delete;
+  CommitGuard& operator=(const CommitGuard&) = delete;
+
+ private:
+  sigset_t saved_{};
+};
+
+// =============================================================================================
+// [SECTION] Failure injection
+// =============================================================================================
+std::atomic<long> g_fail_countdown{0};
+
+// True for the operation the test asked to fail (counting down from fail_file_operation's n).
+bool injected_failure() {
+  long v = g_fail_countdown.load();
+  while (v > 0)
+    if (g_fail_countdown.compare_exchange_weak(v, v - 1)) return v == 1;
+  return false;
+}
+
+int rename_at(int from_dir, const char* from, int to_dir, const char* to) {
+  if (injected_failure()) {
+    errno = ENOSPC;
+    return -1;
+  }
+  return ::renameat(from_dir, from, to_dir, to);
+}
+
+// =============================================================================================
+// [SECTION] Writing one file through a descriptor
+// =============================================================================================
+class FdSink : public FileSink {
+ public:
+  FdSink(int fd, std::string what) : fd_(fd), what_(std::move(what)) {}
+  void write(const void* data, size_t size) override {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = ::write(fd_, p, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        throw Error(what_ + ": write failed (" + errno_text(errno) + ")");
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+  }
+
+ private:
+  int fd_;
+  std::string what_;
+};
+
+// Fills the open file `fd`, flushes it to disk and closes it (always, also on failure). `what`
+// names the final path in errors.
+void fill_and_close(int fd, const std::string& what, const std::function<void(FileSink&)>& fill) {
+  auto fail = [&](const char* step) {
+    const int err = errno;
+    ::close(fd);
+    throw Error(what + ": " + step + " failed (" + errno_text(err) + ")");
+  };
+  try {
+    FdSink sink(fd, what);
+    fill(sink);
+  } catch (...) {
+    ::close(fd);
+    throw;
+  }
+  if (injected_failure()) {
+    errno = ENOSPC;
+    fail("write");
+  }
+  if (::fchmod(fd, 0644) != 0) fail("chmod");
+  if (::fsync(fd) != 0) fail("fsync");
+  if (::close(fd) != 0) {
+    const int err = errno;
+    throw Error(what + ": close failed (" + errno_text(err) + ")");
+  }
+}
+
+// =============================================================================================
+// [SECTION] Folder lock, commit and tidy
+// =============================================================================================
+// An exclusive flock on the output folder itself (no lock file in the user's folder): commits
+// and tidies into one folder take turns, across processes. Local file systems only (flock).
+class FolderLock {
+ public:
+  explicit FolderLock(const std::string& dir) {
+    fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd_ < 0) throw Error(dir + ": cannot open the output folder (" + errno_text(errno) + ")");
+    while (::flock(fd_, LOCK_EX) != 0) {
+      if (errno == EINTR) continue;
+      const int err = errno;
+      ::close(fd_);
+      throw Error(dir + ": cannot lock the output folder (" + errno_text(err) + ")");
+    }
+  }
+  ~FolderLock() { ::close(fd_); }  // closing releases the lock
+  FolderLock(const FolderLock&) = delete;
+  FolderLock& operator=(const FolderLock&) = delete;
+  int fd() const { return fd_; }
+
+ private:
+  int fd_ = -1;
+};
+
+std::vector<std::string> list_names(int dir_fd) {
+  std::vector<std::string> names;
+  const int fd = ::openat(dir_fd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return names;
+  DIR* d = ::fdopendir(fd);
+  if (!d) {
+    ::close(fd);
+    return names;
+  }
+  while (const dirent* e = ::readdir(d)) {
+    const std::string name = e->d_name;
+    if (name != "." && name != "..") names.push_back(name);
+  }
+  ::closedir(d);
+  return names;
+}
+
+bool read_at(int dir_fd, const std::string& name, std::string& out) {
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  out.clear();
+  char buf[65536];
+  ssize_t n;
+  while ((n = ::read(fd, buf, sizeof buf)) != 0) {
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      ::close(fd);
+      return false;
+    }
+    out.append(buf, static_cast<size_t>(n));
+  }
+  ::close(fd);
+  return true;
+}
+
+// The file names a record's "files" array lists (empty when it is missing or not JSON).
+std::set<std::string> listed_names(const std::string& record) {
+  std::set<std::string> names;
+  const nlohmann::json j = nlohmann::json::parse(record, nullptr, false);
+  if (j.is_object() && j.contains("files") && j["files"].is_array())
+    for (const auto& f : j["files"])
+      if (f.is_string()) names.insert(base_name(f.get<std::string>()));
+  return names;
+}
+
+void remove_tree_at(int dir_fd, const std::string& name) {
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd >= 0) {
+    for (const std::string& entry : list_names(fd)) ::unlinkat(fd, entry.c_str(), 0);
+    ::close(fd);
+    ::unlinkat(dir_fd, name.c_str(), AT_REMOVEDIR);
+  } else {
+    ::unlinkat(dir_fd, name.c_str(), 0);
+  }
+}
+
+// Moves a complete set from the commit folder `commit_name` into the folder, the record last.
+// Idempotent: after an interruption at any step, running it again finishes the same set.
+// Called with the folder locked.
+void finish_commit(int dir_fd, const std::string& dir, const std::string& commit_name) {
+  const int set_fd = ::openat(dir_fd, commit_name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (set_fd < 0) throw Error(dir + "/" + commit_name + ": cannot open (" + errno_text(errno) + ")");
+  auto fail = [&](const std::string& what, int err) {
+    ::close(set_fd);
+    throw Error(dir + ": moving an export's files into place failed at " + what + " (" + errno_text(err) +
+                "); the next export into this folder completes it");
+  };
+  std::string record_name;
+  if (!read_at(set_fd, kNameFile, record_name)) {
+    // Killed after its last step but before removing its folder: nothing is left to move.
+    if (list_names(set_fd).empty()) {
+      ::close(set_fd);
+      ::unlinkat(dir_fd, commit_name.c_str(), AT_REMOVEDIR);
+      return;
+    }
+    fail(commit_name + "/" + kNameFile, ENOENT);
+  }
+  if (record_name.empty() || record_name.find('/') != std::string::npos) fail(commit_name + "/" + kNameFile, EINVAL);
+  for (const std::string& name : list_names(set_fd)) {
+    if (name == kRecordFile || name == kNameFile) continue;
+    if (rename_at(set_fd, name.c_str(), dir_fd, name.c_str()) != 0) fail(name, errno);
+  }
+  std::string record;
+  if (read_at(set_fd, kRecordFile, record)) {
+    // Files of the previous set that this one does not have (fewer heads, no --raw) would be
+    // left beside the new record: remove them, but only names the old record listed under this
+    // stem, before the new record appears.
+    std::string old_record;
+    if (read_at(dir_fd, record_name, old_record)) {
+      const std::string stem = record_name.substr(0, record_name.find_last_of('.'));
+      const std::set<std::string> keep = listed_names(record);
+      for (const std::string& old : listed_names(old_record))
+        if (!keep.count(old) && old != record_name && old.compare(0, stem.size() + 1, stem + "_") == 0)
+          ::unlinkat(dir_fd, old.c_str(), 0);
+    }
+    if (rename_at(set_fd, kRecordFile, dir_fd, record_name.c_str()) != 0) fail(record_name, errno);
+  }
+  ::unlinkat(set_fd, kNameFile, 0);
+  ::close(set_fd);
+  ::unlinkat(dir_fd, commit_name.c_str(), AT_REMOVEDIR);
+  ::fsync(dir_fd);
+}
+
+bool is_temp_name(const std::string& name, long& pid) {
+  const size_t prefix = sizeof kTempPrefix - 1;
+  if (name.compare(0, prefix, kTempPrefix) != 0) return false;
+  const size_t dash = name.find('-', prefix);
+  if (dash == std::string::npos || dash == prefix || dash - prefix > 10 || name.size() != dash + 7) return false;
+  for (size_t i = prefix; i < dash; ++i)
+    if (name[i] < '0' || name[i] > '9') return false;
+  for (size_t i = dash + 1; i < name.size(); ++i)
+    if (!std::isalnum(static_cast<unsigned char>(name[i]))) return false;
+  pid = std::stol(name.substr(prefix, dash - prefix));
+  return true;
+}
+
+bool is_set_name(const std::string& name) {
+  const size_t prefix = sizeof kSetPrefix - 1;
+  if (name.compare(0, prefix, kSetPrefix) != 0 || name.size() == prefix) return false;
+  for (size_t i = prefix; i < name.size(); ++i)
+    if (!std::isalnum(static_cast<unsigned char>(name[i])) && name[i] != '-') return false;
+  return true;
+}
+
+// With the folder locked: completes interrupted commits, removes stale temporaries.
+int tidy_locked(int dir_fd, const std::string& dir) {
+  int done = 0;
+  const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
+  for (const std::string& name : list_names(dir_fd)) {
+    long pid = 0;
+    if (is_set_name(name)) {
+      finish_commit(dir_fd, dir, name);
+      ++done;
+    } else if (is_temp_name(name, pid)) {
+      struct stat st {};
+      if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      const bool gone = pid <= 0 || pid > INT_MAX || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
+      const bool old = now - st.st_mtime > kStaleTempMinutes * 60;
+      if (gone || old) {
+        remove_tree_at(dir_fd, name);
+        ++done;
+      }
+    }
+  }
+  return done;
+}
+
+std::string temp_template(const std::string& dir) {
+  return dir + "/" + kTempPrefix + std::to_string(::getpid()) + "-XXXXXX";
+}
+
 }  // namespace
+
+// =============================================================================================
+// [SECTION] Public functions
+// =============================================================================================
+void install_cleanup_handlers() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (int sig : kCleanupSignals) {
+      struct sigaction old {};
+      if (::sigaction(sig, nullptr, &old) != 0 || old.sa_handler != SIG_DFL) continue;  // the host's choice
+      struct sigaction action {};
+      action.sa_handler = cleanup_on_signal;
+      sigemptyset(&action.sa_mask);
+      for (int other : kCleanupSignals) sigaddset(&action.sa_mask, other);
+      ::sigaction(sig, &action, nullptr);
+    }
+  });
+}
+
+void testing::fail_file_operation(long n) { g_fail_countdown.store(n); }
 
 void require_writable_dir(const std::string& dir) {
   struct stat st {};
@@ -40,50 +442,122 @@ void require_writable_dir(const std::string& dir) {
 }
 
 void write_file_atomic(const std::string& path, const std::string& bytes) {
+  install_cleanup_handlers();
   const std::string dir = parent_dir(path);
-  std::string tmpl = dir + "/." + file_name(path) + ".tmp-XXXXXX";
+  std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
-  const int fd = ::mkstemp(name.data());
-  if (fd < 0) throw Error(path + ": cannot create a file in " + dir + " (" + std::strerror(errno) + ")");
+  const int fd = ::mkostemp(name.data(), O_CLOEXEC);
+  if (fd < 0) throw Error(path + ": cannot create a file in " + dir + " (" + errno_text(errno) + ")");
   const std::string tmp(name.data());
-  auto fail = [&](const char* what) {
-    const int err = errno;
-    ::close(fd);
+  const int slot = register_temp(tmp);
+  try {
+    fill_and_close(fd, path, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+    if (rename_at(AT_FDCWD, tmp.c_str(), AT_FDCWD, path.c_str()) != 0)
+      throw Error(path + ": rename failed (" + errno_text(errno) + ")");
+  } catch (const Error& e) {
     ::unlink(tmp.c_str());
-    throw Error(path + ": " + what + " failed (" + std::strerror(err) + "); nothing was written");
-  };
-  size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      fail("write");
-    }
-    done += static_cast<size_t>(n);
+    unregister_temp(slot);
+    throw Error(std::string(e.what()) + "; nothing was written");
   }
-  if (::fchmod(fd, 0644) != 0) fail("chmod");
-  if (::fsync(fd) != 0) fail("fsync");
-  if (::close(fd) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path + ": close failed (" + std::strerror(err) + "); nothing was written");
-  }
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    ::unlink(tmp.c_str());
-    throw Error(path + ": rename failed (" + std::strerror(err) + "); nothing was written");
-  }
+  unregister_temp(slot);
 }
 
-void write_png_atomic(const std::string& path, const cv::Mat& rgb8) {
+std::vector<unsigned char> png_bytes(const cv::Mat& rgb8, const std::string& what) {
   cv::Mat to_encode;
   if (rgb8.type() == CV_8UC3) cv::cvtColor(rgb8, to_encode, cv::COLOR_RGB2BGR);
   else if (rgb8.type() == CV_8UC1) to_encode = rgb8;
-  else throw Error(path + ": internal: PNG export expects 8-bit RGB or gray");
+  else throw Error(what + ": internal: PNG export expects 8-bit RGB or gray");
   std::vector<unsigned char> buf;
-  if (!cv::imencode(".png", to_encode, buf)) throw Error(path + ": PNG encoding failed");
+  if (!cv::imencode(".png", to_encode, buf)) throw Error(what + ": PNG encoding failed");
+  return buf;
+}
+
+void write_png_atomic(const std::string& path, const cv::Mat& rgb8) {
+  const std::vector<unsigned char> buf = png_bytes(rgb8, path);
   write_file_atomic(path, std::string(buf.begin(), buf.end()));
+}
+
+OutputSet::OutputSet(const std::string& dir) : dir_(dir) {
+  install_cleanup_handlers();
+  tidy_output_dir(dir);
+  std::string tmpl = temp_template(dir);
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for the export (" + errno_text(errno) + ")");
+  const std::string path(name.data());
+  slot_ = register_temp(path);
+  open_ = true;
+  private_name_ = base_name(path);
+  // <pid>-<nanoseconds since the epoch, hex>-<the private folder's random part>
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count();
+  std::ostringstream id;
+  id << ::getpid() << '-' << std::hex << ns << '-' << private_name_.substr(private_name_.size() - 6);
+  id_ = id.str();
+}
+
+OutputSet::~OutputSet() {
+  if (!open_) return;
+  const std::string path = dir_ + "/" + private_name_;
+  for (const std::string& name : names_) ::unlink((path + "/" + name).c_str());
+  ::unlink((path + "/" + kRecordFile).c_str());
+  ::unlink((path + "/" + kNameFile).c_str());
+  ::rmdir(path.c_str());
+  unregister_temp(slot_);
+}
+
+void OutputSet::write_member(const std::string& name, const std::function<void(FileSink&)>& fill) {
+  if (!open_) throw Error(final_path(name) + ": internal: the export's files were already moved into place");
+  const std::string path = dir_ + "/" + private_name_ + "/" + name;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(final_path(name) + ": cannot create (" + errno_text(errno) + "); no file of this export was written");
+  names_.push_back(name);
+  try {
+    fill_and_close(fd, final_path(name), fill);
+  } catch (const Error& e) {
+    ::unlink(path.c_str());
+    throw Error(std::string(e.what()) + "; no file of this export was written");
+  }
+}
+
+void OutputSet::add(const std::string& name, const std::string& bytes) {
+  write_member(name, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+}
+
+void OutputSet::add_png(const std::string& name, const cv::Mat& rgb8) {
+  const std::vector<unsigned char> buf = png_bytes(rgb8, final_path(name));
+  write_member(name, [&](FileSink& sink) { sink.write(buf.data(), buf.size()); });
+}
+
+void OutputSet::add_stream(const std::string& name, const std::function<void(FileSink&)>& fill) {
+  write_member(name, fill);
+}
+
+void OutputSet::commit(const std::string& record_name, const std::string& record_bytes) {
+  write_member(kRecordFile, [&](FileSink& sink) { sink.write(record_bytes.data(), record_bytes.size()); });
+  write_member(kNameFile, [&](FileSink& sink) { sink.write(record_name.data(), record_name.size()); });
+  FolderLock lock(dir_);
+  const CommitGuard no_signals;
+  // Sets left by a killed commit go first, or one of them would later replace this newer set.
+  tidy_locked(lock.fd(), dir_);
+  const std::string commit_name = kSetPrefix + id_;
+  if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), commit_name.c_str()) != 0)
+    throw Error(final_path(record_name) + ": cannot move the export into place (" + errno_text(errno) +
+                "); no file of this export was written");
+  // The commit point: the set is complete and on its way into place; the handler must not
+  // remove it, and the destructor has nothing left to remove.
+  unregister_temp(slot_);
+  slot_ = -1;
+  open_ = false;
+  ::fsync(lock.fd());
+  finish_commit(lock.fd(), dir_, commit_name);
+}
+
+int tidy_output_dir(const std::string& dir) {
+  FolderLock lock(dir);
+  const CommitGuard no_signals;
+  return tidy_locked(lock.fd(), dir);
 }
 
 std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data) {
@@ -103,7 +577,7 @@ std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data) {
   header.append((64 - unpadded % 64) % 64, ' ');
   header.push_back('\n');
   std::string out;
-  out.reserve(10 + header.size() + count * 4);
+  out.reserve(10 + header.size() + (data ? count * 4 : 0));
   out.append("\x93NUMPY", 6);
   out.push_back('\x01');
   out.push_back('\x00');

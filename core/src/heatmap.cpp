@@ -2,7 +2,9 @@
 #include "vitlens/heatmap.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include <opencv2/imgproc.hpp>
 
@@ -34,12 +36,6 @@ cv::Mat to_rgb8(const cv::Mat& rgb01) {
   cv::Mat out;
   rgb01.convertTo(out, CV_8UC3, 255.0);
   return out;
-}
-
-std::string format_value(float v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.4g", static_cast<double>(v));
-  return buf;
 }
 
 }  // namespace
@@ -88,46 +84,192 @@ cv::Mat heatmap_overlay(const cv::Mat& rgb01, const MatRM& map, int patch_size, 
   return out;
 }
 
-cv::Mat montage(const std::vector<cv::Mat>& tiles, const std::vector<std::string>& labels, int columns) {
-  if (tiles.empty()) throw Error("montage: no tiles");
-  const int tw = tiles[0].cols, th = tiles[0].rows;
-  const int strip = 22;  // label strip height in pixels
-  const int gap = 4;
-  columns = std::max(1, std::min(columns, static_cast<int>(tiles.size())));
-  const int rows = (static_cast<int>(tiles.size()) + columns - 1) / columns;
-  cv::Mat out(rows * (th + strip + gap) + gap, columns * (tw + gap) + gap, CV_8UC3, cv::Scalar(24, 24, 24));
-  const double font_scale = std::clamp(tw / 260.0, 0.35, 0.6);
-  for (size_t i = 0; i < tiles.size(); ++i) {
-    const int r = static_cast<int>(i) / columns, c = static_cast<int>(i) % columns;
-    const int x = gap + c * (tw + gap), y = gap + r * (th + strip + gap);
-    if (i < labels.size()) {
-      // Shrink a long label until it fits its tile.
-      double scale = font_scale;
-      int base = 0;
-      while (scale > 0.25 && cv::getTextSize(labels[i], cv::FONT_HERSHEY_SIMPLEX, scale, 1, &base).width > tw - 4)
-        scale -= 0.05;
-      cv::putText(out, labels[i], cv::Point(x + 2, y + strip - 7), cv::FONT_HERSHEY_SIMPLEX, scale,
-                  cv::Scalar(235, 235, 235), 1, cv::LINE_AA);
-    }
-    tiles[i].copyTo(out(cv::Rect(x, y + strip, tw, th)));
-  }
-  return out;
+// [SECTION] Montage layout
+
+namespace {
+
+constexpr int kFont = cv::FONT_HERSHEY_SIMPLEX;
+constexpr int kGap = 4;     // pixels between tiles and around the canvas
+constexpr int kLeading = 4; // pixels between text lines
+
+// One font size for the whole montage: grows with the tiles, never below a legible 0.4 (about
+// 9 px capitals).
+double montage_font_scale(int column_w) { return std::clamp(column_w / 400.0, 0.4, 0.6); }
+
+}  // namespace
+
+namespace {
+
+// Hershey glyphs reach above the capital height getTextSize reports (brackets, accents: about a
+// quarter more, measured over printable ASCII at 0.4 to 0.6) and down to its baseline value.
+int text_ascent(int cap_height) { return cap_height + cap_height / 4 + 1; }
+
+}  // namespace
+
+cv::Size text_extent(const std::string& text, double scale) {
+  int baseline = 0;
+  const cv::Size s = cv::getTextSize(text, kFont, scale, 1, &baseline);
+  return {s.width, text_ascent(s.height) + baseline + 1};
 }
 
-cv::Mat colorbar(const std::string& colormap, int width, float low, float high) {
-  width = std::max(width, 64);
-  cv::Mat ramp(1, width, CV_32F);
-  for (int x = 0; x < width; ++x) ramp.at<float>(0, x) = static_cast<float>(x) / static_cast<float>(width - 1);
-  cv::Mat bar;
-  cv::resize(apply_colormap(ramp, colormap), bar, cv::Size(width, 14), 0, 0, cv::INTER_NEAREST);
-  cv::Mat out(34, width, CV_8UC3, cv::Scalar(24, 24, 24));
-  bar.copyTo(out(cv::Rect(0, 0, width, 14)));
-  const std::string lo = format_value(low), hi = format_value(high);
-  int base = 0;
-  const cv::Size hs = cv::getTextSize(hi, cv::FONT_HERSHEY_SIMPLEX, 0.4, 1, &base);
-  cv::putText(out, lo, cv::Point(1, 29), cv::FONT_HERSHEY_SIMPLEX, 0.4, cv::Scalar(235, 235, 235), 1, cv::LINE_AA);
-  cv::putText(out, hi, cv::Point(width - hs.width - 1, 29), cv::FONT_HERSHEY_SIMPLEX, 0.4, cv::Scalar(235, 235, 235), 1,
-              cv::LINE_AA);
+std::vector<std::string> wrap_text(const std::string& text, double scale, int max_width) {
+  std::vector<std::string> lines;
+  auto fits = [&](const std::string& t) { return text_extent(t, scale).width <= max_width; };
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t newline = text.find('\n', start);
+    const std::string paragraph = text.substr(start, newline == std::string::npos ? std::string::npos : newline - start);
+    std::string line;
+    size_t i = 0;
+    while (i < paragraph.size()) {
+      // The next word and the spaces before it.
+      size_t word_start = paragraph.find_first_not_of(' ', i);
+      if (word_start == std::string::npos) break;
+      size_t word_end = paragraph.find(' ', word_start);
+      if (word_end == std::string::npos) word_end = paragraph.size();
+      const std::string word = paragraph.substr(word_start, word_end - word_start);
+      const std::string joined = line.empty() ? word : line + " " + word;
+      if (fits(joined)) {
+        line = joined;
+      } else if (!line.empty() && fits(word)) {
+        lines.push_back(line);
+        line = word;
+      } else {
+        // The word alone is too wide: cut it where it stops fitting (at least one character a line).
+        if (!line.empty()) lines.push_back(line);
+        line.clear();
+        for (char c : word) {
+          if (!line.empty() && !fits(line + c)) {
+            lines.push_back(line);
+            line.clear();
+          }
+          line += c;
+        }
+      }
+      i = word_end;
+    }
+    lines.push_back(line);
+    if (newline == std::string::npos) break;
+    start = newline + 1;
+  }
+  return lines;
+}
+
+MontageLayout layout_montage(cv::Size tile_size, const std::vector<std::string>& labels, int tile_count, int columns,
+                             const ColourBarSpec* bar, const std::vector<std::string>& caption) {
+  if (tile_count < 1 || tile_size.width < 1 || tile_size.height < 1) throw Error("montage: no tiles");
+  MontageLayout layout;
+  const int long_side = std::max(tile_size.width, tile_size.height);
+  layout.zoom = long_side >= kMinMontageTile ? 1 : (kMinMontageTile + long_side - 1) / long_side;
+  const cv::Size cell(tile_size.width * layout.zoom, tile_size.height * layout.zoom);
+  // A tall thin tile still gets a column wide enough for its label.
+  const int column_w = std::max(cell.width, kMinMontageTile);
+  const double scale = montage_font_scale(column_w);
+  const int line_h = text_extent("Ag", scale).height + kLeading;
+  columns = std::max(1, std::min(columns, tile_count));
+  const int rows = (tile_count + columns - 1) / columns;
+  layout.canvas.width = columns * (column_w + kGap) + kGap;
+
+  auto add_line = [&](const std::string& text, int x, int top) {
+    TextItem item;
+    item.text = text;
+    item.scale = scale;
+    int baseline = 0;
+    const cv::Size s = cv::getTextSize(text, kFont, scale, 1, &baseline);
+    item.origin = cv::Point(x, top + text_ascent(s.height));
+    // One pixel either side: anti-aliased strokes reach just past the measured glyph box.
+    const cv::Size extent = text_extent(text, scale);
+    item.box = cv::Rect(x - 1, top, extent.width + 2, extent.height);
+    layout.texts.push_back(item);
+  };
+
+  int y = kGap;
+  for (int r = 0; r < rows; ++r) {
+    // The label strip is as tall as the row's longest wrapped label.
+    std::vector<std::vector<std::string>> wrapped;
+    size_t strip_lines = 1;
+    for (int c = 0; c < columns; ++c) {
+      const size_t i = static_cast<size_t>(r * columns + c);
+      wrapped.push_back(i < labels.size() && static_cast<int>(i) < tile_count ? wrap_text(labels[i], scale, column_w)
+                                                                              : std::vector<std::string>{});
+      strip_lines = std::max(strip_lines, wrapped.back().size());
+    }
+    for (int c = 0; c < columns && r * columns + c < tile_count; ++c) {
+      const int x = kGap + c * (column_w + kGap);
+      for (size_t k = 0; k < wrapped[static_cast<size_t>(c)].size(); ++k)
+        add_line(wrapped[static_cast<size_t>(c)][k], x, y + static_cast<int>(k) * line_h);
+      const int strip_h = static_cast<int>(strip_lines) * line_h;
+      layout.tiles.emplace_back(x + (column_w - cell.width) / 2, y + strip_h, cell.width, cell.height);
+    }
+    y += static_cast<int>(strip_lines) * line_h + cell.height + kGap;
+  }
+
+  const int text_w = layout.canvas.width - 2 * kGap;
+  if (bar && !bar->ticks.empty()) {
+    y += kGap;
+    for (const std::string& line : wrap_text(bar->title, scale, text_w)) {
+      add_line(line, kGap, y);
+      y += line_h;
+    }
+    const int bar_h = std::max(8, line_h);
+    layout.colour_bar = cv::Rect(kGap, y, text_w, bar_h);
+    y += bar_h + 2;
+    // Tick labels centred under their position, kept on the canvas; the two ends always show,
+    // an inner one only where it does not run into its neighbours.
+    std::vector<TextItem> ticks;
+    int left_end = std::numeric_limits<int>::min();
+    const size_t n = bar->ticks.size();
+    int right_start = std::numeric_limits<int>::max();
+    if (n > 1) {
+      const int w = text_extent(bar->ticks.back().second, scale).width;
+      right_start = std::clamp(kGap + static_cast<int>(std::lround(bar->ticks.back().first * (text_w - 1))) - w / 2,
+                               kGap, kGap + text_w - w);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      // A label wider than the bar is wrapped like any text.
+      const std::string label = wrap_text(bar->ticks[i].second, scale, text_w).front();
+      const int w = text_extent(label, scale).width;
+      const int centre = kGap + static_cast<int>(std::lround(std::clamp(bar->ticks[i].first, 0.0f, 1.0f) * (text_w - 1)));
+      const int x = std::clamp(centre - w / 2, kGap, kGap + text_w - w);
+      const bool last = i + 1 == n;
+      if (i > 0 && x < left_end + 6) continue;
+      if (!last && x + w > right_start - 6) continue;
+      add_line(label, x, y);
+      left_end = x + w;
+    }
+    y += line_h;
+  }
+  if (!caption.empty()) y += kGap;
+  for (const std::string& paragraph : caption)
+    for (const std::string& line : wrap_text(paragraph, scale, text_w)) {
+      add_line(line, kGap, y);
+      y += line_h;
+    }
+  layout.canvas.height = y + kGap;
+  return layout;
+}
+
+cv::Mat montage(const std::vector<cv::Mat>& tiles, const std::vector<std::string>& labels, int columns,
+                const ColourBarSpec* bar, const std::vector<std::string>& caption) {
+  if (tiles.empty()) throw Error("montage: no tiles");
+  const MontageLayout layout =
+      layout_montage(tiles[0].size(), labels, static_cast<int>(tiles.size()), columns, bar, caption);
+  cv::Mat out(layout.canvas, CV_8UC3, cv::Scalar(24, 24, 24));
+  for (size_t i = 0; i < tiles.size(); ++i) {
+    if (tiles[i].size() != tiles[0].size() || tiles[i].type() != CV_8UC3) throw Error("montage: tiles differ in size");
+    cv::Mat zoomed;
+    cv::resize(tiles[i], zoomed, layout.tiles[i].size(), 0, 0, cv::INTER_NEAREST);
+    zoomed.copyTo(out(layout.tiles[i]));
+  }
+  if (bar && !layout.colour_bar.empty()) {
+    cv::Mat ramp(1, layout.colour_bar.width, CV_32F);
+    for (int x = 0; x < ramp.cols; ++x) ramp.at<float>(0, x) = static_cast<float>(x) / static_cast<float>(std::max(1, ramp.cols - 1));
+    cv::Mat strip;
+    cv::resize(apply_colormap(ramp, bar->colormap), strip, layout.colour_bar.size(), 0, 0, cv::INTER_NEAREST);
+    strip.copyTo(out(layout.colour_bar));
+  }
+  for (const TextItem& t : layout.texts)
+    cv::putText(out, t.text, t.origin, kFont, t.scale, cv::Scalar(235, 235, 235), 1, cv::LINE_AA);
   return out;
 }
 

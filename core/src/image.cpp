@@ -2,16 +2,17 @@
 #include "vitlens/image.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
-#include <fstream>
-#include <iterator>
 #include <mutex>
 
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
 #include "vitlens/error.hpp"
+#include "vitlens/image_probe.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -55,9 +56,18 @@ class QuietStderr {
   int saved_ = -1;
 };
 
+// What Debian 12's OpenCV decodes, named when a file is refused (GIF, SVG, HEIC ... are not).
+
+std::string undecodable(const std::string& what, const unsigned char* bytes, size_t size) {
+  // Formats users often try get named: OpenCV 4.6 has no GIF reader at all.
+  if (bytes && size >= 6 && std::equal(bytes, bytes + 4, "GIF8"))
+    return what + ": GIF images cannot be read; vitlens reads " + std::string(kImageFormatsRead) + " (convert it, e.g. to PNG)";
+  return what + ": not an image vitlens reads (" + std::string(kImageFormatsRead) + ")";
+}
+
 // Any decoded cv::Mat (1..4 channels, 8/16-bit or float) -> CV_32FC3 RGB in [0, 1].
 cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
-  if (decoded.empty()) throw Error(what + ": not an image OpenCV can decode");
+  if (decoded.empty()) throw Error(undecodable(what, nullptr, 0));
   if (decoded.dims != 2 || decoded.rows < 1 || decoded.cols < 1) throw Error(what + ": image has no pixels");
   // A small compressed file can hold a huge image; its float copy takes 12 bytes a pixel.
   const double pixels = static_cast<double>(decoded.rows) * decoded.cols;
@@ -95,37 +105,98 @@ cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
   return rgb;
 }
 
+std::string megapixels(double pixels) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.0f", pixels / 1e6);
+  return buf;
+}
+
+// Whole MiB, or bytes below one.
+std::string mebibytes(uint64_t bytes) {
+  return bytes < (1u << 20) ? std::to_string(bytes) + " bytes" : std::to_string(bytes >> 20) + " MiB";
+}
+
 }  // namespace
 
-cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::string& what) {
-  if (bytes.empty()) throw Error(what + ": file is empty");
+cv::Mat decode_image_rgb(const unsigned char* bytes, size_t size, const std::string& what) {
+  if (size == 0) throw Error(what + ": file is empty");
+  if (size > kMaxImageFileBytes)
+    throw Error(what + ": " + mebibytes(size) + " is more than vitlens reads as an image (" +
+                mebibytes(kMaxImageFileBytes) + ")");
+  // The header first: the declared size is refused before the decoder allocates anything, and a
+  // damaged file is named as such instead of decoding into a partly grey picture.
+  const ImageProbe probe = probe_image(bytes, size);
+  if (probe.format.empty())
+    throw Error(undecodable(what, bytes, size));
+  if (probe.width == 0 || probe.height == 0)
+    throw Error(what + ": " + probe.format + " image declares no pixels (" + std::to_string(probe.width) + "x" +
+                std::to_string(probe.height) + ")");
+  const double pixels = static_cast<double>(probe.width) * static_cast<double>(probe.height);
+  if (probe.width > 0 && probe.height > 0 && pixels > kMaxImagePixels)
+    throw Error(what + ": " + probe.format + " image declares " + std::to_string(probe.width) + "x" +
+                std::to_string(probe.height) + " pixels (" + megapixels(pixels) +
+                " megapixels), more than vitlens reads (" + megapixels(kMaxImagePixels) + " megapixels); shrink it first");
+  if (!probe.damage.empty()) throw Error(what + ": damaged " + probe.format + " file: " + probe.damage);
+  if (probe.width < 0 || probe.height < 0)
+    throw Error(what + ": " + probe.format + " header does not give the image size; vitlens reads only images whose "
+                "size it can check before decoding");
   cv::Mat decoded;
   try {
     QuietStderr quiet;
-    decoded = cv::imdecode(bytes, cv::IMREAD_UNCHANGED | cv::IMREAD_ANYDEPTH);
+    // A header over the caller's bytes: OpenCV reads them in place, no copy.
+    const cv::Mat buffer(1, static_cast<int>(size), CV_8U, const_cast<unsigned char*>(bytes));
+    decoded = cv::imdecode(buffer, cv::IMREAD_UNCHANGED | cv::IMREAD_ANYDEPTH);
   } catch (const cv::Exception&) {
-    throw Error(what + ": not an image OpenCV can decode");
+    throw Error(what + ": damaged or unsupported " + probe.format + " file (OpenCV cannot decode it)");
   }
+  if (decoded.empty()) throw Error(what + ": damaged or unsupported " + probe.format + " file (OpenCV cannot decode it)");
   return to_rgb01(decoded, what);
 }
 
-std::string read_whole_file(const std::string& path, const std::string& kind) {
+std::string read_whole_file(const std::string& path, const std::string& kind, uint64_t max_bytes) {
+  {  // before opening: opening a pipe would wait for a writer
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open " + kind + " (no such file)");
+    if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not " + kind);
+    if (!S_ISREG(st.st_mode)) throw Error(path + ": is not a regular file (a device or pipe?), not " + kind);
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(path + ": cannot open " + kind + " (" + std::strerror(errno) + ")");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open " + kind + " (no such file)");
+  if (::fstat(fd, &st) != 0) throw Error(path + ": cannot read " + kind + " (" + std::strerror(errno) + ")");
   if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not " + kind);
   if (!S_ISREG(st.st_mode)) throw Error(path + ": is not a regular file (a device or pipe?), not " + kind);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw Error(path + ": cannot open " + kind + " (not readable)");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes)
+    throw Error(path + ": " + mebibytes(size) + " is larger than any " + kind.substr(kind.find(' ') + 1) +
+                " vitlens can use (at most " + mebibytes(max_bytes) + "); nothing was read");
+  std::string bytes;
   try {
-    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  } catch (const std::exception&) {
-    throw Error(path + ": read error");
+    bytes.resize(static_cast<size_t>(size));
+  } catch (const std::bad_alloc&) {
+    throw Error(path + ": not enough memory to read " + kind + " of " + mebibytes(size));
   }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd, &bytes[done], bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path + ": read error (" + std::string(std::strerror(errno)) + ")");
+    }
+    if (n == 0) throw Error(path + ": the file shrank while it was read (" + std::to_string(done) + " of " +
+                            std::to_string(bytes.size()) + " bytes)");
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
 }
 
 cv::Mat load_image_rgb(const std::string& path) {
-  const std::string bytes = read_whole_file(path, "an image file");
-  return decode_image_rgb(std::vector<unsigned char>(bytes.begin(), bytes.end()), path);
+  const std::string bytes = read_whole_file(path, "an image file", kMaxImageFileBytes);
+  return decode_image_rgb(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), path);
 }
 
 int default_max_side(const VitConfig& config) { return std::max(config.img_h, config.img_w); }

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "vitlens/error.hpp"
 
@@ -78,6 +79,74 @@ double map_entropy(const MatRM& map) {
     if (p > 0.0) h -= p * std::log(p);
   }
   return h;
+}
+
+ThresholdResult keep_top_mass(const MatRM& map, float mass) {
+  if (!(mass > 0.0f && mass <= 1.0f)) throw Error("threshold mass must be in (0, 1], got " + std::to_string(mass));
+  ThresholdResult out;
+  out.total_patches = static_cast<int>(map.size());
+  out.kept_map = MatRM::Zero(map.rows(), map.cols());
+  if (map.size() == 0) {
+    out.no_structure = true;
+    return out;
+  }
+  double total = 0.0;
+  float lo = std::max(0.0f, map.data()[0]), hi = lo;
+  for (Eigen::Index i = 0; i < map.size(); ++i) {
+    const float v = std::max(0.0f, map.data()[i]);
+    total += v;
+    lo = std::min(lo, v);
+    hi = std::max(hi, v);
+  }
+  const float tolerance = kTieTolerance * hi;
+  if (total <= 0.0 || hi - lo <= tolerance) {
+    // Nothing stands out: keeping "the top 60 %" would only pick patches by their index.
+    out.no_structure = true;
+    // A flat map is shown whole; an all-zero map (every key masked) keeps nothing.
+    if (total > 0.0) {
+      out.kept_map = map;
+      out.kept_patches = out.total_patches;
+      out.kept_mass = 1.0;
+    }
+    return out;
+  }
+  // val, idx = torch.sort(attentions); val /= sum; cumval = cumsum(val); th = cumval > 1 - t
+  std::vector<Eigen::Index> order(static_cast<size_t>(map.size()));
+  std::iota(order.begin(), order.end(), Eigen::Index{0});
+  auto value = [&](Eigen::Index i) { return std::max(0.0f, map.data()[i]); };
+  std::stable_sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return value(a) < value(b); });
+  const double drop_below = 1.0 - static_cast<double>(mass);
+  double cumulative = 0.0, kept = 0.0;
+  // Groups of tied values [begin, end) in ascending order; a group starts at a value more than the
+  // tolerance above the group's first value.
+  for (size_t begin = 0; begin < order.size();) {
+    size_t end = begin + 1;
+    while (end < order.size() && value(order[end]) - value(order[begin]) <= tolerance) ++end;
+    double group = 0.0;
+    for (size_t k = begin; k < end; ++k) group += value(order[k]);
+    cumulative += group / total;
+    // DINO keeps a patch when the cumulative share up to it exceeds 1 - mass; a tie group is kept
+    // whole when its last member would be.
+    if (cumulative > drop_below) {
+      for (size_t k = begin; k < end; ++k) out.kept_map.data()[order[k]] = map.data()[order[k]];
+      out.kept_patches += static_cast<int>(end - begin);
+      kept += group;
+    }
+    begin = end;
+  }
+  out.kept_mass = kept / total;
+  return out;
+}
+
+std::vector<ThresholdResult> apply_threshold(HeadMaps& maps, float mass) {
+  std::vector<ThresholdResult> results;
+  for (MatRM& m : maps.heads) {
+    results.push_back(keep_top_mass(m, mass));
+    m = results.back().kept_map;
+  }
+  results.push_back(keep_top_mass(maps.mean, mass));
+  maps.mean = results.back().kept_map;
+  return results;
 }
 
 }  // namespace vitlens

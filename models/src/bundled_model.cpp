@@ -7,25 +7,25 @@
 //
 // How the designed model works (assets/README.md has the same with measured numbers).
 // timm's block computes, per token, x = patch_embed(normalised patch) + pos_embed and then
-//   q, k = W_q LN1(x), W_k LN1(x);   attention = softmax(q . k / sqrt(d))
-// so each head scores a pair of tokens with a bilinear form of their LayerNormed embeddings. The
-// embedding carries 24 features f, each stored twice as the pair (f, -f): feature c in dim c and
-// its negative in dim c + 24. Each head's W_q and W_k read only that head's own features, scaled,
-// so that
-//   score(i, j) = q_i . k_j / sqrt(d) = beta_h * f_h(i) . f_h(j)
-// is high exactly when the two patches share the head's feature:
-//   head 0  edges      f = 4 edge filters on luminance   -> same edge direction (incl. polarity)
-//   head 1  texture    f = 6 texture filters on luminance -> same texture tile
-//   head 2  colour     f = mean colour in the chroma plane -> similar hue
-//   head 3  position   f = 12 Fourier features of (row, col) -> spatial neighbours
-//
-// Why the pairs: LayerNorm subtracts the mean over the D = 48 dims and divides by their std. With
-// every feature stored as (f, -f) the mean is exactly 0 and the std is |f| / sqrt(24), with |f| the
-// norm of the 24 features. The 12 positional features have the same norm sqrt(6) * A at every
-// patch (cos^2 + sin^2 = 1), and A = 10 is large against the content features (|content| ~ 1), so
-// the std is A / 2 to within 0.2 % for every patch: LN1 is then a fixed scale, not a per-patch
-// renormalisation that would mix the heads. norm1.weight undoes that scale so that LN1(x) holds
-// the content features in their own units and the positional features as unit cos / sin.
+//   q, k = W_q LN1(x) + b_q, W_k LN1(x);   attention = softmax(q . k / sqrt(d))
+// so before attention the only non-linear step is LayerNorm, and the design uses it on purpose.
+// Each token carries 31 features f, embedded as x = E f with E (48, 31) orthonormal columns
+// orthogonal to (1, ..., 1): x has mean 0 over the dims and |x| = |f|, so LN1(x) = sqrt(D) E f / |f|
+// (weight 1, bias 0): every head sees its features divided by the token's whole norm |f|.
+//   f = [ b (constant) | 12 positional A cos/sin | K * 15 zero-mean luminance coefficients (2 ramps
+//         + 13 others, an orthonormal basis) | eps * mean R, G, B ]
+// |f|^2 = F^2 + K^2 |AC|^2 (+ a little colour), with F^2 = b^2 + 6 A^2 = 1 and |AC|^2 the patch's
+// luminance contrast energy, which does not depend on where a pattern sits in the patch. So
+// s = F / |f| is 1 on a flat patch and falls with contrast, and rho = K ramp / |f| is the patch's
+// luminance gradient normalised by its contrast: both survive lighting changes, noise and shifts,
+// unlike exact 4x4 filters. The heads' scores (W_q, W_k and b_q written from these formulas):
+//   head 0  edges      beta_e rho_i . rho_j                 -> gradient in the same direction
+//   head 1  texture    beta_t (s_i - s0) s_j                 -> textured to textured, smooth to smooth
+//   head 2  colour     beta_c (m_i . m_j) s_i s_j               -> similar mean colour m
+//   head 3  position   beta_p sum_w [cos(w dr) + cos(w dc)] s_i s_j -> spatial neighbours
+// A depth-1 head cannot do better with a bilinear score: a texture type (rather than amount) or an
+// orientation without polarity would need a product of a patch's pixels with themselves, which
+// only LayerNorm's 1 / |f| provides.
 #include "vitlens/bundled.hpp"
 
 #include <cmath>
@@ -92,100 +92,83 @@ constexpr int kPatch = 4;       // P
 constexpr int kDim = 48;        // D
 constexpr int kHeads = 4;       // H
 constexpr int kHeadDim = 12;    // d
-constexpr int kHalf = kDim / 2; // 24 features; feature c lives in dims c and c + 24 (negated)
 constexpr int kImage = 224;
 constexpr int kGrid = kImage / kPatch;  // 56 patches a side
 
-// Feature slots (dims of the positive half).
-constexpr int kEdgeFeatures = 0;       // 4: step edges at 0, 45, 90, 135 degrees
-constexpr int kTextureFeatures = 4;    // 6: texture tiles 0..5
-constexpr int kChromaFeatures = 10;    // 2: mean colour on kChromaRed, kChromaGreenBlue
-constexpr int kPositionFeatures = 12;  // 12: (cos, sin)(w row), (cos, sin)(w col) per w
+// The 31 features f of a token (see the top of the file), in this order:
+constexpr int kConstFeature = 0;      // 1: b, the same for every patch
+constexpr int kPositionFeatures = 1;  // 12: A (cos, sin)(w row), A (cos, sin)(w col) per w
+constexpr int kRampFeatures = 13;     // 2: K * luminance ramp coefficients (x, y)
+constexpr int kDetailFeatures = 15;   // 13: K * the other zero-mean luminance coefficients
+constexpr int kColourFeatures = 28;   // 3: eps * mean normalised R, G, B
+constexpr int kFeatures = 31;
 
-// Positional amplitude and frequencies. exp(beta3 * sum_w [cos(w dr) + cos(w dc)]) is a bump
-// around the query; three octaves make it narrow (within ~1 patch at beta3 = 8) with no second
-// peak on the grid: the lowest frequency has period 64 > 56 patches.
-constexpr double kPosAmplitude = 10.0;  // A
+// The floor F = |(b, A cos, A sin, ...)| = 1: b^2 + 6 A^2 = 1 with b = A = 1/sqrt 7. Every patch
+// token has |f| >= F, and s = F / |f| is 1 on a flat patch and falls towards 0 with contrast.
+constexpr double kConst = 0.37796447300922722721;        // b = 1/sqrt 7
+constexpr double kPosAmplitude = 0.37796447300922722721;  // A = 1/sqrt 7
 constexpr double kPosOmegas[3] = {kPi / 8.0, kPi / 16.0, kPi / 32.0};
+// Contrast gain K: a patch whose luminance std is kHalfContrast (in [0, 1] pixel units) has
+// s = 1/2, i.e. K * |AC| = sqrt 3 with |AC| = 4 * 2 * std in normalised units.
+constexpr double kHalfContrast = 0.03;
+constexpr double kContrastGain = 1.7320508075688772935 / (8.0 * kHalfContrast);  // K
+constexpr double kColourGain = 0.05;  // eps: small, so colour barely changes |f|
 
-// Score scale beta_h per head: score = beta_h * f_q . f_k. Chosen so that the demo image's
-// stimuli score 15 - 25 nats above a featureless patch (a key with the same feature beats
-// thousands of flat keys: e^15 ~ 3e6 against N = 3137):
-//   edge: white 0.95 / black 0.05 on grey 0.5 gives |f| = 0.9, 20 * 0.81 = 16 nats;
-//   texture: tiles 0.5 +- 0.3 give |f| = 0.6, 60 * 0.36 = 22 nats;
-//   colour: chroma 0.6 gives |f| = 1.2 (normalised units), 16 * 1.44 = 23 nats;
-//   position: 8 nats per unit of the kernel; the query itself scores 48.
-constexpr double kBeta[kHeads] = {20.0, 60.0, 16.0, 8.0};
+// Per head, the score it computes (s = F / |f|, rho = K * ramp / |f|, m = mean normalised colour,
+// P = sum_w [cos(w dr) + cos(w dc)]):
+//   edge      beta_e rho_i . rho_j
+//   texture   beta_t (s_i - s0) s_j
+//   colour    beta_c (m_i . m_j) s_i s_j
+//   position  beta_p P_ij s_i s_j
+constexpr double kBetaEdge = 20.0;
+constexpr double kBetaTexture = 30.0;
+constexpr double kSmoothSwitch = 0.5;  // s0
+constexpr double kBetaColour = 8.0;
+constexpr double kBetaPosition = 8.0;
 
-// Which features each head reads, as (first slot, count).
-constexpr int kHeadFirst[kHeads] = {kEdgeFeatures, kTextureFeatures, kChromaFeatures, kPositionFeatures};
-constexpr int kHeadCount[kHeads] = {4, 6, 2, 12};
-
-// The canonical luminance patterns, 4x4 row-major (y, x), in normalised units (x - 0.5) / 0.5.
-// Rows 0..3: a step edge of contrast 1 through the patch centre with gradient direction 0, 45, 90,
-// 135 degrees: value sign(n . (p - centre)) / 2 at pixel centre p, 0 on the edge line itself (the
-// demo image draws such pixels half way). Rows 4..9: the texture tiles at a patch origin.
-using Pattern = std::array<double, 16>;  // (P*P) luminance, (y, x)
-
-std::vector<Pattern> canonical_patterns() {
-  // Unit gradient directions n = (cos, sin) of 0, 45, 90, 135 degrees, written out so that pixels
-  // on the edge line give an exact 0.
-  const double normals[4][2] = {{1.0, 0.0}, {kInvSqrt2, kInvSqrt2}, {0.0, 1.0}, {-kInvSqrt2, kInvSqrt2}};
-  std::vector<Pattern> patterns;
-  for (const auto& n : normals) {
-    Pattern p{};
-    for (int y = 0; y < kPatch; ++y)
-      for (int x = 0; x < kPatch; ++x) {
-        const double along = n[0] * (x + 0.5 - 2.0) + n[1] * (y + 0.5 - 2.0);
-        p[y * kPatch + x] = std::abs(along) < 1e-9 ? 0.0 : (along > 0.0 ? 0.5 : -0.5);
-      }
-    patterns.push_back(p);
+// An orthonormal basis of the 4x4 luminance patch, rows (16, 16) over pixels (y, x): row 0 the
+// mean (1/4 everywhere), rows 1-2 the ramps (x - 1.5) / sqrt 20 and (y - 1.5) / sqrt 20, rows
+// 3-15 the rest of the zero-mean space: Gram-Schmidt, in double, of the 2-D DCT-II basis
+// cos(pi (x + 1/2) u / 4) cos(pi (y + 1/2) v / 4) against what came before (v outer, u inner;
+// candidates that reduce to 0 are skipped). Written out so the weights are the same everywhere.
+std::vector<std::array<double, 16>> luminance_basis() {
+  std::vector<std::array<double, 16>> candidates;
+  std::array<double, 16> b{};
+  for (int e = 0; e < 16; ++e) b[e] = 0.25;
+  candidates.push_back(b);
+  for (int axis = 0; axis < 2; ++axis) {
+    for (int e = 0; e < 16; ++e) b[e] = ((axis == 0 ? e % 4 : e / 4) - 1.5) / std::sqrt(20.0);
+    candidates.push_back(b);
   }
-  for (int texture = 0; texture < kTextureClasses; ++texture) {
-    Pattern p{};
-    for (int y = 0; y < kPatch; ++y)
-      for (int x = 0; x < kPatch; ++x) p[y * kPatch + x] = texture_pattern(texture, x, y);
-    patterns.push_back(p);
+  for (int v = 0; v < 4; ++v)
+    for (int u = 0; u < 4; ++u) {
+      for (int e = 0; e < 16; ++e)
+        b[e] = std::cos(kPi * (e % 4 + 0.5) * u / 4.0) * std::cos(kPi * (e / 4 + 0.5) * v / 4.0);
+      candidates.push_back(b);
+    }
+  std::vector<std::array<double, 16>> basis;
+  for (std::array<double, 16> c : candidates) {
+    for (const auto& u : basis) {
+      double dot = 0.0;
+      for (int e = 0; e < 16; ++e) dot += u[e] * c[e];
+      for (int e = 0; e < 16; ++e) c[e] -= dot * u[e];
+    }
+    double norm = 0.0;
+    for (const double x : c) norm += x * x;
+    norm = std::sqrt(norm);
+    if (norm < 1e-6) continue;
+    for (double& x : c) x /= norm;
+    basis.push_back(c);
   }
-  return patterns;
+  if (basis.size() != 16) throw Error("designed model: the luminance basis has " + std::to_string(basis.size()) + " rows, not 16");
+  return basis;
 }
 
-// The dual basis of the canonical patterns B (10, 16): F = (B B^T)^-1 B, so F B^T = I. Filter k
-// answers 1 to pattern k and 0 to the nine others: an edge drives no texture feature and a texture
-// tile no edge feature. This needs the ten patterns to be linearly independent, which decided the
-// texture set: with period-4 square stripes in both diagonal directions next to the 2-px checks,
-// a mix of the edges equals a mix of those textures (rank 9).
-// Gauss-Jordan with partial pivoting in double, written out so that the result is the same on
-// every machine (the committed weights are compared bit for bit with regenerated ones).
-std::vector<Pattern> dual_filters() {
-  const std::vector<Pattern> B = canonical_patterns();
-  const int n = static_cast<int>(B.size());
-  // Augmented rows [G | B] with G = B B^T (n, n); reduced to [I | F].
-  std::vector<std::vector<double>> a(n, std::vector<double>(n + 16, 0.0));
-  for (int i = 0; i < n; ++i) {
-    for (int j = 0; j < n; ++j)
-      for (int e = 0; e < 16; ++e) a[i][j] += B[i][e] * B[j][e];
-    for (int e = 0; e < 16; ++e) a[i][n + e] = B[i][e];
-  }
-  for (int col = 0; col < n; ++col) {
-    int pivot = col;
-    for (int r = col + 1; r < n; ++r)
-      if (std::abs(a[r][col]) > std::abs(a[pivot][col])) pivot = r;
-    if (std::abs(a[pivot][col]) < 1e-9)
-      throw Error("designed model: the canonical edge and texture patterns are linearly dependent");
-    std::swap(a[col], a[pivot]);
-    const double inv = 1.0 / a[col][col];
-    for (double& v : a[col]) v *= inv;
-    for (int r = 0; r < n; ++r) {
-      const double f = a[r][col];
-      if (r == col || f == 0.0) continue;
-      for (int c = 0; c < n + 16; ++c) a[r][c] -= f * a[col][c];
-    }
-  }
-  std::vector<Pattern> filters(n);
-  for (int i = 0; i < n; ++i)
-    for (int e = 0; e < 16; ++e) filters[i][e] = a[i][n + e];
-  return filters;
+// E (D, features): column k is the DCT-II vector sqrt(2/D) cos(pi (n + 1/2)(k + 1) / D) over dims
+// n. The columns are orthonormal and orthogonal to (1, ..., 1), so x = E f has mean 0 over the
+// dims and |x| = |f|: LayerNorm sees exactly |f|.
+double embedding(int dim, int feature) {
+  return std::sqrt(2.0 / kDim) * std::cos(kPi * (dim + 0.5) * (feature + 1) / kDim);
 }
 
 TensorMap zero_tensors(const VitConfig& config) {
@@ -224,13 +207,15 @@ ModelTensors designed_model() {
   c.name = "vitlens-designed-4head";
   c.description =
       "Hand-designed, not trained: one block whose four heads are written from formulas so that each "
-      "has one job (edges, texture, colour, position). Made by vitlens_make_assets; the design is "
-      "explained in assets/README.md.";
+      "has one job (edges, texture, colour, position), contrast-normalised by LayerNorm so that they "
+      "work on photographs. Made by vitlens_make_assets; the design is explained in assets/README.md.";
   c.head_descriptions = {{
-      "edges: attends from a patch to patches with a luminance edge of the same direction "
-      "(orientation and polarity, 8 directions)",
-      "texture: attends to patches with the same 4x4 texture tile (stripes, checks, lines)",
-      "colour: attends to patches of similar hue (mean colour in the chroma plane)",
+      "edges: attends from a patch to patches whose luminance gradient points the same way "
+      "(contrast-normalised, cosine-tuned, with polarity)",
+      "texture: textured patches attend to textured patches, smooth ones to smooth ones "
+      "(the patch's contrast energy through LayerNorm)",
+      "colour: attends to patches of a similar mean colour (its direction from mid grey), flat ones "
+      "more than textured ones",
       "position: attends to spatial neighbours (a bump of about one patch around the query)",
   }};
   m.tensors = zero_tensors(c);
@@ -242,77 +227,90 @@ ModelTensors designed_model() {
   };
 
   // patch_embed.proj.weight (D, 3, P, P) seen as (D, 3*P*P): the Conv2d reads the normalised patch
-  // v = (x - 0.5) / 0.5 channel-major, element (c, y, x) in column c*16 + y*4 + x.
-  MapRM patch_w = view("patch_embed.proj.weight", kDim, 3 * kPatch * kPatch);
-  const auto set_feature = [&](int feature, int channel, int pixel, double w) {
-    patch_w(feature, channel * 16 + pixel) = static_cast<float>(w);
-    patch_w(feature + kHalf, channel * 16 + pixel) = static_cast<float>(-w);
-  };
-  // Edge and texture features: filter k on the luminance mean(R, G, B), so weight F_k / 3 on each
-  // channel. The filters sum to zero, so the -1 offset of the normalisation cancels.
-  const std::vector<Pattern> filters = dual_filters();
-  for (int k = 0; k < 10; ++k)
+  // v = (x - 0.5) / 0.5 channel-major, element (c, y, x) in column c*16 + y*4 + x. Feature filters
+  // (over the 48 inputs) are first built per feature, then embedded: W = E * filters.
+  std::vector<std::array<double, 48>> filters(kFeatures, std::array<double, 48>{});
+  const std::vector<std::array<double, 16>> basis = luminance_basis();
+  // Ramp and detail features: K times the coefficient of the luminance mean(R, G, B) on basis rows
+  // 1..15, so weight K * B / 3 on each channel. These rows sum to 0: the -1 offset of v cancels.
+  for (int row = 1; row < 16; ++row)
     for (int ch = 0; ch < 3; ++ch)
-      for (int px = 0; px < 16; ++px) set_feature(kEdgeFeatures + k, ch, px, filters[k][px] / 3.0);
-  // Chroma features: the patch's mean normalised colour projected on the two chroma axes. The
-  // axes are orthogonal to grey, so the offset cancels here too and grey patches give 0.
+      for (int px = 0; px < 16; ++px)
+        filters[static_cast<size_t>(kRampFeatures + row - 1)][static_cast<size_t>(ch * 16 + px)] =
+            kContrastGain * basis[static_cast<size_t>(row)][static_cast<size_t>(px)] / 3.0;
+  // Colour features: eps times the channel's mean of v (0 for mid grey).
   for (int ch = 0; ch < 3; ++ch)
-    for (int px = 0; px < 16; ++px) {
-      set_feature(kChromaFeatures + 0, ch, px, kChromaRed[ch] / 16.0);
-      set_feature(kChromaFeatures + 1, ch, px, kChromaGreenBlue[ch] / 16.0);
+    for (int px = 0; px < 16; ++px)
+      filters[static_cast<size_t>(kColourFeatures + ch)][static_cast<size_t>(ch * 16 + px)] = kColourGain / 16.0;
+  MapRM patch_w = view("patch_embed.proj.weight", kDim, 3 * kPatch * kPatch);
+  MapRM patch_b = view("patch_embed.proj.bias", 1, kDim);
+  for (int dim = 0; dim < kDim; ++dim) {
+    for (int in = 0; in < 48; ++in) {
+      double w = 0.0;
+      for (int f = 0; f < kFeatures; ++f) w += embedding(dim, f) * filters[static_cast<size_t>(f)][static_cast<size_t>(in)];
+      patch_w(dim, in) = static_cast<float>(w);
     }
+    patch_b(0, dim) = static_cast<float>(embedding(dim, kConstFeature) * kConst);
+  }
 
-  // pos_embed (1, 1 + gh*gw, D): row 0 (class token) stays 0; patch (r, col) gets
-  // A * [cos(w r), sin(w r), cos(w col), sin(w col)] for each w, and the negatives.
+  // pos_embed (1, 1 + gh*gw, D): row 0 (class token) stays 0; patch (r, col) gets E times
+  // A * [cos(w r), sin(w r), cos(w col), sin(w col)] for each w.
   MapRM pos = view("pos_embed", 1 + kGrid * kGrid, kDim);
   for (int r = 0; r < kGrid; ++r)
     for (int col = 0; col < kGrid; ++col)
-      for (int f = 0; f < 3; ++f) {
-        const double w = kPosOmegas[f];
-        const double values[4] = {std::cos(w * r), std::sin(w * r), std::cos(w * col), std::sin(w * col)};
-        for (int k = 0; k < 4; ++k) {
-          const int dim = kPositionFeatures + 4 * f + k;
-          pos(1 + r * kGrid + col, dim) = static_cast<float>(kPosAmplitude * values[k]);
-          pos(1 + r * kGrid + col, dim + kHalf) = static_cast<float>(-kPosAmplitude * values[k]);
+      for (int dim = 0; dim < kDim; ++dim) {
+        double x = 0.0;
+        for (int k = 0; k < 3; ++k) {
+          const double w = kPosOmegas[k];
+          const double values[4] = {std::cos(w * r), std::sin(w * r), std::cos(w * col), std::sin(w * col)};
+          for (int j = 0; j < 4; ++j) x += embedding(dim, kPositionFeatures + 4 * k + j) * kPosAmplitude * values[j];
         }
+        pos(1 + r * kGrid + col, dim) = static_cast<float>(x);
       }
-  // cls_token (1, 1, D) stays 0: LN1(0) = 0, so q = k = 0 for the class token. Every query gives it
-  // score 0 and its own row is uniform: it has no designed role.
+  // cls_token (1, 1, D) stays 0 and so does its pos_embed row: LN1(0) = 0, so k = 0 for the class
+  // token (every query gives it score 0); its own q is the bias alone. It has no designed role.
 
-  // blocks.0.norm1.weight (D): LN1 divides every patch by ~A / 2 (see the top of the file). gamma
-  // = A / 2 on the content dims gives back the features in their own units; gamma = 1/2 on the
-  // positional dims turns A cos(.) / (A / 2) into unit cos(.). The bias stays 0.
-  MapRM norm1_w = view("blocks.0.norm1.weight", 1, kDim);
-  const double ln_std = kPosAmplitude * std::sqrt(6.0 / 24.0);  // sqrt(|pos|^2 / 24) = A / 2
-  for (int dim = 0; dim < kDim; ++dim) {
-    const bool positional = dim % kHalf >= kPositionFeatures;
-    norm1_w(0, dim) = static_cast<float>(positional ? ln_std / kPosAmplitude : ln_std);
-  }
+  // LN1 is the identity affine (weight 1, bias 0): LN1(x) = sqrt(D) E f / |f|, so a head that
+  // reads feature k through E^T sees sqrt(D) f_k / |f|. norm2 and the final norm too.
+  for (const char* name : {"blocks.0.norm1.weight", "blocks.0.norm2.weight", "norm.weight"})
+    for (float& v : m.tensors.at(name).values) v = 1.0f;
 
   // blocks.0.attn.qkv.weight (3D, D): rows [0, 48) Q, [48, 96) K, [96, 144) V, 12 rows per head.
-  // Q and K row j of head h read feature j of the head with weight sqrt(beta_h * sqrt(d)), so that
-  // q . k / sqrt(d) = beta_h * f . f. V copies the same features with weight 1. The bias stays 0.
-  // blocks.0.attn.proj.weight (D, D), W^O: writes value j of head h back onto its feature's dims
-  // (+1 on c, -1 on c + 24), so the block adds to each feature its attention-weighted mean over the
-  // keys and keeps the (f, -f) pairing. No map depends on it: depth is 1.
+  // A head's slot reads one feature with weight w: row = w * E^T row, so q_slot = w sqrt(D) f / |f|
+  // and score = q . k / sqrt(d). The weights below give the scores at the top of this section
+  // (F = 1, so s = 1 / |f|):
+  //   edge      slots 0-1 read the ramps, w^2 D / sqrt(d) = beta_e
+  //   texture   slot 0 reads b, w^2 D b^2 / sqrt(d) = beta_t; q bias -w sqrt(D) b s0
+  //   colour    slots 0-2 read the colour, w^2 D eps^2 / sqrt(d) = beta_c
+  //   position  slots 0-11 read the positional features, w^2 D A^2 / sqrt(d) = beta_p
+  // V copies the same features with weight 1; blocks.0.attn.proj.weight (D, D), W^O, writes value
+  // slot back along the feature's column of E, so the block adds to each feature its
+  // attention-weighted mean. No map depends on V or W^O: depth is 1. K has no bias.
   MapRM qkv_w = view("blocks.0.attn.qkv.weight", 3 * kDim, kDim);
+  MapRM qkv_b = view("blocks.0.attn.qkv.bias", 1, 3 * kDim);
   MapRM proj_w = view("blocks.0.attn.proj.weight", kDim, kDim);
-  for (int h = 0; h < kHeads; ++h) {
-    const float w = static_cast<float>(std::sqrt(kBeta[h] * std::sqrt(static_cast<double>(kHeadDim))));
-    for (int j = 0; j < kHeadCount[h]; ++j) {
-      const int feature = kHeadFirst[h] + j;
-      const int slot = h * kHeadDim + j;  // this head's j-th q / k / v column
-      qkv_w(slot, feature) = w;             // Q
-      qkv_w(kDim + slot, feature) = w;      // K
-      qkv_w(2 * kDim + slot, feature) = 1.0f;  // V
-      proj_w(feature, slot) = 1.0f;
-      proj_w(feature + kHalf, slot) = -1.0f;
+  const double sqrt_d = std::sqrt(static_cast<double>(kHeadDim)), sqrt_dim = std::sqrt(static_cast<double>(kDim));
+  const auto read = [&](int head, int slot, int feature, double w_qk) {
+    const int row = head * kHeadDim + slot;
+    for (int dim = 0; dim < kDim; ++dim) {
+      const double e = embedding(dim, feature);
+      qkv_w(row, dim) = static_cast<float>(w_qk * e);             // Q
+      qkv_w(kDim + row, dim) = static_cast<float>(w_qk * e);      // K
+      qkv_w(2 * kDim + row, dim) = static_cast<float>(e);         // V
+      proj_w(dim, row) = static_cast<float>(e);                   // W^O
     }
-  }
-  // The MLP has no designed role: fc1, fc2 and their biases are 0, so x passes through. norm2 and
-  // the final norm are identity affine (weight 1, bias 0). There is no classifier head.
-  for (const char* name : {"blocks.0.norm2.weight", "norm.weight"})
-    for (float& v : m.tensors.at(name).values) v = 1.0f;
+  };
+  const double w_edge = std::sqrt(kBetaEdge * sqrt_d / kDim);
+  for (int j = 0; j < 2; ++j) read(kEdgeHead, j, kRampFeatures + j, w_edge);
+  const double w_texture = std::sqrt(kBetaTexture * sqrt_d / kDim) / kConst;
+  read(kTextureHead, 0, kConstFeature, w_texture);
+  qkv_b(0, kTextureHead * kHeadDim) = static_cast<float>(-w_texture * sqrt_dim * kConst * kSmoothSwitch);
+  const double w_colour = std::sqrt(kBetaColour * sqrt_d / kDim) / kColourGain;
+  for (int j = 0; j < 3; ++j) read(kColourHead, j, kColourFeatures + j, w_colour);
+  const double w_position = std::sqrt(kBetaPosition * sqrt_d / kDim) / kPosAmplitude;
+  for (int j = 0; j < 12; ++j) read(kPositionHead, j, kPositionFeatures + j, w_position);
+  // The MLP has no designed role: fc1, fc2 and their biases are 0, so x passes through. There is no
+  // classifier head.
   return m;
 }
 
@@ -354,9 +352,10 @@ ModelTensors random_model(uint32_t seed) {
   std::mt19937 rng(seed);
   const double conv_bound = 1.0 / std::sqrt(3.0 * kPatch * kPatch);  // kaiming_uniform(a=sqrt 5): 1/sqrt(fan_in)
   for (auto& [name, tensor] : t) {
-    const auto ends_with = [&](const char* suffix) {
+    // Takes the name as an argument: C++17 lambdas cannot capture a structured binding (clang 14).
+    const auto ends_with = [](const std::string& key, const char* suffix) {
       const std::string s(suffix);
-      return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+      return key.size() >= s.size() && key.compare(key.size() - s.size(), s.size(), s) == 0;
     };
     std::vector<float>& v = tensor.values;
     if (name.rfind("patch_embed.proj.", 0) == 0) {
@@ -365,8 +364,8 @@ ModelTensors random_model(uint32_t seed) {
     } else if (name == "cls_token") {
       for (float& x : v) x = static_cast<float>(1e-6 * truncated_normal(rng));  // timm: normal_(std=1e-6)
     } else if (name.find("norm") != std::string::npos) {
-      if (ends_with(".weight")) std::fill(v.begin(), v.end(), 1.0f);  // LayerNorm: weight 1, bias 0
-    } else if (name == "pos_embed" || ends_with(".weight")) {
+      if (ends_with(name, ".weight")) std::fill(v.begin(), v.end(), 1.0f);  // LayerNorm: weight 1, bias 0
+    } else if (name == "pos_embed" || ends_with(name, ".weight")) {
       for (float& x : v) x = static_cast<float>(0.02 * truncated_normal(rng));  // trunc_normal_(std=.02)
     }
     // Linear biases stay 0 (timm's init_weights_vit_timm).

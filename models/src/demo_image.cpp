@@ -83,9 +83,15 @@ struct Canvas {
 
 // A texture swatch of rows x cols patches at patch (r0, c0).
 void texture_swatch(Canvas& canvas, int r0, int c0, int rows, int cols, int texture) {
+  // In whole 8-bit levels around the background's level, so every tile's mean is exactly the
+  // background's: rounding 0.5 + a and 0.5 - a separately leaves a tile half a level darker
+  // (127.5 against 128), a colour difference that the head-role measure would see.
+  const double grey_level = static_cast<double>(std::lround(kGrey * 255.0));
   for (int y = r0 * kPatch; y < (r0 + rows) * kPatch; ++y)
-    for (int x = c0 * kPatch; x < (c0 + cols) * kPatch; ++x)
-      canvas.set_grey(x, y, kGrey + kTextureAmplitude * texture_pattern(texture, x, y));
+    for (int x = c0 * kPatch; x < (c0 + cols) * kPatch; ++x) {
+      const double step = static_cast<double>(std::lround(kTextureAmplitude * 255.0 * texture_pattern(texture, x, y)));
+      canvas.set_grey(x, y, (grey_level + step) / 255.0);
+    }
   for (int r = r0; r < r0 + rows; ++r)
     for (int c = c0; c < c0 + cols; ++c) canvas.labels.texture_class[r * kGrid + c] = texture;
 }

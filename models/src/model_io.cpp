@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include "vitlens/error.hpp"
+#include "vitlens/image.hpp"  // read_whole_file
 
 namespace vitlens {
 
@@ -251,19 +252,23 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
   return model;
 }
 
-VitModel load_model(const std::string& path) {
-  SafetensorsFile file = read_safetensors(path);
+VitModel parse_model(const std::string& bytes, const std::string& what) {
+  SafetensorsFile file = parse_safetensors(bytes, what);
   const auto it = file.metadata.find("config");
   if (it == file.metadata.end())
-    throw Error(path + ": no vitlens config: __metadata__[\"config\"] is missing (see README, Model files)");
+    throw Error(what + ": no vitlens config: __metadata__[\"config\"] is missing (see README, Model files)");
   json config_json;
   try {
     config_json = json::parse(it->second);
   } catch (const json::exception&) {
-    throw Error(path + ": __metadata__[\"config\"] is not valid JSON");
+    throw Error(what + ": __metadata__[\"config\"] is not valid JSON");
   }
-  const VitConfig config = config_from_json(config_json, path);
-  return model_from_tensors(config, file.tensors, path);
+  const VitConfig config = config_from_json(config_json, what);
+  return model_from_tensors(config, file.tensors, what);
+}
+
+VitModel load_model(const std::string& path) {
+  return parse_model(read_whole_file(path, "a model file", kMaxModelFileBytes), path);
 }
 
 void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,

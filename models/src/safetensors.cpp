@@ -171,7 +171,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
 }
 
 SafetensorsFile read_safetensors(const std::string& path) {
-  return parse_safetensors(read_whole_file(path, "a model file"), path);
+  return parse_safetensors(read_whole_file(path, "a model file", kMaxModelFileBytes), path);
 }
 
 std::string safetensors_bytes(const SafetensorsFile& file) {

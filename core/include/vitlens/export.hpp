@@ -2,6 +2,7 @@
 // Export of one image's attention: per-head heatmap PNGs, a montage, a JSON sidecar and
 // optionally the raw weights as .npy. The CLI and the viewer both call export_attention, so an
 // exported PNG is the picture on screen.
+#include <array>
 #include <functional>
 #include <string>
 #include <vector>
@@ -15,32 +16,62 @@
 
 namespace vitlens {
 
-enum class QuerySelect { Received, Pixel, Patch, ClassToken };
-// How a head's map is scaled to the colour map: each head to its own maximum, or all heads (and
-// the mean) to the largest value over the heads, so heads can be compared; or each head to its own
-// maximum on a log scale spanning kLogDecades decades, so the faint tail of a peaked map shows.
-enum class Normalize { PerHead, Shared, Log };
-const char* normalize_name(Normalize normalize);  // "head", "shared", "log"
+// Which map: attention received, the row of a query given as a pixel of the source image
+// (SourcePixel, what `--query X,Y` takes) or of the processed image (Pixel, `--query-processed`),
+// a patch of the grid, or the class token's row.
+enum class QuerySelect { Received, SourcePixel, Pixel, Patch, ClassToken };
+// How a head's map is scaled to the colour map:
+//   PerHead  each head from 0 to its own maximum;
+//   Shared   all heads (and the mean) from 0 to the largest value over the heads, to compare them;
+//   Log      each head on a log scale spanning kLogDecades decades below its maximum;
+//   Robust   each head from 0 to its kRobustPercentile-th percentile (the default): one to three hot
+//            patches saturate instead of squashing the rest of the map into the bottom colours.
+//            The measure behind this default is display_detail_share below (README, "Map scale").
+enum class Normalize { PerHead, Shared, Log, Robust };
+const char* normalize_name(Normalize normalize);  // "head", "shared", "log", "robust"
+bool parse_normalize_name(const std::string& name, Normalize& normalize);
+constexpr Normalize kDefaultNormalize = Normalize::Robust;
 
 // Normalize::Log: a value v of a map whose maximum is m is drawn at 1 + log10(v / m) / kLogDecades,
 // clamped to [0, 1]: m at the top of the colour map, m / 10^kLogDecades and below at the bottom.
 constexpr float kLogDecades = 3.0f;
 MatRM log_scaled_map(const MatRM& map, float max_value);
 
+// Normalize::Robust: the percentile (over the map's patches, linear interpolation between the
+// sorted values as numpy.percentile's default) drawn at the top of the colour map.
+constexpr float kRobustPercentile = 99.0f;
+float map_percentile(const MatRM& map, float percentile);
+
+// A map as drawn: values in [0, 1] (the position on the colour map), from its scale (map_scales).
+MatRM display_values(const MatRM& map, float scale, Normalize normalize);
+
+// How much of a drawn map shows detail: the share of its area (patches) drawn neither at the
+// floor nor saturated, i.e. with a display value in [kDetailBand, 1 - kDetailBand]. The bottom and
+// top 5 % of a colour map are the colours a reader cannot tell from its ends; a tile of one hot
+// patch over a flat floor scores near 0, a map whose patches spread over the colour map near 1.
+constexpr float kDetailBand = 0.05f;
+double display_detail_share(const MatRM& display01);
+
 struct ExportSettings {
   std::string out_dir = ".";
   QuerySelect select = QuerySelect::Received;  // works for every model
-  int query_x = 0, query_y = 0;    // pixel of the processed image (QuerySelect::Pixel)
+  int query_x = 0, query_y = 0;    // pixel of the source image (SourcePixel) or of the processed image (Pixel)
   int patch_row = 0, patch_col = 0;  // (QuerySelect::Patch)
   int layer = -1;                  // < 0: the last layer
   bool causal = false;
+  float temperature = 1.0f;        // softmax temperature T: scores times 1 / (sqrt(d) T); 1 = the model's scale
+  float threshold = 0.0f;          // DINO's top-mass threshold in (0, 1] applied to every map; 0 = off
+  std::string mask_image;          // painted key mask (key_mask_from_image); empty = none
   HeatmapStyle style;
-  Normalize normalize = Normalize::PerHead;
+  Normalize normalize = kDefaultNormalize;
   bool raw = false;                // also write <stem>_attn.npy (L, H, N, N)
   int max_side = -1;               // < 0: the model's img_size long side; 0: native size
   std::string stem;                // output file stem; empty: the image file's stem
   std::function<bool(float)> progress;  // the forward pass's progress in [0, 1]; may be empty
 };
+
+// Temperatures `--temperature` takes (the viewer's script takes the same range).
+constexpr float kMinTemperature = 0.05f, kMaxTemperature = 20.0f;
 
 // Largest token count for which --raw is allowed: (L, H, N, N) float32 grows as N^2.
 constexpr int kMaxRawTokens = 4096;
@@ -55,18 +86,40 @@ struct ImageAnalysis {
   PreparedImage image;
   ForwardResult forward;
   MapRequest request;
-  HeadMaps maps;
+  HeadMaps maps;                      // as drawn: after the threshold when one is set
+  std::vector<ThresholdResult> kept;  // (H + 1) heads then mean when a threshold is set, else empty
+  float threshold = 0.0f;             // the mass those results kept; 0 = none
+  std::string mask_image;             // the painted mask's file, when one was used
+  std::array<int, 2> requested_pixel{-1, -1};  // a --query pixel of the source image, as given; -1: none
   double forward_ms = 0.0, maps_ms = 0.0;
 };
 
+// A painted key mask from an image file: white = key allowed, black = forbidden. The mask is
+// stretched over the source image (so it must have the image's aspect ratio, within 2 %; any
+// size), then each patch of the processed grid takes the mean brightness of the mask over the
+// pixels of the image it covers (area interpolation to the working size): a patch at 50 % grey or
+// brighter stays allowed, a darker one is forbidden. Padding patches cover no image pixels and are
+// masked anyway. Colour masks count their mean over R, G and B; an alpha channel is ignored.
+// Returns (gh*gw) 1 = forbidden, as ForwardOptions::forbidden_patches. Throws vitlens::Error.
+std::vector<uint8_t> key_mask_from_image(const cv::Mat& mask_rgb01, const PreparedImage& image,
+                                         const VitConfig& config, const std::string& mask_path);
+
+// A pixel (x, y) of the source image -> the pixel of the processed image it lands on (the
+// image's resize factor, as prepare_image applied it). Throws vitlens::Error outside the image.
+void source_to_processed_pixel(const PreparedImage& image, int x, int y, int& px, int& py);
+
 // Throws vitlens::Error when the settings cannot apply to this model, whatever the image: a layer
-// past its depth, --cls without a class token, alpha outside [0, 1], an unknown colour map.
+// past its depth, --cls without a class token, alpha outside [0, 1], an unknown colour map, a
+// temperature outside [kMinTemperature, kMaxTemperature], a threshold outside (0, 1].
 void check_settings(const VitModel& model, const ExportSettings& settings);
 
-// Settings -> the map request for an image's patch grid (resolves Pixel, Patch and the layer).
+// Settings -> the map request for an image's patch grid (resolves Pixel, Patch and the layer;
+// SourcePixel needs the image: analyse_image turns it into Pixel first).
 MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const ExportSettings& settings);
 
-ForwardOptions forward_options_for(const ExportSettings& settings);
+// The forward options of the settings (mask, softmax scale from the temperature); the painted
+// mask's patches are added by analyse_image, which knows the image.
+ForwardOptions forward_options_for(const VitModel& model, const ExportSettings& settings);
 
 // Load, prepare, forward and map one image. Throws vitlens::Error.
 ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path, const ExportSettings& settings);
@@ -77,10 +130,18 @@ struct ExportImages {
   cv::Mat mean;
   cv::Mat montage;
 };
+// The montage carries a colour bar and a caption (montage_caption); per-head PNGs are plain overlays.
 ExportImages render_export_images(const VitModel& model, const ImageAnalysis& analysis, const HeatmapStyle& style,
                                   Normalize normalize);
-// The value each head's map (index H = the mean) is divided by before the colour map.
+// The value drawn at the top of the colour map for each head's map (index H = the mean): its
+// maximum (PerHead, Log), the largest over the heads (Shared), its kRobustPercentile-th percentile
+// (Robust).
 std::vector<float> map_scales(const HeadMaps& maps, Normalize normalize);
+// What the montage says it shows: model, layer, mode and query, normalisation, mask, softmax
+// scale and threshold, one phrase per element (the montage wraps them to its width).
+std::vector<std::string> montage_caption(const VitModel& model, const ImageAnalysis& analysis, Normalize normalize);
+// The montage's colour bar: ticks relative to each tile's top value, or absolute when shared.
+ColourBarSpec montage_colour_bar(const HeatmapStyle& style, Normalize normalize, float shared_scale);
 // Short label for head h of a layer: "head 0" plus the text before ':' in its description.
 std::string head_label(const VitConfig& config, int layer, int head);
 

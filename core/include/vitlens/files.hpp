@@ -1,7 +1,26 @@
 #pragma once
-// Output files are written whole or not at all: bytes go to a temporary file in the same folder,
-// are flushed, and the temporary is renamed over the target. A failure removes the temporary and
-// leaves any existing file untouched.
+// Output files, whole or not at all.
+//
+// One file (write_file_atomic): bytes go to a temporary in the same folder, are flushed, and the
+// temporary is renamed over the target. A failure removes the temporary and leaves any existing
+// file untouched.
+//
+// A set of files (OutputSet, one image's export): every file is written into a private folder
+// inside the output folder, then, holding an exclusive flock on the output folder, the private
+// folder is renamed to ".vitlens-set-<id>" (the commit point: from then on the set is complete and
+// will be moved into place) and each file is renamed into the output folder, the record (the
+// JSON sidecar) last; files the previous record listed that the new set does not have are removed
+// before the new record appears. SIGINT and SIGTERM wait for a commit in progress. A commit cut
+// short by SIGKILL or a power loss leaves its ".vitlens-set-<id>" folder, and the next OutputSet in
+// that folder (or tidy_output_dir) completes it before anything else is written.
+//
+// Temporary names are short and fixed-length whatever the target's name:
+// ".vitlens-tmp-<pid>-XXXXXX" (a file or a private folder). SIGINT and SIGTERM remove the pending
+// ones of this process (see install_cleanup_handlers); ones left by a killed process are removed
+// by the next OutputSet or tidy_output_dir in that folder when their process is gone or they are
+// older than kStaleTempMinutes.
+#include <cstddef>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -9,8 +28,13 @@
 
 namespace vitlens {
 
+constexpr int kStaleTempMinutes = 60;
+
 void write_file_atomic(const std::string& path, const std::string& bytes);
 void write_png_atomic(const std::string& path, const cv::Mat& rgb8);  // CV_8UC3 RGB or CV_8UC1
+
+// PNG bytes of an 8-bit RGB or gray picture (OpenCV's encoder, BGR order handled here).
+std::vector<unsigned char> png_bytes(const cv::Mat& rgb8, const std::string& what);
 
 // The .npy format (numpy/lib/format.py, version 1.0): magic, header dict, raw little-endian data.
 // With data == nullptr, only the header (the caller appends the product(shape) floats).
@@ -18,5 +42,58 @@ std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data);
 
 // Throws vitlens::Error when `dir` is missing, not a folder or not writable.
 void require_writable_dir(const std::string& dir);
+
+// Where a streamed file's bytes go (OutputSet::add_stream); write() throws vitlens::Error.
+class FileSink {
+ public:
+  virtual ~FileSink() = default;
+  virtual void write(const void* data, size_t size) = 0;
+};
+
+class OutputSet {
+ public:
+  // Creates the private folder in `dir` (after completing interrupted commits and removing stale
+  // temporaries there). Throws vitlens::Error.
+  explicit OutputSet(const std::string& dir);
+  ~OutputSet();  // not committed: the private folder and everything in it is removed
+  OutputSet(const OutputSet&) = delete;
+  OutputSet& operator=(const OutputSet&) = delete;
+
+  const std::string& id() const { return id_; }  // unique per set: "<pid>-<time>-<random>"
+  std::string final_path(const std::string& name) const { return dir_ + "/" + name; }
+
+  void add(const std::string& name, const std::string& bytes);
+  void add_png(const std::string& name, const cv::Mat& rgb8);
+  // The file's bytes come from `fill`, written as they come (no copy of the whole file in memory).
+  void add_stream(const std::string& name, const std::function<void(FileSink&)>& fill);
+  // Moves every file into `dir`, `record_name` (written from record_bytes) last. The record is a
+  // JSON object whose "files" array lists the set's files (paths; their names are used). Throws
+  // vitlens::Error; after the commit point a failure leaves the set to be completed by the next
+  // OutputSet or tidy_output_dir in `dir`.
+  void commit(const std::string& record_name, const std::string& record_bytes);
+
+ private:
+  std::string dir_, id_, private_name_;
+  std::vector<std::string> names_;  // written so far, in the private folder
+  int slot_ = -1;                    // the private folder's entry in the signal cleanup registry
+  bool open_ = false;                // the private folder exists and is ours to remove
+  void write_member(const std::string& name, const std::function<void(FileSink&)>& fill);
+};
+
+// Completes interrupted commits in `dir` and removes our stale temporaries there (never a name
+// that does not match our patterns). Returns how many entries were completed or removed.
+int tidy_output_dir(const std::string& dir);
+
+// SIGINT and SIGTERM remove this process's pending temporaries, then terminate the process as the
+// signal would have (the handler is reinstalled as the default and the signal raised again).
+// Installed once; a handler the host program installed itself is left in place. OutputSet and
+// write_file_atomic call it; programs may call it at start.
+void install_cleanup_handlers();
+
+namespace testing {
+// Failure injection for tests: the n-th file operation from now (writing one file, or one rename
+// of a commit) fails as a full disk would (ENOSPC); 0 turns it off.
+void fail_file_operation(long n);
+}  // namespace testing
 
 }  // namespace vitlens

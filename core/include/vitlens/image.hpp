@@ -1,6 +1,8 @@
 #pragma once
 // Images in, patch tokens out. Every user image goes through here, in the CLI and the viewer.
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include <opencv2/core.hpp>
 
@@ -8,22 +10,34 @@
 
 namespace vitlens {
 
-// Largest image (in pixels) vitlens decodes: a 120-megapixel photo is 1.4 GB as float RGB.
+// Largest image (in pixels) vitlens decodes: a 120-megapixel photo is 1.4 GB as float RGB. The
+// size is read from the file's header and checked before any pixel is decoded.
 constexpr double kMaxImagePixels = 120e6;
+// Largest image file vitlens reads (2000 MiB): above any file of kMaxImagePixels pixels (a
+// 120-megapixel float RGBA TIFF or EXR is 1831 MiB), and within what one OpenCV buffer holds (its
+// length is an int).
+constexpr uint64_t kMaxImageFileBytes = uint64_t{2000} << 20;
 
 // Reads any image OpenCV can decode and returns it as CV_32FC3 RGB in [0, 1]:
 // 8-bit / 255, 16-bit / 65535, float as is (clamped); grayscale is replicated to RGB; an alpha
 // channel is dropped (as PIL's convert("RGB")). OpenCV decodes BGR: converted here. EXIF
 // orientation is not applied: pixels are taken as stored, as PIL's Image.open gives them.
-// Throws vitlens::Error naming the path when the file is missing, unreadable or not an image.
+// Throws vitlens::Error naming the path when the file is missing, unreadable, larger than
+// kMaxImageFileBytes, not an image of a format image_probe.hpp knows, declares more than
+// kMaxImagePixels pixels (found in the header, before decoding) or is damaged (truncated).
+// The file is read once into one buffer, which the decoder reads in place.
 cv::Mat load_image_rgb(const std::string& path);
 
-// A whole file's bytes; `kind` names it in errors ("an image file"). Throws vitlens::Error for a
-// missing path, a folder or an unreadable file.
-std::string read_whole_file(const std::string& path, const std::string& kind);
+// A whole file's bytes, read once into the returned string; `kind` names it in errors ("an
+// image file"). Throws vitlens::Error for a missing path, a folder, an unreadable file, a file
+// larger than max_bytes (checked before reading; the message gives the limit) or too little memory.
+std::string read_whole_file(const std::string& path, const std::string& kind, uint64_t max_bytes);
 
-// The same from bytes already in memory (any format OpenCV decodes). `what` names it in errors.
-cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::string& what);
+// The same from bytes already in memory. `what` names it in errors.
+cv::Mat decode_image_rgb(const unsigned char* bytes, size_t size, const std::string& what);
+inline cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const std::string& what) {
+  return decode_image_rgb(bytes.data(), bytes.size(), what);
+}
 
 // The processed image the model sees, before normalisation.
 struct PreparedImage {

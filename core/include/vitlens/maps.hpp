@@ -36,4 +36,26 @@ int token_at_patch(const VitConfig& config, int grid_h, int grid_w, int row, int
 // Shannon entropy (nats) of a non-negative map normalised to sum 1; 0 for an all-zero map.
 double map_entropy(const MatRM& map);
 
+// DINO's top-mass threshold (visualize_attention.py --threshold): sort the map ascending, divide
+// by its sum, cumulative sum, keep the patches where cumval > 1 - mass: the fewest largest patches
+// that hold `mass` of the total. Two changes from DINO, both for maps with equal values:
+//  - ties are kept or dropped together: values within kTieTolerance of the map's maximum of each
+//    other form one group (float noise counts as equal), and a group is kept when any of it would
+//    be (so the kept mass is at least `mass`), never split by patch index;
+//  - a map whose values are all equal (within the same tolerance) has no region to keep: the
+//    result says `no_structure` and keeps the whole map unchanged.
+constexpr float kTieTolerance = 1e-5f;  // relative to the map's maximum; float32 softmax noise is ~1e-7
+struct ThresholdResult {
+  MatRM kept_map;            // (gh, gw) the map with every dropped patch set to 0
+  int kept_patches = 0, total_patches = 0;
+  double kept_mass = 0.0;    // share of the map's sum that the kept patches hold
+  bool no_structure = false; // all values equal within the tolerance (or all zero): nothing to single out
+};
+// mass in (0, 1]. Throws vitlens::Error outside that range.
+ThresholdResult keep_top_mass(const MatRM& map, float mass);
+
+// keep_top_mass on every head and on the mean; the maps become the kept maps. Returns (H + 1)
+// results, heads then mean.
+std::vector<ThresholdResult> apply_threshold(HeadMaps& maps, float mass);
+
 }  // namespace vitlens

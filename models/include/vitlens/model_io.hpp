@@ -39,6 +39,9 @@ nlohmann::json config_to_json(const VitConfig& config);
 VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, const std::string& what);
 
 VitModel load_model(const std::string& path);
+// The same from a file's bytes already in memory (`what` names it in errors); load_model reads
+// the file and calls this, and so does the model loader's fuzz harness (tests/fuzz).
+VitModel parse_model(const std::string& bytes, const std::string& what);
 // extra_metadata goes into __metadata__ beside "config" and "format" (e.g. a trained model's
 // "training" record); those two keys cannot be replaced.
 void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,

@@ -22,6 +22,10 @@ struct SafetensorsFile {
   std::map<std::string, TensorData> tensors;
 };
 
+// Largest model file vitlens reads (checked before reading): above ViT-G/14's 1.84 billion
+// parameters in F32 (7.4 GB). The file is read once; its tensors are then converted to float.
+constexpr uint64_t kMaxModelFileBytes = uint64_t{8} << 30;
+
 // Throws vitlens::Error with a one-line message naming the file and the tensor or field on any
 // malformed input: truncated file, header length past the end, header not JSON or not an object,
 // bad dtype/shape/data_offsets (out of range, overlapping, size not matching dtype * shape).

@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Training throughput of `vitlens train` against the PyTorch peer (bench/train_pytorch.py) on the
+# same recipe, one after the other in the same run, and their ratio (issue 7).
+#
+#   bench/train_compare.sh BUILD_DIR [--python PY] [--threads T] [--batch B] [--steps N] [--depth L]
+#
+# vitlens: `BUILD_DIR/app/vitlens train --data fashion-mnist --stop-after N` into a temporary run
+# folder; its log.jsonl records images/s over windows of >= 5 steps every 10 steps; the median of
+# those windows after the first 10 steps is taken. PyTorch: `train_pytorch.py --bench` (median
+# over N per-step timings after 3 untimed steps). Both include batch assembly and augmentation.
+# The machine may be shared: run it when it is quiet, and more than once.
+set -euo pipefail
+
+usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 1 ]] || usage
+BUILD=$1; shift
+PY=/work/venv/bin/python
+THREADS=2 BATCH=128 STEPS=40 DEPTH=6
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --python) PY=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --batch) BATCH=$2; shift 2 ;;
+    --steps) STEPS=$2; shift 2 ;;
+    --depth) DEPTH=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "train_compare: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+for n in "$THREADS" "$BATCH" "$STEPS" "$DEPTH"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "train_compare: '$n' is not a positive integer" >&2; exit 2; }
+done
+((STEPS >= 20)) || { echo "train_compare: --steps must be >= 20 (vitlens logs every 10 steps)" >&2; exit 2; }
+VITLENS=$BUILD/app/vitlens
+[[ -x $VITLENS ]] || { echo "train_compare: $VITLENS not found: build vitlens first" >&2; exit 2; }
+"$VITLENS" train --help >/dev/null 2>&1 || { echo "train_compare: $VITLENS has no 'train' command" >&2; exit 2; }
+command -v "$PY" >/dev/null || { echo "train_compare: python '$PY' not found" >&2; exit 2; }
+HERE=$(cd "$(dirname "$0")" && pwd)
+
+RUN=$(mktemp -d "${TMPDIR:-/tmp}/vitlens-train-compare-XXXXXX")
+trap 'rm -rf "$RUN"' EXIT
+
+RECIPE=(--depth "$DEPTH" --embed-dim 48 --heads 4 --patch 4 --mlp-ratio 2 --batch "$BATCH" --threads "$THREADS" --seed 0)
+
+echo "vitlens train: $STEPS steps, batch $BATCH, $THREADS threads, depth $DEPTH ..." >&2
+"$VITLENS" train --data fashion-mnist --out "$RUN/vitlens" "${RECIPE[@]}" --stop-after "$STEPS" --quiet >/dev/null
+V_RATE=$("$PY" - "$RUN/vitlens/log.jsonl" <<'EOF'
+import json, statistics, sys
+rates = [r["images_per_s"] for r in map(json.loads, open(sys.argv[1]))
+         if "images_per_s" in r and r.get("step", 0) > 10 and r["images_per_s"] > 0]
+if not rates:
+    sys.exit("train_compare: no images/s in the vitlens log")
+print(f"{statistics.median(rates):.1f}")
+EOF
+)
+
+echo "PyTorch ($PY): $STEPS timed steps ..." >&2
+P_JSON=$("$PY" "$HERE/train_pytorch.py" "${RECIPE[@]}" --bench --steps "$STEPS" 2>/dev/null | tail -n 1)
+read -r P_RATE P_VERSION P_THREADS < <("$PY" -c '
+import json, sys
+r = json.loads(sys.argv[1])
+print(f"{r[\"images_per_s\"]:.1f} {r[\"torch\"]} {r[\"threads\"]}")' "$P_JSON")
+
+RATIO=$("$PY" -c "print(f'{$V_RATE / $P_RATE:.2f}')")
+printf '%-28s %12s\n' "trainer" "images/s"
+printf '%-28s %12s\n' "vitlens train" "$V_RATE"
+printf '%-28s %12s\n' "PyTorch $P_VERSION ($P_THREADS thr)" "$P_RATE"
+printf 'vitlens / PyTorch: %sx  (batch %s, %s threads, depth %s, D 48, 4 heads, patch 4, mlp 2)\n' \
+  "$RATIO" "$BATCH" "$THREADS" "$DEPTH"

@@ -1,0 +1,120 @@
+// vitlens_fuzz_seeds OUTDIR: writes the fuzzers' seed corpus (committed as tests/fuzz/corpus/) from
+// vitlens' own code, a few KB per harness:
+//   OUTDIR/model/   two tiny models save_model writes (one with a class token, qkv bias and one
+//                   block; one without either, two blocks, a classifier head and head descriptions)
+//   OUTDIR/image/   crops of the demo image, encoded by OpenCV in the formats vitlens reads most
+//                   (PNG 8-bit RGB, gray, 16-bit with alpha; JPEG; BMP), sizes that pad and resize
+//   OUTDIR/script/  viewer scripts using every command
+// Seeds only need to be valid inputs that reach deep into each parser; the fuzzers mutate them.
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
+
+#include "vitlens/bundled.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
+#include "vitlens/model_io.hpp"
+
+namespace {
+
+using namespace vitlens;
+
+void write_models(const std::string& dir) {
+  VitConfig a;  // P = 2, D = 4, 2 heads, 4 x 4 pixels: 5 tokens, about 1 KB of weights
+  a.name = "fuzz-seed-a";
+  a.description = "tiny seed for fuzz_model";
+  a.patch_size = 2;
+  a.embed_dim = 4;
+  a.num_heads = 2;
+  a.depth = 1;
+  a.img_h = a.img_w = 4;
+  a.mlp_ratio = 2.0;
+  save_model(dir + "/tiny-cls.safetensors", a, gaussian_tensors(a, 1));
+
+  VitConfig b = a;
+  b.name = "fuzz-seed-b";
+  b.class_token = false;
+  b.qkv_bias = false;
+  b.depth = 2;
+  b.img_h = 2;  // a 1 x 2 grid
+  b.mlp_ratio = 1.5;
+  b.head_descriptions = {{"first", "second"}, {"third", "fourth"}};
+  TensorMap tb = gaussian_tensors(b, 2);
+  TensorData head_w, head_b;  // a 3-class classifier head
+  head_w.shape = {3, b.embed_dim};
+  head_w.values.assign(12, 0.25f);
+  head_b.shape = {3};
+  head_b.values = {0.0f, 1.0f, -1.0f};
+  tb.emplace("head.weight", head_w);
+  tb.emplace("head.bias", head_b);
+  save_model(dir + "/tiny-nocls-head.safetensors", b, tb);
+}
+
+void write_image(const std::string& path, const cv::Mat& bgr, const std::vector<int>& params = {}) {
+  std::vector<unsigned char> bytes;
+  if (!cv::imencode(path.substr(path.find_last_of('.')), bgr, bytes, params)) throw Error(path + ": encoding failed");
+  write_file_atomic(path, std::string(bytes.begin(), bytes.end()));
+}
+
+void write_images(const std::string& dir) {
+  cv::Mat demo_bgr;
+  cv::cvtColor(make_demo_image().rgb, demo_bgr, cv::COLOR_RGB2BGR);  // CV_8UC3, 224 x 224
+  const cv::Mat crop = demo_bgr(cv::Rect(96, 96, 9, 13)).clone();    // 9 x 13: pads to 3 x 4 patches
+  write_image(dir + "/rgb-9x13.png", crop);
+  cv::Mat gray;
+  cv::cvtColor(crop, gray, cv::COLOR_BGR2GRAY);
+  write_image(dir + "/gray-9x13.png", gray);
+  cv::Mat bgra16;
+  cv::cvtColor(demo_bgr(cv::Rect(40, 40, 6, 5)), bgra16, cv::COLOR_BGR2BGRA);
+  bgra16.convertTo(bgra16, CV_16U, 257.0);
+  write_image(dir + "/rgba16-6x5.png", bgra16);
+  write_image(dir + "/rgb-8x8.jpg", demo_bgr(cv::Rect(0, 0, 8, 8)).clone(), {cv::IMWRITE_JPEG_QUALITY, 80});
+  write_image(dir + "/rgb-5x4.bmp", demo_bgr(cv::Rect(120, 30, 5, 4)).clone());
+  cv::Mat wide;  // 300 x 8: longer than 224, so prepare_image downscales it
+  cv::resize(demo_bgr(cv::Rect(0, 100, 224, 8)), wide, cv::Size(300, 8), 0, 0, cv::INTER_NEAREST);
+  write_image(dir + "/rgb-300x8.png", wide, {cv::IMWRITE_PNG_COMPRESSION, 9});
+}
+
+void write_scripts(const std::string& dir) {
+  const std::vector<std::pair<std::string, std::string>> scripts = {
+      {"files.txt", "open images/a photo.png\nmodel models/x.safetensors\nexport out dir raw\nexport out\n"
+                    "screenshot shot.png\nstate state.json   # trailing comment\n"},
+      {"view.txt", "pin 10 12\nkey right\nkey up\nhover 3 4\nmode query\nmode received\nmode cls\nlayer 0\n"
+                   "colormap inferno\nalpha 0.5\nnormalize log\nupsample bilinear\nthreshold 0.6\nthreshold off\n"
+                   "grid on\n"},
+      {"mask.txt", "mask painted\npaint 1 2\nerase 1 2\nclear-paint\nmask causal\nscale temperature 0.5\n"
+                   "scale none\nsize 128\nsize default\n"},
+      {"panels.txt", "# panels and the worked example\nshow stats on\nshow example off\nexample q 1 0 -0.25\n"
+                     "example scaled off\nexample reset\nbrowse model\nframes 3\nquit\n"},
+  };
+  for (const auto& [name, text] : scripts) write_file_atomic(dir + "/" + name, text);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 2) {
+    std::cerr << "usage: vitlens_fuzz_seeds OUTDIR   (e.g. the source tree's tests/fuzz/corpus)\n";
+    return 2;
+  }
+  const std::string out = argv[1];
+  try {
+    for (const char* sub : {"/model", "/image", "/script"}) {
+      std::error_code ec;
+      std::filesystem::create_directories(out + sub, ec);
+      if (ec) throw Error(out + sub + ": cannot create the folder (" + ec.message() + ")");
+    }
+    write_models(out + "/model");
+    write_images(out + "/image");
+    write_scripts(out + "/script");
+  } catch (const Error& e) {
+    std::cerr << "vitlens_fuzz_seeds: " << e.what() << "\n";
+    return 1;
+  }
+  std::cout << "wrote the seed corpus into " << out << "/{model,image,script}\n";
+  return 0;
+}

@@ -1,0 +1,551 @@
+// Hostile and broken input (issue 9): decompression bombs refused from the header, damaged images
+// named as damaged, oversized files refused before reading, temporaries removed on SIGINT /
+// SIGTERM and by the next run, one image's outputs all-or-nothing, long stems, streamed --raw.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+
+#include "test_support.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/export.hpp"
+#include "vitlens/files.hpp"
+#include "vitlens/image.hpp"
+#include "vitlens/image_probe.hpp"
+#include "vitlens/safetensors.hpp"
+
+extern char** environ;
+
+using namespace vitlens;
+
+namespace {
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+std::vector<std::string> entries(const std::string& dir) {
+  std::vector<std::string> names;
+  if (DIR* d = ::opendir(dir.c_str())) {
+    while (const dirent* e = ::readdir(d)) {
+      const std::string n = e->d_name;
+      if (n != "." && n != "..") names.push_back(n);
+    }
+    ::closedir(d);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+int hidden_entries(const std::string& dir) {
+  int n = 0;
+  for (const std::string& e : entries(dir)) n += e[0] == '.';
+  return n;
+}
+
+// ---- PNG made by hand: the bomb ----
+uint32_t crc32_of(const std::string& bytes) {  // the PNG / zlib CRC-32 (polynomial 0xEDB88320)
+  uint32_t c = 0xffffffffu;
+  for (unsigned char b : bytes) {
+    c ^= b;
+    for (int k = 0; k < 8; ++k) c = (c >> 1) ^ (0xedb88320u & (0u - (c & 1u)));
+  }
+  return c ^ 0xffffffffu;
+}
+
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+std::string png_chunk(const std::string& type, const std::string& data) {
+  return be32(static_cast<uint32_t>(data.size())) + type + data + be32(crc32_of(type + data));
+}
+
+// A valid PNG header declaring width x height, with an IDAT holding a real zlib stream (stored
+// blocks) of the first rows of zeros, and IEND: a few kilobytes that decode to gigabytes.
+std::string bomb_png(uint32_t width, uint32_t height, int depth, int color_type, int channels) {
+  std::string ihdr = be32(width) + be32(height);
+  ihdr += static_cast<char>(depth);
+  ihdr += static_cast<char>(color_type);
+  ihdr += std::string(3, '\0');  // deflate, adaptive filtering, no interlace
+  const size_t row = 1 + static_cast<size_t>(width) * static_cast<size_t>(channels) * static_cast<size_t>(depth / 8);
+  const std::string raw(std::min<size_t>(row * 2, 65535), '\0');  // two rows (filter byte + zeros)
+  std::string z = "\x78\x01";                                        // zlib header, no dictionary
+  z += '\0';                                                         // stored block, not final
+  z += static_cast<char>(raw.size() & 0xff);
+  z += static_cast<char>(raw.size() >> 8);
+  z += static_cast<char>(~raw.size() & 0xff);
+  z += static_cast<char>((~raw.size() >> 8) & 0xff);
+  z += raw;
+  return std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) + png_chunk("IDAT", z) + png_chunk("IEND", "");
+}
+
+// ---- child processes ----
+struct Child {
+  int code = -1, signal = 0;
+  long max_rss_kb = 0;
+  std::string err;
+};
+
+pid_t spawn(const std::vector<std::string>& args, const std::string& err_path) {
+  std::vector<char*> argv;
+  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t files;
+  posix_spawn_file_actions_init(&files);
+  posix_spawn_file_actions_addopen(&files, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&files, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  // The default action for the signals the test sends, whatever the test runner ignores.
+  posix_spawnattr_t attr;
+  posix_spawnattr_init(&attr);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  posix_spawnattr_setsigdefault(&attr, &defaults);
+  sigset_t none;
+  sigemptyset(&none);
+  posix_spawnattr_setsigmask(&attr, &none);
+  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, argv[0], &files, &attr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&files);
+  posix_spawnattr_destroy(&attr);
+  REQUIRE(rc == 0);
+  return pid;
+}
+
+Child reap(pid_t pid, const std::string& err_path) {
+  int status = 0;
+  rusage usage {};
+  REQUIRE(::wait4(pid, &status, 0, &usage) == pid);
+  Child c;
+  if (WIFEXITED(status)) c.code = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
+  c.max_rss_kb = usage.ru_maxrss;
+  c.err = slurp(err_path);
+  return c;
+}
+
+Child run_vitlens(const std::vector<std::string>& args) {
+  static const std::string dir = test::temp_dir("hostile-run");
+  std::vector<std::string> all = {VITLENS_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  return reap(spawn(all, dir + "/err"), dir + "/err");
+}
+
+struct Setup {
+  std::string dir = test::temp_dir("hostile");
+  std::string model = dir + "/model.safetensors";
+  std::string image = dir + "/photo.png";
+  VitModel loaded;
+  Setup() {
+    const VitConfig c = test::small_config(16, true, 2);
+    save_model(model, c, test::random_tensors(c, 23));
+    loaded = load_model(model);
+    cv::Mat img(18, 22, CV_8UC3);
+    cv::randu(img, 0, 255);
+    REQUIRE(cv::imwrite(image, img));
+  }
+};
+
+// Every file of a folder: name -> bytes; JSON files without their run-specific fields.
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const std::string& name : entries(dir)) {
+    std::string bytes = slurp(dir + "/" + name);
+    if (name.size() > 5 && name.compare(name.size() - 5, 5, ".json") == 0) {
+      nlohmann::json j = nlohmann::json::parse(bytes);
+      j.erase("timings_ms");
+      j.erase("set");
+      for (auto& f : j["files"]) f = f.get<std::string>().substr(f.get<std::string>().find_last_of('/') + 1);
+      bytes = j.dump();
+    }
+    files[name] = bytes;
+  }
+  return files;
+}
+
+std::string fixture_photo() { return slurp(std::string(VITLENS_TEST_FIXTURES) + "/photo/fruits_crop.jpg"); }
+
+}  // namespace
+
+// =============================================================================================
+TEST_CASE("image headers: the declared size of every format OpenCV writes, read before decoding", "[image][probe]") {
+  cv::Mat img(37, 53, CV_8UC3);
+  cv::randu(img, 0, 255);
+  cv::Mat gray;
+  cv::extractChannel(img, gray, 0);
+  cv::Mat as_float;
+  img.convertTo(as_float, CV_32F, 1.0 / 255);
+  struct Case {
+    const char* ext;
+    cv::Mat pixels;
+    std::string format;
+    std::vector<int> params;
+  };
+  const std::vector<Case> cases = {
+      {".png", img, "PNG", {}},
+      {".jpg", img, "JPEG", {}},
+      {".jpg", img, "JPEG", {cv::IMWRITE_JPEG_PROGRESSIVE, 1}},
+      {".bmp", img, "BMP", {}},
+      {".tiff", img, "TIFF", {}},
+      {".tiff", as_float, "TIFF", {}},
+      {".webp", img, "WebP", {cv::IMWRITE_WEBP_QUALITY, 80}},
+      {".webp", img, "WebP", {cv::IMWRITE_WEBP_QUALITY, 101}},  // lossless
+      {".ppm", img, "PPM", {}},
+      {".pgm", gray, "PGM", {}},
+      {".pbm", gray, "PBM", {}},
+      {".pam", img, "PAM", {}},
+      {".pfm", as_float, "PFM", {}},
+      {".ras", img, "Sun raster", {}},
+      {".hdr", as_float, "Radiance HDR", {}},
+      {".jp2", img, "JPEG 2000", {}},
+  };
+  const std::string dir = test::temp_dir("probe");
+  for (const Case& c : cases) {
+    INFO(c.ext << " " << c.format);
+    std::vector<unsigned char> bytes;
+    REQUIRE(cv::imencode(c.ext, c.pixels, bytes, c.params));
+    const ImageProbe p = probe_image(bytes.data(), bytes.size());
+    CHECK(p.format == c.format);
+    CHECK(p.width == 53);
+    CHECK(p.height == 37);
+    CHECK(p.damage.empty());
+    // The whole file loads, at the size OpenCV decodes (the independent reference).
+    const std::string path = dir + "/whole" + c.ext;
+    spit(path, std::string(bytes.begin(), bytes.end()));
+    const cv::Mat loaded = load_image_rgb(path);
+    CHECK(loaded.cols == 53);
+    CHECK(loaded.rows == 37);
+  }
+}
+
+TEST_CASE("decompression bombs are refused from the header, before any decoding", "[image][bomb]") {
+  const std::string dir = test::temp_dir("bomb");
+  // 30000 x 30000 8-bit RGB: 900 megapixels, 2.7 GB decoded, from a file of a few kilobytes.
+  const std::string rgb = bomb_png(30000, 30000, 8, 2, 3);
+  CHECK(rgb.size() < 70000);
+  const ImageProbe p = probe_image(reinterpret_cast<const unsigned char*>(rgb.data()), rgb.size());
+  CHECK(p.width == 30000);
+  CHECK(p.height == 30000);
+  CHECK(p.damage.empty());  // a well-formed file: it is the size that is refused
+  spit(dir + "/bomb.png", rgb);
+  CHECK_THROWS_WITH(load_image_rgb(dir + "/bomb.png"),
+                    Catch::Contains("bomb.png") && Catch::Contains("declares 30000x30000") &&
+                        Catch::Contains("900 megapixels") && Catch::Contains("120 megapixels"));
+  // 16-bit RGBA: 8 bytes a pixel, 7.2 GB decoded.
+  spit(dir + "/bomb16.png", bomb_png(30000, 30000, 16, 6, 4));
+  CHECK_THROWS_WITH(load_image_rgb(dir + "/bomb16.png"), Catch::Contains("declares 30000x30000"));
+  // A JPEG whose frame header declares 60000 x 60000.
+  cv::Mat small(8, 8, CV_8UC3, cv::Scalar(10, 20, 30));
+  std::vector<unsigned char> jpg;
+  REQUIRE(cv::imencode(".jpg", small, jpg));
+  bool patched = false;
+  for (size_t i = 2; i + 8 < jpg.size() && !patched; ++i)
+    if (jpg[i] == 0xFF && jpg[i + 1] == 0xC0) {  // SOF0: length, precision, height, width
+      jpg[i + 5] = jpg[i + 7] = 0xEA;
+      jpg[i + 6] = jpg[i + 8] = 0x60;
+      patched = true;
+    }
+  REQUIRE(patched);
+  spit(dir + "/bomb.jpg", std::string(jpg.begin(), jpg.end()));
+  CHECK_THROWS_WITH(load_image_rgb(dir + "/bomb.jpg"), Catch::Contains("declares 60000x60000"));
+
+  // End to end: one line, and the process never grows by the decoded size (peak RSS of the
+  // child; decoding the first bomb alone would take 2.7 GB).
+  Setup s;
+  const Child c = run_vitlens({"export", dir + "/bomb.png", "--model", s.model, "--out", dir});
+  CHECK(c.code == 1);
+  CHECK(c.err == "vitlens: " + dir + "/bomb.png: PNG image declares 30000x30000 pixels (900 megapixels), more than "
+                 "vitlens reads (120 megapixels); shrink it first\n");
+  CHECK(c.max_rss_kb < 200 * 1024);
+}
+
+TEST_CASE("damaged images are reported as damaged, never exported as a partly grey picture", "[image][damaged]") {
+  const std::string dir = test::temp_dir("damaged");
+  const std::string photo = fixture_photo();
+  REQUIRE(photo.size() > 10000);
+  const cv::Mat whole = cv::imdecode(std::vector<unsigned char>(photo.begin(), photo.end()), cv::IMREAD_COLOR);
+  REQUIRE(whole.cols == 256);
+  std::vector<unsigned char> progressive, png;
+  REQUIRE(cv::imencode(".jpg", whole, progressive, {cv::IMWRITE_JPEG_PROGRESSIVE, 1}));
+  REQUIRE(cv::imencode(".png", whole, png));
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"baseline.jpg", photo},
+      {"progressive.jpg", std::string(progressive.begin(), progressive.end())},
+      {"photo.png", std::string(png.begin(), png.end())}};
+  for (const auto& [name, bytes] : files) {
+    // The whole file loads, and so does one with bytes after its end marker (cameras append some).
+    spit(dir + "/" + name, bytes);
+    const cv::Mat ok = load_image_rgb(dir + "/" + name);
+    CHECK(ok.cols == 256);
+    spit(dir + "/tail_" + name, bytes + "trailing bytes");
+    CHECK(load_image_rgb(dir + "/tail_" + name).cols == 256);
+    for (double keep : {0.999, 0.9, 0.5, 0.1}) {
+      const size_t cut = static_cast<size_t>(static_cast<double>(bytes.size()) * keep);
+      const std::string path = dir + "/cut" + std::to_string(cut) + "_" + name;
+      spit(path, bytes.substr(0, cut));
+      INFO(path);
+      CHECK_THROWS_WITH(load_image_rgb(path), Catch::Contains(path) && Catch::Contains("damaged") &&
+                                                  Catch::Contains("truncated"));
+    }
+  }
+  // Why the check is needed: OpenCV alone decodes a cut JPEG "successfully" (grey below the cut).
+  const std::string cut = photo.substr(0, photo.size() / 2);
+  CHECK_FALSE(cv::imdecode(std::vector<unsigned char>(cut.begin(), cut.end()), cv::IMREAD_COLOR).empty());
+  // End to end: the CLI exports nothing for it and says so in one line.
+  Setup s;
+  spit(s.dir + "/cut.jpg", cut);
+  const Child c = run_vitlens({"export", s.dir + "/cut.jpg", "--model", s.model, "--out", s.dir, "--quiet"});
+  CHECK(c.code == 1);
+  CHECK(c.err == "vitlens: " + s.dir + "/cut.jpg: damaged JPEG file: the file ends before its end-of-image marker (truncated)\n");
+  CHECK_FALSE(std::ifstream(s.dir + "/cut.json").good());
+}
+
+TEST_CASE("files larger than any image or model vitlens can use are refused before reading", "[image][limits]") {
+  const std::string dir = test::temp_dir("huge");
+  // Sparse files: the size without the disk space.
+  auto sparse = [&](const std::string& name, off_t size, const std::string& start) {
+    const std::string path = dir + "/" + name;
+    spit(path, start);
+    REQUIRE(::truncate(path.c_str(), size) == 0);
+    return path;
+  };
+  const std::string image = sparse("big.png", off_t{3} << 30, std::string("\x89PNG\r\n\x1a\n", 8));
+  CHECK_THROWS_WITH(load_image_rgb(image), Catch::Contains("big.png") && Catch::Contains("3072 MiB") &&
+                                               Catch::Contains("at most 2000 MiB") && Catch::Contains("nothing was read"));
+  const std::string model = sparse("big.safetensors", off_t{9} << 30, std::string(8, '\0'));
+  CHECK_THROWS_WITH(read_safetensors(model), Catch::Contains("big.safetensors") && Catch::Contains("9216 MiB") &&
+                                                  Catch::Contains("at most 8192 MiB"));
+  // The limit is the argument: a file one byte over it is refused, one at it is read whole.
+  const std::string small = dir + "/small.bin";
+  spit(small, "0123456789");
+  CHECK_THROWS_WITH(read_whole_file(small, "a test file", 9), Catch::Contains("larger than any test file"));
+  CHECK(read_whole_file(small, "a test file", 10) == "0123456789");
+}
+
+TEST_CASE("a long stem works: temporary names are short whatever the output names", "[export][files]") {
+  Setup s;
+  const std::string stem(240, 's');
+  const std::string image = s.dir + "/" + stem + ".png";
+  REQUIRE(::rename(s.image.c_str(), image.c_str()) == 0);
+  const std::string out = test::temp_dir("longstem");
+  const Child c = run_vitlens({"export", image, "--model", s.model, "--out", out, "--raw", "--size", "0", "--quiet"});
+  INFO(c.err);
+  CHECK(c.code == 0);
+  for (const char* suffix : {"_head0.png", "_head3.png", "_mean.png", "_montage.png", "_attn.npy", ".json"})
+    CHECK(std::ifstream(out + "/" + stem + suffix).good());
+  CHECK(hidden_entries(out) == 0);
+  // write_file_atomic as well (the viewer's settings and notes).
+  write_file_atomic(out + "/" + std::string(250, 'n') + ".json", "{}");
+  CHECK(slurp(out + "/" + std::string(250, 'n') + ".json") == "{}");
+}
+
+TEST_CASE("--raw is streamed: the same bytes as the whole array, without a second copy in memory", "[export][raw]") {
+  Setup s;
+  ExportSettings settings;
+  settings.out_dir = test::temp_dir("rawstream");
+  settings.raw = true;
+  settings.max_side = 0;
+  const ImageAnalysis a = analyse_image(s.loaded, s.image, settings);
+  write_export(s.loaded, a, settings);
+  // The reference: the .npy built whole in memory, as before streaming.
+  const auto& f = a.forward;
+  const size_t n = static_cast<size_t>(f.tokens);
+  std::string expected = npy_bytes_f32({f.layers.size(), 4, n, n}, nullptr);
+  for (const LayerState& layer : f.layers)
+    for (const MatRM& probs : layer.probs)
+      expected.append(reinterpret_cast<const char*>(probs.data()), static_cast<size_t>(probs.size()) * sizeof(float));
+  CHECK(slurp(settings.out_dir + "/photo_attn.npy") == expected);
+
+  // Peak memory of the CLI with and without --raw on an image of 1445 tokens: the (2, 4, N, N)
+  // weights are 66.8 MB; writing them whole took a second copy (the issue: 2x), streaming none.
+  cv::Mat big(152, 152, CV_8UC3);
+  cv::randu(big, 0, 255);
+  REQUIRE(cv::imwrite(s.dir + "/big.png", big));
+  const double npy_mb = 2.0 * 4 * 1445.0 * 1445.0 * 4 / (1 << 20);
+  const Child plain = run_vitlens({"export", s.dir + "/big.png", "--model", s.model, "--out", s.dir, "--size", "0", "-q"});
+  const Child raw = run_vitlens({"export", s.dir + "/big.png", "--model", s.model, "--out", s.dir, "--size", "0", "-q", "--raw"});
+  REQUIRE(plain.code == 0);
+  REQUIRE(raw.code == 0);
+  const double extra_mb = static_cast<double>(raw.max_rss_kb - plain.max_rss_kb) / 1024.0;
+  WARN("peak RSS without --raw " << plain.max_rss_kb / 1024 << " MiB, with --raw " << raw.max_rss_kb / 1024
+                                 << " MiB; the weights are " << npy_mb << " MiB");
+  CHECK(extra_mb < 1.5 * npy_mb);
+}
+
+TEST_CASE("SIGTERM and SIGINT during an export leave no temporaries; stale ones are removed next run", "[export][signals]") {
+  Setup s;
+  // A big export: a patch-16 model on a 2048 x 2048 image; its PNGs take a while to encode.
+  VitConfig c = test::small_config(224, true, 1);
+  c.patch_size = 16;
+  const std::string model = s.dir + "/p16.safetensors";
+  save_model(model, c, test::random_tensors(c, 3));
+  cv::Mat big(2048, 2048, CV_8UC3);
+  cv::randu(big, 0, 255);
+  const std::string image = s.dir + "/big.png";
+  REQUIRE(cv::imwrite(image, big));
+  for (int sig : {SIGTERM, SIGINT}) {
+    INFO("signal " << sig);
+    const std::string out = test::temp_dir("signal");
+    const pid_t pid = spawn({VITLENS_BINARY, "export", image, "--model", model, "--out", out, "--size", "0", "-q"},
+                            s.dir + "/signal-err-" + std::to_string(sig));
+    // Wait until the export writes (its private folder appears), then interrupt it.
+    bool writing = false;
+    for (int i = 0; i < 60000 && !writing; ++i) {
+      writing = hidden_entries(out) > 0;
+      if (!writing) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    REQUIRE(writing);
+    ::kill(pid, sig);
+    const Child child = reap(pid, s.dir + "/signal-err-" + std::to_string(sig));
+    CHECK(child.signal == sig);  // terminated by the signal, as without the handler
+    CHECK(entries(out).empty());  // no temporary, and no part of the set
+  }
+
+  // Stale temporaries of our naming are removed by the next export into the folder: a dead
+  // process's, and an old one of a live process; a recent one of a live process and every name
+  // that is not ours stay.
+  const std::string out = test::temp_dir("stale");
+  const pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ::waitpid(dead, nullptr, 0);
+  const std::string dead_dir = out + "/.vitlens-tmp-" + std::to_string(dead) + "-Ab12Cd";
+  REQUIRE(::mkdir(dead_dir.c_str(), 0755) == 0);
+  spit(dead_dir + "/photo_head0.png", "partial");
+  spit(out + "/.vitlens-tmp-" + std::to_string(dead) + "-Zz9999", "a single-file temporary");
+  const std::string old = out + "/.vitlens-tmp-" + std::to_string(::getppid()) + "-old123";
+  spit(old, "old");
+  const timespec two_hours_ago[2] = {{::time(nullptr) - 7200, 0}, {::time(nullptr) - 7200, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, old.c_str(), two_hours_ago, 0) == 0);
+  const std::vector<std::string> kept = {".vitlens-tmp-" + std::to_string(::getppid()) + "-new123",  // live, recent
+                                         ".vitlens-tmp-notapid-abcdef", ".vitlens-tmp-12-abc", "photo.png.tmp",
+                                         ".vitlens-tmpfoo"};
+  for (const std::string& name : kept) spit(out + "/" + name, "not ours to remove");
+  const Child run = run_vitlens({"export", s.image, "--model", s.model, "--out", out, "-q"});
+  CHECK(run.code == 0);
+  std::vector<std::string> hidden;
+  for (const std::string& e : entries(out))
+    if (e[0] == '.' || e == "photo.png.tmp") hidden.push_back(e);
+  std::vector<std::string> expect = kept;
+  std::sort(expect.begin(), expect.end());
+  CHECK(hidden == expect);
+}
+
+TEST_CASE("one image's outputs appear together or not at all, whichever file operation fails", "[export][atomic]") {
+  Setup s;
+  const ImageAnalysis raw_analysis = [&] {
+    ExportSettings a;
+    a.raw = true;
+    a.max_side = 0;
+    return analyse_image(s.loaded, s.image, a);
+  }();
+  // Set A (the previous export): viridis with --raw. Set B (the new one): inferno without --raw,
+  // so B also has to remove A's .npy, which B does not have.
+  auto export_a = [&](const std::string& dir) {
+    ExportSettings a;
+    a.out_dir = dir;
+    a.raw = true;
+    a.max_side = 0;
+    write_export(s.loaded, raw_analysis, a);
+  };
+  auto export_b = [&](const std::string& dir) {
+    ExportSettings b;
+    b.out_dir = dir;
+    b.max_side = 0;
+    b.style.colormap = "inferno";
+    write_export(s.loaded, raw_analysis, b);
+  };
+  const std::string ref_a = test::temp_dir("set-a"), ref_b = test::temp_dir("set-b");
+  export_a(ref_a);
+  export_b(ref_b);
+  const auto set_a = snapshot(ref_a), set_b = snapshot(ref_b);
+  REQUIRE(set_a.size() == 8);  // 4 heads, mean, montage, npy, json
+  REQUIRE(set_b.size() == 7);
+  REQUIRE(set_a.at("photo_head0.png") != set_b.at("photo_head0.png"));
+
+  int failures = 0, interrupted_commits = 0;
+  bool completed = false;
+  for (long n = 1; n < 100 && !completed; ++n) {
+    INFO("failing file operation " << n);
+    const std::string dir = test::temp_dir("inject");
+    export_a(dir);
+    testing::fail_file_operation(n);
+    try {
+      export_b(dir);
+      completed = true;
+    } catch (const Error& e) {
+      ++failures;
+      CHECK_THAT(e.what(), Catch::Contains("No space left on device"));
+    }
+    testing::fail_file_operation(0);
+    bool pending = false;
+    for (const std::string& e : entries(dir)) pending = pending || e.rfind(".vitlens-set-", 0) == 0;
+    if (!pending) {
+      // Nothing half done: exactly the old set, or exactly the new one.
+      const auto now = snapshot(dir);
+      CHECK((now == set_a || now == set_b));
+      CHECK(hidden_entries(dir) == 0);
+    } else {
+      // Cut short after the commit point (the set was complete): the next run finishes it.
+      ++interrupted_commits;
+      CHECK(tidy_output_dir(dir) == 1);
+      CHECK(snapshot(dir) == set_b);
+      CHECK(hidden_entries(dir) == 0);
+    }
+  }
+  CHECK(completed);
+  CHECK(failures >= 12);           // every file written and every rename was made to fail once
+  CHECK(interrupted_commits >= 6);  // of which the renames after the commit point
+}
+
+TEST_CASE("two concurrent exports into one folder leave one complete, consistent set", "[export][atomic]") {
+  Setup s;
+  const std::string ref_viridis = test::temp_dir("ref-v"), ref_inferno = test::temp_dir("ref-i");
+  const std::vector<std::string> common = {"export", s.image, "--model", s.model, "--size", "0", "-q"};
+  auto args = [&](const std::string& out, const std::string& colormap, bool raw) {
+    std::vector<std::string> a = {VITLENS_BINARY};
+    a.insert(a.end(), common.begin(), common.end());
+    a.insert(a.end(), {"--out", out, "--colormap", colormap});
+    if (raw) a.push_back("--raw");
+    return a;
+  };
+  const std::string err = s.dir + "/concurrent-err";
+  REQUIRE(reap(spawn(args(ref_viridis, "viridis", true), err), err).code == 0);
+  REQUIRE(reap(spawn(args(ref_inferno, "inferno", false), err), err).code == 0);
+  const auto viridis = snapshot(ref_viridis), inferno = snapshot(ref_inferno);
+  const std::string out = test::temp_dir("concurrent");
+  for (int round = 0; round < 6; ++round) {
+    const pid_t a = spawn(args(out, "viridis", true), err + "a");
+    const pid_t b = spawn(args(out, "inferno", false), err + "b");
+    CHECK(reap(a, err + "a").code == 0);
+    CHECK(reap(b, err + "b").code == 0);
+    const auto now = snapshot(out);
+    INFO("round " << round);
+    CHECK((now == viridis || now == inferno));
+    CHECK(hidden_entries(out) == 0);
+  }
+}
