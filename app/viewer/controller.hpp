@@ -12,6 +12,7 @@
 #include "app_state.hpp"
 #include "script.hpp"
 #include "settings.hpp"
+#include "train_panel.hpp"
 #include "worker.hpp"
 
 namespace vitlens::viewer {
@@ -44,6 +45,7 @@ struct App {
   ScriptRunner script;
   int export_failures = 0;                  // exports or screenshots that failed (script exit code)
   std::string last_load_error;              // the last file or pass that failed, for the exit message
+  TrainPanel train;                         // the Train window (train_panel.hpp); last, so its worker stops first
 };
 
 // [SECTION] Start and stop
