@@ -174,11 +174,16 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
   const std::string error = session.save("/nonexistent-vitlens-folder/x.safetensors");
   CHECK(error != "");
   CHECK(error.find('\n') == std::string::npos);
-  std::string open_error;
-  const std::string opened = session.save_for_viewing(open_error);
-  CHECK(open_error == "");
-  REQUIRE(opened != "");
-  CHECK(load_model(opened).config.name == "vitlens-trained");
+  std::string path_error;
+  const std::string path = session.viewing_path(path_error);
+  CHECK(path_error == "");
+  REQUIRE(path != "");
+  const uint64_t id = session.request_save(path);
+  REQUIRE(id != 0);
+  std::string save_error = "unset";
+  while (!session.save_finished(id, save_error)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(save_error == "");
+  CHECK(load_model(path).config.name == "vitlens-trained");
 }
 
 TEST_CASE("train session: a bad data path or setting is one line, never a crash", "[train_session]") {

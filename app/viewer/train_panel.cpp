@@ -67,14 +67,18 @@ std::string start_training(App& app, const TrainSettings& settings) {
 }
 
 std::string open_training_model(App& app) {
+  TrainPanel& t = app.train;
   std::string error;
-  const std::string path = app.train.session.save_for_viewing(error);
-  if (path.empty()) {
-    app.train.start_error = "Open failed: " + error;
+  const std::string path = t.session.viewing_path(error);
+  const uint64_t id = path.empty() ? 0 : t.session.request_save(path);
+  if (id == 0) {
+    if (error.empty()) error = "no training run has started";
+    t.start_error = "Open failed: " + error;
     return error;
   }
-  app.train.start_error.clear();
-  app.requests.open_model = path;
+  t.start_error.clear();
+  t.open_save = id;
+  t.open_path = path;
   return "";
 }
 
@@ -116,8 +120,29 @@ std::string apply_train_command(App& app, const ScriptCommand& c) {
   return "";
 }
 
+namespace {
+
+// Fails the running script at its current command (the one that waited).
+void fail_script(App& app, const std::string& why) {
+  if (!app.script.active() || app.script.next == 0) return;
+  const ScriptCommand& c = app.script.commands[app.script.next - 1];
+  app.script.error = app.script.path + ":" + std::to_string(c.line) + ": '" + c.text + "': " + why;
+}
+
+}  // namespace
+
 bool poll_training(App& app) {
   TrainPanel& t = app.train;
+  std::string save_error;
+  if (t.open_save != 0 && t.session.save_finished(t.open_save, save_error)) {
+    t.open_save = 0;
+    if (save_error.empty()) {
+      app.requests.open_model = t.open_path;
+    } else {
+      t.start_error = "Open failed: " + save_error;
+      fail_script(app, t.start_error);
+    }
+  }
   if (t.session.version() != t.view.version) t.view = t.session.snapshot();
   if (t.wait_step >= 0) {
     if (t.view.step >= t.wait_step) {
@@ -129,16 +154,13 @@ bool poll_training(App& app) {
                                   : std::string("training is ") + train_state_name(t.view.state) + " at step " +
                                         std::to_string(t.view.step);
       t.wait_step = -1;
-      if (app.script.active() && app.script.next > 0) {
-        const ScriptCommand& c = app.script.commands[app.script.next - 1];
-        app.script.error = app.script.path + ":" + std::to_string(c.line) + ": '" + c.text + "': " + why;
-      }
+      fail_script(app, why);
     }
   }
   return t.session.active();
 }
 
-bool training_wait_pending(const App& app) { return app.train.wait_step >= 0; }
+bool training_wait_pending(const App& app) { return app.train.wait_step >= 0 || app.train.open_save != 0; }
 
 nlohmann::json training_state_json(const App& app) {
   const TrainSnapshot& v = app.train.view;

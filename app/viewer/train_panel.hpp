@@ -23,6 +23,8 @@ struct TrainPanel {
   std::string save_path = "vitlens-trained.safetensors";  // the Save button's file
   TrainSnapshot view;       // the snapshot on screen, copied when the session's version changes
   int64_t wait_step = -1;   // the script's `train wait`: until this step (or the run ends)
+  uint64_t open_save = 0;   // "open in the main view": the save it waits for (0: none)
+  std::string open_path;    // and the file it then opens
   TrainSession session;     // last: its worker stops before the rest goes
 };
 
@@ -33,13 +35,14 @@ std::string apply_train_command(App& app, const ScriptCommand& command);
 
 // Actions shared by the window's buttons and the script.
 std::string start_training(App& app, const TrainSettings& settings);
-// Saves the current weights and asks the main view to open them (as File > Open model would).
+// Saves the current weights (on the worker, between steps) and then has the main view open them,
+// as File > Open model would. "" or why it cannot start; a failed save shows in the window.
 std::string open_training_model(App& app);
 
 // Once per frame: a fresh snapshot in, a finished `train wait` released. Returns true while
 // training runs (the main loop then redraws without waiting for input).
 bool poll_training(App& app);
-// A `train wait` still waiting: the script does not go on.
+// A `train wait` or `train open` still waiting: the script does not go on.
 bool training_wait_pending(const App& app);
 // The window's numbers for `state FILE`.
 nlohmann::json training_state_json(const App& app);

@@ -336,34 +336,46 @@ void TrainSession::stop() {
   wake_.notify_all();
 }
 
-void TrainSession::request_save(const std::string& path) {
+uint64_t TrainSession::request_save(const std::string& path) {
+  uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!run_) {
       snap_.message = "Save failed: no training run has started";
       ++snap_.version;
-      return;
+      return 0;
     }
-    run_->saves.emplace_back(next_save_id_++, path);
-  }
-  wake_.notify_all();
-}
-
-std::string TrainSession::save(const std::string& path) {
-  uint64_t id = 0;
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (!run_) return "no training run has started";
     id = next_save_id_++;
     run_->saves.emplace_back(id, path);
   }
   wake_.notify_all();
-  std::unique_lock<std::mutex> lock(mutex_);
-  saved_.wait(lock, [&] { return done_save_id_ >= id; });
-  return last_save_error_;
+  return id;
 }
 
-std::string TrainSession::save_for_viewing(std::string& error) {
+bool TrainSession::save_finished(uint64_t id, std::string& error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (done_save_id_ < id) return false;
+  const auto it = save_errors_.find(id);
+  error = it == save_errors_.end() ? std::string() : it->second;
+  if (it != save_errors_.end()) save_errors_.erase(it);
+  return true;
+}
+
+std::string TrainSession::save(const std::string& path) {
+  const uint64_t id = request_save(path);
+  if (id == 0) return "no training run has started";
+  std::string error;
+  std::unique_lock<std::mutex> lock(mutex_);
+  saved_.wait(lock, [&] { return done_save_id_ >= id; });
+  const auto it = save_errors_.find(id);
+  if (it != save_errors_.end()) {
+    error = it->second;
+    save_errors_.erase(it);
+  }
+  return error;
+}
+
+std::string TrainSession::viewing_path(std::string& error) const {
   std::string folder;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -377,9 +389,8 @@ std::string TrainSession::save_for_viewing(std::string& error) {
     error = folder + ": cannot create the folder (" + ec.message() + ")";
     return "";
   }
-  const std::string path = folder + "/current.safetensors";
-  error = save(path);
-  return error.empty() ? path : "";
+  error.clear();
+  return folder + "/current.safetensors";
 }
 
 TrainSnapshot TrainSession::snapshot() const {
@@ -520,7 +531,7 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
       {
         std::lock_guard<std::mutex> lock(mutex_);
         done_save_id_ = save_id;
-        last_save_error_ = error;
+        if (!error.empty()) save_errors_[save_id] = error;
         if (error.empty()) {
           snap_.checkpoint = save_path;
           snap_.message = "saved step " + std::to_string(trainer->position().step) + " to " + save_path;

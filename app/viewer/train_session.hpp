@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -100,13 +101,14 @@ class TrainSession {
   void stop();  // the trainer stays: its weights can still be saved or opened
 
   // Writes a checkpoint (the model plus its .state file, as `vitlens train`) between two steps.
-  // request_save returns at once (the result shows in the snapshot); save waits for it and returns
-  // "" or the error. Both fail with a line when no run has started.
-  void request_save(const std::string& path);
+  // request_save returns at once with an id for save_finished (0 when no run has started: the
+  // snapshot's message says so); save waits and returns "" or the error.
+  uint64_t request_save(const std::string& path);
+  bool save_finished(uint64_t id, std::string& error);  // true once done; `error` "" or why it failed
   std::string save(const std::string& path);
-  // Saves to settings.out/current.safetensors (or the temp folder) and returns the path, or "" and
-  // sets `error`.
-  std::string save_for_viewing(std::string& error);
+  // Where "open in the main view" saves: settings.out (or <temp>/vitlens-train-<pid>) +
+  // "/current.safetensors", the folder created; "" and `error` set when it cannot be.
+  std::string viewing_path(std::string& error) const;
 
   TrainSnapshot snapshot() const;
   uint64_t version() const;  // cheap: whether a new snapshot is worth copying
@@ -124,7 +126,7 @@ class TrainSession {
   std::shared_ptr<Run> run_;
   std::thread thread_;
   uint64_t next_save_id_ = 1, done_save_id_ = 0;
-  std::string last_save_error_;
+  std::map<uint64_t, std::string> save_errors_;  // finished saves not yet asked about: id -> error
 };
 
 }  // namespace vitlens::viewer
