@@ -112,10 +112,10 @@ void DrawProbe(const TrainSnapshot& v) {
   }
   ImGui::Text("probe (image 0 of the %s set, class %d): attention received, layer %d, after step %lld",
               v.eval_images > 0 ? v.eval_name.c_str() : "training", p.label, p.layer, static_cast<long long>(p.step));
-  const float cell = 6.0f;
   ImDrawList* draw = ImGui::GetWindowDrawList();
-  // The image itself, one rectangle per pixel (probe images are small: 28 x 28 for Fashion-MNIST).
-  const float pixel = std::max(1.0f, cell * p.grid_h / std::max(1, p.image_h));
+  // The image itself, one rectangle per pixel (probe images are small: 28 x 28 for Fashion-MNIST),
+  // about 96 screen pixels high; each head's map beside it at the same size.
+  const float pixel = std::max(1.0f, 96.0f / std::max(1, p.image_h));
   ImVec2 origin = ImGui::GetCursorScreenPos();
   for (int y = 0; y < p.image_h; ++y)
     for (int x = 0; x < p.image_w; ++x) {
