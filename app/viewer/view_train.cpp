@@ -166,6 +166,9 @@ void DrawHeadStatistics(const TrainSnapshot& v) {
       if (v.roles[h][r].back() > v.roles[h][best].back()) best = r;
     std::snprintf(label, sizeof label, "head %zu %s lift", h, head_role_name(best));
     DrawCurve("##train_role", label, v.roles[h][best], 40.0f);
+    ImGui::TextDisabled("%s %.2f  %s %.2f  %s %.2f  %s %.2f", head_role_name(0), v.roles[h][0].back(), head_role_name(1),
+                        v.roles[h][1].back(), head_role_name(2), v.roles[h][2].back(), head_role_name(3),
+                        v.roles[h][3].back());
     ImGui::PopID();
   }
   ImGui::EndTable();
