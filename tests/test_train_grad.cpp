@@ -23,6 +23,7 @@
 
 #include "vitlens/model_io.hpp"
 #include "vitlens/safetensors.hpp"
+#include "vitlens/train_ops.hpp"
 #include "vitlens/vit_train.hpp"
 
 using namespace vitlens;
@@ -40,7 +41,8 @@ double max_norm_rel(const float* got, const std::vector<float>& ref) {
   return scale > 0.0 ? diff / scale : diff;
 }
 
-void check_case(const std::string& name) {
+void check_case(const std::string& name, bool portable) {
+  train::force_portable_train_ops(portable);
   const SafetensorsFile file = read_safetensors(kTrainFixtures + name + ".safetensors");
   const VitConfig config = config_from_json(nlohmann::json::parse(file.metadata.at("config")), name);
   const int classes = std::stoi(file.metadata.at("num_classes"));
@@ -76,21 +78,24 @@ void check_case(const std::string& name) {
   };
   for (const train::ParamEntry& e : net.layout().entries) compare(e.name, net.grads.data() + e.offset);
   compare("input", net.input_grad().data());
-  std::printf("gradients vs PyTorch, %s: loss %.7f (ref %.7f), %zu parameter tensors + input, largest max-norm "
+  train::force_portable_train_ops(false);
+  std::printf("gradients vs PyTorch, %s (%s ops): loss %.7f (ref %.7f), %zu parameter tensors + input, largest max-norm "
               "relative difference %.2e (%s)\n",
-              name.c_str(), loss, ref_loss, net.layout().entries.size(), worst, worst_name.c_str());
+              name.c_str(), portable ? "portable" : "best", loss, ref_loss, net.layout().entries.size(), worst, worst_name.c_str());
 }
 
 }  // namespace
 
 TEST_CASE("train: every gradient matches PyTorch autograd (class token, padding mask, label smoothing)",
           "[train][grad]") {
-  check_case("grad_cls");
+  check_case("grad_cls", false);
+  check_case("grad_cls", true);  // the SSE2 build, whatever the CPU
 }
 
 TEST_CASE("train: every gradient matches PyTorch autograd (mean pooling, no qkv bias, padding mask)",
           "[train][grad]") {
-  check_case("grad_avg");
+  check_case("grad_avg", false);
+  check_case("grad_avg", true);
 }
 
 TEST_CASE("train: the same gradients for 1 and 2 threads", "[train][grad]") {

@@ -1,9 +1,15 @@
 // The training ops: forward and backward pairs (see train_ops.hpp for shapes and the legend).
+//
+// This file is compiled twice: as itself (namespace vitlens::train::portable, SSE2, any x86-64)
+// and through train_ops_avx2.cpp with -mavx2 -mfma (namespace ::avx2, Eigen's namespace renamed
+// so that no Eigen function compiled for AVX2 can stand in for the portable one at link time).
+// The public functions at the end pick one at run time.
 #include "vitlens/train_ops.hpp"
 
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <exception>
 #include <limits>
 #include <mutex>
@@ -11,37 +17,17 @@
 #include <thread>
 #include <vector>
 
+#include <Eigen/Core>
 #include <unsupported/Eigen/SpecialFunctions>  // vectorised erf for the GELU
+
+#ifndef VITLENS_TRAIN_ISA
+#define VITLENS_TRAIN_ISA portable
+#define VITLENS_TRAIN_PORTABLE_BUILD 1
+#endif
 
 namespace vitlens::train {
 
-namespace {
-
-// Fixed task sizes: the split of the work never depends on the thread count, so neither do the
-// numbers (each task's arithmetic is the same whoever runs it).
-constexpr int kRowChunk = 256;         // rows of a Linear / LayerNorm per task
-constexpr int kFeatureChunk = 16;      // output features of a weight gradient per task
-constexpr int64_t kElementChunk = 1 << 15;  // values of an elementwise op per task
-
-template <class T>
-using Map = Eigen::Map<Mat<T>>;
-template <class T>
-using ConstMap = Eigen::Map<const Mat<T>>;
-template <class T>
-using Strided = Eigen::Map<Mat<T>, 0, Eigen::OuterStride<>>;
-template <class T>
-using ConstStrided = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
-template <class T>
-using RowVec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
-template <class T>
-using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
-template <class T>
-using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
-
-int chunks_of(int64_t n, int64_t chunk) { return static_cast<int>((n + chunk - 1) / chunk); }
-
-}  // namespace
-
+#ifdef VITLENS_TRAIN_PORTABLE_BUILD
 void parallel_for(int tasks, int threads, const std::function<void(int)>& task) {
   if (tasks <= 0) return;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
@@ -72,6 +58,40 @@ void parallel_for(int tasks, int threads, const std::function<void(int)>& task) 
   for (std::thread& t : pool) t.join();
   if (failure) std::rethrow_exception(failure);
 }
+#endif
+
+namespace VITLENS_TRAIN_ISA {
+
+#include "vitlens/train_ops_list.inc"
+
+namespace {
+
+// Fixed task sizes: the split of the work never depends on the thread count, so neither do the
+// numbers (each task's arithmetic is the same whoever runs it).
+constexpr int kRowChunk = 256;         // rows of a Linear / LayerNorm per task
+constexpr int kFeatureChunk = 16;      // output features of a weight gradient per task
+constexpr int64_t kElementChunk = 1 << 15;  // values of an elementwise op per task
+
+template <class T>
+using Mat = Eigen::Matrix<T, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+template <class T>
+using Map = Eigen::Map<Mat<T>>;
+template <class T>
+using ConstMap = Eigen::Map<const Mat<T>>;
+template <class T>
+using Strided = Eigen::Map<Mat<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using ConstStrided = Eigen::Map<const Mat<T>, 0, Eigen::OuterStride<>>;
+template <class T>
+using RowVec = Eigen::Matrix<T, 1, Eigen::Dynamic>;
+template <class T>
+using ArrayMap = Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>>;
+template <class T>
+using ConstArrayMap = Eigen::Map<const Eigen::Array<T, Eigen::Dynamic, 1>>;
+
+int chunks_of(int64_t n, int64_t chunk) { return static_cast<int>((n + chunk - 1) / chunk); }
+
+}  // namespace
 
 // ---------------------------------------------------------------------------------------------
 // patchify: x = self.proj(x).flatten(2).transpose(1, 2) with proj = Conv2d(3, D, P, stride=P)
@@ -140,7 +160,16 @@ void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int 
       // dw = dout^T @ inp, output features chunk by chunk (each a full reduction over R)
       const int o0 = (t - row_tasks) * kFeatureChunk, n = std::min(O, o0 + kFeatureChunk) - o0;
       grad_w.middleRows(o0, n).noalias() += grad_out.middleCols(o0, n).transpose() * x;
-      if (db) Eigen::Map<RowVec<T>>(db + o0, n) += grad_out.middleCols(o0, n).colwise().sum();
+      if (db) {
+        // Row by row in a plain loop: Eigen's column sums take a different order in vector lanes
+        // than in its scalar edge, and where the edge falls depends on db's address.
+        T acc[kFeatureChunk] = {};
+        for (int r = 0; r < R; ++r) {
+          const T* row = dout + static_cast<int64_t>(r) * O + o0;
+          for (int k = 0; k < n; ++k) acc[k] += row[k];
+        }
+        for (int k = 0; k < n; ++k) db[o0 + k] += acc[k];
+      }
     }
   });
 }
@@ -261,26 +290,27 @@ void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, i
     p.noalias() = q * k.transpose();
     p *= scale;
     const uint8_t* allowed = key_allowed ? key_allowed + static_cast<int64_t>(b) * N : nullptr;
-    // Row softmax with Eigen's vectorised exp; masked keys are set to exactly 0 afterwards (the
-    // vectorised exp of a very negative number is tiny, not 0).
+    // Row softmax with Eigen's vectorised exp, in an Eigen-owned (so always equally aligned)
+    // scratch row: where the vector loop starts must not depend on the buffer's address, or the
+    // numbers would (scalar and vector exp and sums round differently). Masked keys are set to
+    // exactly 0 (the vectorised exp of a very negative number is tiny, not 0).
+    Eigen::Array<T, Eigen::Dynamic, 1> e(N);
     for (int i = 0; i < N; ++i) {
-      ArrayMap<T> row(p.row(i).data(), N);
+      T* row = p.row(i).data();
       T top = -std::numeric_limits<T>::infinity();
-      if (allowed) {
-        for (int j = 0; j < N; ++j)
-          if (allowed[j]) top = std::max(top, row[j]);
-      } else {
-        top = row.maxCoeff();
-      }
+      for (int j = 0; j < N; ++j)
+        if (!allowed || allowed[j]) top = std::max(top, row[j]);
       if (top == -std::numeric_limits<T>::infinity()) {  // every key masked: a zero row, never NaN
-        row.setZero();
+        std::fill(row, row + N, T(0));
         continue;
       }
-      row = (row - top).exp();
+      e = (ConstArrayMap<T>(row, N) - top).exp();
       if (allowed)
         for (int j = 0; j < N; ++j)
-          if (!allowed[j]) row[j] = T(0);
-      row *= T(1) / row.sum();
+          if (!allowed[j]) e[j] = T(0);
+      T sum = 0;
+      for (int j = 0; j < N; ++j) sum += e[j];  // in index order, whatever the vector width
+      ArrayMap<T>(row, N) = e * (T(1) / sum);
     }
     Strided<T> out(ctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
     out.noalias() = p * v;
@@ -325,13 +355,17 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
 // ---------------------------------------------------------------------------------------------
 // gelu: nn.GELU(approximate='none')
 
+// Both work on Eigen-owned scratch copies of each chunk: Eigen starts its vector loop where the
+// data is aligned, so on the caller's buffers the scalar (std::erf) / vector (polynomial erf)
+// split, and with it the last bits, would depend on the buffer's address.
 template <class T>
 void gelu_forward(const T* inp, int64_t n, T* out, int threads) {
   const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
-    ConstArrayMap<T> x(inp + i0, len);
-    ArrayMap<T>(out + i0, len) = T(0.5) * x * (T(1) + (x * inv_sqrt2).erf());
+    Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
+    x = T(0.5) * x * (T(1) + (x * inv_sqrt2).erf());
+    ArrayMap<T>(out + i0, len) = x;
   });
 }
 
@@ -341,11 +375,12 @@ void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads)
   const T inv_sqrt_2pi = static_cast<T>(0.39894228040143267794);
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
-    ConstArrayMap<T> x(inp + i0, len);
-    ConstArrayMap<T> g(dout + i0, len);
+    const Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
     // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-    ArrayMap<T>(dinp + i0, len) +=
-        g * (T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp());
+    Eigen::Array<T, Eigen::Dynamic, 1> slope =
+        T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
+    slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
+    for (int64_t i = 0; i < len; ++i) dinp[i0 + i] += slope[i];  // one add each: same bits in any lane
   });
 }
 
@@ -461,6 +496,91 @@ void crossentropy_backward(const T* probs, const int32_t* labels, int B, int C, 
 
 VITLENS_TRAIN_OPS(float)
 VITLENS_TRAIN_OPS(double)
-#undef VITLENS_TRAIN_OPS
+
+}  // namespace VITLENS_TRAIN_ISA
+
+#ifdef VITLENS_TRAIN_PORTABLE_BUILD
+// ---------------------------------------------------------------------------------------------
+// Run-time choice between the two builds.
+
+namespace avx2 {
+#include "vitlens/train_ops_list.inc"
+}
+
+namespace {
+
+std::atomic<bool> g_force_portable{false};
+
+bool use_avx2() {
+  static const bool capable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                              !(std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1');
+  return capable && !g_force_portable;
+}
+
+}  // namespace
+
+const char* train_ops_isa() { return use_avx2() ? "avx2" : "portable"; }
+void force_portable_train_ops(bool portable) { g_force_portable = portable; }
+
+#define VITLENS_DISPATCH(name, params, args) \
+  template <class T>                        \
+  void name params {                        \
+    if (use_avx2())                         \
+      avx2::name<T> args;                   \
+    else                                    \
+      portable::name<T> args;               \
+  }
+
+VITLENS_DISPATCH(patchify_forward, (const T* images, int B, int H, int W, int P, T* patches),
+                 (images, B, H, W, P, patches))
+VITLENS_DISPATCH(patchify_backward, (const T* dpatches, int B, int H, int W, int P, T* dimages),
+                 (dpatches, B, H, W, P, dimages))
+VITLENS_DISPATCH(linear_forward, (const T* inp, const T* w, const T* b, int R, int I, int O, T* out, int threads),
+                 (inp, w, b, R, I, O, out, threads))
+VITLENS_DISPATCH(linear_backward,
+                 (const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db, int threads),
+                 (dout, inp, w, R, I, O, dinp, dw, db, threads))
+VITLENS_DISPATCH(embed_forward, (const T* tokens, const T* cls, const T* pos, int B, int Np, int D, T* x),
+                 (tokens, cls, pos, B, Np, D, x))
+VITLENS_DISPATCH(embed_backward, (const T* dx, int B, int Np, int D, bool has_cls, T* dtokens, T* dcls, T* dpos),
+                 (dx, B, Np, D, has_cls, dtokens, dcls, dpos))
+VITLENS_DISPATCH(layernorm_forward,
+                 (const T* inp, const T* w, const T* b, T eps, int R, int D, T* out, T* mean, T* rstd, int threads),
+                 (inp, w, b, eps, R, D, out, mean, rstd, threads))
+VITLENS_DISPATCH(layernorm_backward,
+                 (const T* dout, const T* inp, const T* w, const T* mean, const T* rstd, int R, int D, T* dinp, T* dw,
+                  T* db, int threads),
+                 (dout, inp, w, mean, rstd, R, D, dinp, dw, db, threads))
+VITLENS_DISPATCH(attention_forward,
+                 (const T* qkv, const uint8_t* key_allowed, int B, int N, int D, int H, T scale, T* probs, T* ctx,
+                  int threads),
+                 (qkv, key_allowed, B, N, D, H, scale, probs, ctx, threads))
+VITLENS_DISPATCH(attention_backward,
+                 (const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dprobs, T* dqkv,
+                  int threads),
+                 (dctx, qkv, probs, B, N, D, H, scale, dprobs, dqkv, threads))
+VITLENS_DISPATCH(gelu_forward, (const T* inp, int64_t n, T* out, int threads), (inp, n, out, threads))
+VITLENS_DISPATCH(gelu_backward, (const T* dout, const T* inp, int64_t n, T* dinp, int threads),
+                 (dout, inp, n, dinp, threads))
+VITLENS_DISPATCH(residual_forward, (const T* a, const T* b, int64_t n, T* out), (a, b, n, out))
+VITLENS_DISPATCH(residual_backward, (const T* dout, int64_t n, T* da, T* db), (dout, n, da, db))
+VITLENS_DISPATCH(pool_forward, (const T* x, int B, int N, int D, bool class_token, T* pooled),
+                 (x, B, N, D, class_token, pooled))
+VITLENS_DISPATCH(pool_backward, (const T* dpooled, int B, int N, int D, bool class_token, T* dx),
+                 (dpooled, B, N, D, class_token, dx))
+VITLENS_DISPATCH(crossentropy_backward,
+                 (const T* probs, const int32_t* labels, int B, int C, T smoothing, T dloss, T* dlogits),
+                 (probs, labels, B, C, smoothing, dloss, dlogits))
+#undef VITLENS_DISPATCH
+
+template <class T>
+T crossentropy_forward(const T* logits, const int32_t* labels, int B, int C, T smoothing, T* probs) {
+  return use_avx2() ? avx2::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs)
+                    : portable::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs);
+}
+
+VITLENS_TRAIN_OPS(float)
+VITLENS_TRAIN_OPS(double)
+#endif
 
 }  // namespace vitlens::train

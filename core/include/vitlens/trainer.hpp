@@ -19,7 +19,7 @@ namespace vitlens {
 
 // How to train (everything `vitlens train` takes besides the data and the model shape).
 struct Recipe {
-  int epochs = 12;
+  int epochs = 10;
   int batch = 128;
   double lr = 2e-3;             // peak learning rate, after warmup
   double min_lr = 1e-5;         // end of the cosine
