@@ -28,7 +28,7 @@ struct TrainSettings {
   int limit = 0;                       // > 0: only the first N training (and test) images
   int depth = 6, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
-  int batch = 128, epochs = 12;
+  int batch = 128, epochs = 10;
   double lr = 2e-3, weight_decay = 0.05, warmup = 1.0, label_smoothing = 0.1;
   double val_split = -1.0;             // < 0: as the CLI (0 for Fashion-MNIST = the test set, 0.1 for a folder)
   bool augment = true;
