@@ -191,6 +191,7 @@ TEST_CASE("train session: a bad data path or setting is one line, never a crash"
   CHECK(session.save("x.safetensors") == "no training run has started");
   TrainSettings bad = tiny_settings();
   bad.data = "/nonexistent/vitlens-data";
+  bad.img_size = 28;  // a folder's images are resized to img-size, which patch 7 must divide
   REQUIRE(session.start(bad) == "");  // the data is read on the worker
   const TrainSnapshot s = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Failed; });
   REQUIRE(s.state == TrainState::Failed);
