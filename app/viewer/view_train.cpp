@@ -89,18 +89,27 @@ void DrawStatus(const TrainPanel& t) {
   if (!v.message.empty()) ImGui::TextDisabled("%s", v.message.c_str());
 }
 
-// A curve with its last value and range in the overlay (ImGui 1.86 has no axes; the range is the
-// y axis's extent). Values are per step, or per evaluation for the validation curves.
+// A curve drawn with the draw list (a frame, the polyline, and the last value with the range as
+// text: the y axis runs from min to max). Values are per step, or per evaluation for validation.
 void DrawCurve(const char* id, const char* what, const std::vector<float>& values, float height) {
   if (values.empty()) {
     ImGui::TextDisabled("%s: no points yet", what);
     return;
   }
   const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
-  char overlay[128];
-  std::snprintf(overlay, sizeof overlay, "%s %.4f  (min %.4f, max %.4f)", what, values.back(), *lo, *hi);
-  ImGui::PlotLines(id, values.data(), static_cast<int>(values.size()), 0, overlay, *lo, *hi == *lo ? *lo + 1.0f : *hi,
-                   ImVec2(-1.0f, height));
+  const float bottom = *lo, range = *hi > *lo ? *hi - *lo : 1.0f;
+  ImGui::Text("%s %.4f  (min %.4f, max %.4f, %zu points)", what, values.back(), *lo, *hi, values.size());
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  const float width = std::max(40.0f, ImGui::GetContentRegionAvail().x);
+  ImGui::InvisibleButton(id, ImVec2(width, height));
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  draw->AddRectFilled(origin, ImVec2(origin.x + width, origin.y + height), IM_COL32(30, 40, 60, 255));
+  std::vector<ImVec2> points(values.size());
+  const float dx = values.size() > 1 ? width / static_cast<float>(values.size() - 1) : 0.0f;
+  for (size_t i = 0; i < values.size(); ++i)
+    points[i] = ImVec2(origin.x + dx * static_cast<float>(i), origin.y + height * (1.0f - (values[i] - bottom) / range));
+  if (points.size() == 1) draw->AddCircleFilled(points[0], 2.0f, IM_COL32(255, 200, 80, 255));
+  else draw->AddPolyline(points.data(), static_cast<int>(points.size()), IM_COL32(255, 200, 80, 255), 0, 1.5f);
 }
 
 // The probe image and each head's received-attention map, as small grids of coloured cells.
