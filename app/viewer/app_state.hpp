@@ -206,6 +206,7 @@ struct UiState {
   ComputeChoice compute;
   bool show_image = true, show_heads = true, show_controls = true;
   bool show_inspector = true, show_stats = true, show_example = false;
+  bool show_train = false;               // the Train window (view_train.cpp)
   BrowserState browser;
   Message message;
   WorkedExample example;

@@ -338,7 +338,7 @@ void schedule_compute(App& app) {
 bool is_idle(const App& app) {
   const bool maps_current = !app.doc.comp || app.derived.comp_serial == app.doc.comp->serial;
   return maps_current && app.compute_job == 0 && app.export_jobs.empty() && !app.worker.busy() && !app.requests.any() &&
-         app.input.empty() && !wanted_key(app);
+         app.input.empty() && !wanted_key(app) && !training_wait_pending(app);
 }
 
 // [SECTION] Derived state
@@ -813,6 +813,7 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
 
   if (v == "open") app.requests.open_image = a[0];
   else if (v == "model") app.requests.open_model = a[0];
+  else if (v == "train" || v == "model-menu") return apply_train_command(app, command);
   else if (v == "pin" || v == "hover" || v == "paint" || v == "erase") {
     parse_int_arg(a[0], i);
     parse_int_arg(a[1], j);
@@ -930,6 +931,7 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
     else if (a[0] == "controls") ui.show_controls = on;
     else if (a[0] == "inspector") ui.show_inspector = on;
     else if (a[0] == "stats") ui.show_stats = on;
+    else if (a[0] == "train") ui.show_train = on;
     else ui.show_example = on;
   } else if (v == "example") {
     if (a[0] == "reset") ui.example = WorkedExample{};
@@ -1055,6 +1057,7 @@ nlohmann::json state_json(const App& app) {
                     {"centroid", {sum > 0 ? r_sum / sum : 0.0, sum > 0 ? c_sum / sum : 0.0}}});
   }
   j["maps"] = maps;
+  j["train"] = training_state_json(app);
   if (!app.derived.kept.empty()) {
     json kept = json::array();
     for (const ThresholdResult& t : app.derived.kept) kept.push_back({t.kept_patches, t.total_patches, t.kept_mass});

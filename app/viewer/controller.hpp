@@ -13,6 +13,7 @@
 #include "app_state.hpp"
 #include "script.hpp"
 #include "settings.hpp"
+#include "train_panel.hpp"
 #include "worker.hpp"
 
 namespace vitlens::viewer {
@@ -47,6 +48,7 @@ struct App {
   std::string last_load_error;              // the last file or pass that failed, for the exit message
   LoadOptions load_options;                 // --heads, for every model this session opens
   std::deque<InputStep> input;              // synthetic input the window plays, one step per frame
+  TrainPanel train;                         // the Train window (train_panel.hpp); last, so its worker stops first
 };
 
 // [SECTION] Start and stop

@@ -9,6 +9,7 @@
 
 #include "vitlens/error.hpp"
 #include "vitlens/heatmap.hpp"
+#include "train_panel.hpp"
 
 namespace vitlens::viewer {
 
@@ -130,9 +131,9 @@ std::string check(const ScriptCommand& c) {
     return n == 1 && (a[0] == "default" || (parse_int_arg(a[0], i) && i >= 64 && i <= 512)) ? ""
                                                                                             : "expects: size default|N (64 to 512)";
   if (v == "show")
-    return n == 2 && one_of(a[0], {"image", "heads", "controls", "inspector", "stats", "example"}) && one_of(a[1], {"on", "off"})
+    return n == 2 && one_of(a[0], {"image", "heads", "controls", "inspector", "stats", "example", "train"}) && one_of(a[1], {"on", "off"})
                ? ""
-               : "expects: show image|heads|controls|inspector|stats|example on|off";
+               : "expects: show image|heads|controls|inspector|stats|example|train on|off";
   if (v == "example") {
     if (n == 1 && a[0] == "reset") return "";
     if (n == 2 && a[0] == "scaled" && one_of(a[1], {"on", "off"})) return "";
@@ -145,11 +146,12 @@ std::string check(const ScriptCommand& c) {
   if (v == "browse")
     return n == 1 && one_of(a[0], {"image", "model", "export", "screenshot"}) ? ""
                                                                               : "expects: browse image|model|export|screenshot";
+  if (v == "train" || v == "model-menu") return check_train_command(c);
   if (v == "frames") return n == 1 && parse_int_arg(a[0], i) && i >= 1 && i <= 10000 ? "" : "expects: frames N (1 to 10000)";
   return "unknown command '" + v +
          "' (known: open, model, pin, key, hover, mode, layer, colormap, alpha, normalize, upsample, threshold, grid, "
-         "mask, paint, erase, clear-paint, scale, size, show, example, browse, export, screenshot, state, frames, quit, "
-         "click, drag, drop, widgets, expect, expect-contains, expect-file)";
+         "mask, paint, erase, clear-paint, scale, size, show, example, browse, export, screenshot, state, train, model-menu, "
+         "frames, quit, click, drag, drop, widgets, expect, expect-contains, expect-file)";
 }
 
 }  // namespace

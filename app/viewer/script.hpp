@@ -11,10 +11,12 @@
 //   threshold off|T | grid on|off
 //   mask none|padding|causal|painted | paint ROW COL | erase ROW COL | clear-paint
 //   scale default|none|temperature T | size default|N
-//   show image|heads|controls|inspector|stats|example on|off
+//   show image|heads|controls|inspector|stats|example|train on|off
 //   example q|k|v ROW COL VALUE | example scaled on|off | example reset
 //   browse image|model|export|screenshot (opens the file browser, as the menus do)
 //   export DIR [raw] | screenshot FILE | state FILE | frames N | quit
+//   train start fashion-mnist|DIR [key=value ...] | train pause|resume|stop | train wait STEPS |
+//   train save FILE | train open | model-menu NAME   (train_panel.hpp)
 // Real input (the window plays it into Dear ImGui's input, one step per frame):
 //   click LABEL [at FX FY]          move the mouse onto the widget, press and release the left
 //                                   button (FX, FY: where in it, fractions; default the middle)

@@ -41,9 +41,28 @@ void DrawViewMenu(App& app) {
   gui::MenuItemToggle("Inspector", &ui.show_inspector);
   gui::MenuItemToggle("Head statistics", &ui.show_stats);
   gui::MenuItemToggle("Worked example", &ui.show_example);
+  gui::MenuItemToggle("Train", &ui.show_train);
   ImGui::Separator();
   gui::MenuItemToggle("Patch grid", &ui.display.show_grid);
   gui::EndMenu();
+}
+
+// Every model file in assets/models, read again each time the menu opens, so a new bundled model
+// appears without code changes.
+void DrawModelMenu(App& app) {
+  if (!ImGui::BeginMenu("Model")) return;
+  static std::vector<BundledModel> listed;
+  if (ImGui::IsWindowAppearing()) listed = bundled_models(bundled_models_folder());
+  if (listed.empty()) ImGui::TextDisabled("no models in %s", bundled_models_folder().c_str());
+  for (size_t i = 0; i < listed.size(); ++i) {
+    const BundledModel& m = listed[i];
+    ImGui::PushID(static_cast<int>(i));
+    const bool current = app.doc.model && app.doc.model->model.config.name == m.name;
+    if (ImGui::MenuItem(m.name.c_str(), nullptr, current, m.error.empty())) app.requests.open_model = m.path;
+    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", m.error.empty() ? m.description.c_str() : m.error.c_str());
+    ImGui::PopID();
+  }
+  ImGui::EndMenu();
 }
 
 void DrawHelpMenu() {
@@ -60,6 +79,7 @@ void DrawHelpMenu() {
 void DrawMainMenu(App& app) {
   if (!ImGui::BeginMainMenuBar()) return;
   DrawFileMenu(app);
+  DrawModelMenu(app);
   DrawViewMenu(app);
   DrawHelpMenu();
   ImGui::EndMainMenuBar();

@@ -97,6 +97,7 @@ void DrawViews(App& app, const ViewTextures& textures) {
   DrawInspectorView(app);
   DrawStatsView(app);
   DrawWorkedExampleView(app);
+  DrawTrainView(app);
   DrawFileBrowser(app);
   DrawStatusBar(app);
 }
@@ -214,7 +215,7 @@ int run_viewer(const ViewerArgs& args) {
   while (!glfwWindowShouldClose(window) && !g_stop_requested) {
     // Poll and handle events. Never spin: while the worker runs, wake often enough to show its
     // progress and result promptly, and leave the CPU to it; idle, wait for input.
-    const bool working = app.compute_job != 0 || !app.export_jobs.empty();
+    const bool working = app.compute_job != 0 || !app.export_jobs.empty() || app.train.session.active();
     if (app.requests.any() || input_pending(app, input) || (automated && !working)) glfwPollEvents();
     else if (automated) glfwWaitEventsTimeout(0.005);
     else glfwWaitEventsTimeout(working ? 1.0 / 60.0 : 0.1);
@@ -223,6 +224,7 @@ int run_viewer(const ViewerArgs& args) {
 
     // Work: results in, requests out, derived state and textures up to date.
     poll_worker(app);
+    poll_training(app);
     if (automated) step_script(app);
     if (!app.script.error.empty()) break;
     process_requests(app);

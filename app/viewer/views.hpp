@@ -33,6 +33,7 @@ void DrawInspectorView(App& app);
 void DrawStatsView(App& app);
 void DrawWorkedExampleView(App& app);
 void DrawFileBrowser(App& app);
+void DrawTrainView(App& app);  // view_train.cpp: the Train window
 
 // [SECTION] Shared by the image and heads views
 

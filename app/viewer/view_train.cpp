@@ -1,0 +1,215 @@
+// The Train window (issue 7): data and recipe fields, start / pause / resume / stop / save / open,
+// loss and accuracy curves, the probe image's per-head maps and the per-head statistics over
+// training. It reads app.train.view (a snapshot refreshed by poll_training) and calls the actions
+// in train_panel.hpp; training itself runs on the session's worker thread.
+// Index:
+//   [SECTION] Pieces: fields, buttons, curves, probe maps, statistics
+//   [SECTION] DrawTrainView
+#include <algorithm>
+#include <cstdio>
+
+#include <imgui.h>
+#include <imgui_stdlib.h>
+
+#include "train_panel.hpp"
+#include "views.hpp"
+#include "vitlens/heatmap.hpp"
+
+namespace vitlens::viewer {
+
+namespace {
+
+// [SECTION] Pieces: fields, buttons, curves, probe maps, statistics
+
+void DrawSettings(TrainSettings& s, bool editable) {
+  if (!editable) ImGui::BeginDisabled();
+  ImGui::InputText("data (fashion-mnist or folder)##train_data", &s.data);
+  ImGui::PushItemWidth(90.0f);
+  ImGui::InputInt("limit##train_limit", &s.limit, 0);
+  ImGui::SameLine();
+  ImGui::InputInt("epochs##train_epochs", &s.epochs, 0);
+  ImGui::SameLine();
+  ImGui::InputInt("batch##train_batch", &s.batch, 0);
+  ImGui::InputInt("depth##train_depth", &s.depth, 0);
+  ImGui::SameLine();
+  ImGui::InputInt("dim##train_dim", &s.embed_dim, 0);
+  ImGui::SameLine();
+  ImGui::InputInt("heads##train_heads", &s.heads, 0);
+  ImGui::SameLine();
+  ImGui::InputInt("patch##train_patch", &s.patch, 0);
+  ImGui::InputDouble("lr##train_lr", &s.lr, 0.0, 0.0, "%.5f");
+  ImGui::SameLine();
+  ImGui::InputDouble("warmup##train_warmup", &s.warmup, 0.0, 0.0, "%.2f");
+  ImGui::SameLine();
+  ImGui::InputInt("probe every##train_probe", &s.probe_every, 0);
+  ImGui::PopItemWidth();
+  ImGui::Checkbox("augment##train_augment", &s.augment);
+  if (!editable) ImGui::EndDisabled();
+}
+
+void DrawButtons(App& app) {
+  TrainPanel& t = app.train;
+  const TrainState state = t.view.state;
+  const bool busy = state == TrainState::Loading || state == TrainState::Running || state == TrainState::Paused;
+  const bool have_model = t.view.parameters > 0;
+  if (ImGui::Button(busy ? "Restart##train_start" : "Start##train_start")) start_training(app, t.settings);
+  ImGui::SameLine();
+  if (state == TrainState::Paused) {
+    if (ImGui::Button("Resume##train_resume")) t.session.resume();
+  } else {
+    ImGui::BeginDisabled(state != TrainState::Running);
+    if (ImGui::Button("Pause##train_pause")) t.session.pause();
+    ImGui::EndDisabled();
+  }
+  ImGui::SameLine();
+  ImGui::BeginDisabled(!busy);
+  if (ImGui::Button("Stop##train_stop")) t.session.stop();
+  ImGui::EndDisabled();
+  ImGui::SameLine();
+  ImGui::BeginDisabled(!have_model);
+  if (ImGui::Button("Save##train_save")) t.session.request_save(t.save_path);
+  ImGui::SameLine();
+  if (ImGui::Button("Open in main view##train_open")) open_training_model(app);
+  ImGui::EndDisabled();
+  ImGui::SetNextItemWidth(-1.0f);
+  ImGui::InputText("##train_save_path", &t.save_path);
+}
+
+void DrawStatus(const TrainPanel& t) {
+  const TrainSnapshot& v = t.view;
+  if (!t.start_error.empty()) ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "%s", t.start_error.c_str());
+  if (v.state == TrainState::Failed) {
+    ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "Training failed: %s", v.error.c_str());
+    return;
+  }
+  ImGui::Text("%s  step %lld / %lld  epoch %d / %d  %.1f s", train_state_name(v.state), static_cast<long long>(v.step),
+              static_cast<long long>(v.total_steps), v.epoch + 1, v.epochs, v.seconds);
+  if (v.total_steps > 0)
+    ImGui::ProgressBar(static_cast<float>(v.step) / static_cast<float>(v.total_steps), ImVec2(-1.0f, 0.0f));
+  if (!v.message.empty()) ImGui::TextDisabled("%s", v.message.c_str());
+}
+
+// A curve drawn with the draw list (a frame, the polyline, and the last value with the range as
+// text: the y axis runs from min to max). Values are per step, or per evaluation for validation.
+void DrawCurve(const char* id, const char* what, const std::vector<float>& values, float height) {
+  if (values.empty()) {
+    ImGui::TextDisabled("%s: no points yet", what);
+    return;
+  }
+  const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
+  const float bottom = *lo, range = *hi > *lo ? *hi - *lo : 1.0f;
+  ImGui::Text("%s %.4f  (min %.4f, max %.4f, %zu points)", what, values.back(), *lo, *hi, values.size());
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  const float width = std::max(40.0f, ImGui::GetContentRegionAvail().x);
+  ImGui::InvisibleButton(id, ImVec2(width, height));
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  draw->AddRectFilled(origin, ImVec2(origin.x + width, origin.y + height), IM_COL32(30, 40, 60, 255));
+  std::vector<ImVec2> points(values.size());
+  const float dx = values.size() > 1 ? width / static_cast<float>(values.size() - 1) : 0.0f;
+  for (size_t i = 0; i < values.size(); ++i)
+    points[i] = ImVec2(origin.x + dx * static_cast<float>(i), origin.y + height * (1.0f - (values[i] - bottom) / range));
+  if (points.size() == 1) draw->AddCircleFilled(points[0], 2.0f, IM_COL32(255, 200, 80, 255));
+  else draw->AddPolyline(points.data(), static_cast<int>(points.size()), IM_COL32(255, 200, 80, 255), 0, 1.5f);
+}
+
+// The probe image and each head's received-attention map, as small grids of coloured cells.
+void DrawProbe(const TrainSnapshot& v) {
+  const ProbeMaps& p = v.probe;
+  if (p.step < 0) {
+    ImGui::TextDisabled("probe: waiting for the first maps");
+    return;
+  }
+  ImGui::Text("probe (image 0 of the %s set, class %d): attention received, layer %d, after step %lld",
+              v.eval_images > 0 ? v.eval_name.c_str() : "training", p.label, p.layer, static_cast<long long>(p.step));
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  // The image itself, one rectangle per pixel (probe images are small: 28 x 28 for Fashion-MNIST),
+  // about 96 screen pixels high; each head's map beside it at the same size.
+  const float pixel = std::max(1.0f, 96.0f / std::max(1, p.image_h));
+  ImVec2 origin = ImGui::GetCursorScreenPos();
+  for (int y = 0; y < p.image_h; ++y)
+    for (int x = 0; x < p.image_w; ++x) {
+      const float* rgb = &p.image_rgb[(static_cast<size_t>(y) * p.image_w + x) * 3];
+      const ImU32 colour = ImGui::GetColorU32(ImVec4(rgb[0], rgb[1], rgb[2], 1.0f));
+      draw->AddRectFilled(ImVec2(origin.x + x * pixel, origin.y + y * pixel),
+                          ImVec2(origin.x + (x + 1) * pixel, origin.y + (y + 1) * pixel), colour);
+    }
+  ImGui::Dummy(ImVec2(p.image_w * pixel, p.image_h * pixel));
+  for (size_t h = 0; h < p.heads.size(); ++h) {
+    ImGui::SameLine();
+    const MatRM& m = p.heads[h];
+    const float top = std::max(m.maxCoeff(), 1e-12f);  // each head on its own scale, as "normalize head"
+    cv::Mat unit(static_cast<int>(m.rows()), static_cast<int>(m.cols()), CV_32F);
+    for (int r = 0; r < unit.rows; ++r)
+      for (int c = 0; c < unit.cols; ++c) unit.at<float>(r, c) = m(r, c) / top;
+    const cv::Mat rgb8 = apply_colormap(unit, "viridis");
+    origin = ImGui::GetCursorScreenPos();
+    const float side = p.image_h * pixel / std::max(1, p.grid_h);
+    for (int r = 0; r < rgb8.rows; ++r)
+      for (int c = 0; c < rgb8.cols; ++c) {
+        const cv::Vec3b px = rgb8.at<cv::Vec3b>(r, c);
+        draw->AddRectFilled(ImVec2(origin.x + c * side, origin.y + r * side),
+                            ImVec2(origin.x + (c + 1) * side, origin.y + (r + 1) * side), IM_COL32(px[0], px[1], px[2], 255));
+      }
+    ImGui::Dummy(ImVec2(rgb8.cols * side, rgb8.rows * side));
+  }
+}
+
+void DrawHeadStatistics(const TrainSnapshot& v) {
+  if (v.stat_steps.empty()) return;
+  ImGui::Text("per head over training (one point per probe refresh, last layer; steps %lld to %lld)",
+              static_cast<long long>(v.stat_steps.front()), static_cast<long long>(v.stat_steps.back()));
+  if (!ImGui::BeginTable("##train_head_stats", 3, ImGuiTableFlags_SizingStretchSame)) return;
+  for (size_t h = 0; h < v.entropy.size(); ++h) {
+    ImGui::PushID(static_cast<int>(h));
+    char label[64];
+    ImGui::TableNextColumn();
+    std::snprintf(label, sizeof label, "head %zu entropy (nats)", h);
+    DrawCurve("##train_entropy", label, v.entropy[h], 40.0f);
+    ImGui::TableNextColumn();
+    std::snprintf(label, sizeof label, "head %zu distance (px)", h);
+    DrawCurve("##train_distance", label, v.distance[h], 40.0f);
+    ImGui::TableNextColumn();
+    // The role with the largest lift now, and its curve.
+    int best = 0;
+    for (int r = 1; r < kHeadRoles; ++r)
+      if (v.roles[h][r].back() > v.roles[h][best].back()) best = r;
+    std::snprintf(label, sizeof label, "head %zu %s lift", h, head_role_name(best));
+    DrawCurve("##train_role", label, v.roles[h][best], 40.0f);
+    ImGui::TextDisabled("%s %.2f  %s %.2f  %s %.2f  %s %.2f", head_role_name(0), v.roles[h][0].back(), head_role_name(1),
+                        v.roles[h][1].back(), head_role_name(2), v.roles[h][2].back(), head_role_name(3),
+                        v.roles[h][3].back());
+    ImGui::PopID();
+  }
+  ImGui::EndTable();
+}
+
+}  // namespace
+
+// [SECTION] DrawTrainView
+
+void DrawTrainView(App& app) {
+  if (!app.ui.show_train) return;
+  PlaceWindow(0.23f, 0.0f, 0.55f, 0.9f);
+  if (!ImGui::Begin("Train", &app.ui.show_train)) {
+    ImGui::End();
+    return;
+  }
+  TrainPanel& t = app.train;
+  const TrainSnapshot& v = t.view;
+  const bool busy = v.state == TrainState::Loading || v.state == TrainState::Running || v.state == TrainState::Paused;
+  DrawSettings(t.settings, !busy);
+  DrawButtons(app);
+  DrawStatus(t);
+  ImGui::Separator();
+  DrawCurve("##train_loss", "train loss", v.loss, 60.0f);
+  DrawCurve("##train_acc", "train accuracy", v.accuracy, 60.0f);
+  const std::string eval = v.eval_name.empty() ? std::string("validation") : v.eval_name;
+  DrawCurve("##train_eval_loss", (eval + " loss").c_str(), v.eval_loss, 50.0f);
+  DrawCurve("##train_eval_acc", (eval + " accuracy").c_str(), v.eval_accuracy, 50.0f);
+  ImGui::Separator();
+  DrawProbe(v);
+  DrawHeadStatistics(v);
+  ImGui::End();
+}
+
+}  // namespace vitlens::viewer

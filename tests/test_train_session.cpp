@@ -1,0 +1,257 @@
+// The viewer's TrainSession and Train commands without a display (issue 7): start, pause, resume,
+// stop, snapshot contents, saving, the probe maps against an independent recomputation from the
+// saved file, a bad data path as one line, the script's checks and the Model menu's list.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <thread>
+
+#include "controller.hpp"
+#include "train_panel.hpp"
+#include "train_session.hpp"
+#include "vitlens/dataset.hpp"
+#include "vitlens/image.hpp"
+#include "vitlens/maps.hpp"
+#include "vitlens/model_io.hpp"
+
+using namespace vitlens;
+using namespace vitlens::viewer;
+
+namespace {
+
+// A run of a few steps: 64 images, batch 16 = 4 steps per epoch, 2 epochs, a 1-block model.
+TrainSettings tiny_settings() {
+  TrainSettings s;
+  s.data = "fashion-mnist";
+  s.limit = 64;
+  s.depth = 1;
+  s.embed_dim = 8;
+  s.heads = 2;
+  s.patch = 7;
+  s.batch = 16;
+  s.epochs = 2;
+  s.warmup = 0.5;
+  s.threads = 1;
+  s.probe_every = 2;
+  return s;
+}
+
+// Polls the snapshot until `done` holds (or 120 s pass: then the test fails on the condition).
+TrainSnapshot wait_for(const TrainSession& session, const std::function<bool(const TrainSnapshot&)>& done) {
+  const auto start = std::chrono::steady_clock::now();
+  TrainSnapshot s = session.snapshot();
+  while (!done(s) && std::chrono::steady_clock::now() - start < std::chrono::seconds(120)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    s = session.snapshot();
+  }
+  return s;
+}
+
+std::string temp_dir(const std::string& name) {
+  const auto dir = std::filesystem::temp_directory_path() / ("vitlens-test-" + name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir.string();
+}
+
+}  // namespace
+
+TEST_CASE("train session: start, pause, resume, finish; snapshot holds every curve", "[train_session]") {
+  TrainSession session;
+  REQUIRE(session.start(tiny_settings()) == "");
+  session.pause();  // before the data is in: the run starts paused at step 0
+  TrainSnapshot s = wait_for(session, [](const TrainSnapshot& x) {
+    return (x.state == TrainState::Paused && x.parameters > 0) || x.state == TrainState::Failed;
+  });
+  REQUIRE(s.error == "");
+  REQUIRE(s.state == TrainState::Paused);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  s = session.snapshot();
+  CHECK(s.state == TrainState::Paused);
+  CHECK(s.step == 0);
+  CHECK(s.loss.empty());
+  CHECK(s.stat_steps == std::vector<int64_t>{0});  // the initial weights' probe
+  session.resume();
+  s = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; });
+  REQUIRE(s.state == TrainState::Finished);
+  CHECK(s.total_steps == 8);
+  CHECK(s.steps_per_epoch == 4);
+  CHECK(s.step == 8);
+  CHECK(s.train_images == 64);
+  CHECK(s.eval_name == "test");
+  CHECK(s.eval_images == 64);
+  REQUIRE(s.loss.size() == 8);
+  REQUIRE(s.accuracy.size() == 8);
+  for (size_t i = 0; i < s.loss.size(); ++i) {
+    CHECK(std::isfinite(s.loss[i]));
+    CHECK(s.loss[i] > 0.0f);
+    CHECK(s.accuracy[i] >= 0.0f);
+    CHECK(s.accuracy[i] <= 1.0f);
+  }
+  // The first batch of an untrained 10-class model: the loss is near ln 10 = 2.303.
+  CHECK(std::abs(s.loss[0] - 2.3026f) < 0.25f);
+  // One validation pass per epoch, at steps 4 and 8.
+  REQUIRE(s.eval_steps == std::vector<int64_t>{4, 8});
+  REQUIRE(s.eval_loss.size() == 2);
+  // Probe refreshes at step 0 (initial weights) and every 2 steps: 0, 2, 4, 6, 8.
+  REQUIRE(s.stat_steps == std::vector<int64_t>{0, 2, 4, 6, 8});
+  REQUIRE(s.entropy.size() == 2);
+  REQUIRE(s.distance.size() == 2);
+  REQUIRE(s.roles.size() == 2);
+  for (int h = 0; h < 2; ++h) {
+    CHECK(s.entropy[h].size() == 5);
+    CHECK(s.distance[h].size() == 5);
+    for (int r = 0; r < kHeadRoles; ++r) CHECK(s.roles[h][r].size() == 5);
+    // 16 patches + the class token: entropy in (0, ln 17].
+    for (float e : s.entropy[h]) {
+      CHECK(e > 0.0f);
+      CHECK(e <= std::log(17.0f) + 1e-4f);
+    }
+  }
+  CHECK(s.probe.step == 8);
+  CHECK(s.probe.grid_h == 4);
+  CHECK(s.probe.grid_w == 4);
+  CHECK(s.probe.heads.size() == 2);
+  CHECK(s.probe.image_rgb.size() == 28u * 28u * 3u);
+}
+
+TEST_CASE("train session: the probe maps equal the saved model's maps recomputed independently", "[train_session]") {
+  const std::string dir = temp_dir("train-session-probe");
+  TrainSession session;
+  TrainSettings settings = tiny_settings();
+  settings.epochs = 1;
+  REQUIRE(session.start(settings) == "");
+  TrainSnapshot s = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; });
+  REQUIRE(s.state == TrainState::Finished);
+  const std::string path = dir + "/final.safetensors";
+  REQUIRE(session.save(path) == "");
+  s = session.snapshot();
+  CHECK(s.checkpoint == path);
+  CHECK(std::filesystem::exists(dir + "/final.state.safetensors"));
+
+  // The saved file through the ordinary loader, the first test image through the ordinary image
+  // path: the same maps the Train window drew (probe of step 4 = the saved step).
+  const VitModel model = load_model(path);
+  CHECK(model.config.depth == 1);
+  CHECK(model.config.num_heads == 2);
+  const ImageSet test = load_fashion_mnist(default_fashion_mnist_dir(), false, 1);
+  cv::Mat rgb(28, 28, CV_32FC3);
+  for (int y = 0; y < 28; ++y)
+    for (int x = 0; x < 28; ++x)
+      for (int c = 0; c < 3; ++c) rgb.at<cv::Vec3f>(y, x)[c] = test.image(0)[(c * 28 + y) * 28 + x];
+  const PreparedImage prepared = prepare_image(rgb, model.config, 0);
+  const ForwardResult result = forward(model, prepared.grid, ForwardOptions{});
+  MapRequest request;
+  request.layer = 0;
+  const HeadMaps maps = attention_maps(model, result, request);
+  REQUIRE(s.probe.step == 4);
+  REQUIRE(s.probe.heads.size() == maps.heads.size());
+  double worst = 0.0;
+  for (size_t h = 0; h < maps.heads.size(); ++h)
+    worst = std::max(worst, static_cast<double>((s.probe.heads[h] - maps.heads[h]).cwiseAbs().maxCoeff()));
+  INFO("largest difference " << worst);
+  CHECK(worst <= 1e-6);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("train session: stop keeps the weights; saving into a missing folder is one line", "[train_session]") {
+  TrainSession session;
+  TrainSettings settings = tiny_settings();
+  settings.epochs = 1000;  // 4000 steps: far more than run before the stop arrives
+  REQUIRE(session.start(settings) == "");
+  TrainSnapshot s = wait_for(session, [](const TrainSnapshot& x) { return x.step >= 1 || x.state == TrainState::Failed; });
+  REQUIRE(s.step >= 1);
+  session.stop();
+  s = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Stopped; });
+  REQUIRE(s.state == TrainState::Stopped);
+  const int64_t stopped_at = s.step;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(session.snapshot().step == stopped_at);
+  CHECK(stopped_at < s.total_steps);
+  const std::string error = session.save("/nonexistent-vitlens-folder/x.safetensors");
+  CHECK(error != "");
+  CHECK(error.find('\n') == std::string::npos);
+  std::string path_error;
+  const std::string path = session.viewing_path(path_error);
+  CHECK(path_error == "");
+  REQUIRE(path != "");
+  const uint64_t id = session.request_save(path);
+  REQUIRE(id != 0);
+  std::string save_error = "unset";
+  while (!session.save_finished(id, save_error)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  CHECK(save_error == "");
+  CHECK(load_model(path).config.name == "vitlens-trained");
+}
+
+TEST_CASE("train session: a bad data path or setting is one line, never a crash", "[train_session]") {
+  TrainSession session;
+  CHECK(session.save("x.safetensors") == "no training run has started");
+  TrainSettings bad = tiny_settings();
+  bad.data = "/nonexistent/vitlens-data";
+  bad.img_size = 28;  // a folder's images are resized to img-size, which patch 7 must divide
+  REQUIRE(session.start(bad) == "");  // the data is read on the worker
+  const TrainSnapshot s = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Failed; });
+  REQUIRE(s.state == TrainState::Failed);
+  CHECK(s.error.find("/nonexistent/vitlens-data") != std::string::npos);
+  CHECK(s.error.find('\n') == std::string::npos);
+  CHECK(session.save("x.safetensors") == "no model to save: the run did not start");
+
+  TrainSettings shape = tiny_settings();
+  shape.heads = 3;
+  CHECK(session.start(shape) == "embed-dim 8 is not divisible by heads 3");
+  shape = tiny_settings();
+  shape.patch = 5;
+  CHECK(session.start(shape) == "the image size 28 is not a multiple of patch 5");
+  TrainSettings parsed;
+  CHECK(set_train_option(parsed, "lr", "abc") == "lr=abc: expected a number");
+  CHECK(set_train_option(parsed, "depth", "0").find("expected a whole number in [1, 64]") != std::string::npos);
+  CHECK(set_train_option(parsed, "colour", "1").find("unknown training option 'colour'") == 0);
+  CHECK(set_train_option(parsed, "limit", "100") == "");
+  CHECK(parsed.limit == 100);
+}
+
+TEST_CASE("train commands: the script's checks and the Model menu's list", "[train_session]") {
+  auto check = [](const std::string& line) {
+    try {
+      parse_script(line + "\n", "t");
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+  CHECK(check("train start fashion-mnist limit=64 depth=1") == "");
+  CHECK(check("train wait 10") == "");
+  CHECK(check("train save out.safetensors") == "");
+  CHECK(check("train open") == "");
+  CHECK(check("model-menu vitlens-random-4head") == "");
+  CHECK(check("train start fashion-mnist depth=x").find("depth=x: expected a whole number") != std::string::npos);
+  CHECK(check("train start fashion-mnist depth").find("'depth' is not key=value") != std::string::npos);
+  CHECK(check("train wait").find("train wait STEPS") != std::string::npos);
+  CHECK(check("train jump").find("expects: train start") != std::string::npos);
+
+  const std::vector<BundledModel> models = bundled_models(bundled_models_folder());
+  REQUIRE(models.size() >= 2);
+  std::vector<std::string> names;
+  for (const BundledModel& m : models) {
+    CHECK(m.error == "");
+    CHECK(m.description != "");
+    // The name comes from the file's config, so it matches what load_model reads.
+    CHECK(load_model(m.path).config.name == m.name);
+    names.push_back(m.name);
+  }
+  CHECK(std::find(names.begin(), names.end(), "vitlens-designed-4head") != names.end());
+  CHECK(std::find(names.begin(), names.end(), "vitlens-random-4head") != names.end());
+
+  // model-menu opens the listed file by name; an unknown name lists the known ones.
+  App app;
+  ScriptCommand c;
+  c.verb = "model-menu";
+  c.args = {"vitlens-random-4head"};
+  CHECK(apply_train_command(app, c) == "");
+  CHECK(app.requests.open_model == random_model_path());
+  c.args = {"nope"};
+  CHECK(apply_train_command(app, c).find("no bundled model named 'nope'") == 0);
+}
