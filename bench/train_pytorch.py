@@ -228,7 +228,7 @@ def parse_args():
     p.add_argument("--patch", type=int, default=4)
     p.add_argument("--mlp-ratio", type=float, default=2.0)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--epochs", type=int, default=12)
+    p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup", type=float, default=1.0, help="linear warmup, in epochs")
