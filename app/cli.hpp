@@ -47,6 +47,7 @@ int run_info(const InfoArgs& args);
 // `vitlens train` (cli_train.cpp). Defaults are the documented default recipe (README).
 struct TrainArgs {
   std::string data, out, resume, grad_dump;
+  std::string name = "vitlens-trained", description;  // the model's config name / description
   int depth = 6, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
   int batch = 128, epochs = 10;

@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <fstream>
 #include <sys/stat.h>
+#include <tuple>
 
 #include "cli.hpp"
 #include "vitlens/checkpoint.hpp"
@@ -148,6 +149,13 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   auto bad = [](const std::string& s) { throw UsageError(s); };
   if (a.data.empty()) bad("--data is required: 'fashion-mnist' or a folder with one subfolder per class");
   if (a.out.empty() && a.grad_dump.empty() && a.resume.empty()) bad("--out RUNDIR is required");
+  for (const auto& [flag, text, limit] : {std::tuple<const char*, const std::string*, size_t>{"--name", &a.name, 64},
+                                          {"--description", &a.description, 400}}) {
+    if (text->size() > limit) bad(std::string(flag) + " is longer than " + std::to_string(limit) + " characters");
+    for (const char ch : *text)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) bad(std::string(flag) + " contains a control character");
+  }
+  if (a.name.find_first_not_of(' ') == std::string::npos) bad("--name must not be empty");
   if (!(a.lr > 0.0 && a.lr <= 10.0)) bad("--lr must be in (0, 10], got " + std::to_string(a.lr));
   if (!(a.weight_decay >= 0.0 && a.weight_decay <= 10.0)) bad("--weight-decay must be in [0, 10]");
   if (!(a.warmup >= 0.0 && a.warmup <= a.epochs)) bad("--warmup must be in [0, --epochs] epochs");
@@ -224,6 +232,11 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
   cmd->add_option("--grad-dump", a.grad_dump,
                   "Debug: write the gradients of the first batch (file order, no augmentation, no update) as "
                   "safetensors with timm names to FILE, and the initial weights to FILE's .weights.safetensors; then exit");
+  cmd->add_option("--name", a.name,
+                  "The model's name in its config (what 'vitlens info' and the viewer's Model menu show)")
+      ->capture_default_str();
+  cmd->add_option("--description", a.description,
+                  "The model's description in its config (default: 'ViT trained by vitlens train on DATA')");
   cmd->add_flag("--quiet,-q", a.quiet, "Print nothing but errors and the final result");
   a.command = cmd;
 }
@@ -261,7 +274,6 @@ int run_train(TrainArgs& a) {
     if (cmd->count("--epochs")) recipe.epochs = a.epochs;
     recipe.threads = a.threads;
   } else {
-    config.name = "vitlens-trained";
     config.patch_size = a.patch;
     config.embed_dim = a.embed_dim;
     config.num_heads = a.heads;
@@ -281,7 +293,13 @@ int run_train(TrainArgs& a) {
     recipe.seed = a.seed;
     recipe.threads = a.threads;
   }
-  config.description = "ViT trained by 'vitlens train' on " + data.name;
+  // The name and description label the model and never change the training, so a resumed run may
+  // set them too (the checkpoint's own name is kept unless --name is given).
+  if (a.resume.empty() || cmd->count("--name")) config.name = a.name;
+  if (!a.description.empty())
+    config.description = a.description;
+  else if (a.resume.empty())
+    config.description = "ViT trained by 'vitlens train' on " + data.name;
   const std::string why = config.validate();
   if (!why.empty()) throw UsageError("model shape: " + why);
   if (data.train.num_classes() != saved.num_classes && !a.resume.empty())

@@ -233,6 +233,8 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data " + one_class + " --out " + dir + "/r", "", 1},
       {"train --data fashion-mnist --resume " + dir + "/missing.safetensors", "missing.safetensors", 1},
       {"train --data fashion-mnist --resume " + dir + "/x.safetensors --lr 0.1", "cannot change on --resume", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --name ''", "--name must not be empty", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --name " + std::string(65, 'n'), "longer than 64", 2},
   };
   for (const Case& c : cases) {
     const Run r = run_vitlens(c.args);
@@ -251,7 +253,7 @@ TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --st
   const std::string common = " --data fashion-mnist --limit 256 --depth 1 --embed-dim 16 --heads 2 --batch 32 "
                              "--epochs 2 --threads 2 --quiet";
   // Uninterrupted: 2 epochs of 8 steps.
-  Run a = run_vitlens("train" + common + " --out " + dir + "/a");
+  Run a = run_vitlens("train" + common + " --out " + dir + "/a --name 'fm tiny' --description 'a test model'");
   INFO(a.err);
   REQUIRE(a.code == 0);
   CHECK(a.out.find("test accuracy") != std::string::npos);
@@ -287,4 +289,9 @@ TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --st
   Run info = run_vitlens("info --model " + dir + "/a/last.safetensors");
   CHECK(info.code == 0);
   CHECK(info.out.find("10 classes") != std::string::npos);
+  // --name / --description label the model; a resumed run keeps the checkpoint's own.
+  CHECK(load_model(dir + "/a/last.safetensors").config.name == "fm tiny");
+  CHECK(load_model(dir + "/a/last.safetensors").config.description == "a test model");
+  CHECK(load_model(dir + "/b/last.safetensors").config.name == "vitlens-trained");
+  CHECK(load_model(dir + "/b/last.safetensors").config.description == "ViT trained by 'vitlens train' on fashion-mnist");
 }
