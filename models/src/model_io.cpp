@@ -20,14 +20,6 @@ namespace {
 
 using nlohmann::json;
 
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
-  s << "]";
-  return s.str();
-}
-
 const json& require_key(const json& j, const char* key, const std::string& what) {
   if (!j.contains(key)) throw Error(what + ": config key '" + key + "' is missing");
   return j.at(key);

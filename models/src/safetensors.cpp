@@ -6,6 +6,7 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <sstream>
 
 #include <nlohmann/json.hpp>
 
@@ -172,6 +173,14 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
 
 SafetensorsFile read_safetensors(const std::string& path) {
   return parse_safetensors(read_whole_file(path, "a model file", kMaxModelFileBytes), path);
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::ostringstream s;
+  s << "[";
+  for (size_t i = 0; i < shape.size(); ++i) s << (i ? ", " : "") << shape[i];
+  s << "]";
+  return s.str();
 }
 
 std::string safetensors_bytes(const SafetensorsFile& file) {

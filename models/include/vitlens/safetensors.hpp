@@ -35,4 +35,7 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
 std::string safetensors_bytes(const SafetensorsFile& file);  // F32 data, names sorted
 void write_safetensors(const std::string& path, const SafetensorsFile& file);  // atomic
 
+// "[3, 48, 4, 4]", for messages about a tensor's shape.
+std::string shape_text(const std::vector<int64_t>& shape);
+
 }  // namespace vitlens
