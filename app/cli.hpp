@@ -51,10 +51,10 @@ struct TrainArgs {
   int depth = 6, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
   int batch = 128, epochs = 10;
-  double lr = 2e-3, weight_decay = 0.05, warmup = 1.0, label_smoothing = 0.1, val_split = 0.1;
+  double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.0, val_split = 0.1;
   uint64_t seed = 0;
   int threads = 0, img_size = 32, limit = 0, stop_after = 0;
-  bool no_augment = false, quiet = false;
+  bool augment = false, quiet = false;
   CLI::App* command = nullptr;  // to ask which flags were given
 };
 void add_train_command(CLI::App& app, TrainArgs& args);

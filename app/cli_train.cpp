@@ -171,7 +171,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
     bad("the image size " + std::to_string(img) + " is not a multiple of --patch " + std::to_string(a.patch));
   if (!a.resume.empty()) {
     for (const char* flag : {"--depth", "--embed-dim", "--heads", "--patch", "--mlp-ratio", "--batch", "--lr",
-                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--no-augment", "--val-split",
+                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--val-split",
                              "--img-size", "--limit"})
       if (cmd->count(flag))
         bad(std::string(flag) + " cannot change on --resume: the checkpoint's recipe and data are used (only --epochs, "
@@ -214,8 +214,9 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
       ->capture_default_str();
   cmd->add_option("--label-smoothing", a.label_smoothing, "As torch.nn.CrossEntropyLoss(label_smoothing=...)")
       ->capture_default_str();
-  cmd->add_flag("--no-augment", a.no_augment,
-                "Switch off augmentation (random crop with 2 pixels of zero padding, horizontal flip)");
+  cmd->add_flag("--augment,!--no-augment", a.augment,
+                "Augment the training images (random crop with 2 pixels of zero padding, horizontal flip); off by "
+                "default, --no-augment says so explicitly");
   cmd->add_option("--val-split", a.val_split,
                   "Share of each class held out for per-epoch validation (seeded). Default 0.1 for a folder; for "
                   "Fashion-MNIST 0 = evaluate on the 10,000 test images every epoch");
@@ -289,7 +290,7 @@ int run_train(TrainArgs& a) {
     recipe.weight_decay = a.weight_decay;
     recipe.warmup_epochs = a.warmup;
     recipe.label_smoothing = a.label_smoothing;
-    recipe.augment = !a.no_augment;
+    recipe.augment = a.augment;
     recipe.seed = a.seed;
     recipe.threads = a.threads;
   }

@@ -8,8 +8,9 @@ vitlens reads, with the recipe of `vitlens train`:
 
   AdamW (betas 0.9/0.999, eps 1e-8), weight decay on weight matrices only (not biases, norms,
   pos_embed, cls_token); linear warmup then cosine decay to 1e-5, per step; gradient norm clipped
-  to 1.0; cross-entropy with label smoothing; random crop with 2 px zero padding + horizontal flip
-  (torchvision's RandomCrop(28, padding=2) + RandomHorizontalFlip, done here on the batch tensor);
+  to 1.0; cross-entropy with optional label smoothing; with --augment, random crop with 2 px zero
+  padding + horizontal flip (torchvision's RandomCrop(28, padding=2) + RandomHorizontalFlip, done
+  here on the batch tensor);
   gray replicated to RGB, normalised (x - 0.5) / 0.5 after augmentation; the last partial batch of
   an epoch dropped; timm's initialisation.
 
@@ -231,11 +232,12 @@ def parse_args():
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
-    p.add_argument("--warmup", type=float, default=1.0, help="linear warmup, in epochs")
+    p.add_argument("--warmup", type=float, default=0.5, help="linear warmup, in epochs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 = PyTorch's default")
-    p.add_argument("--label-smoothing", type=float, default=0.1)
-    p.add_argument("--no-augment", action="store_true")
+    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=False,
+                   help="random crop (2 px padding) + flip; off by default, as vitlens train")
     p.add_argument("--limit", type=int, default=0, help="first N training (and test) images only")
     # This script's own.
     p.add_argument("--data-dir", default=FASHION_DIR)
@@ -366,7 +368,7 @@ def main():
         idx = order[pos * a.batch:(pos + 1) * a.batch]
         pos += 1
         xb, yb = x_train[idx], y_train[idx]
-        if not a.no_augment:
+        if a.augment:
             xb = augment_crop_flip(xb, CROP_PAD, data_gen)
         xb = (xb - MEAN) / STD
         lr = scheduled_lr(a.lr, step, warmup, total)
@@ -391,7 +393,7 @@ def main():
 
     result = {"mode": "bench" if a.bench else "steps" if a.steps else "train", "batch": a.batch,
               "depth": a.depth, "embed_dim": a.embed_dim, "heads": a.heads, "patch": a.patch, "mlp_ratio": a.mlp_ratio,
-              "augment": not a.no_augment, **info}
+              "augment": a.augment, **info}
     timed = step_times[a.warmup_steps:] if a.bench else step_times
     result["steps_timed"] = len(timed)
     result["median_step_ms"] = 1000.0 * statistics.median(timed)

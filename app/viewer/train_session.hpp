@@ -29,9 +29,9 @@ struct TrainSettings {
   int depth = 6, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
   int batch = 128, epochs = 10;
-  double lr = 2e-3, weight_decay = 0.05, warmup = 1.0, label_smoothing = 0.1;
+  double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.0;
   double val_split = -1.0;             // < 0: as the CLI (0 for Fashion-MNIST = the test set, 0.1 for a folder)
-  bool augment = true;
+  bool augment = false;
   uint64_t seed = 0;
   int threads = 0;                     // 0 = one per core
   int img_size = 32;                   // images of a folder are resized to this (Fashion-MNIST: 28)

@@ -24,10 +24,12 @@ struct Recipe {
   double lr = 2e-3;             // peak learning rate, after warmup
   double min_lr = 1e-5;         // end of the cosine
   double weight_decay = 0.05;   // AdamW, decoupled, on weight matrices only (ParamEntry::decay)
-  double warmup_epochs = 1.0;   // linear warmup length, in epochs (fractions allowed)
+  double warmup_epochs = 0.5;   // linear warmup length, in epochs (fractions allowed)
   double clip_norm = 1.0;       // gradient-norm clipping; 0 = off
-  double label_smoothing = 0.1;
-  bool augment = true;          // random crop with zero padding `crop_pad`, horizontal flip
+  double label_smoothing = 0.0;
+  // Random crop with zero padding `crop_pad`, horizontal flip. Off by default: on Fashion-MNIST at
+  // this size the model underfits in 10 epochs, and augmentation slowed it (README, default recipe).
+  bool augment = false;
   int crop_pad = 2;
   bool flip = true;
   double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
