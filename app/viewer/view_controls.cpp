@@ -99,9 +99,9 @@ void DrawQueryToken(App& app) {
 void DrawRollout(App& app) {
   RolloutChoice& r = app.ui.compute.rollout;
   ViewChoice& v = app.ui.view;
-  ImGui::TextUnformatted("fuse heads by");
+  // The heads of each layer fused by their mean, maximum or minimum weight.
   for (HeadFusion f : {HeadFusion::Mean, HeadFusion::Max, HeadFusion::Min}) {
-    ImGui::SameLine();
+    if (f != HeadFusion::Mean) ImGui::SameLine();
     const std::string label = std::string("fuse ") + head_fusion_name(f);
     if (gui::RadioButton(label.c_str(), r.fusion == f)) r.fusion = f;
   }

@@ -53,7 +53,9 @@ void DrawLayersView(App& app, const ViewTextures& textures) {
     return;
   }
   ImGui::TextWrapped("%d layers x %d heads, %s; click a tile to open it", g.layers, g.heads, GridCaption(app).c_str());
-  ImGui::TextDisabled("every map for this query: %.2f ms (from the cached q and K, no new forward pass)", d.layers_ms);
+  ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
+  ImGui::TextWrapped("every map for this query: %.2f ms (from the cached q and K, no new forward pass)", d.layers_ms);
+  ImGui::PopStyleColor();
 
   // Scale the one-pixel-per-patch picture up to the window, leaving room for the labels.
   const ImVec2 avail = ImGui::GetContentRegionAvail();
