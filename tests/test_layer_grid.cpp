@@ -169,7 +169,7 @@ TEST_CASE("A pixel of the grid picture names its tile; gaps and the outside name
   CHECK_FALSE(layer_grid_cell(g, 1, -1, 3, layer, head));
 }
 
-TEST_CASE("--token names: what each model has, and one line for what it does not", "[layer_grid][cli]") {
+TEST_CASE("Prefix token names (--token): what each model has, and one line for what it does not", "[layer_grid][cli]") {
   VitConfig plain = test::small_config();
   CHECK(prefix_token_index(plain, "cls") == 0);
   auto message = [](const VitConfig& config, const std::string& name) {

@@ -41,6 +41,7 @@ std::string GridCaption(const App& app) {
 void DrawLayersView(App& app, const ViewTextures& textures) {
   if (!app.ui.show_layers) return;
   PlaceWindow(0.23f, 0.56f, 0.33f, 0.44f);  // over the Inspector: shown on demand, on top
+  ImGui::SetNextWindowBgAlpha(1.0f);          // opaque, so the Inspector's text does not show through
   if (!ImGui::Begin("Layers x heads", &app.ui.show_layers)) {
     ImGui::End();
     return;
