@@ -149,7 +149,7 @@ void DrawMapChoice(App& app) {
     v.mode = MapMode::Received;
     set_rollout(app, false);
   }
-  ImGui::SameLine();
+  // On its own line: four radios do not fit the Controls window's default width.
   if (gui::RadioButton("rollout", rollout)) set_rollout(app, true);
   HelpMarker("query patch: the attention row of the query (click a patch; arrow keys move it; or pick a prefix token "
              "below).\nclass token: the class token's row.\nreceived: for each patch, the mean weight it gets over all "
