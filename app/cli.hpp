@@ -19,6 +19,7 @@ struct ExportArgs {
   std::string model;  // empty: the bundled designed model
   int heads = 0;      // --heads for a checkpoint that does not say it
   std::string query, query_processed, patch;
+  std::string token;  // --token cls|dist|regK: a prefix token as the query
   bool cls = false, received = false;
   std::string mask = "none";
   std::string upsample = "nearest";

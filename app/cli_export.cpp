@@ -35,10 +35,15 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   auto* cls = cmd->add_flag("--cls", args.cls, "Map of the class token's attention (models with a class token)");
   auto* received = cmd->add_flag("--received", args.received,
                                  "Attention received: mean over queries of each patch's column (the default)");
-  query->excludes(query_processed)->excludes(patch)->excludes(cls)->excludes(received);
-  query_processed->excludes(patch)->excludes(cls)->excludes(received);
-  patch->excludes(cls)->excludes(received);
-  cls->excludes(received);
+  auto* token = cmd->add_option("--token", args.token,
+                                "Map of a prefix token's attention row: cls (class token), dist (distillation token, "
+                                "distilled DeiT) or regK (register K of DINOv2 with registers, K from 0)");
+  token->type_name("NAME");
+  query->excludes(query_processed)->excludes(patch)->excludes(cls)->excludes(received)->excludes(token);
+  query_processed->excludes(patch)->excludes(cls)->excludes(received)->excludes(token);
+  patch->excludes(cls)->excludes(received)->excludes(token);
+  cls->excludes(received)->excludes(token);
+  received->excludes(token);
   cmd->add_option("--layer", args.layer,
                   "Layer (block) index L, 0-based (default: the last); a range A-B or 'all' writes every layer's files "
                   "(<stem>_layer<L>_*) and a layers x heads montage (<stem>_layers_montage.png)");
@@ -122,6 +127,9 @@ int run_export(ExportArgs& args) {
   } else if (!args.patch.empty()) {
     s.select = QuerySelect::Patch;
     parse_pair(args.patch, "--patch", s.patch_row, s.patch_col);
+  } else if (!args.token.empty()) {
+    s.select = QuerySelect::Token;
+    s.token = args.token;
   } else if (args.cls) {
     s.select = QuerySelect::ClassToken;
   } else {

@@ -42,6 +42,7 @@
 #include "vitlens/export.hpp"
 #include "vitlens/fast_attention.hpp"
 #include "vitlens/bundled.hpp"
+#include "vitlens/layer_grid.hpp"
 #include "vitlens/model_io.hpp"
 #include "vitlens/rollout.hpp"
 
@@ -66,6 +67,7 @@ struct BenchArgs {
   int reference_max_tokens = 3200;
   bool no_export = false;
   bool deep = false;  // --deep: the ViT-B/16 shape instead of the size sweep
+  bool grid = false;  // --grid: the viewer's layers x heads grid on a ViT-S/16 shape
 };
 
 // [SECTION] Timing helpers
@@ -245,6 +247,49 @@ json bench_deep(const BenchArgs& args) {
   return r;
 }
 
+// [SECTION] The layers x heads grid (issue 8): ViT-S/16 shape, 224 px, 197 tokens, 12 x 12 heads
+
+// What the viewer's Layers x heads window does when the query moves: all_layer_maps (144 rows
+// from the cached q and key panels) and layer_grid (those maps scaled and coloured into one
+// picture, with and without the threshold), against the forward pass in the same run.
+json bench_grid(const BenchArgs& args) {
+  VitConfig c;
+  c.name = "vit-s16-shape";
+  c.patch_size = 16, c.embed_dim = 384, c.num_heads = 12, c.depth = 12;
+  c.img_h = c.img_w = 224;
+  const VitModel model = model_from_tensors(c, gaussian_tensors(c, 2468, 0.05f), "bench grid model");
+  cv::Mat pixels(224, 224, CV_8UC3);
+  cv::randu(pixels, 0, 256);
+  cv::Mat rgb01;
+  pixels.convertTo(rgb01, CV_32FC3, 1.0 / 255.0);
+  const PreparedImage prepared = prepare_image(rgb01, c, 0);
+  ForwardOptions options;
+  options.threads = args.threads;
+  json r;
+  r["model"] = {{"patch_size", 16}, {"embed_dim", 384}, {"num_heads", 12}, {"depth", 12}, {"image", 224}};
+  ForwardResult result;
+  r["forward_ms"] = time_runs(args.runs, [&](int) { result = forward(model, prepared.grid, options); });
+  r["tokens"] = result.tokens;
+  const RunPolicy many{std::max(args.runs.max_runs, 51), std::max(args.runs.min_runs, 51), args.runs.budget_s};
+  // A different query each run, spread over the image (and the class token), as a moving mouse.
+  auto query = [&](int run) { return static_cast<int>((static_cast<int64_t>(run) * 37) % result.tokens); };
+  r["all_layer_maps_ms"] = time_runs(many, [&](int run) {
+    const std::vector<HeadMaps> maps = all_layer_maps(model, result, MapMode::Query, query(run));
+    if (maps.size() != 12 || maps.back().heads.size() != 12) throw Error("all_layer_maps gave no maps");
+  });
+  LayerGridStyle style;  // robust scale, viridis, as the viewer's defaults
+  r["layer_grid_ms"] = time_runs(many, [&](int run) {
+    const LayerGrid g = layer_grid(model, result, MapMode::Query, query(run), style);
+    if (g.picture.empty()) throw Error("layer_grid drew nothing");
+  });
+  style.threshold = 0.6f;
+  r["layer_grid_threshold_ms"] = time_runs(many, [&](int run) {
+    const LayerGrid g = layer_grid(model, result, MapMode::Query, query(run), style);
+    if (g.picture.empty()) throw Error("layer_grid drew nothing");
+  });
+  return r;
+}
+
 // Runs bench_size in a forked child and returns its JSON (or {"image", "error"}).
 json bench_size_in_child(const BenchArgs& args, int img) {
   int fds[2];
@@ -340,6 +385,9 @@ int main(int argc, char** argv) {
   app.add_flag("--deep", args.deep,
                "instead: a ViT-B/16-shaped model (D 768, 12 heads, 12 layers) at 224 px: forward, every layer's "
                "query maps (144 heads), rollout");
+  app.add_flag("--grid", args.grid,
+               "instead: the viewer's layers x heads grid on a ViT-S/16-shaped model (D 384, 12 heads, 12 layers) at "
+               "224 px: forward, every layer's query maps (144 heads), the grid picture");
   CLI11_PARSE(app, argc, argv);
   args.runs.min_runs = std::min(args.runs.min_runs, args.runs.max_runs);
   for (int s : args.sizes)
@@ -355,6 +403,21 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     std::cerr << "vitlens_bench: " << e.what() << "\n";
     return 2;
+  }
+  if (args.grid) {
+    const json r = bench_grid(args);
+    if (args.json_output) {
+      std::cout << r.dump(2) << std::endl;
+    } else {
+      std::printf("ViT-S/16 shape, 224 px, %d tokens, %s kernels, load %.2f (medians in ms)\n", r["tokens"].get<int>(),
+                  kernel_isa_name(kernel_isa()), load_average());
+      for (const char* key : {"forward_ms", "all_layer_maps_ms", "layer_grid_ms", "layer_grid_threshold_ms"})
+        std::printf("  %-26s %8.3f (min %.3f, %d runs)\n", key, r[key]["median"].get<double>(), r[key]["min"].get<double>(),
+                    r[key]["runs"].get<int>());
+      std::printf("  layer_grid / forward       %8.2e\n",
+                  r["layer_grid_ms"]["median"].get<double>() / r["forward_ms"]["median"].get<double>());
+    }
+    return 0;
   }
   if (args.deep) {
     const json r = bench_deep(args);

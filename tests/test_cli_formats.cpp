@@ -10,9 +10,24 @@
 #include <opencv2/imgcodecs.hpp>
 #include <sys/wait.h>
 
+#include "npy_support.hpp"
 #include "test_support.hpp"
 
 namespace {
+
+// A square float32 .npy (the rollout references), read with npy_support.hpp.
+struct NpyArrayLite {
+  int n = 0;
+  std::vector<float> values;
+  float at(int row, int col) const { return values[static_cast<size_t>(row) * static_cast<size_t>(n) + static_cast<size_t>(col)]; }
+};
+NpyArrayLite read_rollout_npy(const std::string& path) {
+  const NpyArray a = read_npy(path);
+  NpyArrayLite out;
+  if (a.shape.size() == 2 && a.shape[0] == a.shape[1]) out.n = static_cast<int>(a.shape[0]);
+  out.values = a.values;
+  return out;
+}
 
 const std::string kForeign = std::string(VITLENS_TEST_FIXTURES) + "/foreign/";
 
@@ -120,4 +135,53 @@ TEST_CASE("cli: --threshold keeps DINO's top mass of a foreign model's class-tok
   }
   CHECK_FALSE(cv::imread(out + "/image_montage.png").empty());
   CHECK(run("export " + kForeign + "image.png --model " + kForeign + "timm_dino/model.safetensors --threshold 0 --out " + out).code == 2);
+}
+
+TEST_CASE("cli: --token makes a prefix token the query, for maps and rollout; one line for a token the model lacks",
+          "[cli][formats][token]") {
+  const std::string out = vitlens::test::temp_dir("cli-token");
+  const std::string image = kForeign + "image.png", reg_model = kForeign + "timm_dinov2_reg/model.safetensors";
+  Run r = run("export " + image + " --model " + reg_model + " --token reg3 --layer 0 --quiet --out " + out);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  nlohmann::json j = nlohmann::json::parse(slurp(out + "/image.json"));
+  CHECK(j["mode"] == "query");
+  CHECK(j["query"]["token"] == 4);  // class token, then registers 0..3
+  CHECK(j["query"]["name"] == "register 3");
+  CHECK(j["query"]["prefix"] == "reg3");
+
+  // Rollout from register 0, against the numpy rollout of the library's weights (the fixture
+  // script's reference, (N, N) for fusion mean and no discard): the row's patch part, max and sum.
+  r = run("export " + image + " --model " + reg_model + " --rollout --token reg0 --quiet --out " + out);
+  REQUIRE(r.code == 0);
+  j = nlohmann::json::parse(slurp(out + "/image_rollout.json"));
+  CHECK(j["query"]["name"] == "register 0");
+  const NpyArrayLite reference = read_rollout_npy(kForeign + "timm_dinov2_reg/rollout_mean_0.0.npy");
+  REQUIRE(reference.n == 21);
+  double max_value = 0.0, sum = 0.0;
+  for (int key = 5; key < 21; ++key) {  // the 16 patch keys after the class token and 4 registers
+    max_value = std::max(max_value, static_cast<double>(reference.at(1, key)));
+    sum += reference.at(1, key);
+  }
+  CHECK(j["map"]["max"].get<double>() == Approx(max_value).margin(1e-5));
+  CHECK(j["map"]["sum"].get<double>() == Approx(sum).margin(1e-5));
+
+  // Distilled DeiT has a distillation token; the others say which tokens they have.
+  r = run("export " + image + " --model " + kForeign + "timm_deit_distilled/model.safetensors --token dist --quiet --out " + out);
+  CHECK(r.code == 0);
+  struct Bad {
+    std::string model, token, text;
+  };
+  for (const Bad& bad : {Bad{"timm_vit", "dist", "no distillation token"}, Bad{"timm_vit", "reg0", "no register tokens"},
+                         Bad{"timm_dinov2_reg", "reg4", "reg0 to reg3"}, Bad{"timm_dinov2_reg", "head", "expects cls, dist or regK"}}) {
+    INFO(bad.model << " --token " << bad.token);
+    r = run("export " + image + " --model " + kForeign + bad.model + "/model.safetensors --token " + bad.token + " --out " + out);
+    CHECK(r.code == 2);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK_THAT(r.err, Catch::Contains(bad.text));
+  }
+  // --token is a query: it cannot go with another one.
+  r = run("export " + image + " --model " + reg_model + " --token cls --patch 1,1 --out " + out);
+  CHECK(r.code != 0);
+  CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
 }

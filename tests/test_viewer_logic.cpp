@@ -21,6 +21,7 @@
 #include "test_support.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/export.hpp"
+#include "vitlens/export_layers.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/image.hpp"
 
@@ -809,4 +810,94 @@ TEST_CASE("viewer script comments: a '#' word or line, never a '#' inside a widg
   REQUIRE(commands.size() == 2);
   CHECK(commands[0].args == std::vector<std::string>{"##mass", "1"});
   CHECK(commands[1].args == std::vector<std::string>{"...##export"});
+}
+
+// [SECTION] Issue 8: layers x heads grid, rollout mode, prefix-token queries
+
+TEST_CASE("viewer layers x heads grid, prefix-token query and rollout mode are core's, and export as the CLI does",
+          "[viewer][layer_grid]") {
+  Fixture fx;
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  const VitModel model = load_model(fx.model_path);  // depth 2, 4 heads, 8x8 patches + class token
+
+  // The class token as the query: its maps are row 0 of the full softmax weights (keep_probs).
+  REQUIRE(set_query_prefix(app, 0));
+  CHECK_FALSE(set_query_prefix(app, 1));  // the model has one prefix token
+  app.ui.view.layer = 0;
+  app.ui.show_layers = true;
+  REQUIRE(run_until_idle(app));
+  CHECK(app.ui.view.mode == MapMode::Query);
+  ForwardOptions options;
+  options.keep_probs = true;
+  const ForwardResult full = forward(model, app.doc.comp->image.grid, options);
+  double worst = 0.0;
+  for (int l = 0; l < 2; ++l)
+    for (int h = 0; h < 4; ++h)
+      for (int p = 0; p < 64; ++p) {
+        const float want = full.layers[static_cast<size_t>(l)].probs[static_cast<size_t>(h)](0, 1 + p);
+        worst = std::max(worst, static_cast<double>(std::abs(app.derived.layers.maps[static_cast<size_t>(l)]
+                                                                  .heads[static_cast<size_t>(h)].data()[p] - want)));
+        if (l == 0) worst = std::max(worst, static_cast<double>(std::abs(app.derived.raw_maps.heads[static_cast<size_t>(h)].data()[p] - want)));
+      }
+  INFO("largest difference from the full weights " << worst);
+  CHECK(worst <= 1e-6);
+  CHECK(app.derived.layers.layers == 2);
+  CHECK(app.derived.layers.picture.cols == 4 * 9 - 1);
+  CHECK_THAT(cli_command(app, "out"), Catch::Contains("--token cls --layer 0"));
+
+  // A click on a tile opens that layer and head.
+  open_grid_cell(app, 1, 2);
+  CHECK(current_layer(app) == 1);
+  CHECK(app.ui.view.focus_head == 2);
+  open_grid_cell(app, 5, 0);  // outside: nothing changes
+  CHECK(current_layer(app) == 1);
+
+  // Rollout from a query patch: the map is core's rollout row, and the export equals export_rollout.
+  pin_query(app, 2, 5);
+  set_rollout(app, true);
+  app.ui.view.rollout_from_query = true;
+  app.ui.compute.rollout.fusion = HeadFusion::Max;
+  app.ui.compute.rollout.discard = 0.3f;
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.comp->key.rollout.on);
+  const int token = 1 + 2 * 8 + 5;
+  CHECK(app.derived.rollout_query == token);
+  RolloutOptions ro;
+  ro.fusion = HeadFusion::Max;
+  ro.discard_ratio = 0.3f;
+  const MatRM reference = rollout_map(attention_rollout(full, ro), full, token);
+  CHECK((app.derived.rollout_map - reference).cwiseAbs().maxCoeff() <= 1e-6f);
+  CHECK(app.doc.comp->forward.layers[0].probs.empty());  // only the (N, N) rollout is kept
+  const std::string command = cli_command(app, "out");
+  CHECK_THAT(command, Catch::Contains("--rollout --patch 2,5 --fusion max --discard 0.3"));
+  CHECK_THAT(command, !Catch::Contains("--layer"));
+  const std::string viewer_dir = fx.dir + "/viewer-rollout", cli_dir = fx.dir + "/cli-rollout";
+  fs::create_directory(viewer_dir);
+  fs::create_directory(cli_dir);
+  app.requests.export_folder = viewer_dir;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  ExportSettings s;
+  s.out_dir = cli_dir;
+  s.select = QuerySelect::Patch;
+  s.patch_row = 2;
+  s.patch_col = 5;
+  export_rollout(model, fx.image_path, s, ro);
+  REQUIRE(fs::exists(viewer_dir + "/picture_rollout.png"));
+  CHECK(read_text(viewer_dir + "/picture_rollout.png") == read_text(cli_dir + "/picture_rollout.png"));
+  nlohmann::json a = nlohmann::json::parse(read_text(viewer_dir + "/picture_rollout.json"));
+  nlohmann::json b = nlohmann::json::parse(read_text(cli_dir + "/picture_rollout.json"));
+  for (nlohmann::json* j : {&a, &b}) {
+    j->erase("timings_ms");
+    for (auto& f : (*j)["files"]) f = fs::path(f.get<std::string>()).filename().string();
+  }
+  CHECK(a == b);
+
+  // A click on the grid from rollout mode opens the attention map (rollout off).
+  open_grid_cell(app, 0, 3);
+  CHECK_FALSE(app.ui.compute.rollout.on);
+  CHECK(app.ui.view.focus_head == 3);
 }

@@ -22,6 +22,8 @@
 #include "attention_stats.hpp"
 #include "vitlens/export.hpp"
 #include "vitlens/head_roles.hpp"
+#include "vitlens/layer_grid.hpp"
+#include "vitlens/rollout.hpp"
 #include "vitlens/vit.hpp"
 
 namespace vitlens::viewer {
@@ -47,6 +49,7 @@ bool parse_upsample(const std::string& name, Upsample& upsample);       // "near
 const char* upsample_name(Upsample upsample);
 
 constexpr int kMinWorkingSide = 64, kMaxWorkingSide = 512;
+constexpr int kLayerGridGap = 1;  // pixels between the layers x heads grid's tiles (one pixel per patch)
 
 // [SECTION] Document
 
@@ -62,6 +65,19 @@ struct SourceImage {
   cv::Mat rgb01;  // CV_32FC3 RGB [0, 1] as load_image_rgb returns it, before resizing
 };
 
+// Attention rollout as a view mode (rollout.hpp): it needs every layer's (N, N) weights, so it is
+// part of the computation (the worker multiplies them and keeps only the (N, N) result).
+struct RolloutChoice {
+  bool on = false;
+  HeadFusion fusion = HeadFusion::Mean;
+  float discard = 0.0f;                  // [0, 1): vit-explain's discard_ratio
+  int first_layer = 0, last_layer = -1;  // -1: the last layer
+  bool operator==(const RolloutChoice& o) const {
+    return on == o.on && fusion == o.fusion && discard == o.discard && first_layer == o.first_layer && last_layer == o.last_layer;
+  }
+  bool operator!=(const RolloutChoice& o) const { return !(*this == o); }
+};
+
 // Everything that decides a forward pass; equal keys give identical results.
 struct ForwardKey {
   uint64_t model = 0, image = 0;
@@ -69,9 +85,10 @@ struct ForwardKey {
   MaskMode mask = MaskMode::Padding;
   std::vector<uint8_t> painted;     // (gh*gw) 1 = forbidden key; empty unless mask is Painted
   float score_scale = -1.0f;        // < 0: the model's 1/sqrt(d)
+  RolloutChoice rollout;            // on: the pass keeps every weight and the rollout is computed
   bool operator==(const ForwardKey& o) const {
     return model == o.model && image == o.image && max_side == o.max_side && mask == o.mask &&
-           painted == o.painted && score_scale == o.score_scale;
+           painted == o.painted && score_scale == o.score_scale && rollout == o.rollout;
   }
   bool operator!=(const ForwardKey& o) const { return !(*this == o); }
 };
@@ -84,7 +101,11 @@ struct Computation {
   ForwardResult forward;
   ImageStats stats;
   HeadRoleScores roles;  // head-role lifts of every layer and head (core/include/vitlens/head_roles.hpp)
+  MatRM rollout;         // (N, N) attention_rollout of key.rollout when it is on, else empty; the
+                         // forward's own (N, N) weights are dropped once it is made
+  RolloutOptions rollout_options;
   double forward_ms = 0.0, stats_ms = 0.0;  // stats_ms: entropy, distance and roles together
+  double rollout_ms = 0.0;                  // the pass keeping every weight, plus the rollout
 };
 
 struct Document {
@@ -110,6 +131,10 @@ struct ViewChoice {
   int query_row = -1, query_col = -1;    // pinned query patch; -1: the centre once an image is in
   int hover_row = -1, hover_col = -1;    // patch under the cursor this frame; -1: none
   int key_row = -1, key_col = -1;        // the inspector's key: the last hovered patch
+  int query_prefix = -1;                 // a prefix token (class, distillation, register) as the query
+                                         // instead of the pinned patch; -1: the patch
+  int focus_head = -1;                   // the head opened large (from the layers x heads grid); -1: all
+  bool rollout_from_query = false;       // rollout row: the query (patch or prefix token), else the class token
 };
 
 struct ComputeChoice {
@@ -119,6 +144,7 @@ struct ComputeChoice {
   Brush brush = Brush::Paint;
   ScaleMode scale = ScaleMode::Model;
   float temperature = 1.0f;
+  RolloutChoice rollout;
 };
 
 enum class BrowserPurpose { OpenImage, OpenModel, ExportFolder, ScreenshotFile };
@@ -207,6 +233,7 @@ struct UiState {
   bool show_image = true, show_heads = true, show_controls = true;
   bool show_inspector = true, show_stats = true, show_example = false;
   bool show_train = false;               // the Train window (view_train.cpp)
+  bool show_layers = false;              // the layers x heads grid window (view_layers.cpp)
   BrowserState browser;
   Message message;
   WorkedExample example;
@@ -252,6 +279,19 @@ struct Derived {
   uint64_t pictures_version = 0, base_version = 0, ramp_version = 0;
   double maps_ms = 0.0, render_ms = 0.0; // the last per-query update
   std::string map_error;
+
+  // The layers x heads grid (layer_grid.hpp), built only while its window is open.
+  LayerGrid layers;
+  std::string layers_key, layers_error;
+  uint64_t layers_version = 0;
+  double layers_ms = 0.0;                // maps of every layer and head, thresholds, colours: one query
+
+  // Rollout mode: the map of the rollout row and the picture export_rollout writes.
+  int rollout_query = -1;                // the token whose row is shown; -1: none
+  MatRM rollout_map;                     // (gh, gw)
+  cv::Mat rollout_picture;               // CV_8UC3 RGB at the processed image's size
+  std::string rollout_key;
+  uint64_t rollout_version = 0;
 
   bool inspector_valid = false;
   InspectorStep inspector;

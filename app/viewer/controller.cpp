@@ -21,6 +21,7 @@
 #include "vitlens/attention.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/export_layers.hpp"
 #include "vitlens/heatmap.hpp"
 #include "vitlens/maps.hpp"
 
@@ -115,9 +116,23 @@ std::string format_float(float v) {
   return buf;
 }
 
+// The query's token: the chosen prefix token, else the pinned patch.
 int query_token(const App& app) {
   const Computation& c = *app.doc.comp;
+  if (app.ui.view.query_prefix >= 0 && app.ui.view.query_prefix < c.forward.prefix) return app.ui.view.query_prefix;
   return c.forward.prefix + app.ui.view.query_row * c.forward.grid_w + app.ui.view.query_col;
+}
+
+// What the maps show: the map mode's request, or in rollout mode the attention of the rollout's
+// own row (the class token, or the query), so the layers x heads grid shows where that token looks.
+MapRequest shown_request(const App& app) {
+  MapRequest request;
+  request.layer = current_layer(app);
+  request.mode = app.ui.view.mode;
+  if (app.ui.compute.rollout.on)
+    request.mode = app.ui.view.rollout_from_query || !app.doc.comp->forward.has_class_token ? MapMode::Query : MapMode::ClassToken;
+  if (request.mode == MapMode::Query) request.query_token = query_token(app);
+  return request;
 }
 
 bool in_grid(const App& app, int row, int col) {
@@ -166,6 +181,12 @@ void fit_choices_to(App& app, int old_rows, int old_cols) {
   if (v.key_row >= rows || v.key_col >= cols) v.key_row = v.key_col = -1;
   if (v.layer >= static_cast<int>(c.forward.layers.size())) v.layer = -1;
   if (v.mode == MapMode::ClassToken && !c.forward.has_class_token) v.mode = MapMode::Query;
+  if (v.query_prefix >= c.forward.prefix) v.query_prefix = -1;  // a model without that token
+  if (v.focus_head >= app.doc.model->model.config.num_heads) v.focus_head = -1;
+  RolloutChoice& r = app.ui.compute.rollout;
+  const int depth = static_cast<int>(c.forward.layers.size());
+  if (r.last_layer >= depth) r.last_layer = -1;
+  if (r.first_layer >= depth) r.first_layer = 0;
   if (old_rows != rows || old_cols != cols || app.ui.compute.painted.size() != static_cast<size_t>(rows * cols))
     app.ui.compute.painted.clear();
 }
@@ -392,10 +413,7 @@ void update_derived(App& app) {
 
   // Maps: one attention row per head for a query (O(N d) each), or a stored row.
   const int layer = current_layer(app);
-  MapRequest request;
-  request.layer = layer;
-  request.mode = ui.view.mode;
-  if (request.mode == MapMode::Query) request.query_token = query_token(app);
+  const MapRequest request = shown_request(app);
   char key[160];
   std::snprintf(key, sizeof key, "%llu|%d|%d|%d", static_cast<unsigned long long>(c.serial), layer,
                 static_cast<int>(request.mode), request.query_token);
@@ -441,6 +459,51 @@ void update_derived(App& app) {
     ++d.pictures_version;
   }
 
+  // Rollout: the row of the rollout matrix the worker made, drawn as export_rollout draws it.
+  d.rollout_query = -1;
+  if (c.key.rollout.on && c.rollout.rows() == c.forward.tokens) {
+    const int token = ui.view.rollout_from_query || !c.forward.has_class_token ? query_token(app) : 0;
+    d.rollout_query = token;
+    const std::string rollout_key = std::to_string(c.serial) + "|" + std::to_string(token) + "|" + disp.style.colormap + "|" +
+                                    format_float(disp.style.alpha) + "|" + upsample_name(disp.style.upsample) + "|" +
+                                    normalize_name(disp.normalize);
+    if (d.rollout_key != rollout_key) {
+      ExportSettings look;
+      look.style = disp.style;
+      look.normalize = disp.normalize;
+      d.rollout_map = rollout_map(c.rollout, c.forward, token);
+      d.rollout_picture = rollout_picture(model, c.image, d.rollout_map, look);
+      d.rollout_key = rollout_key;
+      ++d.rollout_version;
+    }
+  }
+
+  // The layers x heads grid: every head of every layer for the same request, only while shown.
+  if (ui.show_layers) {
+    const std::string layers_key = std::to_string(c.serial) + "|" + std::to_string(static_cast<int>(request.mode)) + "|" +
+                                   std::to_string(request.query_token) + "|" + disp.style.colormap + "|" +
+                                   normalize_name(disp.normalize) + "|" +
+                                   (disp.threshold_on ? format_float(disp.threshold) : std::string("off"));
+    if (d.layers_key != layers_key) {
+      const auto t0 = std::chrono::steady_clock::now();
+      LayerGridStyle look;
+      look.colormap = disp.style.colormap;
+      look.normalize = disp.normalize;
+      look.threshold = disp.threshold_on ? disp.threshold : 0.0f;
+      look.cell_gap = kLayerGridGap;
+      try {
+        d.layers = layer_grid(model, c.forward, request.mode, request.query_token, look);
+        d.layers_error.clear();
+      } catch (const Error& e) {
+        d.layers = LayerGrid{};
+        d.layers_error = e.what();
+      }
+      d.layers_ms = ms_since(t0);
+      d.layers_key = layers_key;
+      ++d.layers_version;
+    }
+  }
+
   // Inspector: the pinned query (or the class token in cls mode) against the inspected key.
   const int prefix = c.forward.prefix;
   const int q_token = ui.view.mode == MapMode::ClassToken && c.forward.has_class_token ? 0 : query_token(app);
@@ -465,6 +528,7 @@ void pin_query(App& app, int row, int col) {
   if (!app.doc.comp) return;
   app.ui.view.query_row = std::clamp(row, 0, grid_rows(app) - 1);
   app.ui.view.query_col = std::clamp(col, 0, grid_cols(app) - 1);
+  app.ui.view.query_prefix = -1;      // the patch is the query again
   app.ui.view.mode = MapMode::Query;  // pinning a query means: show this query's maps
 }
 
@@ -539,6 +603,32 @@ bool patch_under(const App& app, const Rect& picture, float sx, float sy, int& r
 
 void set_mask(App& app, MaskMode mode) { app.ui.compute.mask = mode; }
 
+bool set_query_prefix(App& app, int token) {
+  if (token < 0) {
+    app.ui.view.query_prefix = -1;
+    return true;
+  }
+  if (!app.doc.comp || token >= app.doc.comp->forward.prefix) return false;
+  app.ui.view.query_prefix = token;
+  if (!app.ui.compute.rollout.on) app.ui.view.mode = MapMode::Query;  // as pinning a patch does
+  return true;
+}
+
+void open_grid_cell(App& app, int layer, int head) {
+  if (layer < 0 || layer >= model_layers(app) || !app.doc.model || head < 0 || head >= app.doc.model->model.config.num_heads)
+    return;
+  app.ui.view.layer = layer;
+  app.ui.view.focus_head = head;
+  // The grid shows attention maps: the cell opens as one, also from rollout mode.
+  if (app.ui.compute.rollout.on) {
+    app.ui.view.mode = app.ui.view.rollout_from_query || !app.doc.comp->forward.has_class_token ? MapMode::Query
+                                                                                                 : MapMode::ClassToken;
+    app.ui.compute.rollout.on = false;
+  }
+}
+
+void set_rollout(App& app, bool on) { app.ui.compute.rollout.on = on; }
+
 // [SECTION] Export
 
 bool cli_equivalent(const App& app) {
@@ -550,30 +640,59 @@ bool cli_equivalent(const App& app) {
   const bool mask_ok = mask == MaskMode::Padding || mask == MaskMode::Causal ||
                        (mask == MaskMode::None && !has_padding) ||
                        (mask == MaskMode::Painted && app.doc.comp->key.painted.empty());
+  // Rollout mode: the export is `--rollout`, which takes no threshold (the viewer draws none on it).
   return mask_ok && app.doc.comp->key.score_scale < 0.0f;  // the threshold is `--threshold`
 }
+
+namespace {
+
+// The `--patch` or `--token` flag of the current query.
+std::string query_flag(const App& app) {
+  const int prefix = app.doc.comp->forward.prefix;
+  if (app.ui.view.query_prefix >= 0 && app.ui.view.query_prefix < prefix)
+    return " --token " + prefix_token_short_name(app.doc.model->model.config, app.ui.view.query_prefix);
+  return " --patch " + std::to_string(app.ui.view.query_row) + "," + std::to_string(app.ui.view.query_col);
+}
+
+// --heads when the model's head count came from it (a timm checkpoint without config.json):
+// without it the command could not open the model.
+bool model_needed_heads(const App& app) {
+  for (const std::string& note : app.doc.model->model.notes)
+    if (note.find("from --heads") != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
 
 std::string cli_command(const App& app, const std::string& out_dir) {
   if (!app.doc.ready()) return {};
   const UiState& ui = app.ui;
   std::string cmd = "vitlens export '" + app.doc.image->path + "' --model '" + app.doc.model->path + "'";
+  if (model_needed_heads(app)) cmd += " --heads " + std::to_string(app.doc.model->model.config.num_heads);
   const auto& f = app.doc.comp->forward;
-  switch (ui.view.mode) {
-    case MapMode::Query:
-      cmd += " --patch " + std::to_string(ui.view.query_row) + "," + std::to_string(ui.view.query_col);
-      break;
-    case MapMode::ClassToken: cmd += " --cls"; break;
-    case MapMode::Received: cmd += " --received"; break;
+  const RolloutChoice& rollout = app.doc.comp->key.rollout;  // the pass on screen, resolved
+  if (rollout.on) {
+    cmd += " --rollout";
+    if (ui.view.rollout_from_query || !f.has_class_token) cmd += query_flag(app);
+    cmd += std::string(" --fusion ") + head_fusion_name(rollout.fusion) + " --discard " + format_float(rollout.discard);
+    if (rollout.first_layer != 0 || rollout.last_layer != static_cast<int>(f.layers.size()) - 1)
+      cmd += " --layer " + std::to_string(rollout.first_layer) + "-" + std::to_string(rollout.last_layer);
+  } else {
+    switch (ui.view.mode) {
+      case MapMode::Query: cmd += query_flag(app); break;
+      case MapMode::ClassToken: cmd += " --cls"; break;
+      case MapMode::Received: cmd += " --received"; break;
+    }
+    if (ui.view.layer >= 0 && ui.view.layer != static_cast<int>(f.layers.size()) - 1)
+      cmd += " --layer " + std::to_string(current_layer(app));
   }
-  if (ui.view.layer >= 0 && ui.view.layer != static_cast<int>(f.layers.size()) - 1)
-    cmd += " --layer " + std::to_string(current_layer(app));
   if (app.doc.comp->key.mask == MaskMode::Causal) cmd += " --mask causal";
   cmd += " --colormap " + ui.display.style.colormap + " --alpha " + format_float(ui.display.style.alpha);
   cmd += std::string(" --upsample ") + upsample_name(ui.display.style.upsample);
   cmd += std::string(" --normalize ") + normalize_name(ui.display.normalize);
-  if (ui.display.threshold_on) cmd += " --threshold " + format_float(ui.display.threshold);
+  if (ui.display.threshold_on && !rollout.on) cmd += " --threshold " + format_float(ui.display.threshold);
   if (ui.compute.max_side > 0) cmd += " --size " + std::to_string(ui.compute.max_side);
-  if (ui.export_raw) cmd += " --raw";
+  if (ui.export_raw && !rollout.on) cmd += " --raw";
   cmd += " --out '" + out_dir + "'";
   return cmd;
 }
@@ -581,6 +700,13 @@ std::string cli_command(const App& app, const std::string& out_dir) {
 void start_export(App& app, const std::string& requested_folder) {
   if (!app.doc.ready() || app.derived.comp_serial != app.doc.comp->serial || app.derived.view.maps.heads.empty()) {
     set_message(app, "Nothing to export yet: open an image and a model first", true);
+    ++app.export_failures;
+    return;
+  }
+  if (app.ui.compute.rollout.on != app.doc.comp->key.rollout.on) {
+    // Rollout mode whose pass failed or is still running: the screen does not show what was asked.
+    set_message(app, "Nothing to export yet: the " + std::string(app.ui.compute.rollout.on ? "rollout" : "maps") +
+                         " for these settings are not on screen" + (app.compute_job ? " (still computing)" : ""), true);
     ++app.export_failures;
     return;
   }
@@ -612,11 +738,27 @@ void start_export(App& app, const std::string& requested_folder) {
       s.select = QuerySelect::Patch;
       s.patch_row = ui.view.query_row;
       s.patch_col = ui.view.query_col;
+      if (ui.view.query_prefix >= 0 && ui.view.query_prefix < c.forward.prefix) {
+        s.select = QuerySelect::Token;
+        s.token = prefix_token_short_name(app.doc.model->model.config, ui.view.query_prefix);
+      }
       break;
     case MapMode::ClassToken: s.select = QuerySelect::ClassToken; break;
     case MapMode::Received: s.select = QuerySelect::Received; break;
   }
   job.options = forward_options_for_key(c.key);
+  if (c.key.rollout.on) {
+    if (app.derived.rollout_query < 0) {
+      set_message(app, "Nothing to export yet: the rollout is not computed", true);
+      ++app.export_failures;
+      return;
+    }
+    job.rollout_query = app.derived.rollout_query;
+    job.rollout_matrix = c.rollout;
+    job.rollout_options = c.rollout_options;
+    job.rollout_ms = c.rollout_ms;
+    s.raw = false;
+  }
   if (!cli_equivalent(app)) {
     // What `vitlens export` cannot express goes into <stem>_view.json beside the usual files.
     nlohmann::json notes;
@@ -631,7 +773,7 @@ void start_export(App& app, const std::string& requested_folder) {
     notes["score_scale"] = c.forward.score_scale;
     // Floats as the user set them (0.7, not 0.699999988).
     auto exact = [](float v) { return std::strtod(format_float(v).c_str(), nullptr); };
-    if (ui.display.threshold_on) {
+    if (ui.display.threshold_on && !c.key.rollout.on) {
       nlohmann::json kept = nlohmann::json::array();
       for (const ThresholdResult& t : app.derived.kept)
         kept.push_back({{"kept_patches", t.kept_patches}, {"total_patches", t.total_patches}, {"kept_mass", t.kept_mass}});
@@ -892,6 +1034,8 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
     std::error_code ec;
     if (!std::filesystem::is_regular_file(a[0], ec)) return "expected the file " + a[0] + ", it is not there";
   } else if (v == "mode") {
+    set_rollout(app, a[0] == "rollout");
+    if (a[0] == "rollout") return {};
     MapMode mode = MapMode::Query;
     parse_map_mode(a[0], mode);
     if (mode == MapMode::ClassToken && app.doc.comp && !app.doc.comp->forward.has_class_token)
@@ -902,6 +1046,36 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
     if (auto e = need_image(); !e.empty()) return e;
     if (i >= model_layers(app)) return "the model has " + std::to_string(model_layers(app)) + " layer(s)";
     ui.view.layer = i;
+  } else if (v == "token") {
+    if (auto e = need_image(); !e.empty()) return e;
+    if (a[0] == "patch") {
+      set_query_prefix(app, -1);
+    } else {
+      try {
+        set_query_prefix(app, prefix_token_index(app.doc.model->model.config, a[0]));
+      } catch (const Error& e) {
+        return e.what();
+      }
+    }
+  } else if (v == "head") {
+    if (auto e = need_image(); !e.empty()) return e;
+    if (a[0] == "all") ui.view.focus_head = -1;
+    else if (parse_int_arg(a[0], i) && i < app.doc.model->model.config.num_heads) ui.view.focus_head = i;
+    else return "the model has " + std::to_string(app.doc.model->model.config.num_heads) + " head(s)";
+  } else if (v == "rollout") {
+    RolloutChoice& r = ui.compute.rollout;
+    if (a[0] == "on" || a[0] == "off") set_rollout(app, a[0] == "on");
+    else if (a[0] == "fusion") r.fusion = a[1] == "max" ? HeadFusion::Max : a[1] == "min" ? HeadFusion::Min : HeadFusion::Mean;
+    else if (a[0] == "discard") parse_float_arg(a[1], r.discard);
+    else if (a[0] == "from") ui.view.rollout_from_query = a[1] == "query";
+    else {
+      if (auto e = need_image(); !e.empty()) return e;
+      parse_int_arg(a[1], i);
+      parse_int_arg(a[2], j);
+      if (j >= model_layers(app)) return "the model has " + std::to_string(model_layers(app)) + " layer(s)";
+      r.first_layer = i;
+      r.last_layer = j;
+    }
   } else if (v == "colormap") ui.display.style.colormap = a[0];
   else if (v == "alpha") parse_float_arg(a[0], ui.display.style.alpha);
   else if (v == "normalize") parse_normalize(a[0], ui.display.normalize);
@@ -932,6 +1106,7 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
     else if (a[0] == "inspector") ui.show_inspector = on;
     else if (a[0] == "stats") ui.show_stats = on;
     else if (a[0] == "train") ui.show_train = on;
+    else if (a[0] == "layers") ui.show_layers = on;
     else ui.show_example = on;
   } else if (v == "example") {
     if (a[0] == "reset") ui.example = WorkedExample{};
@@ -1007,9 +1182,26 @@ nlohmann::json state_json(const App& app) {
     for (uint8_t p : c.key.painted) painted += p;
     j["painted_patches"] = painted;
   }
-  j["mode"] = map_mode_name(ui.view.mode);
+  j["mode"] = ui.compute.rollout.on ? "rollout" : map_mode_name(ui.view.mode);
   j["layer"] = current_layer(app);
   j["query"] = {ui.view.query_row, ui.view.query_col};
+  j["head"] = ui.view.focus_head;
+  j["query_token"] = nullptr;
+  if (app.doc.ready()) {
+    const int token = query_token(app);
+    j["query_token"] = {{"index", token}, {"name", token_name(app.doc.model->model.config, app.doc.comp->forward.grid_w, token)}};
+  }
+  const RolloutChoice& rc = ui.compute.rollout;
+  j["rollout"] = {{"on", rc.on}, {"fusion", head_fusion_name(rc.fusion)}, {"discard", rc.discard},
+                  {"layers", {rc.first_layer, rc.last_layer}}, {"from", ui.view.rollout_from_query ? "query" : "cls"}};
+  if (app.derived.rollout_query >= 0 && app.doc.comp && app.doc.comp->key.rollout.on) {
+    const MatRM& m = app.derived.rollout_map;
+    j["rollout"]["token"] = app.derived.rollout_query;
+    j["rollout"]["map"] = {{"max", m.maxCoeff()}, {"sum", m.sum()}, {"entropy", map_entropy(m)}};
+    j["rollout"]["layers_used"] = {app.doc.comp->key.rollout.first_layer, app.doc.comp->key.rollout.last_layer};
+  }
+  j["layers_grid"] = {{"shown", ui.show_layers}, {"layers", app.derived.layers.layers}, {"heads", app.derived.layers.heads},
+                      {"ms", app.derived.layers_ms}, {"error", app.derived.layers_error}};
   j["key"] = {ui.view.key_row, ui.view.key_col};
   j["colormap"] = ui.display.style.colormap;
   j["alpha"] = ui.display.style.alpha;
@@ -1017,9 +1209,11 @@ nlohmann::json state_json(const App& app) {
   j["upsample"] = upsample_name(ui.display.style.upsample);
   j["threshold"] = ui.display.threshold_on ? json(ui.display.threshold) : json(nullptr);
   j["cli_equivalent"] = cli_equivalent(app);
+  j["cli_command"] = cli_equivalent(app) ? json(cli_command(app, ui.export_folder)) : json(nullptr);
   j["status"] = status_text(app);
   j["show"] = {{"image", ui.show_image}, {"heads", ui.show_heads}, {"controls", ui.show_controls},
-               {"inspector", ui.show_inspector}, {"stats", ui.show_stats}, {"example", ui.show_example}};
+               {"inspector", ui.show_inspector}, {"stats", ui.show_stats}, {"example", ui.show_example},
+               {"layers", ui.show_layers}};
   j["grid_lines"] = ui.display.show_grid;
   j["max_side"] = ui.compute.max_side;
   j["mask_choice"] = mask_mode_name(ui.compute.mask);

@@ -75,6 +75,13 @@ void set_hover(App& app, int row, int col);   // -1, -1: nothing hovered
 void paint_patch(App& app, int row, int col, bool forbid);
 void clear_paint(App& app);
 void set_mask(App& app, MaskMode mode);
+// A prefix token (0 .. prefix-1: class, distillation, registers) as the query, or -1 for the
+// pinned patch; shows the query's maps. False when the model has no such token.
+bool set_query_prefix(App& app, int token);
+// A click on the layers x heads grid: that layer in the main view, that head opened large.
+void open_grid_cell(App& app, int layer, int head);
+// Rollout mode on or off (its settings stay); on needs a new pass keeping every weight.
+void set_rollout(App& app, bool on);
 // Opens the in-app file browser for a purpose (menus, buttons and the script's `browse`).
 void open_browser(App& app, BrowserPurpose purpose);
 // Exports the current view (what the heads panel shows) into `folder` on the worker.

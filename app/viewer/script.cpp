@@ -103,8 +103,24 @@ std::string check(const ScriptCommand& c) {
     return n == 2 && parse_float_arg(a[1], f) && f >= 0.0f && f <= 1.0f ? "" : "expects: drag LABEL to T (T from 0 to 1)";
   if (v == "expect" || v == "expect-contains")
     return n == 2 && !a[0].empty() ? "" : "expects: " + v + " KEY VALUE (KEY as in the state file, e.g. normalize or show/heads)";
-  if (v == "mode") return n == 1 && one_of(a[0], {"query", "cls", "received"}) ? "" : "expects: mode query|cls|received";
+  if (v == "mode")
+    return n == 1 && one_of(a[0], {"query", "cls", "received", "rollout"}) ? "" : "expects: mode query|cls|received|rollout";
   if (v == "layer") return n == 1 && parse_int_arg(a[0], i) && i >= 0 ? "" : "expects: layer N (N >= 0)";
+  if (v == "token") {
+    const bool reg = a.size() == 1 && a[0].size() > 3 && a[0].compare(0, 3, "reg") == 0 && parse_int_arg(a[0].substr(3), i) && i >= 0;
+    return n == 1 && (one_of(a[0], {"patch", "cls", "dist"}) || reg) ? "" : "expects: token patch|cls|dist|regK";
+  }
+  if (v == "head") return n == 1 && (a[0] == "all" || (parse_int_arg(a[0], i) && i >= 0)) ? "" : "expects: head N|all";
+  if (v == "rollout") {
+    int j = 0;
+    if (n == 1 && one_of(a[0], {"on", "off"})) return "";
+    if (n == 2 && a[0] == "fusion" && one_of(a[1], {"mean", "max", "min"})) return "";
+    if (n == 2 && a[0] == "from" && one_of(a[1], {"cls", "query"})) return "";
+    if (n == 2 && a[0] == "discard" && parse_float_arg(a[1], f) && f >= 0.0f && f < 1.0f) return "";
+    if (n == 3 && a[0] == "layers" && parse_int_arg(a[1], i) && parse_int_arg(a[2], j) && i >= 0 && j >= i) return "";
+    return "expects: rollout on|off | rollout fusion mean|max|min | rollout discard R (0 <= R < 1) | "
+           "rollout layers A B (0 <= A <= B) | rollout from cls|query";
+  }
   if (v == "colormap") {
     if (n == 1 && is_colormap(a[0])) return "";
     std::string known;
@@ -131,9 +147,10 @@ std::string check(const ScriptCommand& c) {
     return n == 1 && (a[0] == "default" || (parse_int_arg(a[0], i) && i >= 64 && i <= 512)) ? ""
                                                                                             : "expects: size default|N (64 to 512)";
   if (v == "show")
-    return n == 2 && one_of(a[0], {"image", "heads", "controls", "inspector", "stats", "example", "train"}) && one_of(a[1], {"on", "off"})
+    return n == 2 && one_of(a[0], {"image", "heads", "controls", "inspector", "stats", "example", "train", "layers"}) &&
+                   one_of(a[1], {"on", "off"})
                ? ""
-               : "expects: show image|heads|controls|inspector|stats|example|train on|off";
+               : "expects: show image|heads|controls|inspector|stats|example|train|layers on|off";
   if (v == "example") {
     if (n == 1 && a[0] == "reset") return "";
     if (n == 2 && a[0] == "scaled" && one_of(a[1], {"on", "off"})) return "";
@@ -149,7 +166,7 @@ std::string check(const ScriptCommand& c) {
   if (v == "train" || v == "model-menu") return check_train_command(c);
   if (v == "frames") return n == 1 && parse_int_arg(a[0], i) && i >= 1 && i <= 10000 ? "" : "expects: frames N (1 to 10000)";
   return "unknown command '" + v +
-         "' (known: open, model, pin, key, hover, mode, layer, colormap, alpha, normalize, upsample, threshold, grid, "
+         "' (known: open, model, pin, key, hover, mode, layer, token, head, rollout, colormap, alpha, normalize, upsample, threshold, grid, "
          "mask, paint, erase, clear-paint, scale, size, show, example, browse, export, screenshot, state, train, model-menu, "
          "frames, quit, click, drag, drop, widgets, expect, expect-contains, expect-file)";
 }

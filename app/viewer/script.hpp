@@ -6,12 +6,16 @@
 //
 //   open PATH | model PATH          load an image / a model (a bad file keeps the current one)
 //   pin ROW COL | key left|right|up|down | hover ROW COL
-//   mode query|cls|received         layer N
+//   mode query|cls|received|rollout layer N
+//   token patch|cls|dist|regK       the query: the pinned patch or a prefix token (issue 8)
+//   head N|all                      open one head large in the Heads window, or show them all
+//   rollout on|off | rollout fusion mean|max|min | rollout discard R | rollout layers A B |
+//   rollout from cls|query          rollout mode's settings (rollout.hpp)
 //   colormap NAME | alpha A | normalize robust|head|shared|log | upsample nearest|bilinear
 //   threshold off|T | grid on|off
 //   mask none|padding|causal|painted | paint ROW COL | erase ROW COL | clear-paint
 //   scale default|none|temperature T | size default|N
-//   show image|heads|controls|inspector|stats|example|train on|off
+//   show image|heads|controls|inspector|stats|example|train|layers on|off
 //   example q|k|v ROW COL VALUE | example scaled on|off | example reset
 //   browse image|model|export|screenshot (opens the file browser, as the menus do)
 //   export DIR [raw] | screenshot FILE | state FILE | frames N | quit

@@ -58,12 +58,22 @@ void sync_textures(const Derived& derived, ViewTextures& textures) {
     textures.heads_shown = static_cast<int>(heads.size());
     textures.pictures_version = derived.pictures_version;
   }
+  if (textures.layers_version != derived.layers_version) {
+    upload_rgb(textures.layers, derived.layers.picture);
+    textures.layers_version = derived.layers_version;
+  }
+  if (textures.rollout_version != derived.rollout_version) {
+    upload_rgb(textures.rollout, derived.rollout_picture);
+    textures.rollout_version = derived.rollout_version;
+  }
 }
 
 void destroy_textures(ViewTextures& textures) {
   destroy_texture(textures.base);
   destroy_texture(textures.mean);
   destroy_texture(textures.ramp);
+  destroy_texture(textures.layers);
+  destroy_texture(textures.rollout);
   for (Texture& t : textures.heads) destroy_texture(t);
   textures.heads.clear();
 }

@@ -23,7 +23,9 @@ struct ViewTextures {
   std::vector<Texture> heads;  // (H), only ever grows
   Texture mean;
   Texture ramp;                // (1, 256) the colour map, for the colour bars
-  uint64_t pictures_version = 0, base_version = 0, ramp_version = 0;
+  Texture layers;              // the layers x heads grid, one pixel per patch (layer_grid.hpp)
+  Texture rollout;             // the rollout map over the image (rollout mode)
+  uint64_t pictures_version = 0, base_version = 0, ramp_version = 0, layers_version = 0, rollout_version = 0;
   int heads_shown = 0;         // how many of `heads` hold the current model's maps
 };
 

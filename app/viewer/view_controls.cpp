@@ -77,18 +77,88 @@ void DrawWorkingSize(App& app) {
 
 // [SECTION] Map
 
+// The query: the pinned patch or one of the model's prefix tokens (class, distillation, registers).
+void DrawQueryToken(App& app) {
+  if (!app.doc.ready() || app.doc.comp->forward.prefix == 0) return;
+  const VitConfig& config = app.doc.model->model.config;
+  const int prefix = app.doc.comp->forward.prefix, grid_w = app.doc.comp->forward.grid_w;
+  ViewChoice& v = app.ui.view;
+  const std::string preview = v.query_prefix >= 0 && v.query_prefix < prefix ? token_name(config, grid_w, v.query_prefix)
+                                                                              : std::string("pinned patch");
+  if (gui::BeginCombo("query token", preview.c_str())) {
+    if (gui::Selectable("pinned patch", v.query_prefix < 0)) set_query_prefix(app, -1);
+    for (int t = 0; t < prefix; ++t)
+      if (gui::Selectable(token_name(config, grid_w, t).c_str(), v.query_prefix == t)) set_query_prefix(app, t);
+    gui::EndCombo();
+  }
+  HelpMarker("The query whose attention row the maps show: the patch you pinned on the image, or a prefix token "
+             "(class, distillation, register). Its row's weights on the patches; `vitlens export --token` writes the same.");
+}
+
+// Rollout mode's settings (rollout.hpp): what `vitlens export --rollout` takes.
+void DrawRollout(App& app) {
+  RolloutChoice& r = app.ui.compute.rollout;
+  ViewChoice& v = app.ui.view;
+  // The heads of each layer fused by their mean, maximum or minimum weight.
+  for (HeadFusion f : {HeadFusion::Mean, HeadFusion::Max, HeadFusion::Min}) {
+    if (f != HeadFusion::Mean) ImGui::SameLine();
+    const std::string label = std::string("fuse ") + head_fusion_name(f);
+    if (gui::RadioButton(label.c_str(), r.fusion == f)) r.fusion = f;
+  }
+  gui::SliderFloat("discard", &r.discard, 0.0f, 0.99f, "%.2f of the lowest");
+  HelpMarker("Attention rollout (Abnar and Zuidema 2020, as vit-explain): each layer's heads fused, this share of the "
+             "lowest weights set to zero (never the class token's own), the identity added, rows renormalised, the "
+             "layers multiplied. Needs every layer's (N, N) weights: at most 4096 tokens.");
+  const int layers = model_layers(app);
+  if (layers > 1) {
+    int first = std::min(r.first_layer, layers - 1), last = r.last_layer < 0 ? layers - 1 : std::min(r.last_layer, layers - 1);
+    if (gui::SliderInt("first layer", &first, 0, layers - 1)) {
+      r.first_layer = first;
+      if (r.last_layer >= 0 && r.last_layer < first) r.last_layer = first;
+    }
+    if (gui::SliderInt("last layer", &last, 0, layers - 1)) {
+      r.last_layer = last;
+      if (r.first_layer > last) r.first_layer = last;
+    }
+  }
+  const bool has_cls = app.doc.model && app.doc.model->model.config.class_token;
+  ImGui::BeginDisabled(!has_cls);
+  if (gui::RadioButton("from the class token", !v.rollout_from_query && has_cls)) v.rollout_from_query = false;
+  ImGui::EndDisabled();
+  ImGui::SameLine();
+  if (gui::RadioButton("from the query", v.rollout_from_query || !has_cls)) v.rollout_from_query = true;
+}
+
 void DrawMapChoice(App& app) {
   ViewChoice& v = app.ui.view;
   const bool has_cls = app.doc.model && app.doc.model->model.config.class_token;
-  if (gui::RadioButton("query patch", v.mode == MapMode::Query)) v.mode = MapMode::Query;
+  const bool rollout = app.ui.compute.rollout.on;
+  if (gui::RadioButton("query patch", !rollout && v.mode == MapMode::Query)) {
+    v.mode = MapMode::Query;
+    set_rollout(app, false);
+  }
   ImGui::SameLine();
   ImGui::BeginDisabled(!has_cls);
-  if (gui::RadioButton("class token", v.mode == MapMode::ClassToken)) v.mode = MapMode::ClassToken;
+  if (gui::RadioButton("class token", !rollout && v.mode == MapMode::ClassToken)) {
+    v.mode = MapMode::ClassToken;
+    set_rollout(app, false);
+  }
   ImGui::EndDisabled();
   ImGui::SameLine();
-  if (gui::RadioButton("received", v.mode == MapMode::Received)) v.mode = MapMode::Received;
-  HelpMarker("query patch: the attention row of the pinned patch (click a patch; arrow keys move it).\n"
-             "class token: the class token's row.\nreceived: for each patch, the mean weight it gets over all queries.");
+  if (gui::RadioButton("received", !rollout && v.mode == MapMode::Received)) {
+    v.mode = MapMode::Received;
+    set_rollout(app, false);
+  }
+  // On its own line: four radios do not fit the Controls window's default width.
+  if (gui::RadioButton("rollout", rollout)) set_rollout(app, true);
+  HelpMarker("query patch: the attention row of the query (click a patch; arrow keys move it; or pick a prefix token "
+             "below).\nclass token: the class token's row.\nreceived: for each patch, the mean weight it gets over all "
+             "queries.\nrollout: attention rollout over the layers, from the class token or the query.");
+  DrawQueryToken(app);
+  if (rollout) {
+    DrawRollout(app);
+    return;
+  }
   const int layers = model_layers(app);
   if (layers > 1) {
     int layer = current_layer(app);
@@ -96,6 +166,8 @@ void DrawMapChoice(App& app) {
   } else if (layers == 1) {
     ImGui::TextDisabled("layer 0 (the model has one block)");
   }
+  if (gui::Button("Layers x heads grid")) app.ui.show_layers = !app.ui.show_layers;
+  HelpMarker("Every head of every layer as a small map for this query or mode; click one to open it here.");
 }
 
 // [SECTION] Display

@@ -9,6 +9,7 @@
 #include <imgui.h>
 
 #include "views.hpp"
+#include "widgets.hpp"
 
 namespace vitlens::viewer {
 
@@ -108,6 +109,27 @@ void DrawHeadPanel(App& app, const ViewTextures& textures, int index, float widt
   ImGui::EndGroup();
 }
 
+// [SECTION] Rollout
+
+// Rollout mode: one picture, the rollout row's map over the image, as `vitlens export --rollout`.
+void DrawRolloutPanel(App& app, const ViewTextures& textures) {
+  const Derived& d = app.derived;
+  const Computation& c = *app.doc.comp;
+  const RolloutChoice& r = c.key.rollout;
+  ImGui::TextWrapped("Attention rollout of the %s: layers %d to %d multiplied, heads fused by %s, %.0f%% of the lowest "
+                     "weights discarded",
+                     token_name(app.doc.model->model.config, c.forward.grid_w, d.rollout_query).c_str(), r.first_layer,
+                     r.last_layer, head_fusion_name(r.fusion), 100.0 * static_cast<double>(r.discard));
+  const ImVec2 avail = ImGui::GetContentRegionAvail();
+  float w = 0.0f, h = 0.0f;
+  FitPicture(app, avail.x, std::max(48.0f, avail.y - 3.0f * ImGui::GetTextLineHeightWithSpacing() - 12.0f), w, h);
+  DrawPicture(app, "rollout", textures.rollout, w, h, false);
+  const float top = d.rollout_map.size() ? d.rollout_map.maxCoeff() : 0.0f;
+  DrawColourBar(app, textures.ramp, top, w);
+  ImGui::TextDisabled("entropy %.2f, patches hold %.3f of the row; %.0f ms for the pass and the rollout", map_entropy(d.rollout_map),
+                      static_cast<double>(d.rollout_map.sum()), c.rollout_ms);
+}
+
 }  // namespace
 
 // [SECTION] View
@@ -127,10 +149,21 @@ void DrawHeadsView(App& app, const ViewTextures& textures) {
   const ViewChoice& v = app.ui.view;
   const Computation& c = *app.doc.comp;
   const int layer = current_layer(app);
+  if (app.ui.compute.rollout.on) {
+    if (c.key.rollout.on && app.derived.rollout_query >= 0) DrawRolloutPanel(app, textures);
+    else ImGui::TextUnformatted(app.compute_job ? "Computing the rollout ..." : "No rollout: see the message below.");
+    ImGui::End();
+    return;
+  }
   switch (v.mode) {
     case MapMode::Query:
-      ImGui::Text("Where query patch (%d, %d) looks, layer %d of %zu", v.query_row, v.query_col, layer,
-                  c.forward.layers.size());
+      if (v.query_prefix >= 0 && v.query_prefix < c.forward.prefix)
+        ImGui::Text("Where the %s looks, layer %d of %zu",
+                    token_name(app.doc.model->model.config, c.forward.grid_w, v.query_prefix).c_str(), layer,
+                    c.forward.layers.size());
+      else
+        ImGui::Text("Where query patch (%d, %d) looks, layer %d of %zu", v.query_row, v.query_col, layer,
+                    c.forward.layers.size());
       break;
     case MapMode::ClassToken: ImGui::Text("Where the class token looks, layer %d", layer); break;
     case MapMode::Received:
@@ -140,6 +173,16 @@ void DrawHeadsView(App& app, const ViewTextures& textures) {
   if (!app.derived.map_error.empty()) ImGui::TextColored(ImVec4(1, 0.4f, 0.4f, 1), "%s", app.derived.map_error.c_str());
 
   const int heads = app.doc.model->model.config.num_heads;
+  if (v.focus_head >= 0 && v.focus_head < std::min(heads, textures.heads_shown)) {
+    // One head opened large (from the layers x heads grid).
+    if (gui::SmallButton("all heads")) app.ui.view.focus_head = -1;
+    const ImVec2 avail = ImGui::GetContentRegionAvail();
+    float w = 0.0f, h = 0.0f;
+    FitPicture(app, avail.x, std::max(48.0f, avail.y - 4.0f * ImGui::GetTextLineHeightWithSpacing() - 12.0f), w, h);
+    DrawHeadPanel(app, textures, v.focus_head, w, h);
+    ImGui::End();
+    return;
+  }
   const int panels = std::min(heads, textures.heads_shown) + 1;
   const int columns = panels <= 3 ? panels : panels <= 6 ? 3 : 4;
   const int rows = (panels + columns - 1) / columns;

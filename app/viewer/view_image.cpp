@@ -19,6 +19,9 @@ void DrawImageHeader(const App& app) {
   if (v.hover_row >= 0)
     ImGui::Text("hover: patch (%d, %d), pixels %d..%d x %d..%d", v.hover_row, v.hover_col, v.hover_col * p,
                 v.hover_col * p + p - 1, v.hover_row * p, v.hover_row * p + p - 1);
+  else if (v.mode == MapMode::Query && v.query_prefix >= 0 && v.query_prefix < c.forward.prefix)
+    ImGui::Text("query: the %s (not on the image); click a patch to pin it instead",
+                token_name(app.doc.model->model.config, c.forward.grid_w, v.query_prefix).c_str());
   else if (v.mode == MapMode::Query)
     ImGui::Text("query: patch (%d, %d), pixel centre (%d, %d); click to pin, arrow keys move it", v.query_row, v.query_col,
                 v.query_col * p + p / 2, v.query_row * p + p / 2);

@@ -38,6 +38,7 @@ void DrawViewMenu(App& app) {
   gui::MenuItemToggle("Controls", &ui.show_controls);
   gui::MenuItemToggle("Image", &ui.show_image);
   gui::MenuItemToggle("Heads", &ui.show_heads);
+  gui::MenuItemToggle("Layers x heads", &ui.show_layers);
   gui::MenuItemToggle("Inspector", &ui.show_inspector);
   gui::MenuItemToggle("Head statistics", &ui.show_stats);
   gui::MenuItemToggle("Worked example", &ui.show_example);

@@ -81,7 +81,8 @@ void DrawPicture(App& app, const char* name, const Texture& texture, float width
   }
   // The pinned query (white with a dark edge so it shows on any colour) and the inspected key.
   const ViewChoice& v = app.ui.view;
-  if (mark_query && v.mode == MapMode::Query && v.query_row >= 0) {
+  const bool prefix_query = v.query_prefix >= 0 && v.query_prefix < app.doc.comp->forward.prefix;  // no patch to box
+  if (mark_query && v.mode == MapMode::Query && v.query_row >= 0 && !prefix_query) {
     const ImVec2 a = CellMin(origin, cw, ch, v.query_row, v.query_col);
     const float pad = std::max(1.0f, std::min(cw, ch) * 0.15f);
     draw->AddRect(ImVec2(a.x - pad, a.y - pad), ImVec2(a.x + cw + pad, a.y + ch + pad), IM_COL32(0, 0, 0, 255), 0.0f, 0, 3.0f);

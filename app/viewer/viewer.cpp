@@ -94,6 +94,7 @@ void DrawViews(App& app, const ViewTextures& textures) {
   DrawControlsView(app);
   DrawImageView(app, textures);
   DrawHeadsView(app, textures);
+  DrawLayersView(app, textures);
   DrawInspectorView(app);
   DrawStatsView(app);
   DrawWorkedExampleView(app);

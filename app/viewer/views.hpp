@@ -5,7 +5,9 @@
 //
 //   view_menu.cpp       main menu bar and the status bar (messages, progress)
 //   view_image.cpp      the image: patch grid, hover (row, col, pixel), pin, paint
-//   view_heads.cpp      one map per head plus the mean, colour bars, kept share
+//   view_heads.cpp      one map per head plus the mean, colour bars, kept share; one head opened
+//                       large; the rollout map in rollout mode
+//   view_layers.cpp     the layers x heads grid: every head of every layer, click opens one
 //   view_controls.cpp   working size, mode, layer, display, masks, softmax scale, export
 //   view_inspector.cpp  the pinned query against the hovered key, step by step
 //   view_stats.cpp      entropy and mean attention distance per head, timings, descriptions
@@ -28,6 +30,7 @@ void DrawMainMenu(App& app);
 void DrawStatusBar(App& app);
 void DrawImageView(App& app, const ViewTextures& textures);
 void DrawHeadsView(App& app, const ViewTextures& textures);
+void DrawLayersView(App& app, const ViewTextures& textures);
 void DrawControlsView(App& app);
 void DrawInspectorView(App& app);
 void DrawStatsView(App& app);

@@ -1,10 +1,12 @@
 // The background thread (see worker.hpp).
 #include "worker.hpp"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 
 #include "vitlens/error.hpp"
+#include "vitlens/export_layers.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/image.hpp"
 #include "vitlens/model_io.hpp"
@@ -35,6 +37,13 @@ ForwardKey make_forward_key(const LoadedModel& model, const SourceImage& image, 
         key.painted = choice.painted;
         break;
       }
+  }
+  if (choice.rollout.on) {
+    // Off, the rollout's settings do not touch the pass; on, the layer range is resolved.
+    key.rollout = choice.rollout;
+    const int depth = model.model.config.depth;
+    if (key.rollout.last_layer < 0 || key.rollout.last_layer >= depth) key.rollout.last_layer = depth - 1;
+    key.rollout.first_layer = std::clamp(key.rollout.first_layer, 0, key.rollout.last_layer);
   }
   switch (choice.scale) {
     case ScaleMode::Model: key.score_scale = -1.0f; break;
@@ -193,9 +202,34 @@ ComputeResult Worker::run_compute(uint64_t id, const ComputeJob& job) {
     set_activity("forward pass");
     ForwardOptions options = forward_options_for_key(comp->key);
     options.progress = progress(0.0f, 0.7f);
+    const bool rollout = comp->key.rollout.on;
+    if (rollout) {
+      // The same limit as `vitlens export --rollout` (its --raw check): every (N, N) weight is kept.
+      const int tokens = model.config.prefix_tokens() + comp->image.grid.grid_h * comp->image.grid.grid_w;
+      const double bytes = 4.0 * model.config.depth * model.config.num_heads * static_cast<double>(tokens) * tokens;
+      if (tokens > kMaxRawTokens || bytes > kMaxRawBytes)
+        throw Error("rollout multiplies every layer's (N, N) weights and is limited to " + std::to_string(kMaxRawTokens) +
+                    " tokens; this image has " + std::to_string(tokens) + " at this working size; choose a smaller one");
+      options.keep_probs = true;
+    }
     auto t0 = std::chrono::steady_clock::now();
     comp->forward = forward(model, comp->image.grid, options);
     comp->forward_ms = ms_since(t0);
+    if (rollout) {
+      set_activity("attention rollout");
+      comp->rollout_options.fusion = comp->key.rollout.fusion;
+      comp->rollout_options.discard_ratio = comp->key.rollout.discard;
+      comp->rollout_options.first_layer = comp->key.rollout.first_layer;
+      comp->rollout_options.last_layer = comp->key.rollout.last_layer;
+      comp->rollout = attention_rollout(comp->forward, comp->rollout_options);
+      comp->rollout_ms = ms_since(t0);
+      // Only the (N, N) rollout is kept: the maps and the statistics read q, K and the stored rows.
+      for (LayerState& layer : comp->forward.layers) std::vector<MatRM>().swap(layer.probs);
+      if (cancel_) {
+        result.cancelled = true;
+        return result;
+      }
+    }
 
     set_activity("head statistics");
     t0 = std::chrono::steady_clock::now();
@@ -227,7 +261,7 @@ ExportResult Worker::run_export(uint64_t id, ExportJob& job) {
   result.folder = job.settings.out_dir;
   try {
     const VitModel& model = job.model->model;
-    if (job.settings.raw) {
+    if (job.settings.raw && job.rollout_query < 0) {
       // The raw weights are (L, H, N, N): recompute the same pass keeping them (the on-screen pass
       // keeps only what the maps need). Same inputs, same numbers.
       const int tokens = job.analysis.forward.tokens;
@@ -244,7 +278,11 @@ ExportResult Worker::run_export(uint64_t id, ExportJob& job) {
       job.analysis.forward = forward(model, job.analysis.image.grid, options);
     }
     set_activity("writing the export");
-    result.files = write_export(model, job.analysis, job.settings);
+    if (job.rollout_query >= 0)  // rollout mode: what `vitlens export --rollout` writes
+      result.files = write_rollout(model, job.analysis.image_path, job.analysis.image, job.analysis.forward,
+                                   job.rollout_matrix, job.rollout_query, job.rollout_options, job.settings, job.rollout_ms);
+    else
+      result.files = write_export(model, job.analysis, job.settings);
     if (!job.view_notes.is_null() && !result.files.empty()) {
       std::string notes = result.files.back();  // <stem>.json comes last
       notes = notes.substr(0, notes.size() - 5) + "_view.json";

@@ -57,6 +57,11 @@ struct ExportJob {
   ExportSettings settings;
   ForwardOptions options;                    // for re-running the pass with every weight kept (raw)
   nlohmann::json view_notes;                 // null, or what only the viewer can set: <stem>_view.json
+  // Rollout mode (rollout_query >= 0): <stem>_rollout.png and .json of this (N, N) matrix instead.
+  int rollout_query = -1;
+  MatRM rollout_matrix;
+  RolloutOptions rollout_options;
+  double rollout_ms = 0.0;
 };
 
 struct ExportResult {

@@ -86,6 +86,7 @@ void check_settings(const VitModel& model, const ExportSettings& settings) {
                 "' has " + std::to_string(layers) + " layer(s), 0 to " + std::to_string(layers - 1));
   if (settings.select == QuerySelect::ClassToken && !model.config.class_token)
     throw Error("--cls: model '" + model.config.name + "' has no class token; use --query, --patch or --received");
+  if (settings.select == QuerySelect::Token) prefix_token_index(model.config, settings.token);  // throws naming --token
   if (!(settings.style.alpha >= 0.0f && settings.style.alpha <= 1.0f)) throw Error("--alpha must be in [0, 1]");
   if (!is_colormap(settings.style.colormap)) throw Error("unknown colormap '" + settings.style.colormap + "'");
   if (!(settings.temperature >= kMinTemperature && settings.temperature <= kMaxTemperature))
@@ -111,6 +112,10 @@ MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const 
     case QuerySelect::Patch:
       request.mode = MapMode::Query;
       request.query_token = token_at_patch(model.config, grid_h, grid_w, settings.patch_row, settings.patch_col);
+      break;
+    case QuerySelect::Token:
+      request.mode = MapMode::Query;
+      request.query_token = prefix_token_index(model.config, settings.token);
       break;
   }
   return request;
@@ -238,6 +243,10 @@ std::vector<std::string> montage_caption(const VitModel& model, const ImageAnaly
     case MapMode::ClassToken: caption.push_back("the class token's attention row"); break;
     case MapMode::Query: {
       const int patch = a.request.query_token - a.forward.prefix;
+      if (patch < 0) {  // a prefix token as the query (--token): no patch to box
+        caption.push_back("query: " + token_name(model.config, a.forward.grid_w, a.request.query_token) + ", its attention row");
+        break;
+      }
       std::string q = "query patch (" + std::to_string(patch / a.forward.grid_w) + ", " +
                       std::to_string(patch % a.forward.grid_w) + ") (boxed)";
       if (a.requested_pixel[0] >= 0)
@@ -356,7 +365,11 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["class_token"] = a.forward.has_class_token;
   j["prefix_tokens"] = a.forward.prefix;
   j["mode"] = map_mode_name(a.request.mode);
-  if (a.request.mode == MapMode::Query) {
+  if (a.request.mode == MapMode::Query && a.request.query_token < a.forward.prefix) {
+    // A prefix token as the query (--token): its index, name and the flag's short name.
+    j["query"] = {{"token", a.request.query_token}, {"name", token_name(cfg, a.forward.grid_w, a.request.query_token)},
+                  {"prefix", prefix_token_short_name(cfg, a.request.query_token)}};
+  } else if (a.request.mode == MapMode::Query) {
     const int patch = a.request.query_token - a.forward.prefix;
     const int row = patch / a.forward.grid_w, col = patch % a.forward.grid_w;
     j["query"] = {{"token", a.request.query_token}, {"patch", {row, col}},

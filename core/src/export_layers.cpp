@@ -69,27 +69,43 @@ std::vector<std::string> export_rollout(const VitModel& model, const std::string
   keep.raw = true;  // rollout multiplies the full (N, N) weights; analyse_image checks their size
   const auto t0 = std::chrono::steady_clock::now();
   const ImageAnalysis a = analyse_image(model, image_path, keep);
-  const int query = a.request.mode == MapMode::Query ? a.request.query_token : model.config.class_index();
+  const int query = rollout_query(model, a.request);
   const MatRM matrix = attention_rollout(a.forward, rollout);
-  const MatRM map = rollout_map(matrix, a.forward, query);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  return write_rollout(model, image_path, a.image, a.forward, matrix, query, rollout, settings, ms);
+}
 
+int rollout_query(const VitModel& model, const MapRequest& request) {
+  if (request.mode == MapMode::Query) return request.query_token;
+  if (!model.config.class_token)
+    throw Error("--rollout: model '" + model.config.name + "' has no class token; choose a query with --patch or --query");
+  return model.config.class_index();
+}
+
+cv::Mat rollout_picture(const VitModel& model, const PreparedImage& image, const MatRM& map, const ExportSettings& settings) {
+  const float top = map.maxCoeff();
+  return settings.normalize == Normalize::Log
+             ? heatmap_overlay(image.rgb, log_scaled_map(map, top), model.config.patch_size, 1.0f, settings.style)
+             : heatmap_overlay(image.rgb, map, model.config.patch_size, top, settings.style);
+}
+
+std::vector<std::string> write_rollout(const VitModel& model, const std::string& image_path, const PreparedImage& image,
+                                       const ForwardResult& forward, const MatRM& matrix, int query,
+                                       const RolloutOptions& rollout, const ExportSettings& settings, double ms) {
+  const MatRM map = rollout_map(matrix, forward, query);
   const std::string base = settings.out_dir + "/" + (settings.stem.empty() ? output_stem(image_path) : settings.stem);
   std::vector<std::string> written;
   const float top = map.maxCoeff();
-  cv::Mat picture = settings.normalize == Normalize::Log
-                        ? heatmap_overlay(a.image.rgb, log_scaled_map(map, top), model.config.patch_size, 1.0f, settings.style)
-                        : heatmap_overlay(a.image.rgb, map, model.config.patch_size, top, settings.style);
   written.push_back(base + "_rollout.png");
-  write_png_atomic(written.back(), picture);
+  write_png_atomic(written.back(), rollout_picture(model, image, map, settings));
 
   nlohmann::json j;
   j["image"] = image_path;
   j["model"] = {{"name", model.config.name}, {"file", model.source}, {"depth", model.config.depth},
                 {"num_heads", model.config.num_heads}};
-  j["grid"] = {a.forward.grid_h, a.forward.grid_w};
-  j["tokens"] = a.forward.tokens;
-  j["query"] = {{"token", query}, {"name", token_name(model.config, a.forward.grid_w, query)}};
+  j["grid"] = {forward.grid_h, forward.grid_w};
+  j["tokens"] = forward.tokens;
+  j["query"] = {{"token", query}, {"name", token_name(model.config, forward.grid_w, query)}};
   const int last = rollout.last_layer < 0 ? model.config.depth - 1 : rollout.last_layer;
   j["rollout"] = {{"head_fusion", head_fusion_name(rollout.fusion)},
                   {"discard_ratio", std::round(static_cast<double>(rollout.discard_ratio) * 1e6) / 1e6},
@@ -97,7 +113,7 @@ std::vector<std::string> export_rollout(const VitModel& model, const std::string
   j["map"] = {{"min", map.minCoeff()}, {"max", top}, {"sum", map.sum()}, {"entropy", map_entropy(map)}};
   // The rest of the query's row: how much of its output comes from the prefix tokens.
   nlohmann::json prefix = nlohmann::json::array();
-  for (int t = 0; t < a.forward.prefix; ++t) prefix.push_back(matrix(query, t));
+  for (int t = 0; t < forward.prefix; ++t) prefix.push_back(matrix(query, t));
   j["prefix_weights"] = prefix;
   j["timings_ms"] = {{"forward_and_rollout", ms}};
   written.push_back(base + "_rollout.json");

@@ -72,6 +72,35 @@ int token_at_patch(const VitConfig& config, int grid_h, int grid_w, int row, int
   return config.prefix_tokens() + row * grid_w + col;
 }
 
+int prefix_token_index(const VitConfig& config, const std::string& name) {
+  const std::string model = "model '" + config.name + "'";
+  if (name == "cls") {
+    if (!config.class_token) throw Error("--token cls: " + model + " has no class token");
+    return config.class_index();
+  }
+  if (name == "dist") {
+    if (!config.dist_token) throw Error("--token dist: " + model + " has no distillation token (only distilled DeiT has one)");
+    return config.dist_index();
+  }
+  if (name.size() > 3 && name.compare(0, 3, "reg") == 0 &&
+      name.find_first_not_of("0123456789", 3) == std::string::npos && name.size() <= 9) {
+    const int k = std::stoi(name.substr(3));
+    if (config.register_tokens == 0) throw Error("--token " + name + ": " + model + " has no register tokens");
+    if (k >= config.register_tokens)
+      throw Error("--token " + name + ": " + model + " has " + std::to_string(config.register_tokens) +
+                  " register tokens, reg0 to reg" + std::to_string(config.register_tokens - 1));
+    return config.first_register() + k;
+  }
+  throw Error("--token expects cls, dist or regK (a register token, K from 0), got '" + name + "'");
+}
+
+std::string prefix_token_short_name(const VitConfig& config, int token) {
+  if (token < 0 || token >= config.prefix_tokens()) return {};
+  if (token == config.class_index()) return "cls";
+  if (token == config.dist_index()) return "dist";
+  return "reg" + std::to_string(token - config.first_register());
+}
+
 double map_entropy(const MatRM& map) {
   double sum = 0.0;
   for (Eigen::Index i = 0; i < map.size(); ++i) sum += std::max(0.0f, map.data()[i]);

@@ -62,8 +62,12 @@ MatRM attention_rollout(const ForwardResult& result, const RolloutOptions& optio
     // a = (fused + I) / 2, rows renormalised; rollout = a @ rollout
     step = fused + MatRM::Identity(n, n);
     for (int i = 0; i < n; ++i) step.row(i) /= step.row(i).sum();
-    const MatRM next = step * rollout;
-    rollout = next;
+    if (l == options.first_layer) {
+      rollout = step;  // step @ identity: skipping the product keeps a one-layer rollout O(N^2)
+    } else {
+      const MatRM next = step * rollout;
+      rollout = next;
+    }
   }
   return rollout;
 }

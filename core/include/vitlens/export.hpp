@@ -18,8 +18,9 @@ namespace vitlens {
 
 // Which map: attention received, the row of a query given as a pixel of the source image
 // (SourcePixel, what `--query X,Y` takes) or of the processed image (Pixel, `--query-processed`),
-// a patch of the grid, or the class token's row.
-enum class QuerySelect { Received, SourcePixel, Pixel, Patch, ClassToken };
+// a patch of the grid, the class token's row, or a prefix token as the query (Token, `--token`:
+// its row from q and K as any query's, class token included).
+enum class QuerySelect { Received, SourcePixel, Pixel, Patch, ClassToken, Token };
 // How a head's map is scaled to the colour map:
 //   PerHead  each head from 0 to its own maximum;
 //   Shared   all heads (and the mean) from 0 to the largest value over the heads, to compare them;
@@ -57,6 +58,7 @@ struct ExportSettings {
   QuerySelect select = QuerySelect::Received;  // works for every model
   int query_x = 0, query_y = 0;    // pixel of the source image (SourcePixel) or of the processed image (Pixel)
   int patch_row = 0, patch_col = 0;  // (QuerySelect::Patch)
+  std::string token;               // (QuerySelect::Token) "cls", "dist" or "regK" (maps.hpp prefix_token_index)
   int layer = -1;                  // < 0: the last layer
   bool causal = false;
   float temperature = 1.0f;        // softmax temperature T: scores times 1 / (sqrt(d) T); 1 = the model's scale

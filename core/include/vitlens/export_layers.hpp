@@ -23,5 +23,18 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
 std::vector<std::string> export_rollout(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
                                         const RolloutOptions& rollout);
 
+// The pieces of export_rollout the viewer's rollout mode shares, so its export is the CLI's byte
+// for byte. The token whose rollout row is shown: the query of `request` (a patch or a prefix
+// token) or, in the other modes, the class token (throws vitlens::Error without one).
+int rollout_query(const VitModel& model, const MapRequest& request);
+// The (gh, gw) rollout map over the processed image, scaled to its maximum (or log, with
+// Normalize::Log): <stem>_rollout.png.
+cv::Mat rollout_picture(const VitModel& model, const PreparedImage& image, const MatRM& map, const ExportSettings& settings);
+// Writes <stem>_rollout.png and <stem>_rollout.json of a rollout matrix (N, N) already computed
+// from `forward` (its probs may be gone); `ms` is recorded as the time it took.
+std::vector<std::string> write_rollout(const VitModel& model, const std::string& image_path, const PreparedImage& image,
+                                       const ForwardResult& forward, const MatRM& matrix, int query,
+                                       const RolloutOptions& rollout, const ExportSettings& settings, double ms);
+
 
 }  // namespace vitlens

@@ -34,6 +34,13 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
 int token_at_pixel(const VitConfig& config, int grid_h, int grid_w, int x, int y);
 int token_at_patch(const VitConfig& config, int grid_h, int grid_w, int row, int col);
 
+// Prefix tokens as queries (issue 8): the short names `--token` and the viewer use, "cls",
+// "dist", "reg0" .. "reg<R-1>", and their token indices (class token first, as vit.hpp orders
+// them). Throws vitlens::Error with one line when the model has no such token or the name is not
+// one of these.
+int prefix_token_index(const VitConfig& config, const std::string& name);
+std::string prefix_token_short_name(const VitConfig& config, int token);  // "" for a patch token
+
 // Shannon entropy (nats) of a non-negative map normalised to sum 1; 0 for an all-zero map.
 double map_entropy(const MatRM& map);
 
