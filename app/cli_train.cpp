@@ -425,11 +425,11 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
   cmd->add_option("--label-smoothing", a.label_smoothing, "As torch.nn.CrossEntropyLoss(label_smoothing=...)")
       ->capture_default_str();
   cmd->add_flag("--no-augment", a.no_augment,
-                "Switch off augmentation (random crop with 2 pixels of zero padding, horizontal flip)");
+                "Switch off augmentation (random crop with 2 pixels of zero padding, horizontal flip; for photos: the flip)");
   cmd->add_option("--val-split", a.val_split,
-                  "Share of each class held out for per-epoch validation (seeded). Default 0.1 for a folder; for "
-                  "Fashion-MNIST 0 = evaluate on the 10,000 test images every epoch");
-  cmd->add_option("--img-size", a.img_size, "Side images of a --data folder are resized and centre-cropped to")
+                  "Share of each class (for photos: of the photos) held out for per-epoch validation (seeded). Default 0.1 "
+                  "for a folder or photos; for Fashion-MNIST 0 = evaluate on the 10,000 test images every epoch");
+  cmd->add_option("--img-size", a.img_size, "Side images of a --data folder are resized and centre-cropped to; with --data photos, the side of the random crops")
       ->check(CLI::Range(4, 1024))
       ->capture_default_str();
   cmd->add_option("--resume", a.resume,

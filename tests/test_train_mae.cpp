@@ -100,13 +100,16 @@ VitConfig tiny_config(int img, int dim, int heads, int depth) {
 }
 
 // A few opencv-doc photos, copied at run time into a temporary folder (never into the repository),
-// plus a file that is not an image (skipped and counted).
+// one of them in a subfolder (photos are read recursively), plus a file that is not an image
+// (skipped and counted).
 std::string photo_folder(const std::string& tag) {
   const std::string dir = test::temp_dir(tag);
-  for (const char* name : {"baboon.jpg", "fruits.jpg", "building.jpg", "home.jpg", "butterfly.jpg", "messi5.jpg"}) {
-    std::ifstream in(kPhotoDir + name, std::ios::binary);
+  ::mkdir((dir + "/sub").c_str(), 0755);
+  for (const char* name : {"baboon.jpg", "fruits.jpg", "building.jpg", "home.jpg", "butterfly.jpg", "sub/messi5.jpg"}) {
+    const std::string file = name;
+    std::ifstream in(kPhotoDir + file.substr(file.find('/') + 1), std::ios::binary);
     if (!in) FAIL("opencv-doc's example photos are missing from " << kPhotoDir << " (scripts/setup.sh installs opencv-doc)");
-    std::ofstream out(dir + "/" + name, std::ios::binary);
+    std::ofstream out(dir + "/" + file, std::ios::binary);
     out << in.rdbuf();
   }
   std::ofstream(dir + "/notes.txt") << "not an image\n";
@@ -221,6 +224,7 @@ TEST_CASE("mae: a short run on photos lowers the loss; resume is bit-exact; the 
   const PhotoCorpus all = load_photo_corpus(dir, 96, &report);
   CHECK(all.size() == 6);
   CHECK(report.skipped == 1);  // notes.txt
+  CHECK(std::find(all.names.begin(), all.names.end(), "sub/messi5.jpg") != all.names.end());
   PhotoCorpus train_photos, val_photos;
   split_photos(all, 0.2, 1, &train_photos, &val_photos);
   CHECK(train_photos.size() == 5);

@@ -485,7 +485,7 @@ PhotoCorpus load_photo_corpus(const std::string& dir, int max_side, FolderReport
     corpus.photos.push_back(std::move(planar));
     corpus.heights.push_back(rgb.rows);
     corpus.widths.push_back(rgb.cols);
-    corpus.names.push_back(file.filename().string());
+    corpus.names.push_back(file.lexically_relative(dir).string());  // "a.jpg", "sub/b.jpg"
   }
   if (corpus.photos.empty()) throw Error(dir + ": has no readable photo");
   return corpus;

@@ -60,7 +60,7 @@ void split_holdout(const ImageSet& all, double val_fraction, uint64_t seed, Imag
 struct PhotoCorpus {
   std::vector<std::vector<float>> photos;  // each (3, h_i, w_i) in [0, 1]
   std::vector<int> heights, widths;
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // paths relative to the folder, sorted
   std::string source;
   int size() const;
 };
