@@ -56,6 +56,9 @@ struct TrainArgs {
   uint64_t seed = 0;
   int threads = 0, img_size = 32, limit = 0, stop_after = 0;
   bool augment = false, quiet = false;
+  // Masked patch prediction (--data photos[:DIR]).
+  double mask_ratio = 0.75;
+  int decoder_dim = 32, decoder_depth = 1, decoder_heads = 4, crops_per_photo = 16;
   CLI::App* command = nullptr;  // to ask which flags were given
 };
 void add_train_command(CLI::App& app, TrainArgs& args);

@@ -15,6 +15,7 @@
 #include "vitlens/checkpoint.hpp"
 #include "vitlens/dataset.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/mae_train.hpp"
 #include "vitlens/safetensors.hpp"
 #include "vitlens/trainer.hpp"
 
@@ -46,6 +47,12 @@ std::string parent_of(const std::string& path) {
   const auto slash = path.find_last_of('/');
   if (slash == std::string::npos) return ".";
   return slash == 0 ? "/" : path.substr(0, slash);
+}
+
+// "photos" or "photos:DIR": masked patch prediction on a folder of photos.
+bool is_photos(const std::string& data) { return data == "photos" || data.rfind("photos:", 0) == 0; }
+std::string photos_dir(const std::string& data) {
+  return data.size() > 7 ? data.substr(7) : default_photo_dir();
 }
 
 // The data a run trains and evaluates on, and what to call it in messages and metadata.
@@ -105,24 +112,27 @@ class Progress {
   Progress(bool quiet, int64_t total_steps, int64_t steps_per_epoch)
       : quiet_(quiet), tty_(::isatty(STDERR_FILENO) != 0), total_(total_steps), per_epoch_(steps_per_epoch) {}
 
-  void step(const StepReport& r, double loss_avg, double acc_avg, double images_per_s, double seconds_left, int epochs) {
+  void step(const StepReport& r, double loss_avg, double acc_avg, double images_per_s, double seconds_left, int epochs,
+            bool show_accuracy = true) {
     if (quiet_) return;
+    char acc[32] = "";
+    if (show_accuracy) std::snprintf(acc, sizeof acc, "  acc %.1f%%", 100.0 * acc_avg);
     const int64_t in_epoch = (r.step - 1) % per_epoch_ + 1;
     char line[256];
     if (tty_) {
       const int width = 24, filled = static_cast<int>(width * in_epoch / per_epoch_);
       std::string bar(static_cast<size_t>(filled), '#');
       bar.resize(static_cast<size_t>(width), '.');
-      std::snprintf(line, sizeof line, "\repoch %d/%d [%s] step %lld/%lld  loss %.4f  acc %.1f%%  %.0f img/s  left %s   ",
+      std::snprintf(line, sizeof line, "\repoch %d/%d [%s] step %lld/%lld  loss %.4f%s  %.0f img/s  left %s   ",
                     r.epoch + 1, epochs, bar.c_str(), static_cast<long long>(r.step), static_cast<long long>(total_),
-                    loss_avg, 100.0 * acc_avg, images_per_s, duration_text(seconds_left).c_str());
+                    loss_avg, acc, images_per_s, duration_text(seconds_left).c_str());
       std::fputs(line, stderr);
       std::fflush(stderr);
       dirty_ = true;
     } else if (r.step % std::max<int64_t>(1, per_epoch_ / 4) == 0 || r.step == total_) {
-      std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f acc %.1f%% %.0f img/s left %s\n", r.epoch + 1, epochs,
-                   static_cast<long long>(r.step), static_cast<long long>(total_), loss_avg, 100.0 * acc_avg,
-                   images_per_s, duration_text(seconds_left).c_str());
+      std::fprintf(stderr, "epoch %d/%d step %lld/%lld loss %.4f%s %.0f img/s left %s\n", r.epoch + 1, epochs,
+                   static_cast<long long>(r.step), static_cast<long long>(total_), loss_avg, acc, images_per_s,
+                   duration_text(seconds_left).c_str());
     }
   }
 
@@ -147,7 +157,20 @@ void append_log(const std::string& path, const nlohmann::json& record) {
 
 void check_args(const TrainArgs& a, CLI::App* cmd) {
   auto bad = [](const std::string& s) { throw UsageError(s); };
-  if (a.data.empty()) bad("--data is required: 'fashion-mnist' or a folder with one subfolder per class");
+  if (a.data.empty())
+    bad("--data is required: 'fashion-mnist', a folder with one subfolder per class, or photos[:DIR]");
+  const bool mae = is_photos(a.data);
+  for (const char* flag : {"--mask-ratio", "--decoder-dim", "--decoder-depth", "--decoder-heads", "--crops-per-photo"})
+    if (!mae && cmd->count(flag)) bad(std::string(flag) + " applies to masked patch prediction (--data photos[:DIR])");
+  if (mae) {
+    if (!(a.mask_ratio > 0.0 && a.mask_ratio < 1.0))
+      bad("--mask-ratio must be in (0, 1), got " + std::to_string(a.mask_ratio));
+    if (a.decoder_dim % a.decoder_heads != 0)
+      bad("--decoder-dim " + std::to_string(a.decoder_dim) + " is not divisible by --decoder-heads " +
+          std::to_string(a.decoder_heads));
+    if (cmd->count("--label-smoothing")) bad("--label-smoothing applies to classifiers, not to --data photos");
+    if (!a.grad_dump.empty()) bad("--grad-dump is for classifiers; MAE gradients are checked by the test suite");
+  }
   if (a.out.empty() && a.grad_dump.empty() && a.resume.empty()) bad("--out RUNDIR is required");
   for (const auto& [flag, text, limit] : {std::tuple<const char*, const std::string*, size_t>{"--name", &a.name, 64},
                                           {"--description", &a.description, 400}}) {
@@ -172,7 +195,8 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   if (!a.resume.empty()) {
     for (const char* flag : {"--depth", "--embed-dim", "--heads", "--patch", "--mlp-ratio", "--batch", "--lr",
                              "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--val-split",
-                             "--img-size", "--limit"})
+                             "--img-size", "--limit", "--mask-ratio", "--decoder-dim", "--decoder-depth",
+                             "--decoder-heads", "--crops-per-photo"})
       if (cmd->count(flag))
         bad(std::string(flag) + " cannot change on --resume: the checkpoint's recipe and data are used (only --epochs, "
             "--threads and --out may be given)");
@@ -180,16 +204,214 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   }
 }
 
+// `--data photos[:DIR]`: masked patch prediction (MAE) on a folder of photos, with the same progress
+// bar, log, atomic checkpoints and bit-exact resume as the classifier; the validation loss (fixed
+// crops and masks of held-out photos) after every epoch.
+int run_train_mae(TrainArgs& a) {
+  CLI::App* cmd = a.command;
+  SavedMae saved;
+  if (!a.resume.empty()) {
+    if (checkpoint_objective(a.resume) != "mae")
+      throw UsageError(a.resume + ": a classifier checkpoint; resume it with the --data it was trained on");
+    saved = load_mae_checkpoint(a.resume);
+    const nlohmann::json& t = saved.training;
+    try {
+      a.limit = t.value("limit", 0);
+      a.val_split = t.value("val_split", 0.0);
+      a.seed = saved.recipe.seed;
+    } catch (const nlohmann::json::exception&) {
+      throw Error(a.resume + ": the training record is malformed");
+    }
+    if (t.value("data", std::string()) != a.data)
+      throw UsageError("--data '" + a.data + "' is not the data this checkpoint was trained on ('" +
+                       t.value("data", std::string()) + "')");
+    if (a.out.empty()) a.out = parent_of(a.resume);
+  }
+
+  VitConfig config;
+  Recipe recipe;
+  MaeOptions options;
+  if (!a.resume.empty()) {
+    config = saved.config;
+    recipe = saved.recipe;
+    options = saved.options;
+    if (cmd->count("--epochs")) recipe.epochs = a.epochs;
+    if (cmd->count("--name")) config.name = a.name;
+    recipe.threads = a.threads;
+  } else {
+    config.name = a.command->count("--name") ? a.name : "vitlens-mae";
+    config.patch_size = a.patch;
+    config.embed_dim = a.embed_dim;
+    config.num_heads = a.heads;
+    config.depth = a.depth;
+    config.img_h = config.img_w = a.img_size;
+    config.class_token = true;
+    config.mlp_ratio = a.mlp_ratio;
+    config.qkv_bias = true;
+    recipe.epochs = a.epochs;
+    recipe.batch = a.batch;
+    recipe.lr = a.lr;
+    recipe.min_lr = std::min(1e-5, a.lr);
+    recipe.weight_decay = a.weight_decay;
+    recipe.warmup_epochs = a.warmup;
+    recipe.label_smoothing = 0.0;
+    // The random crops are the augmentation; their flip is on unless --no-augment is given.
+    recipe.augment = recipe.flip = a.command->count("--augment") == 0 || a.augment;
+    recipe.seed = a.seed;
+    recipe.threads = a.threads;
+    options.shape.mask_ratio = a.mask_ratio;
+    options.shape.decoder_dim = a.decoder_dim;
+    options.shape.decoder_depth = a.decoder_depth;
+    options.shape.decoder_heads = a.decoder_heads;
+    options.crops_per_photo = a.crops_per_photo;
+  }
+  const std::string dir = photos_dir(a.data);
+  if (!a.description.empty())
+    config.description = a.description;
+  else if (a.resume.empty())
+    config.description = "ViT encoder trained by 'vitlens train' by masked patch prediction (MAE) on the photos in " + dir;
+  std::string why = config.validate();
+  if (why.empty()) why = options.validate(config);
+  if (!why.empty()) throw UsageError("model shape: " + why);
+
+  // Photos are kept at up to 4x the training size: crops of 40-100 % of the short side are then
+  // downscaled, never upscaled much.
+  FolderReport report;
+  PhotoCorpus all = load_photo_corpus(dir, std::max(4 * config.img_h, 64), &report);
+  if (report.skipped > 0 && !a.quiet) {
+    std::fprintf(stderr, "vitlens: skipped %d unreadable file(s) in %s", report.skipped, dir.c_str());
+    for (size_t i = 0; i < report.examples.size() && i < 2; ++i) std::fprintf(stderr, "; %s", report.examples[i].c_str());
+    std::fprintf(stderr, "\n");
+  }
+  if (a.limit > 0 && all.size() > a.limit) {
+    all.photos.resize(static_cast<size_t>(a.limit));
+    all.heights.resize(static_cast<size_t>(a.limit));
+    all.widths.resize(static_cast<size_t>(a.limit));
+    all.names.resize(static_cast<size_t>(a.limit));
+  }
+  PhotoCorpus train_photos, val_photos;
+  split_photos(all, a.val_split, a.seed, &train_photos, &val_photos);
+
+  MaeTrainer trainer(config, recipe, options, &train_photos, val_photos.size() > 0 ? &val_photos : nullptr);
+
+  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0) throw Error(a.out + ": cannot create the run folder");
+  require_writable_dir(a.out);
+  const std::string model_path = a.out + "/last.safetensors";
+  const std::string log_path = a.out + "/log.jsonl";
+  if (!a.resume.empty()) trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  if (trainer.finished()) {
+    std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
+                recipe.epochs);
+    return kExitOk;
+  }
+
+  nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
+  record["objective"] = "mae";
+  record["data"] = a.data;
+  record["photo_dir"] = dir;
+  record["limit"] = a.limit;
+  record["val_split"] = a.val_split;
+  record["img_size"] = config.img_h;
+  record["train_photos"] = train_photos.size();
+  record["val_photos"] = val_photos.size();
+  record["skipped_files"] = report.skipped;
+  const double seconds_before = record.value("seconds", 0.0);
+
+  Progress progress(a.quiet, trainer.total_steps(), trainer.steps_per_epoch());
+  if (!a.quiet)
+    progress.line("MAE: training " + std::to_string(trainer.net().layout().total) + " parameters (encoder " +
+                  std::to_string(trainer.net().offsets().encoder_total) + ") on " +
+                  std::to_string(train_photos.size()) + " photos of " + dir + " (" +
+                  std::to_string(val_photos.size()) + " held out), " + std::to_string(trainer.steps_per_epoch()) +
+                  " steps per epoch, " + std::to_string(recipe.epochs) + " epochs" +
+                  (a.resume.empty() ? "" : ", resuming at step " + std::to_string(trainer.position().step)));
+
+  g_interrupted = false;
+  std::signal(SIGINT, on_interrupt);
+  std::signal(SIGTERM, on_interrupt);
+  const auto start = Clock::now();
+  auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
+  double loss_sum = 0.0;
+  int window = 0;
+  int64_t steps_this_run = 0, window_steps = 0;
+  auto window_start = Clock::now();
+  double images_per_s = 0.0;
+  bool stopped = false;
+
+  auto save = [&](const EvalReport* eval) {
+    record["seconds"] = seconds_before + seconds();
+    if (eval) record["val_loss"] = eval->loss;
+    save_mae_checkpoint(trainer, model_path, record);
+  };
+
+  while (!trainer.finished()) {
+    const StepReport r = trainer.step();
+    ++steps_this_run;
+    ++window_steps;
+    loss_sum += r.loss;
+    ++window;
+    const double window_seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
+    if (window_steps >= 5 && window_seconds > 0) {
+      images_per_s = static_cast<double>(window_steps) * recipe.batch / window_seconds;
+      window_steps = 0;
+      window_start = Clock::now();
+    }
+    const double left =
+        images_per_s > 0 ? static_cast<double>(trainer.total_steps() - r.step) * recipe.batch / images_per_s : NAN;
+    progress.step(r, loss_sum / window, 0.0, images_per_s, left, recipe.epochs, false);
+    if (r.step % 10 == 0 || trainer.position().position == 0 || trainer.finished()) {
+      append_log(log_path, {{"step", r.step}, {"epoch", r.epoch}, {"loss", loss_sum / window}, {"lr", r.lr},
+                            {"grad_norm", r.grad_norm}, {"images_per_s", images_per_s},
+                            {"seconds", seconds_before + seconds()}});
+      loss_sum = 0.0;
+      window = 0;
+    }
+    const bool epoch_done = trainer.position().position == 0 || trainer.finished();
+    if (epoch_done) {
+      EvalReport eval;
+      if (trainer.has_eval()) {
+        eval = trainer.evaluate();
+        append_log(log_path, {{"step", r.step}, {"epoch", r.epoch}, {"eval", "val"}, {"loss", eval.loss},
+                              {"seconds", seconds_before + seconds()}});
+        char text[160];
+        std::snprintf(text, sizeof text, "epoch %d: val loss %.4f (%d crops of %d held-out photos)", r.epoch + 1,
+                      eval.loss, eval.images, val_photos.size());
+        progress.line(text);
+      }
+      save(trainer.has_eval() ? &eval : nullptr);
+    }
+    if (g_interrupted || (a.stop_after > 0 && steps_this_run >= a.stop_after)) {
+      if (!epoch_done) save(nullptr);
+      stopped = true;
+      break;
+    }
+  }
+  std::signal(SIGINT, SIG_DFL);
+  std::signal(SIGTERM, SIG_DFL);
+  if (stopped && !trainer.finished()) {
+    progress.line("stopped at step " + std::to_string(trainer.position().step) + "; continue with --resume " + model_path);
+    return g_interrupted ? kExitFailed : kExitOk;
+  }
+  if (record.contains("val_loss"))
+    std::printf("finished: validation loss %.4f after %d epochs, %s; model in %s\n", record["val_loss"].get<double>(),
+                recipe.epochs, duration_text(record["seconds"].get<double>()).c_str(), model_path.c_str());
+  else
+    std::printf("finished after %d epochs; model in %s\n", recipe.epochs, model_path.c_str());
+  return kExitOk;
+}
+
 }  // namespace
 
 void add_train_command(CLI::App& app, TrainArgs& a) {
   CLI::App* cmd = app.add_subcommand(
       "train",
-      "Train a ViT classifier from scratch (Fashion-MNIST or your own ImageFolder tree); checkpoints open in "
-      "'vitlens view'");
+      "Train a ViT from scratch: a classifier (Fashion-MNIST or your own ImageFolder tree) or, with --data "
+      "photos[:DIR], a masked autoencoder (MAE) on unlabelled photos; checkpoints open in 'vitlens view'");
   cmd->add_option("--data", a.data,
                   "'fashion-mnist' (the IDX files under " + default_fashion_mnist_dir() +
-                      ") or a folder with one subfolder of images per class (ImageFolder layout)");
+                      "), a folder with one subfolder of images per class (ImageFolder layout), or 'photos:DIR' "
+                      "(any folder of images, read recursively; 'photos' alone = " + default_photo_dir() +
+                      ") to train by masked patch prediction (MAE, no labels)");
   cmd->add_option("--out,-o", a.out,
                   "Run folder (created if missing): last.safetensors (+ .state.safetensors for --resume), log.jsonl");
   cmd->add_option("--depth", a.depth, "Transformer blocks")->check(CLI::Range(1, 64))->capture_default_str();
@@ -216,11 +438,11 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
       ->capture_default_str();
   cmd->add_flag("--augment,!--no-augment", a.augment,
                 "Augment the training images (random crop with 2 pixels of zero padding, horizontal flip); off by "
-                "default, --no-augment says so explicitly");
+                "default. With --data photos the flip of the random crops is on unless --no-augment");
   cmd->add_option("--val-split", a.val_split,
-                  "Share of each class held out for per-epoch validation (seeded). Default 0.1 for a folder; for "
-                  "Fashion-MNIST 0 = evaluate on the 10,000 test images every epoch");
-  cmd->add_option("--img-size", a.img_size, "Side images of a --data folder are resized and centre-cropped to")
+                  "Share of each class (for photos: of the photos) held out for per-epoch validation (seeded). Default 0.1 "
+                  "for a folder or photos; for Fashion-MNIST 0 = evaluate on the 10,000 test images every epoch");
+  cmd->add_option("--img-size", a.img_size, "Side images of a --data folder are resized and centre-cropped to; with --data photos, the side of the random crops")
       ->check(CLI::Range(4, 1024))
       ->capture_default_str();
   cmd->add_option("--resume", a.resume,
@@ -238,6 +460,22 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
       ->capture_default_str();
   cmd->add_option("--description", a.description,
                   "The model's description in its config (default: 'ViT trained by vitlens train on DATA')");
+  cmd->add_option("--mask-ratio", a.mask_ratio, "photos: share of patches hidden from the encoder, in (0, 1)")
+      ->capture_default_str();
+  cmd->add_option("--decoder-dim", a.decoder_dim, "photos: width Dd of the MAE decoder")
+      ->check(CLI::Range(4, 1024))
+      ->capture_default_str();
+  cmd->add_option("--decoder-depth", a.decoder_depth, "photos: blocks in the MAE decoder")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_option("--decoder-heads", a.decoder_heads, "photos: attention heads in the MAE decoder (Dd must divide by it)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  cmd->add_option("--crops-per-photo", a.crops_per_photo,
+                  "photos: random crops of each training photo per epoch (random scale 0.4-1 of the short side, "
+                  "position and flip, resized to --img-size)")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
   cmd->add_flag("--quiet,-q", a.quiet, "Print nothing but errors and the final result");
   a.command = cmd;
 }
@@ -246,9 +484,12 @@ int run_train(TrainArgs& a) {
   CLI::App* cmd = a.command;
   if (a.resume.empty() && !cmd->count("--val-split")) a.val_split = a.data == "fashion-mnist" ? 0.0 : 0.1;
   check_args(a, cmd);
+  if (is_photos(a.data)) return run_train_mae(a);
 
   SavedTraining saved;
   if (!a.resume.empty()) {
+    if (checkpoint_objective(a.resume) != "classify")
+      throw UsageError(a.resume + ": an MAE checkpoint; resume it with --data photos[:DIR] as it was trained");
     saved = load_checkpoint(a.resume);
     // The data flags come from the checkpoint's record.
     const nlohmann::json& t = saved.training;

@@ -463,7 +463,7 @@ PhotoCorpus load_photo_corpus(const std::string& dir, int max_side, FolderReport
   require_folder(dir, "expected photos in it");
   PhotoCorpus corpus;
   corpus.source = dir;
-  for (const fs::path& file : list_files(dir, false)) {
+  for (const fs::path& file : list_files(dir, true)) {
     cv::Mat rgb;
     try {
       rgb = load_image_rgb(file.string());
@@ -485,7 +485,7 @@ PhotoCorpus load_photo_corpus(const std::string& dir, int max_side, FolderReport
     corpus.photos.push_back(std::move(planar));
     corpus.heights.push_back(rgb.rows);
     corpus.widths.push_back(rgb.cols);
-    corpus.names.push_back(file.filename().string());
+    corpus.names.push_back(file.lexically_relative(dir).string());  // "a.jpg", "sub/b.jpg"
   }
   if (corpus.photos.empty()) throw Error(dir + ": has no readable photo");
   return corpus;
@@ -493,10 +493,16 @@ PhotoCorpus load_photo_corpus(const std::string& dir, int max_side, FolderReport
 
 void sample_photo_crop(const PhotoCorpus& corpus, Rng& rng, int out_size, float min_scale, bool flip, float* out) {
   if (corpus.size() == 0) throw Error(corpus.source + ": the photo corpus is empty");
+  crop_photo(corpus, rng.below(corpus.size()), rng, out_size, min_scale, flip, out);
+}
+
+void crop_photo(const PhotoCorpus& corpus, int index, Rng& rng, int out_size, float min_scale, bool flip, float* out) {
+  if (index < 0 || index >= corpus.size())
+    throw Error(corpus.source + ": photo " + std::to_string(index) + " is not in the corpus");
   if (out_size < 1) throw Error("photo crop: output size must be >= 1, got " + std::to_string(out_size));
   if (!(min_scale > 0.0f && min_scale <= 1.0f))
     throw Error("photo crop: minimum scale must be in (0, 1], got " + std::to_string(min_scale));
-  const size_t i = static_cast<size_t>(rng.below(corpus.size()));
+  const size_t i = static_cast<size_t>(index);
   const int h = corpus.heights[i], w = corpus.widths[i];
   const int short_side = std::min(h, w);
   const double scale = min_scale + (1.0 - min_scale) * rng.uniform();

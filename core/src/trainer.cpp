@@ -130,22 +130,28 @@ Trainer::Trainer(const VitConfig& config, const Recipe& recipe, const ImageSet* 
   start_epoch();
 }
 
+void Trainer::initialise() {
+  init_vit_params(net_.layout(), net_.params.data(), recipe_.seed, config().patch_values());
+}
+
 // timm's VisionTransformer.init_weights (mode ''): pos_embed trunc_normal(std=.02), cls_token
 // normal(std=1e-6), every Linear trunc_normal(std=.02) with zero bias (init_weights_vit_timm),
 // LayerNorm 1 / 0, and the patch Conv2d left at PyTorch's default, U(-1/sqrt(K), 1/sqrt(K)) for
 // weight and bias. timm truncates at +-2 absolute, i.e. 100 standard deviations: a plain normal.
-void Trainer::initialise() {
-  Rng init(recipe_.seed);
-  const float bound = 1.0f / std::sqrt(static_cast<float>(config().patch_values()));
-  for (const train::ParamEntry& e : net_.layout().entries) {
-    float* p = net_.params.data() + e.offset;
+// MAE's extra tensors: mask_token normal(std=.02) as models_mae.py, decoder_pos_embed as pos_embed.
+void init_vit_params(const train::ParamLayout& layout, float* params, uint64_t seed, int patch_values) {
+  Rng init(seed);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(patch_values));
+  for (const train::ParamEntry& e : layout.entries) {
+    float* p = params + e.offset;
     if (e.name == "cls_token") {
       for (size_t i = 0; i < e.size; ++i) p[i] = static_cast<float>(1e-6 * normal(init));
     } else if (e.name.rfind("patch_embed.", 0) == 0) {
       for (size_t i = 0; i < e.size; ++i) p[i] = static_cast<float>((2.0 * init.uniform() - 1.0) * bound);
-    } else if (e.name == "pos_embed" || (e.shape.size() == 2 && ends_with(e.name, ".weight"))) {
+    } else if (e.name == "pos_embed" || e.name == "decoder_pos_embed" || e.name == "mask_token" ||
+               (e.shape.size() == 2 && ends_with(e.name, ".weight"))) {
       for (size_t i = 0; i < e.size; ++i) p[i] = static_cast<float>(0.02 * normal(init));
-    } else if (ends_with(e.name, "norm1.weight") || ends_with(e.name, "norm2.weight") || e.name == "norm.weight") {
+    } else if (ends_with(e.name, "norm1.weight") || ends_with(e.name, "norm2.weight") || ends_with(e.name, "norm.weight")) {
       std::fill(p, p + e.size, 1.0f);
     } else {
       std::fill(p, p + e.size, 0.0f);  // biases

@@ -66,17 +66,14 @@ TensorMap layout_tensors(const train::ParamLayout& layout, const std::vector<flo
   return out;
 }
 
-void save_checkpoint(const Trainer& trainer, const std::string& model_path, nlohmann::json training) {
-  const train::ParamLayout& layout = trainer.net().layout();
-  const TrainPosition& pos = trainer.position();
-  training["step"] = pos.step;
-  training["epoch"] = pos.epoch;
-  training["recipe"] = trainer.recipe().to_json();
-  training["num_classes"] = trainer.num_classes();
+namespace {
 
+// The Adam moments, data order and position: what both objectives' state files share.
+SafetensorsFile state_file(const train::ParamLayout& layout, const train::AdamW& adam, const TrainPosition& pos,
+                           const Recipe& recipe) {
   SafetensorsFile state;
-  for (const auto& [name, tensor] : layout_tensors(layout, trainer.optimizer().m)) state.tensors["adam_m." + name] = tensor;
-  for (const auto& [name, tensor] : layout_tensors(layout, trainer.optimizer().v)) state.tensors["adam_v." + name] = tensor;
+  for (const auto& [name, tensor] : layout_tensors(layout, adam.m)) state.tensors["adam_m." + name] = tensor;
+  for (const auto& [name, tensor] : layout_tensors(layout, adam.v)) state.tensors["adam_v." + name] = tensor;
   TensorData order;
   order.shape = {static_cast<int64_t>(pos.order.size())};
   order.values.assign(pos.order.begin(), pos.order.end());
@@ -85,53 +82,14 @@ void save_checkpoint(const Trainer& trainer, const std::string& model_path, nloh
   state.metadata["step"] = std::to_string(pos.step);
   state.metadata["epoch"] = std::to_string(pos.epoch);
   state.metadata["position"] = std::to_string(pos.position);
-  state.metadata["adam_step"] = std::to_string(trainer.optimizer().step);
+  state.metadata["adam_step"] = std::to_string(adam.step);
   for (int i = 0; i < 4; ++i) state.metadata["rng" + std::to_string(i)] = std::to_string(pos.rng[i]);
-  state.metadata["recipe"] = trainer.recipe().to_json().dump();
-  state.metadata["num_classes"] = std::to_string(trainer.num_classes());
+  state.metadata["recipe"] = recipe.to_json().dump();
   state.metadata["parameters"] = std::to_string(layout.total);
-  // State first, model second: a crash in between leaves a new state beside an old model, which
-  // load_checkpoint refuses (different steps) instead of silently mixing them.
-  write_safetensors(checkpoint_state_path(model_path), state);
-  save_model(model_path, trainer.config(), layout_tensors(layout, trainer.net().params),
-             {{"training", training.dump()}});
+  return state;
 }
 
-SavedTraining load_checkpoint(const std::string& model_path) {
-  SavedTraining saved;
-  const SafetensorsFile model = read_safetensors(model_path);
-  const std::string state_path = checkpoint_state_path(model_path);
-  struct stat st {};
-  if (::stat(state_path.c_str(), &st) != 0)
-    throw Error(model_path + ": no training state beside it (" + state_path +
-                "); only checkpoints written by 'vitlens train' can be resumed");
-  const SafetensorsFile state = read_safetensors(state_path);
-  if (meta(state, "format", state_path) != kStateFormat)
-    throw Error(state_path + ": not a vitlens training state (format '" + meta(state, "format", state_path) + "')");
-  const VitModel loaded = load_model(model_path);  // every check a viewer would do
-  saved.config = loaded.config;
-  nlohmann::json training;
-  try {
-    training = nlohmann::json::parse(meta(model, "training", model_path));
-    saved.recipe = Recipe::from_json(nlohmann::json::parse(meta(state, "recipe", state_path)));
-  } catch (const nlohmann::json::exception&) {
-    throw Error(model_path + ": the training record or recipe is not valid JSON");
-  }
-  saved.training = training;
-  saved.num_classes = static_cast<int>(meta_int(state, "num_classes", state_path));
-  if (saved.num_classes != loaded.w.num_classes)
-    throw Error(state_path + ": state is for " + std::to_string(saved.num_classes) + " classes, the model has " +
-                std::to_string(loaded.w.num_classes));
-  const int64_t step = meta_int(state, "step", state_path);
-  if (!training.contains("step") || !training["step"].is_number_integer() || training["step"].get<int64_t>() != step)
-    throw Error(model_path + ": the model and its state " + state_path +
-                " come from different steps (an interrupted save?); resume from an earlier checkpoint");
-  const train::ParamLayout layout = train::param_layout(saved.config, saved.num_classes);
-  saved.params = gather(layout, model.tensors, "", model_path);
-  saved.adam_m = gather(layout, state.tensors, "adam_m.", state_path);
-  saved.adam_v = gather(layout, state.tensors, "adam_v.", state_path);
-  saved.adam_step = meta_int(state, "adam_step", state_path);
-  TrainPosition& pos = saved.position;
+void read_position(const SafetensorsFile& state, const std::string& state_path, int64_t step, TrainPosition& pos) {
   pos.step = step;
   pos.epoch = static_cast<int>(meta_int(state, "epoch", state_path));
   pos.position = meta_int(state, "position", state_path);
@@ -151,6 +109,141 @@ SavedTraining load_checkpoint(const std::string& model_path) {
     if (!(v >= 0.0f) || v >= 16777216.0f || v != std::floor(v)) throw Error(state_path + ": tensor 'data_order' is corrupt");
     pos.order.push_back(static_cast<int32_t>(v));
   }
+}
+
+SafetensorsFile read_state(const std::string& model_path, std::string* state_path_out) {
+  const std::string state_path = checkpoint_state_path(model_path);
+  struct stat st {};
+  if (::stat(state_path.c_str(), &st) != 0)
+    throw Error(model_path + ": no training state beside it (" + state_path +
+                "); only checkpoints written by 'vitlens train' can be resumed");
+  SafetensorsFile state = read_safetensors(state_path);
+  if (meta(state, "format", state_path) != kStateFormat)
+    throw Error(state_path + ": not a vitlens training state (format '" + meta(state, "format", state_path) + "')");
+  *state_path_out = state_path;
+  return state;
+}
+
+}  // namespace
+
+std::string checkpoint_objective(const std::string& model_path) {
+  const SafetensorsFile model = read_safetensors(model_path);
+  const auto it = model.metadata.find("training");
+  if (it == model.metadata.end()) throw Error(model_path + ": not a 'vitlens train' checkpoint (no training record)");
+  try {
+    return nlohmann::json::parse(it->second).value("objective", std::string("classify"));
+  } catch (const nlohmann::json::exception&) {
+    throw Error(model_path + ": the training record is not valid JSON");
+  }
+}
+
+void save_mae_checkpoint(const MaeTrainer& trainer, const std::string& model_path, nlohmann::json training) {
+  const train::ParamLayout& layout = trainer.net().layout();
+  const TrainPosition& pos = trainer.position();
+  training["objective"] = "mae";
+  training["step"] = pos.step;
+  training["epoch"] = pos.epoch;
+  training["recipe"] = trainer.recipe().to_json();
+  training["mae"] = trainer.options().to_json();
+  SafetensorsFile state = state_file(layout, trainer.optimizer(), pos, trainer.recipe());
+  state.metadata["objective"] = "mae";
+  state.metadata["mae"] = trainer.options().to_json().dump();
+  state.metadata["num_classes"] = "0";
+  // The encoder goes to the model file (timm names, no head: what view/export/info open); the
+  // decoder (mask_token, decoder_*) only into the state, which resume reads and viewers never see.
+  TensorMap encoder;
+  for (auto& [name, tensor] : layout_tensors(layout, trainer.net().params)) {
+    if (train::is_decoder_param(name)) state.tensors[name] = std::move(tensor);
+    else encoder[name] = std::move(tensor);
+  }
+  write_safetensors(checkpoint_state_path(model_path), state);
+  save_model(model_path, trainer.config(), encoder, {{"training", training.dump()}});
+}
+
+SavedMae load_mae_checkpoint(const std::string& model_path) {
+  SavedMae saved;
+  const SafetensorsFile model = read_safetensors(model_path);
+  std::string state_path;
+  const SafetensorsFile state = read_state(model_path, &state_path);
+  const VitModel loaded = load_model(model_path);  // every check a viewer would do
+  saved.config = loaded.config;
+  try {
+    saved.training = nlohmann::json::parse(meta(model, "training", model_path));
+    saved.recipe = Recipe::from_json(nlohmann::json::parse(meta(state, "recipe", state_path)));
+    saved.options = MaeOptions::from_json(nlohmann::json::parse(meta(state, "mae", state_path)));
+  } catch (const nlohmann::json::exception&) {
+    throw Error(model_path + ": the training record, recipe or MAE options are not valid JSON");
+  }
+  if (saved.training.value("objective", std::string()) != "mae" || meta(state, "objective", state_path) != "mae")
+    throw Error(model_path + ": not an MAE checkpoint (objective is not 'mae')");
+  const std::string why = saved.options.validate(saved.config);
+  if (!why.empty()) throw Error(state_path + ": " + why);
+  const int64_t step = meta_int(state, "step", state_path);
+  if (!saved.training.contains("step") || !saved.training["step"].is_number_integer() ||
+      saved.training["step"].get<int64_t>() != step)
+    throw Error(model_path + ": the model and its state " + state_path +
+                " come from different steps (an interrupted save?); resume from an earlier checkpoint");
+  const train::ParamLayout layout = train::mae_param_layout(saved.config, saved.options.shape, nullptr);
+  TensorMap both = model.tensors;
+  for (const auto& [name, tensor] : state.tensors)
+    if (train::is_decoder_param(name)) both[name] = tensor;
+  saved.params = gather(layout, both, "", model_path + " + " + state_path);
+  saved.adam_m = gather(layout, state.tensors, "adam_m.", state_path);
+  saved.adam_v = gather(layout, state.tensors, "adam_v.", state_path);
+  saved.adam_step = meta_int(state, "adam_step", state_path);
+  read_position(state, state_path, step, saved.position);
+  return saved;
+}
+
+void save_checkpoint(const Trainer& trainer, const std::string& model_path, nlohmann::json training) {
+  const train::ParamLayout& layout = trainer.net().layout();
+  const TrainPosition& pos = trainer.position();
+  training["step"] = pos.step;
+  training["epoch"] = pos.epoch;
+  training["recipe"] = trainer.recipe().to_json();
+  training["num_classes"] = trainer.num_classes();
+
+  SafetensorsFile state = state_file(layout, trainer.optimizer(), pos, trainer.recipe());
+  state.metadata["num_classes"] = std::to_string(trainer.num_classes());
+  // State first, model second: a crash in between leaves a new state beside an old model, which
+  // load_checkpoint refuses (different steps) instead of silently mixing them.
+  write_safetensors(checkpoint_state_path(model_path), state);
+  save_model(model_path, trainer.config(), layout_tensors(layout, trainer.net().params),
+             {{"training", training.dump()}});
+}
+
+SavedTraining load_checkpoint(const std::string& model_path) {
+  SavedTraining saved;
+  const SafetensorsFile model = read_safetensors(model_path);
+  std::string state_path;
+  const SafetensorsFile state = read_state(model_path, &state_path);
+  const VitModel loaded = load_model(model_path);  // every check a viewer would do
+  saved.config = loaded.config;
+  nlohmann::json training;
+  try {
+    training = nlohmann::json::parse(meta(model, "training", model_path));
+    saved.recipe = Recipe::from_json(nlohmann::json::parse(meta(state, "recipe", state_path)));
+  } catch (const nlohmann::json::exception&) {
+    throw Error(model_path + ": the training record or recipe is not valid JSON");
+  }
+  if (training.value("objective", std::string("classify")) != "classify")
+    throw Error(model_path + ": a '" + training.value("objective", std::string()) +
+                "' checkpoint, not a classifier's (resume it with the same --data)");
+  saved.training = training;
+  saved.num_classes = static_cast<int>(meta_int(state, "num_classes", state_path));
+  if (saved.num_classes != loaded.w.num_classes)
+    throw Error(state_path + ": state is for " + std::to_string(saved.num_classes) + " classes, the model has " +
+                std::to_string(loaded.w.num_classes));
+  const int64_t step = meta_int(state, "step", state_path);
+  if (!training.contains("step") || !training["step"].is_number_integer() || training["step"].get<int64_t>() != step)
+    throw Error(model_path + ": the model and its state " + state_path +
+                " come from different steps (an interrupted save?); resume from an earlier checkpoint");
+  const train::ParamLayout layout = train::param_layout(saved.config, saved.num_classes);
+  saved.params = gather(layout, model.tensors, "", model_path);
+  saved.adam_m = gather(layout, state.tensors, "adam_m.", state_path);
+  saved.adam_v = gather(layout, state.tensors, "adam_v.", state_path);
+  saved.adam_step = meta_int(state, "adam_step", state_path);
+  read_position(state, state_path, step, saved.position);
   return saved;
 }
 

@@ -55,11 +55,12 @@ void split_holdout(const ImageSet& all, double val_fraction, uint64_t seed, Imag
 
 // Unlabelled photos for masked patch prediction (MAE): whole images kept at their size (long side
 // capped at `max_side` by area downscaling), sampled as random crops. Reads the files directly in
-// `dir` (not its subfolders), sorted by name; files that are not images are skipped and counted.
+// `dir` and its subfolders (recursively, hidden entries ignored), sorted by path; files that are not
+// images are skipped and counted.
 struct PhotoCorpus {
   std::vector<std::vector<float>> photos;  // each (3, h_i, w_i) in [0, 1]
   std::vector<int> heights, widths;
-  std::vector<std::string> names;
+  std::vector<std::string> names;  // paths relative to the folder, sorted
   std::string source;
   int size() const;
 };
@@ -70,6 +71,8 @@ std::string default_photo_dir();  // /usr/share/doc/opencv-doc/examples/data
 // Draws, in order: the photo (below), the side (uniform), y0, x0 (below), the flip (below(2), only
 // when `flip`).
 void sample_photo_crop(const PhotoCorpus& corpus, Rng& rng, int out_size, float min_scale, bool flip, float* out);
+// The same crop of a given photo `index`: draws the side, y0, x0 and the flip (as above, without the photo).
+void crop_photo(const PhotoCorpus& corpus, int index, Rng& rng, int out_size, float min_scale, bool flip, float* out);
 
 // Augmentation for labelled images (as torchvision RandomCrop(padding=pad) + RandomHorizontalFlip):
 // zero-pad by `pad`, take a random H x W crop, flip with probability 1/2 when `flip`. in/out (3, H, W).

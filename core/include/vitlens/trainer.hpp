@@ -119,6 +119,10 @@ class Trainer {
   std::vector<float> scratch_;         // (3, H, W)
 };
 
+// timm's initialisation of every tensor in `layout` (Trainer's and MaeTrainer's), drawn from
+// Rng(seed) in the layout's order.
+void init_vit_params(const train::ParamLayout& layout, float* params, uint64_t seed, int patch_values);
+
 // Images in the set that the model cannot take: "" when every image is config.img_h x img_w.
 std::string check_image_set(const VitConfig& config, const ImageSet& set, const std::string& what);
 

@@ -39,11 +39,27 @@ struct ParamLayout {
 // num_classes < 2.
 ParamLayout param_layout(const VitConfig& config, int num_classes);
 
+// Appends one tensor to a layout (its offset is the layout's total so far) and returns the offset.
+size_t add_param(ParamLayout& layout, const std::string& name, std::vector<int64_t> shape, bool decay);
+// Appends one timm Block's tensors under `prefix` ("blocks.3." or MAE's "decoder_blocks.0.").
+BlockOffsets add_block_params(ParamLayout& layout, const std::string& prefix, int64_t D, int64_t Hm, bool qkv_bias);
+// Appends the encoder of timm's VisionTransformer without its head: cls_token, pos_embed,
+// patch_embed, blocks, norm (state_dict order); sets the layout's encoder offsets.
+void add_encoder_params(ParamLayout& layout, const VitConfig& config);
+
+// The pre-norm transformer blocks (timm's Block: x = x + attn(norm1(x)); x = x + mlp(norm2(x))) on
+// any token count: the classifier's encoder, MAE's encoder on the visible tokens and MAE's decoder
+// all run through it. The caller writes the input rows into resid (layer 0) and reads the output
+// from layer L; backward takes d loss / d output in d_resid and leaves d loss / d input there.
 template <class T>
-struct Activations {
-  int batch = 0;
-  std::vector<T> patches;      // (B*Np, K) patchified input
-  std::vector<T> tokens;       // (B*Np, D) patch embeddings
+struct BlockStack {
+  // Shape and where the weights are (filled by the owner before allocate).
+  int L = 0, D = 0, H = 0, Hm = 0;  // blocks, width, heads, MLP hidden
+  bool qkv_bias = true;
+  T eps = T(1e-6);
+  std::vector<BlockOffsets> offsets;  // (L) into the owner's parameter buffer
+
+  int batch = 0, tokens = 0;   // B, N of the allocated buffers
   std::vector<T> resid;        // (L+1, B*N, D) residual stream entering each block, then the last
   std::vector<T> ln1, ln1_mean, ln1_rstd;  // (L, B*N, D), (L, B*N), (L, B*N)
   std::vector<T> qkv;          // (L, B*N, 3D)
@@ -55,13 +71,28 @@ struct Activations {
   std::vector<T> fc1;          // (L, B*N, Hm) before GELU
   std::vector<T> gelu;         // (L, B*N, Hm)
   std::vector<T> mlp;          // (L, B*N, D) fc2 output
+  // Backward scratch, one layer's shapes; d_resid (B*N, D) is the stack's gradient in and out.
+  std::vector<T> d_resid, d_mid, d_branch, d_ln, d_qkv, d_ctx, d_hidden, d_gelu, d_probs;
+
+  void allocate(int B, int N);                 // no-op when (B, N) is unchanged
+  T* input() { return resid.data(); }          // (B*N, D) rows of layer 0
+  const T* output() const { return resid.data() + static_cast<size_t>(L) * batch * tokens * D; }  // (B*N, D)
+  // key_allowed (B, N) or null: vitlens' padding mask (train_ops.hpp, attention_forward).
+  void forward(const T* w, const uint8_t* key_allowed, int threads);
+  // grads g += d loss / d weights; d_resid: d loss / d output in, d loss / d input out.
+  void backward(const T* w, T* g, int threads);
+};
+
+template <class T>
+struct Activations {
+  int batch = 0;
+  std::vector<T> patches;      // (B*Np, K) patchified input
+  std::vector<T> tokens;       // (B*Np, D) patch embeddings
   std::vector<T> out, out_mean, out_rstd;  // (B*N, D) after the final norm, (B*N), (B*N)
   std::vector<T> pooled;       // (B, D)
   std::vector<T> logits;       // (B, C)
   std::vector<T> probs_out;    // (B, C) softmax of the logits
-  // Backward scratch, the same shapes as one layer's forward buffers.
-  std::vector<T> d_resid, d_mid, d_ln, d_qkv, d_ctx, d_hidden, d_gelu, d_probs, d_tokens, d_patches, d_out,
-      d_pooled, d_logits;
+  std::vector<T> d_tokens, d_patches, d_out, d_pooled, d_logits;  // backward scratch, shapes as above
 };
 
 template <class T>
@@ -94,6 +125,7 @@ class VitNet {
   const T* logits() const { return acts_.logits.data(); }  // (B, C) of the last forward
   const std::vector<T>& input_grad() const { return d_images_; }  // (B, 3, H, W)
   const Activations<T>& activations() const { return acts_; }
+  const BlockStack<T>& blocks() const { return blocks_; }
 
  private:
   void allocate(int batch);
@@ -102,13 +134,15 @@ class VitNet {
   int num_classes_;
   ParamLayout layout_;
   Activations<T> acts_;
+  BlockStack<T> blocks_;
   std::vector<T> images_;  // (B, 3, H, W) copy of the last input (for the input gradient)
   std::vector<int32_t> labels_;
   std::vector<uint8_t> key_allowed_;
   std::vector<T> d_images_;
-  std::vector<T> d_branch_;  // (B*N, D) the residual branch's share of the gradient
 };
 
+extern template struct BlockStack<float>;
+extern template struct BlockStack<double>;
 extern template class VitNet<float>;
 extern template class VitNet<double>;
 

@@ -15,6 +15,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "vitlens/mae_train.hpp"
 #include "vitlens/model_io.hpp"
 #include "vitlens/trainer.hpp"
 
@@ -42,5 +43,27 @@ struct SavedTraining {
 
 // Reads both files; throws vitlens::Error naming the file on anything missing or inconsistent.
 SavedTraining load_checkpoint(const std::string& model_path);
+
+// The training record's "objective" of a checkpoint: "classify" (also when absent: older files) or
+// "mae". Throws vitlens::Error when the file has no training record.
+std::string checkpoint_objective(const std::string& model_path);
+
+// MAE checkpoints: the model file holds the ENCODER only (timm names, no head, so view/export/info
+// open it as any model), __metadata__["training"] with "objective": "mae", the MAE options and the
+// validation loss; the state file also holds the decoder (mask_token, decoder_* with MAE's names)
+// besides the Adam moments of every parameter. The model loader refuses decoder tensors (they are
+// not part of a VisionTransformer), which is why they live in the state.
+void save_mae_checkpoint(const MaeTrainer& trainer, const std::string& model_path, nlohmann::json training);
+
+struct SavedMae {
+  VitConfig config;
+  Recipe recipe;
+  MaeOptions options;
+  std::vector<float> params, adam_m, adam_v;  // in mae_param_layout(config, options.shape) order
+  int64_t adam_step = 0;
+  TrainPosition position;
+  nlohmann::json training;
+};
+SavedMae load_mae_checkpoint(const std::string& model_path);
 
 }  // namespace vitlens
