@@ -170,7 +170,7 @@ IdxArray read_idx(const std::string& dir, const std::string& name, int ndim, con
     throw Error(packed.string() + ": cannot open Fashion-MNIST " + what + " (no such file, nor " + name +
                 " without .gz); is the dataset-fashion-mnist package installed?");
   }
-  a.bytes = read_whole_file(a.path, "an IDX file");
+  a.bytes = read_whole_file(a.path, "an IDX file", kMaxIdxBytes);
   const bool gzip = a.bytes.size() >= 2 && static_cast<unsigned char>(a.bytes[0]) == 0x1f &&
                     static_cast<unsigned char>(a.bytes[1]) == 0x8b;
   if (gzip) {
