@@ -267,7 +267,9 @@ VitModel parse_model(const std::string& bytes, const std::string& what) {
   return model_from_tensors(config, file.tensors, what);
 }
 
-VitModel load_model(const std::string& path) { return parse_model(read_whole_file(path, "a model file"), path); }
+VitModel load_model(const std::string& path) {
+  return parse_model(read_whole_file(path, "a model file", kMaxModelFileBytes), path);
+}
 
 void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors) {
   const std::string why = config.validate();
