@@ -12,6 +12,7 @@
 
 #include "vitlens/error.hpp"
 #include "vitlens/fast_attention.hpp"
+#include "vitlens/gemm.hpp"
 
 namespace vitlens {
 
@@ -162,27 +163,16 @@ void for_row_chunks(int n, int threads, Fn&& fn) {
 // out may be x (each value is read before it is overwritten).
 void layer_norm(const MatRM& x, const float* weight, const float* bias, float eps, MatRM& out, int r0, int r1) {
   const int dim = static_cast<int>(x.cols());
-  for (int i = r0; i < r1; ++i) {
-    const float* row = x.row(i).data();
-    double mean = 0.0;
-    for (int c = 0; c < dim; ++c) mean += row[c];
-    mean /= dim;
-    double var = 0.0;
-    for (int c = 0; c < dim; ++c) var += (row[c] - mean) * (row[c] - mean);
-    var /= dim;  // biased, as torch.nn.LayerNorm
-    const double inv = 1.0 / std::sqrt(var + static_cast<double>(eps));
-    float* dst = out.row(i).data();
-    for (int c = 0; c < dim; ++c)
-      dst[c] = static_cast<float>((row[c] - mean) * inv) * weight[c] + bias[c];
-  }
+  if (r1 <= r0) return;
+  layer_norm_rows(x.row(r0).data(), dim, r1 - r0, dim, weight, bias, eps, out.row(r0).data(), dim);
 }
 
 // y[r0:r1] = x[r0:r1] W^T + b  (nn.Linear), W (out, in) row-major; b may be null; y is sized.
+// One thread: the callers already spread row chunks over the cores (gemm.hpp).
 void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y, int r0, int r1) {
-  ConstMapRM weight(w, out_features, x.cols());
-  auto rows = y.middleRows(r0, r1 - r0);
-  rows.noalias() = x.middleRows(r0, r1 - r0) * weight.transpose();
-  if (b) rows.rowwise() += ConstMapVec(b, out_features).transpose();
+  if (r1 <= r0) return;
+  linear_forward(x.row(r0).data(), x.cols(), r1 - r0, static_cast<int>(x.cols()), w, out_features, b,
+                 y.row(r0).data(), y.cols(), LinearEpilogue::Store, 1);
 }
 
 void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y) {
@@ -194,8 +184,8 @@ void linear(const MatRM& x, const float* w, const float* b, int out_features, Ma
 void activation_rows(Activation act, MatRM& h, int r0, int r1) {
   auto rows = h.middleRows(r0, r1 - r0);
   switch (act) {
-    case Activation::Gelu:  // nn.GELU(): 0.5 x (1 + erf(x / sqrt 2))
-      rows = rows.unaryExpr([](float t) { return 0.5f * t * (1.0f + std::erf(t * 0.70710678118654752f)); });
+    case Activation::Gelu:  // nn.GELU(): 0.5 x (1 + erf(x / sqrt 2)), vectorised (gemm.hpp)
+      if (r1 > r0) gelu_inplace(h.row(r0).data(), static_cast<int64_t>(r1 - r0) * h.cols());
       break;
     case Activation::GeluTanh:  // nn.GELU(approximate='tanh'), HF gelu_new / gelu_pytorch_tanh
       rows = rows.unaryExpr([](float t) {
