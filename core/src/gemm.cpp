@@ -102,6 +102,16 @@ const GemmKernels& active_gemm() {
 void pack_a(const GemmOperand& a, int i0, int mc, int p0, int kc, int mr, float* dst) {
   for (int ip = 0; ip < mc; ip += mr) {
     const int rows = std::min(mr, mc - ip);
+    if (a.row_stride == 1) {  // A = dY^T (dW = dY^T X): each column of A is contiguous
+      for (int p = 0; p < kc; ++p) {
+        const float* src = a.data + (i0 + ip) + (p0 + p) * a.col_stride;
+        float* out = dst + p * mr;
+        for (int r = 0; r < rows; ++r) out[r] = src[r];
+        for (int r = rows; r < mr; ++r) out[r] = 0.0f;
+      }
+      dst += static_cast<int64_t>(kc) * mr;
+      continue;
+    }
     for (int r = 0; r < mr; ++r) {
       if (r >= rows) {
         for (int p = 0; p < kc; ++p) dst[p * mr + r] = 0.0f;
@@ -151,8 +161,13 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
                 const GemmOperand& b, float* c, int64_t ldc, bool accumulate, const float* bias_padded, bool gelu,
                 PackBuffers& buffers) {
   const int mr = kern.mr, nr = kern.nr;
-  buffers.a.resize(static_cast<size_t>(kMc) * kKc);
-  buffers.b.resize(static_cast<size_t>(kKc) * kNc);
+  // Only as much as this product needs (a training step makes hundreds of small products: zeroing
+  // a full 1 MB block each time cost more than the arithmetic); the buffers only ever grow.
+  const size_t kc_max = static_cast<size_t>(std::min(kKc, std::max(k, 1)));
+  const size_t mc_max = static_cast<size_t>((std::min(kMc, i1 - i0) + mr - 1) / mr * mr);
+  const size_t nc_max = static_cast<size_t>((std::min(kNc, j1 - j0) + nr - 1) / nr * nr);
+  if (buffers.a.size() < mc_max * kc_max) buffers.a.resize(mc_max * kc_max);
+  if (buffers.b.size() < kc_max * nc_max) buffers.b.resize(kc_max * nc_max);
   const int k_blocks = std::max(1, (k + kKc - 1) / kKc);  // k = 0 still writes b (and GELU)
   for (int kb = 0; kb < k_blocks; ++kb) {
     const int p0 = kb * kKc, kc = std::min(kKc, k - p0);
@@ -219,11 +234,17 @@ void run_tasks(int tasks, Task&& task) {
 
 }  // namespace
 
+const detail::GemmKernels& detail::active_gemm_kernels() { return active_gemm(); }
+
 void gemm(int m, int n, int k, GemmOperand a, GemmOperand b, float* c, int64_t ldc, const float* bias,
           LinearEpilogue epilogue, int threads) {
+  detail::gemm_with(active_gemm(), m, n, k, a, b, c, ldc, bias, epilogue, threads);
+}
+
+void detail::gemm_with(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmOperand b, float* c,
+                       int64_t ldc, const float* bias, LinearEpilogue epilogue, int threads) {
   if (m < 0 || n < 0 || k < 0) throw Error("gemm: negative size");
   if (m == 0 || n == 0) return;
-  const GemmKernels& kern = active_gemm();
   const bool accumulate = epilogue == LinearEpilogue::Accumulate, gelu = epilogue == LinearEpilogue::Gelu;
   std::vector<float> bias_padded;
   if (bias) {
@@ -244,7 +265,7 @@ void gemm(int m, int n, int k, GemmOperand a, GemmOperand b, float* c, int64_t l
   const int per_part = (units + parts - 1) / parts * unit;
   parts = ((split_rows ? m : n) + per_part - 1) / per_part;
   run_tasks(parts, [&](int t) {
-    PackBuffers buffers;
+    thread_local PackBuffers buffers;  // kept by each thread between products
     const int lo = t * per_part, hi = std::min(split_rows ? m : n, lo + per_part);
     if (split_rows) gemm_block(kern, lo, hi, 0, n, k, a, b, c, ldc, accumulate, bp, gelu, buffers);
     else gemm_block(kern, 0, m, lo, hi, k, a, b, c, ldc, accumulate, bp, gelu, buffers);

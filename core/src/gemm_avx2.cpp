@@ -58,16 +58,23 @@ VITLENS_AVX2 inline __m256 gelu8(__m256 x) {
 
 VITLENS_AVX2 void tile(int kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c, const float* bias,
                        bool gelu) {
-  __m256 acc[kMr][2];
-  for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+  // Twelve named accumulators, not an array: with an array, GCC 12 kept it in memory and stored
+  // every accumulator on every step of k (the epilogue's loop indexes it), which halved the speed.
+  const __m256 z = _mm256_setzero_ps();
+  __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
   for (int p = 0; p < kc; ++p, a += kMr, b += kNr) {
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
-    for (int r = 0; r < kMr; ++r) {
-      const __m256 ar = _mm256_broadcast_ss(a + r);
-      acc[r][0] = _mm256_fmadd_ps(ar, b0, acc[r][0]);
-      acc[r][1] = _mm256_fmadd_ps(ar, b1, acc[r][1]);
-    }
+#define VITLENS_TILE_ROW(r)                         \
+  {                                                 \
+    const __m256 ar = _mm256_broadcast_ss(a + r);   \
+    c##r##0 = _mm256_fmadd_ps(ar, b0, c##r##0);     \
+    c##r##1 = _mm256_fmadd_ps(ar, b1, c##r##1);     \
   }
+    VITLENS_TILE_ROW(0) VITLENS_TILE_ROW(1) VITLENS_TILE_ROW(2) VITLENS_TILE_ROW(3) VITLENS_TILE_ROW(4)
+    VITLENS_TILE_ROW(5)
+#undef VITLENS_TILE_ROW
+  }
+  const __m256 acc[kMr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   for (int r = 0; r < kMr; ++r)
     for (int h = 0; h < 2; ++h) {
       float* dst = c + r * ldc + 8 * h;

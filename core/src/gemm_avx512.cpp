@@ -61,16 +61,24 @@ VITLENS_AVX512 inline __m512 gelu16(__m512 x) {
 
 VITLENS_AVX512 void tile(int kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c,
                          const float* bias, bool gelu) {
-  __m512 acc[kMr][2];
-  for (int r = 0; r < kMr; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+  // Named accumulators, not an array: GCC 12 kept an array in memory (see gemm_avx2.cpp).
+  const __m512 z = _mm512_setzero_ps();
+  __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z,
+         c60 = z, c61 = z, c70 = z, c71 = z;
   for (int p = 0; p < kc; ++p, a += kMr, b += kNr) {
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-    for (int r = 0; r < kMr; ++r) {
-      const __m512 ar = _mm512_set1_ps(a[r]);
-      acc[r][0] = _mm512_fmadd_ps(ar, b0, acc[r][0]);
-      acc[r][1] = _mm512_fmadd_ps(ar, b1, acc[r][1]);
-    }
+#define VITLENS_TILE_ROW(r)                         \
+  {                                                 \
+    const __m512 ar = _mm512_set1_ps(a[r]);         \
+    c##r##0 = _mm512_fmadd_ps(ar, b0, c##r##0);     \
+    c##r##1 = _mm512_fmadd_ps(ar, b1, c##r##1);     \
   }
+    VITLENS_TILE_ROW(0) VITLENS_TILE_ROW(1) VITLENS_TILE_ROW(2) VITLENS_TILE_ROW(3) VITLENS_TILE_ROW(4)
+    VITLENS_TILE_ROW(5) VITLENS_TILE_ROW(6) VITLENS_TILE_ROW(7)
+#undef VITLENS_TILE_ROW
+  }
+  const __m512 acc[kMr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
+                              {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
   for (int r = 0; r < kMr; ++r)
     for (int h = 0; h < 2; ++h) {
       float* dst = c + r * ldc + 16 * h;

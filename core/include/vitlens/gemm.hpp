@@ -74,5 +74,13 @@ extern const GemmKernels kPortableGemm;  // gemm.cpp
 extern const GemmKernels kAvx2Gemm;      // gemm_avx2.cpp, x86-64 only
 extern const GemmKernels kAvx512Gemm;    // gemm_avx512.cpp, x86-64 only
 
+// The kernels kernel_isa() selects (what gemm() and the functions above run).
+const GemmKernels& active_gemm_kernels();
+
+// gemm() on the given kernels instead of kernel_isa()'s: the training ops' portable build runs
+// kPortableGemm whatever the CPU (train_ops.hpp), so its numbers match its name.
+void gemm_with(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmOperand b, float* c, int64_t ldc,
+               const float* bias, LinearEpilogue epilogue, int threads);
+
 }  // namespace detail
 }  // namespace vitlens
