@@ -19,11 +19,11 @@ memory is its own; the Python peers' peak includes the interpreter and torch, ab
 M is the timm model's random weights written as a vitlens safetensors file (timm tensor names,
 config in __metadata__), so vitlens, timm and ONNX Runtime compute the same function.
 
-Only the card shape: ViT-S/16, ViT-B/16 at 224 px and ViT-S/8 at 480 px need timm-layout loading
-(another branch); `--arch` is the hook for them once vitlens reads those files.
+`--arch vit_s16` runs ViT-S/16's shape instead (D 384, 6 heads of 64, 12 blocks; use --size 224);
+ViT-B/16 and ViT-S/8 are not wired in yet.
 
 Usage: /work/venv/bin/python bench/compare_peers.py --bench build/bench/vitlens_bench
-           [--size S ...] [--threads T] [--runs R] [--budget SECONDS] [--json] [--skip PEER ...]
+           [--arch card|vit_s16] [--size S ...] [--threads T] [--runs R] [--budget SECONDS] [--json] [--skip PEER ...]
 Ratios are peer / vitlens (above 1: vitlens is faster): full-model peers against vitlens' forward,
 attention-only peers (sdpa, *_plain) against vitlens' attention alone.
 """
@@ -39,8 +39,17 @@ import sys
 import tempfile
 import time
 
-DIM, HEADS, PATCH, DEPTH = 48, 4, 4, 1
+# --arch: the card's block (default) or timm's ViT-S/16 (vit_small_patch16_224's shape: D 384, 6 heads
+# of 64, 12 blocks, MLP 1536), both with random weights. set_arch() sets these for the run and its children.
+ARCHS = {"card": (48, 4, 4, 1), "vit_s16": (384, 6, 16, 12)}
+DIM, HEADS, PATCH, DEPTH = ARCHS["card"]
 HEAD_DIM = DIM // HEADS
+
+
+def set_arch(name):
+    global DIM, HEADS, PATCH, DEPTH, HEAD_DIM
+    DIM, HEADS, PATCH, DEPTH = ARCHS[name]
+    HEAD_DIM = DIM // HEADS
 HERE = os.path.dirname(os.path.abspath(__file__))
 SYSTEM_PYTHON = "/usr/bin/python3"
 MODEL_PEERS = ["timm", "timm_maps", "onnx", "onnx_maps"]
@@ -73,10 +82,11 @@ def make_timm(size, seed=0):
     torch.manual_seed(seed)
     model = VisionTransformer(img_size=size, patch_size=PATCH, embed_dim=DIM, depth=DEPTH, num_heads=HEADS,
                               mlp_ratio=4.0, qkv_bias=True, class_token=True, num_classes=0, global_pool="token")
-    # timm's init leaves small weights; scale them so the attention is not uniform (timing does not care).
+    # timm's init leaves small weights; scale them so the attention is not uniform (timing does not care;
+    # the deeper model gets smaller ones so that 12 blocks stay finite).
     with torch.no_grad():
         for p in model.parameters():
-            p.normal_(0.0, 0.3)
+            p.normal_(0.0, 0.3 if DEPTH == 1 else 0.05)
         for blk in model.blocks:
             blk.norm1.weight.fill_(1.0), blk.norm2.weight.fill_(1.0)
         model.norm.weight.fill_(1.0)
@@ -182,7 +192,8 @@ def run_peer(peer, size, threads, runs, budget, model_dir):
 
 
 def peer_in_child(python, peer, size, args, model_dir):
-    cmd = [python, os.path.abspath(__file__), "--peer", peer, "--size", str(size), "--threads", str(args.threads),
+    cmd = [python, os.path.abspath(__file__), "--peer", peer, "--arch", args.arch, "--size", str(size),
+           "--threads", str(args.threads),
            "--runs", str(args.runs), "--budget", str(args.budget), "--model-dir", model_dir]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
@@ -234,17 +245,21 @@ def main():
     parser.add_argument("--runs", type=int, default=9, help="most runs per median")
     parser.add_argument("--budget", type=float, default=20.0, help="seconds after which a median stops adding runs")
     parser.add_argument("--skip", action="append", default=[], help="a peer to leave out")
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="card",
+                        help="card: the card's block (P 4, D 48, 4 heads, 1 block); vit_s16: ViT-S/16's shape")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    set_arch(args.arch)
     if args.peer:
         run_peer(args.peer, args.size[0], args.threads, args.runs, args.budget, args.model_dir)
         return
     if not os.access(args.bench, os.X_OK):
         sys.exit(f"compare_peers.py: no vitlens_bench at {args.bench} (build it, or pass --bench)")
     sizes = args.size or [64, 128, 224, 448, 1024]
-    report = {"environment": environment(args.threads), "model": "card shape: P=4 D=48 H=4 d=12, 1 block",
+    report = {"environment": environment(args.threads),
+              "model": f"{args.arch}: P={PATCH} D={DIM} H={HEADS} d={HEAD_DIM}, {DEPTH} block(s), MLP 4D",
               "sizes": []}
     for size in sizes:
         tokens = (size // PATCH) ** 2 + 1
@@ -297,7 +312,7 @@ def main():
         print(json.dumps(report, indent=2))
         return
     env = report["environment"]
-    print(f"# vitlens vs peers, {env['date']}, {env['cpu']} ({env['cores']} cores; {' '.join(env['cpu_flags'])}),"
+    print(f"# vitlens vs peers, {report['model']}, {env['date']}, {env['cpu']} ({env['cores']} cores; {' '.join(env['cpu_flags'])}),"
           f" {env['threads']} threads each, load average {env['load_average_before']:.1f} / "
           f"{env['load_average_after']:.1f}")
     print(f"# torch {env['torch']}, timm {env['timm']}, onnxruntime {env['onnxruntime']}, Debian torch "
