@@ -187,7 +187,13 @@ def run_peer(peer, size, threads, runs, budget, model_dir):
         else:
             raise SystemExit(f"compare_peers.py: unknown peer {peer}")
         ms, n = median_ms(step, runs, budget)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork and execve, so a child would report
+    # the parent's peak (the parent holds torch, timm and the ONNX exports: about 1.1 GB).
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024.0
     print(json.dumps({"ms": ms, "runs": n, "peak_rss_mib": peak}))
 
 
