@@ -10,10 +10,16 @@
 //   query map   attention_maps in query mode: one query's weights for every head
 //   export      analyse_image + write_export of one S x S PNG into a temporary folder
 //   peak RSS    getrusage ru_maxrss of the child, read before the reference runs
+// and, unless --no-limits, the machine's limits (bench/limits.cpp: FMA GFLOP/s and exps per ns of
+// one core at the vector width in use, GEMM GFLOP/s) with each forward and attention time as a
+// fraction of its floor: the time the machine would need at those limits for the multiply-adds
+// and exps the step does (Linear layers 2 N D (3D + D + 2 Hm) + patches, attention 4 N^2 d H
+// flops and N^2 H exps), spread over the threads.
 // The weights are random: the kernels have no data-dependent branches, so timing does not care.
 //
 // Usage: vitlens_bench [--size S ...] [--json] [--isa auto|portable|avx2|avx512] [--threads T]
 //                      [--runs R] [--min-runs R] [--budget SECONDS] [--reference-max-tokens N] [--no-export]
+//                      [--no-limits]
 //
 // Index
 //   [SECTION] Timing helpers
@@ -45,6 +51,7 @@
 #include "vitlens/layer_grid.hpp"
 #include "vitlens/model_io.hpp"
 #include "vitlens/rollout.hpp"
+#include "limits.hpp"
 
 namespace {
 
@@ -68,6 +75,8 @@ struct BenchArgs {
   bool no_export = false;
   bool deep = false;  // --deep: the ViT-B/16 shape instead of the size sweep
   bool grid = false;  // --grid: the viewer's layers x heads grid on a ViT-S/16 shape
+  bool no_limits = false;
+  std::string model_path;  // a vitlens safetensors model instead of the random default shape
 };
 
 // [SECTION] Timing helpers
@@ -127,7 +136,7 @@ VitModel bench_model(int img) {
 }
 
 json bench_size(const BenchArgs& args, int img) {
-  const VitModel model = bench_model(img);
+  const VitModel model = args.model_path.empty() ? bench_model(img) : load_model(args.model_path);
   const std::string dir = [] {
     const char* base = std::getenv("TMPDIR");
     std::string tmpl = std::string(base && *base ? base : "/tmp") + "/vitlens-bench-XXXXXX";
@@ -151,6 +160,15 @@ json bench_size(const BenchArgs& args, int img) {
   ForwardResult result;
   r["forward_ms"] = time_runs(args.runs, [&](int) { result = forward(model, prepared.grid, options); });
   r["tokens"] = result.tokens;
+  {
+    // The work of one forward, for the floors (module comment).
+    const VitConfig& c = model.config;
+    const double tokens = result.tokens, patches = tokens - c.prefix_tokens(), d_model = c.embed_dim;
+    r["linear_gflop"] = 2.0 * tokens * d_model * (4.0 * d_model + 2.0 * c.mlp_hidden()) * 1e-9 +
+                        2.0 * patches * c.patch_values() * d_model * 1e-9;
+    r["attention_gflop"] = 4.0 * tokens * tokens * c.head_dim() * c.num_heads * 1e-9;
+    r["attention_gexps"] = tokens * tokens * c.num_heads * 1e-9;
+  }
 
   // The per-query map for all heads, for queries spread over the image.
   MapRequest request;
@@ -159,7 +177,7 @@ json bench_size(const BenchArgs& args, int img) {
   r["query_map_ms"] = time_runs(many, [&](int run) {
     request.query_token = static_cast<int>((static_cast<int64_t>(run) * 7919 + 1) % result.tokens);
     const HeadMaps maps = attention_maps(model, result, request);
-    if (maps.heads.size() != 4) throw Error("attention_maps gave no maps");
+    if (static_cast<int>(maps.heads.size()) != model.config.num_heads) throw Error("attention_maps gave no maps");
   });
 
   if (!args.no_export)
@@ -343,8 +361,16 @@ void print_table(const json& report) {
   std::printf("medians in ms; reference = the plain scaled_dot_product_attention on the same q, k, v; "
               "load average %.2f before, %.2f after\n\n",
               report["load_average_before"].get<double>(), report["load_average_after"].get<double>());
-  std::printf("%6s %7s %11s %13s %13s %8s %13s %10s %13s\n", "image", "tokens", "forward", "attention", "reference",
-              "speedup", "query map", "export", "peak RSS MiB");
+  if (report.contains("limits")) {
+    const json& lim = report["limits"];
+    std::printf("limits, one core: FMA %.1f GFLOP/s, exp %.2f per ns; GEMM 512^3 %.1f GFLOP/s (%.0f %% of FMA), "
+                "%.1f GFLOP/s on all threads\n\n",
+                lim["fma_gflops_per_core"].get<double>(), lim["exp_per_ns_per_core"].get<double>(),
+                lim["gemm_512_gflops_1_thread"].get<double>(), 100.0 * lim["gemm_fraction_of_fma_peak"].get<double>(),
+                lim["gemm_512_gflops_all_threads"].get<double>());
+  }
+  std::printf("%6s %7s %11s %13s %13s %8s %13s %10s %13s %10s %10s\n", "image", "tokens", "forward", "attention",
+              "reference", "speedup", "query map", "export", "peak RSS MiB", "fwd/floor", "attn/floor");
   for (const json& r : report["sizes"]) {
     if (r.contains("error")) {
       std::printf("%6d  error: %s\n", r["image"].get<int>(), r["error"].get<std::string>().c_str());
@@ -357,10 +383,17 @@ void print_table(const json& report) {
                     r["reference_attention_ms"]["median"].get<double>() / r["attention_ms"]["median"].get<double>());
       speedup = text;
     }
-    std::printf("%6d %7d %11s %13s %13s %8s %13s %10s %13.0f\n", r["image"].get<int>(), r["tokens"].get<int>(),
+    auto percent = [&](const char* key) {
+      if (!r.contains(key)) return std::string("-");
+      char text[32];
+      std::snprintf(text, sizeof text, "%.0f %%", 100.0 * r[key].get<double>());
+      return std::string(text);
+    };
+    std::printf("%6d %7d %11s %13s %13s %8s %13s %10s %13.0f %10s %10s\n", r["image"].get<int>(), r["tokens"].get<int>(),
                 cell(r, "forward_ms").c_str(), cell(r, "attention_ms").c_str(),
                 cell(r, "reference_attention_ms").c_str(), speedup.c_str(), cell(r, "query_map_ms").c_str(),
-                cell(r, "export_ms").c_str(), r["peak_rss_mib"].get<double>());
+                cell(r, "export_ms").c_str(), r["peak_rss_mib"].get<double>(),
+                percent("forward_fraction_of_floor").c_str(), percent("attention_fraction_of_floor").c_str());
   }
 }
 
@@ -388,6 +421,10 @@ int main(int argc, char** argv) {
   app.add_flag("--grid", args.grid,
                "instead: the viewer's layers x heads grid on a ViT-S/16-shaped model (D 384, 12 heads, 12 layers) at "
                "224 px: forward, every layer's query maps (144 heads), the grid picture");
+  app.add_option("--model", args.model_path,
+                 "a vitlens .safetensors model to time instead of the default shape with random weights "
+                 "(the image is resized to each --size; bench/compare_peers.py passes the peers' weights)");
+  app.add_flag("--no-limits", args.no_limits, "skip measuring the machine's limits (FMA, exp, GEMM)");
   CLI11_PARSE(app, argc, argv);
   args.runs.min_runs = std::min(args.runs.min_runs, args.runs.max_runs);
   for (int s : args.sizes)
@@ -440,6 +477,14 @@ int main(int argc, char** argv) {
   report["threads"] = args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
   report["cpu"] = cpu_name();
   report["load_average_before"] = load_average();
+  if (!args.no_limits) {
+    const bench::MachineLimits lim = bench::measure_limits(args.threads);
+    report["limits"] = {{"fma_gflops_per_core", lim.fma_gflops},
+                        {"exp_per_ns_per_core", lim.exp_per_ns},
+                        {"gemm_512_gflops_1_thread", lim.gemm_gflops_1t},
+                        {"gemm_512_gflops_all_threads", lim.gemm_gflops_nt},
+                        {"gemm_fraction_of_fma_peak", lim.gemm_gflops_1t / lim.fma_gflops}};
+  }
   report["sizes"] = json::array();
   bool failed = false;
   for (int s : args.sizes) {
@@ -449,6 +494,22 @@ int main(int argc, char** argv) {
     if (!args.json_output) std::fprintf(stderr, "vitlens_bench: %d px done\n", s);
   }
   report["load_average_after"] = load_average();
+  if (report.contains("limits")) {
+    // Floors in ms at the measured limits, all threads busy; fraction = floor / median.
+    const json& lim = report["limits"];
+    const double threads = report["threads"].get<int>();
+    const double fma = lim["fma_gflops_per_core"].get<double>() * threads;
+    const double exps = lim["exp_per_ns_per_core"].get<double>() * threads;
+    for (json& r : report["sizes"]) {
+      if (r.contains("error")) continue;
+      const double attention_floor = r["attention_gflop"].get<double>() / fma * 1e3 + r["attention_gexps"].get<double>() / exps * 1e3;
+      const double forward_floor = attention_floor + r["linear_gflop"].get<double>() / fma * 1e3;
+      r["attention_floor_ms"] = attention_floor;
+      r["forward_floor_ms"] = forward_floor;
+      r["attention_fraction_of_floor"] = attention_floor / r["attention_ms"]["median"].get<double>();
+      r["forward_fraction_of_floor"] = forward_floor / r["forward_ms"]["median"].get<double>();
+    }
+  }
   if (args.json_output) std::cout << report.dump(2) << std::endl;
   else print_table(report);
   return failed ? 1 : 0;

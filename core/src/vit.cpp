@@ -12,6 +12,7 @@
 
 #include "vitlens/error.hpp"
 #include "vitlens/fast_attention.hpp"
+#include "vitlens/gemm.hpp"
 
 namespace vitlens {
 
@@ -129,9 +130,13 @@ void cubic_taps(int out, int in_size, int out_size, int taps[4], float coeffs[4]
 // Runs fn(r0, r1) over the rows [0, n) in fixed chunks of 256 rows, spread over `threads` threads.
 // The rest of the block (LayerNorm, Linear, GELU) works row by row, so each chunk is independent;
 // the chunking does not depend on the thread count, so neither do the numbers.
+constexpr int kChunk = 256;
+
+// The thread count for a product inside for_row_chunks: all of them when there is only one chunk.
+int threads_within_chunk(int n, int threads) { return n <= kChunk ? threads : 1; }
+
 template <class Fn>
 void for_row_chunks(int n, int threads, Fn&& fn) {
-  constexpr int kChunk = 256;
   const int chunks = (n + kChunk - 1) / kChunk;
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int workers = std::max(1, std::min(threads, chunks));
@@ -162,27 +167,19 @@ void for_row_chunks(int n, int threads, Fn&& fn) {
 // out may be x (each value is read before it is overwritten).
 void layer_norm(const MatRM& x, const float* weight, const float* bias, float eps, MatRM& out, int r0, int r1) {
   const int dim = static_cast<int>(x.cols());
-  for (int i = r0; i < r1; ++i) {
-    const float* row = x.row(i).data();
-    double mean = 0.0;
-    for (int c = 0; c < dim; ++c) mean += row[c];
-    mean /= dim;
-    double var = 0.0;
-    for (int c = 0; c < dim; ++c) var += (row[c] - mean) * (row[c] - mean);
-    var /= dim;  // biased, as torch.nn.LayerNorm
-    const double inv = 1.0 / std::sqrt(var + static_cast<double>(eps));
-    float* dst = out.row(i).data();
-    for (int c = 0; c < dim; ++c)
-      dst[c] = static_cast<float>((row[c] - mean) * inv) * weight[c] + bias[c];
-  }
+  if (r1 <= r0) return;
+  layer_norm_rows(x.row(r0).data(), dim, r1 - r0, dim, weight, bias, eps, out.row(r0).data(), dim);
 }
 
 // y[r0:r1] = x[r0:r1] W^T + b  (nn.Linear), W (out, in) row-major; b may be null; y is sized.
-void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y, int r0, int r1) {
-  ConstMapRM weight(w, out_features, x.cols());
-  auto rows = y.middleRows(r0, r1 - r0);
-  rows.noalias() = x.middleRows(r0, r1 - r0) * weight.transpose();
-  if (b) rows.rowwise() += ConstMapVec(b, out_features).transpose();
+// `threads` for the SGEMM itself: 1 when the callers already spread row chunks over the cores, all
+// of them when there is a single chunk (a 197-token ViT-S/16 would otherwise run on one core). The
+// SGEMM's numbers do not depend on its thread count (gemm.hpp).
+void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y, int r0, int r1,
+            int threads = 1) {
+  if (r1 <= r0) return;
+  linear_forward(x.row(r0).data(), x.cols(), r1 - r0, static_cast<int>(x.cols()), w, out_features, b,
+                 y.row(r0).data(), y.cols(), LinearEpilogue::Store, threads);
 }
 
 void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y) {
@@ -194,8 +191,8 @@ void linear(const MatRM& x, const float* w, const float* b, int out_features, Ma
 void activation_rows(Activation act, MatRM& h, int r0, int r1) {
   auto rows = h.middleRows(r0, r1 - r0);
   switch (act) {
-    case Activation::Gelu:  // nn.GELU(): 0.5 x (1 + erf(x / sqrt 2))
-      rows = rows.unaryExpr([](float t) { return 0.5f * t * (1.0f + std::erf(t * 0.70710678118654752f)); });
+    case Activation::Gelu:  // nn.GELU(): 0.5 x (1 + erf(x / sqrt 2)), vectorised (gemm.hpp)
+      if (r1 > r0) gelu_inplace(h.row(r0).data(), static_cast<int64_t>(r1 - r0) * h.cols());
       break;
     case Activation::GeluTanh:  // nn.GELU(approximate='tanh'), HF gelu_new / gelu_pytorch_tanh
       rows = rows.unaryExpr([](float t) {
@@ -302,6 +299,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     });
 
   MatRM normed, attn_out(n, dim), projected, hidden, mlp_out;
+  const int inner = threads_within_chunk(n, options.threads);
   result.layers.resize(static_cast<size_t>(cfg.depth));
   for (int l = 0; l < cfg.depth; ++l) {
     const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
@@ -311,7 +309,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     state.qkv.resize(n, 3 * dim);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed, r0, r1);
-      linear(normed, b.qkv_w, b.qkv_b, 3 * dim, state.qkv, r0, r1);
+      linear(normed, b.qkv_w, b.qkv_b, 3 * dim, state.qkv, r0, r1, inner);
     });
     // NaN scores would look like fully masked rows (zero attention) downstream: stop here instead.
     if (!state.qkv.allFinite())
@@ -361,13 +359,13 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     mlp_out.resize(n, dim);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       // x = x + self.ls1(self.proj(attn_out))          (W^O; ls1 is Identity without LayerScale)
-      linear(attn_out, b.proj_w, b.proj_b, dim, projected, r0, r1);
+      linear(attn_out, b.proj_w, b.proj_b, dim, projected, r0, r1, inner);
       add_branch(x, projected, b.ls1, r0, r1);
       // x = x + self.ls2(fc2(act(fc1(norm2(x)))))
       layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
-      linear(normed, b.fc1_w, b.fc1_b, cfg.mlp_hidden(), hidden, r0, r1);
+      linear(normed, b.fc1_w, b.fc1_b, cfg.mlp_hidden(), hidden, r0, r1, inner);
       activation_rows(cfg.act, hidden, r0, r1);
-      linear(hidden, b.fc2_w, b.fc2_b, dim, mlp_out, r0, r1);
+      linear(hidden, b.fc2_w, b.fc2_b, dim, mlp_out, r0, r1, inner);
       add_branch(x, mlp_out, b.ls2, r0, r1);
     });
   }

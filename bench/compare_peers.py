@@ -1,0 +1,347 @@
+#!/work/venv/bin/python
+"""vitlens against the peers a user would pick instead, same weights, same machine, same run.
+
+For each image size S of the card's model shape (P = 4, D = 48, 4 heads of 12, one block, class
+token; N = (S/4)^2 + 1 tokens), one peer after the other, each in its own process (so its peak
+memory is its own; the Python peers' peak includes the interpreter and torch, about 300 MB):
+  vitlens             `vitlens_bench --json --model M --size S`: the full forward with everything the
+                      viewer needs (every head's attention received and class row), and attention alone
+  mha / mha_weights   PyTorch 2 nn.MultiheadAttention(48, 4) on (1, N, 48), need_weights False / True
+                      (per-head weights, average_attn_weights=False)
+  sdpa                F.scaled_dot_product_attention on (1, 4, N, 12)
+  timm / timm_maps    timm VisionTransformer.forward_features with the same weights as vitlens, plain
+                      (fused attention) and with every layer's (H, N, N) attention maps returned
+  onnx / onnx_maps    ONNX Runtime (default CPU provider) on the same two models exported with
+                      torch.onnx.export
+  torch113_mha[_weights], torch113_plain
+                      Debian's python3-torch 1.13 (/usr/bin/python3) with libblas.so.3 = OpenBLAS
+                      (`apt-get install python3-torch libopenblas0-pthread`), MHA and softmax(QK^T)V
+M is the timm model's random weights written as a vitlens safetensors file (timm tensor names,
+config in __metadata__), so vitlens, timm and ONNX Runtime compute the same function.
+
+`--arch vit_s16` runs ViT-S/16's shape instead (D 384, 6 heads of 64, 12 blocks; use --size 224);
+ViT-B/16 and ViT-S/8 are not wired in yet.
+
+Usage: /work/venv/bin/python bench/compare_peers.py --bench build/bench/vitlens_bench
+           [--arch card|vit_s16] [--size S ...] [--threads T] [--runs R] [--budget SECONDS] [--json] [--skip PEER ...]
+Ratios are peer / vitlens (above 1: vitlens is faster): full-model peers against vitlens' forward,
+attention-only peers (sdpa, *_plain) against vitlens' attention alone.
+"""
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+# --arch: the card's block (default) or timm's ViT-S/16 (vit_small_patch16_224's shape: D 384, 6 heads
+# of 64, 12 blocks, MLP 1536), both with random weights. set_arch() sets these for the run and its children.
+ARCHS = {"card": (48, 4, 4, 1), "vit_s16": (384, 6, 16, 12)}
+DIM, HEADS, PATCH, DEPTH = ARCHS["card"]
+HEAD_DIM = DIM // HEADS
+
+
+def set_arch(name):
+    global DIM, HEADS, PATCH, DEPTH, HEAD_DIM
+    DIM, HEADS, PATCH, DEPTH = ARCHS[name]
+    HEAD_DIM = DIM // HEADS
+HERE = os.path.dirname(os.path.abspath(__file__))
+SYSTEM_PYTHON = "/usr/bin/python3"
+MODEL_PEERS = ["timm", "timm_maps", "onnx", "onnx_maps"]
+ATTENTION_PEERS = ["sdpa", "torch113_plain"]
+TORCH2_PEERS = ["mha", "mha_weights", "sdpa"] + MODEL_PEERS
+TORCH113_PEERS = ["torch113_mha", "torch113_mha_weights", "torch113_plain"]
+
+
+def median_ms(step, runs, budget_s):
+    """Median wall time of step() in ms: at least 3 and at most `runs` runs (fewer after budget_s)."""
+    step()  # untimed: allocation and kernel choice on first use
+    samples, start = [], time.perf_counter()
+    while len(samples) < runs:
+        t0 = time.perf_counter()
+        step()
+        samples.append((time.perf_counter() - t0) * 1000.0)
+        if len(samples) >= min(3, runs) and time.perf_counter() - start > budget_s:
+            break
+    return statistics.median(samples), len(samples)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model (PyTorch 2 + timm), its vitlens file and its ONNX exports
+
+
+def make_timm(size, seed=0):
+    import timm  # noqa: F401 (the venv's)
+    import torch
+    from timm.models.vision_transformer import VisionTransformer
+    torch.manual_seed(seed)
+    model = VisionTransformer(img_size=size, patch_size=PATCH, embed_dim=DIM, depth=DEPTH, num_heads=HEADS,
+                              mlp_ratio=4.0, qkv_bias=True, class_token=True, num_classes=0, global_pool="token")
+    # timm's init leaves small weights; scale them so the attention is not uniform (timing does not care;
+    # the deeper model gets smaller ones so that 12 blocks stay finite).
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3 if DEPTH == 1 else 0.05)
+        for blk in model.blocks:
+            blk.norm1.weight.fill_(1.0), blk.norm2.weight.fill_(1.0)
+        model.norm.weight.fill_(1.0)
+    return model.eval()
+
+
+def forward_with_maps(model, x):
+    """timm's forward_features step by step, with each block's attention softmax(q k^T * scale) kept."""
+    import torch
+    x = model.patch_embed(x)
+    x = model._pos_embed(x)
+    x = model.norm_pre(x)
+    maps = []
+    for blk in model.blocks:
+        attn = blk.attn
+        y = blk.norm1(x)
+        b, n, c = y.shape
+        qkv = attn.qkv(y).reshape(b, n, 3, attn.num_heads, c // attn.num_heads).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv.unbind(0)
+        q, k = attn.q_norm(q), attn.k_norm(k)
+        weights = torch.softmax((q * attn.scale) @ k.transpose(-2, -1), dim=-1)
+        maps.append(weights)
+        y = (weights @ v).transpose(1, 2).reshape(b, n, c)
+        x = x + blk.drop_path1(blk.ls1(attn.proj(y)))
+        x = x + blk.drop_path2(blk.ls2(blk.mlp(blk.norm2(x))))
+    return model.norm(x), maps
+
+
+def write_vitlens_model(model, size, path):
+    from safetensors.torch import save_file
+    config = {"name": f"peers-{size}", "description": "random weights, bench/compare_peers.py",
+              "patch_size": PATCH, "embed_dim": DIM, "num_heads": HEADS, "depth": DEPTH, "img_size": [size, size],
+              "class_token": True, "mlp_ratio": 4.0, "norm_eps": 1e-6, "mean": [0.5, 0.5, 0.5],
+              "std": [0.5, 0.5, 0.5], "qkv_bias": True}
+    tensors = {k: v.detach().contiguous() for k, v in model.state_dict().items()}
+    save_file(tensors, path, metadata={"config": json.dumps(config), "format": "pt"})
+
+
+def export_onnx(model, size, path, with_maps):
+    import torch
+
+    class Wrapped(torch.nn.Module):
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            if with_maps:
+                out, maps = forward_with_maps(self.inner, x)
+                return (out, *maps)
+            return self.inner.forward_features(x)
+
+    x = torch.randn(1, 3, size, size)
+    kwargs = dict(opset_version=17, input_names=["image"])
+    try:
+        torch.onnx.export(Wrapped(model), (x,), path, dynamo=False, **kwargs)
+    except TypeError:  # an exporter without the dynamo switch
+        torch.onnx.export(Wrapped(model), (x,), path, **kwargs)
+
+
+# ---------------------------------------------------------------------------------------------
+# One peer in this process (the child): prints {"ms", "runs", "peak_rss_mib"}
+
+
+def run_peer(peer, size, threads, runs, budget, model_dir):
+    import torch
+    torch.set_num_threads(threads)
+    tokens = (size // PATCH) ** 2 + 1
+    torch.manual_seed(0)
+    x_tokens = torch.randn(1, tokens, DIM)
+    q, k, v = (torch.randn(1, HEADS, tokens, HEAD_DIM) for _ in range(3))
+    scale = HEAD_DIM ** -0.5
+    image = torch.randn(1, 3, size, size)
+    with torch.inference_mode():
+        if peer in ("mha", "mha_weights", "torch113_mha", "torch113_mha_weights"):
+            mha = torch.nn.MultiheadAttention(DIM, HEADS, batch_first=True).eval()
+            weights = peer.endswith("weights")
+            step = lambda: mha(x_tokens, x_tokens, x_tokens, need_weights=weights, average_attn_weights=False)
+        elif peer == "sdpa":
+            step = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        elif peer == "torch113_plain":
+            step = lambda: torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v
+        elif peer in ("timm", "timm_maps"):
+            model = make_timm(size)
+            if peer == "timm":
+                step = lambda: model.forward_features(image)
+            else:
+                step = lambda: forward_with_maps(model, image)
+        elif peer in ("onnx", "onnx_maps"):
+            import onnxruntime as ort
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = threads
+            options.inter_op_num_threads = 1
+            session = ort.InferenceSession(os.path.join(model_dir, f"{peer}.onnx"), options,
+                                           providers=["CPUExecutionProvider"])
+            feed = {"image": image.numpy()}
+            step = lambda: session.run(None, feed)
+        else:
+            raise SystemExit(f"compare_peers.py: unknown peer {peer}")
+        ms, n = median_ms(step, runs, budget)
+    # VmHWM, not ru_maxrss: Linux carries ru_maxrss across fork and execve, so a child would report
+    # the parent's peak (the parent holds torch, timm and the ONNX exports: about 1.1 GB).
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) / 1024.0
+    print(json.dumps({"ms": ms, "runs": n, "peak_rss_mib": peak}))
+
+
+def peer_in_child(python, peer, size, args, model_dir):
+    cmd = [python, os.path.abspath(__file__), "--peer", peer, "--arch", args.arch, "--size", str(size),
+           "--threads", str(args.threads),
+           "--runs", str(args.runs), "--budget", str(args.budget), "--model-dir", model_dir]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": (out.stderr.strip().splitlines() or ["failed"])[-1]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def fits(size, factor):
+    tokens = (size // PATCH) ** 2 + 1
+    with open("/proc/meminfo") as f:
+        avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    return factor * 4 * HEADS * tokens * tokens < 0.6 * avail
+
+
+# ---------------------------------------------------------------------------------------------
+# The run
+
+
+def environment(threads):
+    import numpy
+    import onnxruntime
+    import timm
+    import torch
+    flags = []
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("flags"):
+                flags = sorted(w for w in line.split(":")[1].split() if w.startswith(("avx", "fma", "sse4")))
+                break
+    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    old = subprocess.run([SYSTEM_PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True,
+                         text=True)
+    blas = subprocess.run(["readlink", "-f", "/usr/lib/x86_64-linux-gnu/libblas.so.3"], capture_output=True,
+                          text=True).stdout.strip()
+    with open("/proc/loadavg") as f:
+        load = float(f.read().split()[0])
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), "cpu": cpu,
+            "cpu_flags": flags, "cores": os.cpu_count(), "threads": threads, "load_average_before": load,
+            "python": platform.python_version(), "torch": torch.__version__, "timm": timm.__version__,
+            "onnxruntime": onnxruntime.__version__, "numpy": numpy.__version__,
+            "debian_torch": old.stdout.strip() or "not installed", "libblas.so.3": blas}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--bench", default=os.path.join(HERE, "..", "build", "bench", "vitlens_bench"))
+    parser.add_argument("--size", type=int, action="append", help="image sizes (default 64 128 224 448 1024)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--runs", type=int, default=9, help="most runs per median")
+    parser.add_argument("--budget", type=float, default=20.0, help="seconds after which a median stops adding runs")
+    parser.add_argument("--skip", action="append", default=[], help="a peer to leave out")
+    parser.add_argument("--arch", choices=sorted(ARCHS), default="card",
+                        help="card: the card's block (P 4, D 48, 4 heads, 1 block); vit_s16: ViT-S/16's shape")
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--peer", help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    set_arch(args.arch)
+    if args.peer:
+        run_peer(args.peer, args.size[0], args.threads, args.runs, args.budget, args.model_dir)
+        return
+    if not os.access(args.bench, os.X_OK):
+        sys.exit(f"compare_peers.py: no vitlens_bench at {args.bench} (build it, or pass --bench)")
+    sizes = args.size or [64, 128, 224, 448, 1024]
+    report = {"environment": environment(args.threads),
+              "model": f"{args.arch}: P={PATCH} D={DIM} H={HEADS} d={HEAD_DIM}, {DEPTH} block(s), MLP 4D",
+              "sizes": []}
+    for size in sizes:
+        tokens = (size // PATCH) ** 2 + 1
+        row = {"image": size, "tokens": tokens}
+        with tempfile.TemporaryDirectory(prefix="vitlens-peers-") as tmp:
+            model = make_timm(size)
+            model_path = os.path.join(tmp, "model.safetensors")
+            write_vitlens_model(model, size, model_path)
+            out = subprocess.run([args.bench, "--json", "--model", model_path, "--size", str(size), "--threads",
+                                  str(args.threads), "--runs", str(args.runs), "--budget", str(args.budget),
+                                  "--no-export", "--no-limits", "--reference-max-tokens", "0"],
+                                 capture_output=True, text=True)
+            vit = json.loads(out.stdout)["sizes"][0] if out.stdout.strip() else {"error": out.stderr.strip()}
+            if "error" in vit:
+                row["vitlens_error"] = vit["error"]
+            else:
+                row["vitlens"] = {"forward_ms": vit["forward_ms"]["median"],
+                                  "attention_ms": vit["attention_ms"]["median"], "peak_rss_mib": vit["peak_rss_mib"]}
+            for name, maps in (("onnx", False), ("onnx_maps", True)):
+                if name in args.skip or (maps and not fits(size, 3)):
+                    continue
+                try:
+                    export_onnx(model, size, os.path.join(tmp, f"{name}.onnx"), maps)
+                except Exception as e:  # noqa: BLE001 (reported in the table)
+                    row[name] = {"error": f"export failed: {e}".splitlines()[0]}
+            peers = {}
+            for peer in TORCH2_PEERS + TORCH113_PEERS:
+                if peer in args.skip or peer in row:
+                    continue
+                with_maps = peer.endswith("weights") or peer.endswith("maps") or peer.endswith("plain")
+                if not fits(size, 3 if with_maps else 1):
+                    peers[peer] = {"skipped": "(H, N, N) tensors do not fit in memory"}
+                    continue
+                python = SYSTEM_PYTHON if peer.startswith("torch113") else sys.executable
+                peers[peer] = peer_in_child(python, peer, size, args, tmp)
+            for name in ("onnx", "onnx_maps"):
+                if name in row:
+                    peers[name] = row.pop(name)
+            row["peers"] = peers
+        if "vitlens" in row:
+            for peer, r in row["peers"].items():
+                if "ms" in r:
+                    base = row["vitlens"]["attention_ms" if peer in ATTENTION_PEERS else "forward_ms"]
+                    r["ratio"] = r["ms"] / base
+        report["sizes"].append(row)
+        print(f"compare_peers.py: {size} px done", file=sys.stderr)
+    with open("/proc/loadavg") as f:
+        report["environment"]["load_average_after"] = float(f.read().split()[0])
+    if args.json:
+        print(json.dumps(report, indent=2))
+        return
+    env = report["environment"]
+    print(f"# vitlens vs peers, {report['model']}, {env['date']}, {env['cpu']} ({env['cores']} cores; {' '.join(env['cpu_flags'])}),"
+          f" {env['threads']} threads each, load average {env['load_average_before']:.1f} / "
+          f"{env['load_average_after']:.1f}")
+    print(f"# torch {env['torch']}, timm {env['timm']}, onnxruntime {env['onnxruntime']}, Debian torch "
+          f"{env['debian_torch']} with libblas.so.3 = {env['libblas.so.3']}")
+    print("# medians in ms; ratio = peer / vitlens (forward, or attention alone for sdpa / torch113_plain); "
+          "peak RSS MiB of each process\n")
+    print("| image | tokens | peer | median ms | ratio | peak RSS MiB |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for row in report["sizes"]:
+        if "vitlens" in row:
+            v = row["vitlens"]
+            print(f"| {row['image']} | {row['tokens']} | vitlens forward | {v['forward_ms']:.4g} | 1 | "
+                  f"{v['peak_rss_mib']:.0f} |")
+            print(f"| {row['image']} | {row['tokens']} | vitlens attention | {v['attention_ms']:.4g} | | |")
+        else:
+            print(f"| {row['image']} | {row['tokens']} | vitlens | error: {row['vitlens_error']} | | |")
+        for peer, r in row["peers"].items():
+            if "ms" in r:
+                ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
+                print(f"| {row['image']} | {row['tokens']} | {peer} | {r['ms']:.4g} | {ratio} | {r['peak_rss_mib']:.0f} |")
+            else:
+                print(f"| {row['image']} | {row['tokens']} | {peer} | {r.get('error', r.get('skipped'))} | | |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,120 @@
+// The machine's limits for vitlens_bench: FMA throughput at the vector width in use, exp
+// throughput, and what the GEMM reaches. Each is the best of a few short runs (the machine may be
+// shared: the best run is the one least disturbed).
+#include "limits.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
+#include "vitlens/fast_attention.hpp"
+#include "vitlens/gemm.hpp"
+
+namespace vitlens::bench {
+namespace {
+
+double seconds_of(void (*fn)(int64_t, float*), int64_t iterations, float* sink) {
+  const auto t0 = std::chrono::steady_clock::now();
+  fn(iterations, sink);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// 12 independent chains: enough to cover an FMA latency of 4 cycles at 2 FMAs per cycle.
+constexpr int kChains = 12;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f,avx2,fma"))) void fma_loop_avx512(int64_t iterations, float* sink) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(1.0f + 0.01f * c);
+  const __m512 mul = _mm512_set1_ps(0.9999999f), add = _mm512_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], mul, add);
+  __m512 total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  _mm512_storeu_ps(sink, total);
+}
+
+__attribute__((target("avx2,fma"))) void fma_loop_avx2(int64_t iterations, float* sink) {
+  __m256 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm256_set1_ps(1.0f + 0.01f * c);
+  const __m256 mul = _mm256_set1_ps(0.9999999f), add = _mm256_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm256_fmadd_ps(acc[c], mul, add);
+  __m256 total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = _mm256_add_ps(total, acc[c]);
+  _mm256_storeu_ps(sink, total);
+}
+
+// Baseline x86-64: SSE2, a multiply and an add per lane (counted as the 2 flops of an FMA).
+void fma_loop_sse2(int64_t iterations, float* sink) {
+  __m128 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm_set1_ps(1.0f + 0.01f * c);
+  const __m128 mul = _mm_set1_ps(0.9999999f), add = _mm_set1_ps(1e-7f);
+  for (int64_t i = 0; i < iterations; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm_add_ps(_mm_mul_ps(acc[c], mul), add);
+  __m128 total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = _mm_add_ps(total, acc[c]);
+  _mm_storeu_ps(sink, total);
+}
+#endif
+
+double best_of(int tries, double (*run)()) {
+  double best = 0.0;
+  for (int t = 0; t < tries; ++t) best = std::max(best, run());
+  return best;
+}
+
+double fma_gflops() {
+#if defined(__x86_64__)
+  void (*fn)(int64_t, float*) = fma_loop_sse2;
+  int lanes = 4;
+  if (kernel_isa() == KernelIsa::Avx512) fn = fma_loop_avx512, lanes = 16;
+  if (kernel_isa() == KernelIsa::Avx2) fn = fma_loop_avx2, lanes = 8;
+  alignas(64) float sink[16];
+  const int64_t iterations = 4000000;
+  const double s = seconds_of(fn, iterations, sink);
+  return 2.0 * lanes * kChains * static_cast<double>(iterations) / s * 1e-9;
+#else
+  return 0.0;
+#endif
+}
+
+double exp_per_ns() {
+  std::vector<float> x(4096), y(4096);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = -0.01f * static_cast<float>(i % 1000);
+  const int repeats = 2000;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < repeats; ++r) exp_array(x.data(), y.data(), static_cast<int>(x.size()));
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(x.size()) * repeats / s * 1e-9;
+}
+
+int g_threads = 1;
+
+double gemm_gflops_with(int threads) {
+  const int size = 512;
+  std::vector<float> x(static_cast<size_t>(size) * size, 0.5f), w(x.size(), 0.25f), y(x.size());
+  const auto t0 = std::chrono::steady_clock::now();
+  linear_forward(x.data(), size, size, size, w.data(), size, nullptr, y.data(), size, LinearEpilogue::Store, threads);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return 2.0 * size * size * static_cast<double>(size) / s * 1e-9;
+}
+
+}  // namespace
+
+MachineLimits measure_limits(int threads) {
+  g_threads = threads;
+  MachineLimits limits;
+  limits.fma_gflops = best_of(5, fma_gflops);
+  limits.exp_per_ns = best_of(5, exp_per_ns);
+  limits.gemm_gflops_1t = best_of(5, [] { return gemm_gflops_with(1); });
+  limits.gemm_gflops_nt = best_of(5, [] { return gemm_gflops_with(g_threads); });
+  return limits;
+}
+
+}  // namespace vitlens::bench

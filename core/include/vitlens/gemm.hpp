@@ -1,0 +1,86 @@
+#pragma once
+// Dense kernels outside attention: the Linear layers' products (forward and the two products
+// training needs), exact GELU and LayerNorm, at the vector width of the CPU.
+//
+// Every function runs the instruction set chosen by fast_attention.hpp's kernel_isa() (AVX-512,
+// AVX2 + FMA or portable C++, picked at run time with __builtin_cpu_supports, so the binary runs on
+// any x86-64); set_kernel_isa() switches these kernels too. The plain loops in
+// tests/test_gemm.cpp are the oracle every variant is compared with.
+//
+// The product is a blocked, packed SGEMM (the GotoBLAS / BLIS layout): K in blocks of kGemmKc,
+// B packed in column panels of NR, A in row panels of MR, an MR x NR register tile per step.
+// Each output element is the same chain of operations wherever it falls (edge tiles run the full
+// tile on a padded copy), and threads split rows or columns at multiples of the tile, so results
+// do not depend on the thread count.
+//
+// Shapes: M = rows (tokens), K = inputs, N = outputs; a Linear's W is (N, K) row-major, as PyTorch
+// stores nn.Linear.weight. Leading dimensions (ld*) are row strides in floats.
+#include <cstdint>
+
+namespace vitlens {
+
+// What happens to Y after the product.
+enum class LinearEpilogue {
+  Store,       // Y  = X W^T + b
+  Gelu,        // Y  = GELU(X W^T + b), exact erf GELU as nn.GELU()
+  Accumulate,  // Y += X W^T + b   (a residual add: x = x + proj(a))
+};
+
+// Y (M, N) = X (M, K) W^T + b, W (N, K); b (N) may be null. threads <= 0: one per core.
+void linear_forward(const float* x, int64_t ldx, int m, int k, const float* w, int n, const float* b,
+                    float* y, int64_t ldy, LinearEpilogue epilogue = LinearEpilogue::Store, int threads = 1);
+
+// dX (M, K) = dY (M, N) W (N, K), or += when accumulate (a residual branch's input gradient).
+void linear_backward_input(const float* dy, int64_t lddy, int m, int n, const float* w, int k, float* dx,
+                           int64_t lddx, bool accumulate, int threads = 1);
+
+// dW (N, K) += dY (M, N)^T X (M, K); db (N) += column sums of dY when db is not null.
+void linear_backward_weight(const float* dy, int64_t lddy, int m, int n, const float* x, int64_t ldx, int k,
+                            float* dw, float* db, int threads = 1);
+
+// The general product behind the three above: C (M, N) (+)= A B (+ bias), where element (i, p) of
+// A is a[i * a_rs + p * a_cs] and element (p, j) of B is b[p * b_rs + j * b_cs] (any transpose).
+struct GemmOperand {
+  const float* data = nullptr;
+  int64_t row_stride = 0, col_stride = 1;
+};
+void gemm(int m, int n, int k, GemmOperand a, GemmOperand b, float* c, int64_t ldc, const float* bias,
+          LinearEpilogue epilogue, int threads);
+
+// x[i] = 0.5 x (1 + erf(x / sqrt 2)) in place: within 1e-6 (absolute below 1, relative above) of the
+// same formula with std::erf, over every float (tests/test_gemm.cpp sweeps them).
+void gelu_inplace(float* x, int64_t count);
+
+// out = LayerNorm(x) row by row over D (biased variance, as torch.nn.LayerNorm), statistics
+// accumulated in double; x (rows, D) with row stride ldx, out (rows, D) with row stride ldo.
+// out may equal x.
+void layer_norm_rows(const float* x, int64_t ldx, int rows, int dim, const float* weight, const float* bias,
+                     float eps, float* out, int64_t ldo);
+
+namespace detail {
+
+// What each instruction set provides (gemm.cpp runs the blocking, packing and threads).
+struct GemmKernels {
+  int mr, nr;  // register tile: MR rows x NR columns
+  // c (MR, NR) with row stride ldc = [c +] a_panel (kc, MR)^T b_panel (kc, NR) [+ bias (NR)] [GELU].
+  // The k products are one FMA chain per element in p order.
+  void (*tile)(int kc, const float* a_panel, const float* b_panel, float* c, int64_t ldc, bool load_c,
+               const float* bias, bool gelu);
+  void (*gelu)(float* x, int64_t count);
+  void (*layer_norm_row)(const float* x, int dim, const float* weight, const float* bias, float eps, float* out);
+};
+
+extern const GemmKernels kPortableGemm;  // gemm.cpp
+extern const GemmKernels kAvx2Gemm;      // gemm_avx2.cpp, x86-64 only
+extern const GemmKernels kAvx512Gemm;    // gemm_avx512.cpp, x86-64 only
+
+// The kernels kernel_isa() selects (what gemm() and the functions above run).
+const GemmKernels& active_gemm_kernels();
+
+// gemm() on the given kernels instead of kernel_isa()'s: the training ops' portable build runs
+// kPortableGemm whatever the CPU (train_ops.hpp), so its numbers match its name.
+void gemm_with(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmOperand b, float* c, int64_t ldc,
+               const float* bias, LinearEpilogue epilogue, int threads);
+
+}  // namespace detail
+}  // namespace vitlens

@@ -1,0 +1,310 @@
+// The blocked, packed SGEMM driver of gemm.hpp, the portable kernels and the dispatch.
+//
+// Index
+//   [SECTION] Portable kernels
+//   [SECTION] Packing
+//   [SECTION] One thread's product
+//   [SECTION] Threads and the public products
+//   [SECTION] GELU and LayerNorm
+#include "vitlens/gemm.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+#include "vitlens/error.hpp"
+#include "vitlens/fast_attention.hpp"
+
+namespace vitlens {
+namespace detail {
+namespace {
+
+// [SECTION] Portable kernels: plain loops the compiler vectorises for baseline x86-64 (SSE2).
+
+constexpr int kPortableMr = 4, kPortableNr = 16;
+
+// nn.GELU()'s formula with std::erf; at x = -inf the limit 0 (the formula would give -inf * 0).
+float gelu_scalar(float x) {
+  if (std::isinf(x) && x < 0.0f) return 0.0f;
+  return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
+}
+
+void portable_tile(int kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c, const float* bias,
+                   bool gelu) {
+  float acc[kPortableMr][kPortableNr] = {};
+  for (int p = 0; p < kc; ++p, a += kPortableMr, b += kPortableNr)
+    for (int r = 0; r < kPortableMr; ++r)
+      for (int j = 0; j < kPortableNr; ++j) acc[r][j] += a[r] * b[j];
+  for (int r = 0; r < kPortableMr; ++r) {
+    float* row = c + r * ldc;
+    for (int j = 0; j < kPortableNr; ++j) {
+      float v = acc[r][j];
+      if (load_c) v += row[j];
+      if (bias) v += bias[j];
+      if (gelu) v = gelu_scalar(v);
+      row[j] = v;
+    }
+  }
+}
+
+void portable_gelu(float* x, int64_t count) {
+  for (int64_t i = 0; i < count; ++i) x[i] = gelu_scalar(x[i]);
+}
+
+void portable_layer_norm_row(const float* x, int dim, const float* weight, const float* bias, float eps, float* out) {
+  double mean = 0.0;
+  for (int c = 0; c < dim; ++c) mean += x[c];
+  mean /= dim;
+  double var = 0.0;
+  for (int c = 0; c < dim; ++c) var += (x[c] - mean) * (x[c] - mean);
+  var /= dim;  // biased, as torch.nn.LayerNorm
+  const double inv = 1.0 / std::sqrt(var + static_cast<double>(eps));
+  for (int c = 0; c < dim; ++c) out[c] = static_cast<float>((x[c] - mean) * inv) * weight[c] + bias[c];
+}
+
+}  // namespace
+
+const GemmKernels kPortableGemm{kPortableMr, kPortableNr, portable_tile, portable_gelu, portable_layer_norm_row};
+
+}  // namespace detail
+
+namespace {
+
+using detail::GemmKernels;
+
+// Block sizes: a packed A block (kMc x kKc, 96 KB) stays in L2, one packed B micro-panel
+// (kKc x NR, 16 or 32 KB) in L1, the packed B block (kKc x kNc, 1 MB) in L2 / L3.
+constexpr int kKc = 256;
+constexpr int kMc = 96;          // a multiple of every MR (4, 6, 8)
+constexpr int kNc = 1024;        // a multiple of every NR (16, 32)
+constexpr int kSplitCols = 32;   // column splits between threads: a multiple of every NR
+constexpr int kMaxTile = 8 * 32; // the largest MR * NR
+
+const GemmKernels& active_gemm() {
+#if defined(__x86_64__)
+  switch (kernel_isa()) {
+    case KernelIsa::Avx512: return detail::kAvx512Gemm;
+    case KernelIsa::Avx2: return detail::kAvx2Gemm;
+    case KernelIsa::Portable: break;
+  }
+#endif
+  return detail::kPortableGemm;
+}
+
+// [SECTION] Packing
+
+// A rows [i0, i0 + mc), columns [p0, p0 + kc) -> panels of MR rows, each (kc, MR); rows past mc are 0.
+void pack_a(const GemmOperand& a, int i0, int mc, int p0, int kc, int mr, float* dst) {
+  for (int ip = 0; ip < mc; ip += mr) {
+    const int rows = std::min(mr, mc - ip);
+    if (a.row_stride == 1) {  // A = dY^T (dW = dY^T X): each column of A is contiguous
+      for (int p = 0; p < kc; ++p) {
+        const float* src = a.data + (i0 + ip) + (p0 + p) * a.col_stride;
+        float* out = dst + p * mr;
+        for (int r = 0; r < rows; ++r) out[r] = src[r];
+        for (int r = rows; r < mr; ++r) out[r] = 0.0f;
+      }
+      dst += static_cast<int64_t>(kc) * mr;
+      continue;
+    }
+    for (int r = 0; r < mr; ++r) {
+      if (r >= rows) {
+        for (int p = 0; p < kc; ++p) dst[p * mr + r] = 0.0f;
+        continue;
+      }
+      const float* src = a.data + (i0 + ip + r) * a.row_stride + static_cast<int64_t>(p0) * a.col_stride;
+      for (int p = 0; p < kc; ++p) dst[p * mr + r] = src[p * a.col_stride];
+    }
+    dst += static_cast<int64_t>(kc) * mr;
+  }
+}
+
+// B rows [p0, p0 + kc), columns [j0, j0 + nc) -> panels of NR columns, each (kc, NR); columns past nc are 0.
+void pack_b(const GemmOperand& b, int p0, int kc, int j0, int nc, int nr, float* dst) {
+  for (int jp = 0; jp < nc; jp += nr) {
+    const int cols = std::min(nr, nc - jp);
+    if (b.col_stride == 1) {  // B rows contiguous (dX = dY W, dW = dY^T X)
+      for (int p = 0; p < kc; ++p) {
+        const float* src = b.data + (p0 + p) * b.row_stride + j0 + jp;
+        float* out = dst + p * nr;
+        std::memcpy(out, src, sizeof(float) * static_cast<size_t>(cols));
+        for (int j = cols; j < nr; ++j) out[j] = 0.0f;
+      }
+    } else {  // B = W^T (Linear forward): each column of B is a contiguous row of W
+      for (int j = 0; j < nr; ++j) {
+        if (j >= cols) {
+          for (int p = 0; p < kc; ++p) dst[p * nr + j] = 0.0f;
+          continue;
+        }
+        const float* src = b.data + (j0 + jp + j) * b.col_stride + static_cast<int64_t>(p0) * b.row_stride;
+        for (int p = 0; p < kc; ++p) dst[p * nr + j] = src[p * b.row_stride];
+      }
+    }
+    dst += static_cast<int64_t>(kc) * nr;
+  }
+}
+
+// [SECTION] One thread's product
+
+struct PackBuffers {
+  std::vector<float> a, b;
+};
+
+// C rows [i0, i1), columns [j0, j1): the whole K loop. bias_padded covers every column of the
+// full product plus one tile's padding (edge tiles read NR entries).
+void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, const GemmOperand& a,
+                const GemmOperand& b, float* c, int64_t ldc, bool accumulate, const float* bias_padded, bool gelu,
+                PackBuffers& buffers) {
+  const int mr = kern.mr, nr = kern.nr;
+  // Only as much as this product needs (a training step makes hundreds of small products: zeroing
+  // a full 1 MB block each time cost more than the arithmetic); the buffers only ever grow.
+  const size_t kc_max = static_cast<size_t>(std::min(kKc, std::max(k, 1)));
+  const size_t mc_max = static_cast<size_t>((std::min(kMc, i1 - i0) + mr - 1) / mr * mr);
+  const size_t nc_max = static_cast<size_t>((std::min(kNc, j1 - j0) + nr - 1) / nr * nr);
+  if (buffers.a.size() < mc_max * kc_max) buffers.a.resize(mc_max * kc_max);
+  if (buffers.b.size() < kc_max * nc_max) buffers.b.resize(kc_max * nc_max);
+  const int k_blocks = std::max(1, (k + kKc - 1) / kKc);  // k = 0 still writes b (and GELU)
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const int p0 = kb * kKc, kc = std::min(kKc, k - p0);
+    const bool first = kb == 0, last = kb == k_blocks - 1;
+    for (int jc = j0; jc < j1; jc += kNc) {
+      const int nc = std::min(kNc, j1 - jc);
+      pack_b(b, p0, kc, jc, nc, nr, buffers.b.data());
+      for (int ic = i0; ic < i1; ic += kMc) {
+        const int mc = std::min(kMc, i1 - ic);
+        pack_a(a, ic, mc, p0, kc, mr, buffers.a.data());
+        for (int jr = 0; jr < nc; jr += nr) {
+          const float* b_panel = buffers.b.data() + static_cast<int64_t>(jr) * kc;
+          const float* tile_bias = last && bias_padded ? bias_padded + jc + jr : nullptr;
+          const int cols = std::min(nr, nc - jr);
+          for (int ir = 0; ir < mc; ir += mr) {
+            const float* a_panel = buffers.a.data() + static_cast<int64_t>(ir) * kc;
+            float* ct = c + (ic + ir) * ldc + jc + jr;
+            const bool load_c = !first || accumulate;
+            const int rows = std::min(mr, mc - ir);
+            if (rows == mr && cols == nr) {
+              kern.tile(kc, a_panel, b_panel, ct, ldc, load_c, tile_bias, last && gelu);
+              continue;
+            }
+            // Edge tile: the same kernel on a padded copy, so these elements round as any other.
+            float pad[kMaxTile] = {};
+            if (load_c)
+              for (int r = 0; r < rows; ++r) std::memcpy(pad + r * nr, ct + r * ldc, sizeof(float) * static_cast<size_t>(cols));
+            kern.tile(kc, a_panel, b_panel, pad, nr, load_c, tile_bias, last && gelu);
+            for (int r = 0; r < rows; ++r) std::memcpy(ct + r * ldc, pad + r * nr, sizeof(float) * static_cast<size_t>(cols));
+          }
+        }
+      }
+    }
+  }
+}
+
+// [SECTION] Threads and the public products
+
+// Runs task(t) for t in [0, tasks) on up to `tasks` threads (this one included); rethrows the
+// first exception after every join. When no thread can be started, this thread does them all.
+template <class Task>
+void run_tasks(int tasks, Task&& task) {
+  std::vector<std::thread> pool;
+  std::mutex failure_lock;
+  std::exception_ptr failure;
+  auto guarded = [&](int t) {
+    try {
+      task(t);
+    } catch (...) {
+      std::lock_guard<std::mutex> hold(failure_lock);
+      if (!failure) failure = std::current_exception();
+    }
+  };
+  int started = 1;
+  try {
+    for (; started < tasks; ++started) pool.emplace_back(guarded, started);
+  } catch (const std::system_error&) {
+  }
+  for (int t = started; t < tasks; ++t) guarded(t);  // the ones no thread took
+  guarded(0);
+  for (std::thread& t : pool) t.join();
+  if (failure) std::rethrow_exception(failure);
+}
+
+}  // namespace
+
+const detail::GemmKernels& detail::active_gemm_kernels() { return active_gemm(); }
+
+void gemm(int m, int n, int k, GemmOperand a, GemmOperand b, float* c, int64_t ldc, const float* bias,
+          LinearEpilogue epilogue, int threads) {
+  detail::gemm_with(active_gemm(), m, n, k, a, b, c, ldc, bias, epilogue, threads);
+}
+
+void detail::gemm_with(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmOperand b, float* c,
+                       int64_t ldc, const float* bias, LinearEpilogue epilogue, int threads) {
+  if (m < 0 || n < 0 || k < 0) throw Error("gemm: negative size");
+  if (m == 0 || n == 0) return;
+  const bool accumulate = epilogue == LinearEpilogue::Accumulate, gelu = epilogue == LinearEpilogue::Gelu;
+  std::vector<float> bias_padded;
+  if (bias) {
+    bias_padded.assign(static_cast<size_t>(n) + static_cast<size_t>(kern.nr), 0.0f);
+    std::copy(bias, bias + n, bias_padded.begin());
+  }
+  const float* bp = bias ? bias_padded.data() : nullptr;
+
+  // Threads: only when each gets a few hundred thousand multiply-adds; rows when there are more
+  // of them than columns, split at multiples of kMc, else columns at multiples of kSplitCols.
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const double work = static_cast<double>(m) * n * std::max(k, 1);
+  int parts = std::max(1, std::min(threads, static_cast<int>(work / 2.5e5)));
+  const bool split_rows = m >= n;
+  const int unit = split_rows ? kMc : kSplitCols;
+  const int units = ((split_rows ? m : n) + unit - 1) / unit;
+  parts = std::min(parts, units);
+  const int per_part = (units + parts - 1) / parts * unit;
+  parts = ((split_rows ? m : n) + per_part - 1) / per_part;
+  run_tasks(parts, [&](int t) {
+    thread_local PackBuffers buffers;  // kept by each thread between products
+    const int lo = t * per_part, hi = std::min(split_rows ? m : n, lo + per_part);
+    if (split_rows) gemm_block(kern, lo, hi, 0, n, k, a, b, c, ldc, accumulate, bp, gelu, buffers);
+    else gemm_block(kern, 0, m, lo, hi, k, a, b, c, ldc, accumulate, bp, gelu, buffers);
+  });
+}
+
+void linear_forward(const float* x, int64_t ldx, int m, int k, const float* w, int n, const float* b, float* y,
+                    int64_t ldy, LinearEpilogue epilogue, int threads) {
+  // B (K, N) = W^T: element (p, j) is w[j * K + p].
+  gemm(m, n, k, GemmOperand{x, ldx, 1}, GemmOperand{w, 1, k}, y, ldy, b, epilogue, threads);
+}
+
+void linear_backward_input(const float* dy, int64_t lddy, int m, int n, const float* w, int k, float* dx,
+                           int64_t lddx, bool accumulate, int threads) {
+  // dX (M, K) = dY (M, N) W (N, K): B = W as stored.
+  gemm(m, k, n, GemmOperand{dy, lddy, 1}, GemmOperand{w, k, 1}, dx, lddx, nullptr,
+       accumulate ? LinearEpilogue::Accumulate : LinearEpilogue::Store, threads);
+}
+
+void linear_backward_weight(const float* dy, int64_t lddy, int m, int n, const float* x, int64_t ldx, int k,
+                            float* dw, float* db, int threads) {
+  // dW (N, K) += dY^T (N, M) X (M, K): A's element (i, p) is dy[p * lddy + i].
+  gemm(n, k, m, GemmOperand{dy, 1, lddy}, GemmOperand{x, ldx, 1}, dw, k, nullptr, LinearEpilogue::Accumulate,
+       threads);
+  if (db)
+    for (int i = 0; i < m; ++i)
+      for (int j = 0; j < n; ++j) db[j] += dy[i * lddy + j];
+}
+
+// [SECTION] GELU and LayerNorm
+
+void gelu_inplace(float* x, int64_t count) {
+  if (count > 0) active_gemm().gelu(x, count);
+}
+
+void layer_norm_rows(const float* x, int64_t ldx, int rows, int dim, const float* weight, const float* bias,
+                     float eps, float* out, int64_t ldo) {
+  const GemmKernels& kern = active_gemm();
+  for (int i = 0; i < rows; ++i) kern.layer_norm_row(x + i * ldx, dim, weight, bias, eps, out + i * ldo);
+}
+
+}  // namespace vitlens

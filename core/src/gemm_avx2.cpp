@@ -1,0 +1,148 @@
+// AVX2 + FMA kernels for gemm.hpp: the 6 x 16 SGEMM tile, exact GELU, LayerNorm rows.
+// Each function carries a target attribute instead of a global -mavx2 (as fast_attention_avx2.cpp),
+// so the rest of the binary stays baseline x86-64; gemm.cpp uses them only after
+// __builtin_cpu_supports said yes.
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "gemm_simd.hpp"
+#include "vitlens/fast_attention.hpp"
+#include "vitlens/gemm.hpp"
+
+#define VITLENS_AVX2 __attribute__((target("avx2,fma")))
+
+namespace vitlens::detail {
+namespace {
+
+constexpr int kMr = 6, kNr = 16;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
+
+// fast_attention.hpp's fast_exp, 8 lanes; x <= 0 here. Below kExpMin the result is 0.
+VITLENS_AVX2 inline __m256 exp8(__m256 x) {
+  using namespace fast_exp;
+  const __m256 in_range = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kC6), r, _mm256_set1_ps(kC5));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  const __m256i two_n = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), two_n));
+  return _mm256_and_ps(p, in_range);
+}
+
+// gemm_simd.hpp's GELU: with a = |x| / sqrt 2, erfc(a) = y = poly(t) exp(-a^2), t = 1 / (1 + p a);
+// GELU(x) = x - x y / 2 for x >= 0 and x y / 2 below (no cancellation on either side).
+VITLENS_AVX2 inline __m256 gelu8(__m256 x) {
+  using namespace gelu_erf;
+  const __m256 a = _mm256_and_ps(_mm256_mul_ps(x, _mm256_set1_ps(kInvSqrt2)), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(_mm256_set1_ps(kP), a, _mm256_set1_ps(1.0f)));
+  __m256 poly = _mm256_fmadd_ps(_mm256_set1_ps(kA5), t, _mm256_set1_ps(kA4));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA3));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA2));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA1));
+  poly = _mm256_mul_ps(poly, t);
+  const __m256 y = _mm256_mul_ps(poly, exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(a, a))));
+  // y = 0 (|x| beyond ~13, or infinite): the half product is exactly 0, even for x = +-inf.
+  const __m256 half = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), y),
+                                    _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  const __m256 positive = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
+  return _mm256_blendv_ps(half, _mm256_sub_ps(x, half), positive);
+}
+
+VITLENS_AVX2 void tile(int kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c, const float* bias,
+                       bool gelu) {
+  // Twelve named accumulators, not an array: with an array, GCC 12 kept it in memory and stored
+  // every accumulator on every step of k (the epilogue's loop indexes it), which halved the speed.
+  const __m256 z = _mm256_setzero_ps();
+  __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
+  for (int p = 0; p < kc; ++p, a += kMr, b += kNr) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
+#define VITLENS_TILE_ROW(r)                         \
+  {                                                 \
+    const __m256 ar = _mm256_broadcast_ss(a + r);   \
+    c##r##0 = _mm256_fmadd_ps(ar, b0, c##r##0);     \
+    c##r##1 = _mm256_fmadd_ps(ar, b1, c##r##1);     \
+  }
+    VITLENS_TILE_ROW(0) VITLENS_TILE_ROW(1) VITLENS_TILE_ROW(2) VITLENS_TILE_ROW(3) VITLENS_TILE_ROW(4)
+    VITLENS_TILE_ROW(5)
+#undef VITLENS_TILE_ROW
+  }
+  const __m256 acc[kMr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+  for (int r = 0; r < kMr; ++r)
+    for (int h = 0; h < 2; ++h) {
+      float* dst = c + r * ldc + 8 * h;
+      __m256 v = acc[r][h];
+      if (load_c) v = _mm256_add_ps(v, _mm256_loadu_ps(dst));
+      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + 8 * h));
+      if (gelu) v = gelu8(v);
+      _mm256_storeu_ps(dst, v);
+    }
+}
+
+VITLENS_AVX2 void gelu(float* x, int64_t count) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(x + i, gelu8(_mm256_loadu_ps(x + i)));
+  if (i < count) {  // the tail through a padded vector, so every element rounds the same way
+    float pad[8] = {};
+    for (int64_t j = i; j < count; ++j) pad[j - i] = x[j];
+    _mm256_storeu_ps(pad, gelu8(_mm256_loadu_ps(pad)));
+    for (int64_t j = i; j < count; ++j) x[j] = pad[j - i];
+  }
+}
+
+VITLENS_AVX2 inline double sum4(__m256d v) {
+  const __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+  return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+
+// The portable row (gemm.cpp) 8 channels at a time: sums in double, (x - mean) * inv in double
+// rounded to float, then * weight + bias in float (a multiply and an add, as the portable code).
+VITLENS_AVX2 void layer_norm_row(const float* x, int dim, const float* weight, const float* bias, float eps,
+                                 float* out) {
+  int c = 0;
+  __m256d s0 = _mm256_setzero_pd(), s1 = s0;
+  for (; c + 8 <= dim; c += 8) {
+    const __m256 v = _mm256_loadu_ps(x + c);
+    s0 = _mm256_add_pd(s0, _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+    s1 = _mm256_add_pd(s1, _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)));
+  }
+  double mean = sum4(_mm256_add_pd(s0, s1));
+  for (int t = c; t < dim; ++t) mean += x[t];
+  mean /= dim;
+  const __m256d vmean = _mm256_set1_pd(mean);
+  s0 = _mm256_setzero_pd(), s1 = s0;
+  for (c = 0; c + 8 <= dim; c += 8) {
+    const __m256 v = _mm256_loadu_ps(x + c);
+    const __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), vmean);
+    const __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), vmean);
+    s0 = _mm256_fmadd_pd(d0, d0, s0);
+    s1 = _mm256_fmadd_pd(d1, d1, s1);
+  }
+  double var = sum4(_mm256_add_pd(s0, s1));
+  for (int t = c; t < dim; ++t) var += (x[t] - mean) * (x[t] - mean);
+  var /= dim;  // biased, as torch.nn.LayerNorm
+  const double inv = 1.0 / std::sqrt(var + static_cast<double>(eps));
+  const __m256d vinv = _mm256_set1_pd(inv);
+  for (c = 0; c + 8 <= dim; c += 8) {
+    const __m256 v = _mm256_loadu_ps(x + c);
+    const __m128 n0 = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), vmean), vinv));
+    const __m128 n1 = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), vmean), vinv));
+    const __m256 normed = _mm256_insertf128_ps(_mm256_castps128_ps256(n0), n1, 1);
+    _mm256_storeu_ps(out + c, _mm256_add_ps(_mm256_mul_ps(normed, _mm256_loadu_ps(weight + c)), _mm256_loadu_ps(bias + c)));
+  }
+  for (; c < dim; ++c) out[c] = static_cast<float>((x[c] - mean) * inv) * weight[c] + bias[c];
+}
+
+}  // namespace
+
+const GemmKernels kAvx2Gemm{kMr, kNr, tile, gelu, layer_norm_row};
+
+}  // namespace vitlens::detail
+#endif  // __x86_64__

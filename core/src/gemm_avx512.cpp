@@ -1,0 +1,149 @@
+// AVX-512F kernels for gemm.hpp: the 8 x 32 SGEMM tile, exact GELU, LayerNorm rows. The same
+// steps as gemm_avx2.cpp at 16 lanes; target attributes keep the rest of the binary baseline.
+#if defined(__x86_64__)
+// GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own _mm512_undefined_*
+// placeholders when inlined (a known false positive, see fast_attention_avx512.cpp).
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+
+#include <cmath>
+
+#include "gemm_simd.hpp"
+#include "vitlens/fast_attention.hpp"
+#include "vitlens/gemm.hpp"
+
+#define VITLENS_AVX512 __attribute__((target("avx512f,avx2,fma")))
+
+namespace vitlens::detail {
+namespace {
+
+constexpr int kMr = 8, kNr = 32;  // 16 accumulators + 2 B vectors + 1 broadcast of 32 registers
+
+// fast_attention.hpp's fast_exp, 16 lanes; x <= 0 here. Below kExpMin the result is 0.
+VITLENS_AVX512 inline __m512 exp16(__m512 x) {
+  using namespace fast_exp;
+  const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_GE_OQ);
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
+  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(kC6), r, _mm512_set1_ps(kC5));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC4));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC3));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC2));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+  const __m512i two_n = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
+  p = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), two_n));
+  return _mm512_maskz_mov_ps(in_range, p);
+}
+
+// gemm_avx2.cpp's gelu8 at 16 lanes.
+VITLENS_AVX512 inline __m512 gelu16(__m512 x) {
+  using namespace gelu_erf;
+  const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(
+      _mm512_castps_si512(_mm512_mul_ps(x, _mm512_set1_ps(kInvSqrt2))), _mm512_set1_epi32(0x7fffffff)));
+  const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_set1_ps(kP), a, _mm512_set1_ps(1.0f)));
+  __m512 poly = _mm512_fmadd_ps(_mm512_set1_ps(kA5), t, _mm512_set1_ps(kA4));
+  poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kA3));
+  poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kA2));
+  poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kA1));
+  poly = _mm512_mul_ps(poly, t);
+  const __m512 y = _mm512_mul_ps(poly, exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a))));
+  const __mmask16 nonzero = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+  const __m512 half = _mm512_maskz_mov_ps(nonzero, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), y));
+  const __mmask16 positive = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
+  return _mm512_mask_blend_ps(positive, half, _mm512_sub_ps(x, half));
+}
+
+VITLENS_AVX512 void tile(int kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c,
+                         const float* bias, bool gelu) {
+  // Named accumulators, not an array: GCC 12 kept an array in memory (see gemm_avx2.cpp).
+  const __m512 z = _mm512_setzero_ps();
+  __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z,
+         c60 = z, c61 = z, c70 = z, c71 = z;
+  for (int p = 0; p < kc; ++p, a += kMr, b += kNr) {
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+#define VITLENS_TILE_ROW(r)                         \
+  {                                                 \
+    const __m512 ar = _mm512_set1_ps(a[r]);         \
+    c##r##0 = _mm512_fmadd_ps(ar, b0, c##r##0);     \
+    c##r##1 = _mm512_fmadd_ps(ar, b1, c##r##1);     \
+  }
+    VITLENS_TILE_ROW(0) VITLENS_TILE_ROW(1) VITLENS_TILE_ROW(2) VITLENS_TILE_ROW(3) VITLENS_TILE_ROW(4)
+    VITLENS_TILE_ROW(5) VITLENS_TILE_ROW(6) VITLENS_TILE_ROW(7)
+#undef VITLENS_TILE_ROW
+  }
+  const __m512 acc[kMr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
+                              {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+  for (int r = 0; r < kMr; ++r)
+    for (int h = 0; h < 2; ++h) {
+      float* dst = c + r * ldc + 16 * h;
+      __m512 v = acc[r][h];
+      if (load_c) v = _mm512_add_ps(v, _mm512_loadu_ps(dst));
+      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * h));
+      if (gelu) v = gelu16(v);
+      _mm512_storeu_ps(dst, v);
+    }
+}
+
+VITLENS_AVX512 void gelu(float* x, int64_t count) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) _mm512_storeu_ps(x + i, gelu16(_mm512_loadu_ps(x + i)));
+  if (i < count) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (count - i)) - 1u);
+    _mm512_mask_storeu_ps(x + i, tail, gelu16(_mm512_maskz_loadu_ps(tail, x + i)));
+  }
+}
+
+VITLENS_AVX512 inline __m512d widen_lo(__m512 v) { return _mm512_cvtps_pd(_mm512_castps512_ps256(v)); }
+VITLENS_AVX512 inline __m512d widen_hi(__m512 v) {
+  return _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+}
+
+// gemm_avx2.cpp's layer_norm_row at 16 channels.
+VITLENS_AVX512 void layer_norm_row(const float* x, int dim, const float* weight, const float* bias, float eps,
+                                   float* out) {
+  int c = 0;
+  __m512d s0 = _mm512_setzero_pd(), s1 = s0;
+  for (; c + 16 <= dim; c += 16) {
+    const __m512 v = _mm512_loadu_ps(x + c);
+    s0 = _mm512_add_pd(s0, widen_lo(v));
+    s1 = _mm512_add_pd(s1, widen_hi(v));
+  }
+  double mean = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+  for (int t = c; t < dim; ++t) mean += x[t];
+  mean /= dim;
+  const __m512d vmean = _mm512_set1_pd(mean);
+  s0 = _mm512_setzero_pd(), s1 = s0;
+  for (c = 0; c + 16 <= dim; c += 16) {
+    const __m512 v = _mm512_loadu_ps(x + c);
+    const __m512d d0 = _mm512_sub_pd(widen_lo(v), vmean), d1 = _mm512_sub_pd(widen_hi(v), vmean);
+    s0 = _mm512_fmadd_pd(d0, d0, s0);
+    s1 = _mm512_fmadd_pd(d1, d1, s1);
+  }
+  double var = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+  for (int t = c; t < dim; ++t) var += (x[t] - mean) * (x[t] - mean);
+  var /= dim;  // biased, as torch.nn.LayerNorm
+  const double inv = 1.0 / std::sqrt(var + static_cast<double>(eps));
+  const __m512d vinv = _mm512_set1_pd(inv);
+  for (c = 0; c + 16 <= dim; c += 16) {
+    const __m512 v = _mm512_loadu_ps(x + c);
+    const __m256 n0 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_sub_pd(widen_lo(v), vmean), vinv));
+    const __m256 n1 = _mm512_cvtpd_ps(_mm512_mul_pd(_mm512_sub_pd(widen_hi(v), vmean), vinv));
+    const __m512 normed =
+        _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(n0)), _mm256_castps_pd(n1), 1));
+    _mm512_storeu_ps(out + c, _mm512_add_ps(_mm512_mul_ps(normed, _mm512_loadu_ps(weight + c)), _mm512_loadu_ps(bias + c)));
+  }
+  for (; c < dim; ++c) out[c] = static_cast<float>((x[c] - mean) * inv) * weight[c] + bias[c];
+}
+
+}  // namespace
+
+const GemmKernels kAvx512Gemm{kMr, kNr, tile, gelu, layer_norm_row};
+
+}  // namespace vitlens::detail
+#endif  // __x86_64__
