@@ -300,6 +300,11 @@ int run_train_mae(TrainArgs& a) {
   const std::string log_path = a.out + "/log.jsonl";
   if (!a.resume.empty()) trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   if (trainer.finished()) {
+    if (cmd->count("--name") || !a.description.empty()) {  // relabel a finished run: same weights and state
+      save_mae_checkpoint(trainer, model_path, saved.training);
+      std::printf("finished run relabelled: '%s' in %s\n", config.name.c_str(), model_path.c_str());
+      return kExitOk;
+    }
     std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
                 recipe.epochs);
     return kExitOk;
@@ -576,6 +581,11 @@ int run_train(TrainArgs& a) {
   if (!a.resume.empty())
     trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   if (trainer.finished()) {
+    if (cmd->count("--name") || !a.description.empty()) {  // relabel a finished run: same weights and state
+      save_checkpoint(trainer, model_path, saved.training);
+      std::printf("finished run relabelled: '%s' in %s\n", config.name.c_str(), model_path.c_str());
+      return kExitOk;
+    }
     std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
                 recipe.epochs);
     return kExitOk;

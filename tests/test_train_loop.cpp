@@ -294,4 +294,18 @@ TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --st
   CHECK(load_model(dir + "/a/last.safetensors").config.description == "a test model");
   CHECK(load_model(dir + "/b/last.safetensors").config.name == "vitlens-trained");
   CHECK(load_model(dir + "/b/last.safetensors").config.description == "ViT trained by 'vitlens train' on fashion-mnist");
+  // A finished run relabelled: same weights, the new name and description, the record kept.
+  Run relabel = run_vitlens("train --data fashion-mnist --resume " + dir + "/a/last.safetensors --name relabelled "
+                            "--description 'new words'");
+  INFO(relabel.err);
+  REQUIRE(relabel.code == 0);
+  CHECK(relabel.out.find("relabelled") != std::string::npos);
+  const SafetensorsFile fr = read_safetensors(dir + "/a/last.safetensors");
+  for (const auto& [name, tensor] : fa.tensors) {
+    INFO(name);
+    CHECK(tensor.values == fr.tensors.at(name).values);
+  }
+  CHECK(load_model(dir + "/a/last.safetensors").config.name == "relabelled");
+  CHECK(load_model(dir + "/a/last.safetensors").config.description == "new words");
+  CHECK(nlohmann::json::parse(fr.metadata.at("training")).at("test_accuracy") == record.at("test_accuracy"));
 }
