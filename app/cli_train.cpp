@@ -23,6 +23,37 @@ namespace vitlens::cli {
 
 namespace {
 
+// A new run's model: the card's layout (class token, qkv bias) in the flags' shape, images img x img.
+VitConfig model_shape(const TrainArgs& a, int img) {
+  VitConfig config;
+  config.patch_size = a.patch;
+  config.embed_dim = a.embed_dim;
+  config.num_heads = a.heads;
+  config.depth = a.depth;
+  config.img_h = config.img_w = img;
+  config.class_token = true;
+  config.mlp_ratio = a.mlp_ratio;
+  config.qkv_bias = true;
+  return config;
+}
+
+// A new run's recipe from the flags (the classifier's; the MAE path adjusts smoothing and flips).
+Recipe recipe_from(const TrainArgs& a) {
+  Recipe recipe;
+  recipe.epochs = a.epochs;
+  recipe.batch = a.batch;
+  recipe.lr = a.lr;
+  recipe.min_lr = std::min(1e-5, a.lr);
+  recipe.weight_decay = a.weight_decay;
+  recipe.warmup_epochs = a.warmup;
+  recipe.label_smoothing = a.label_smoothing;
+  recipe.augment = a.augment;
+  recipe.seed = a.seed;
+  recipe.threads = a.threads;
+  return recipe;
+}
+
+
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_interrupt(int) { g_interrupted = true; }
 
@@ -239,26 +270,12 @@ int run_train_mae(TrainArgs& a) {
     if (cmd->count("--name")) config.name = a.name;
     recipe.threads = a.threads;
   } else {
+    config = model_shape(a, a.img_size);
     config.name = a.command->count("--name") ? a.name : "vitlens-mae";
-    config.patch_size = a.patch;
-    config.embed_dim = a.embed_dim;
-    config.num_heads = a.heads;
-    config.depth = a.depth;
-    config.img_h = config.img_w = a.img_size;
-    config.class_token = true;
-    config.mlp_ratio = a.mlp_ratio;
-    config.qkv_bias = true;
-    recipe.epochs = a.epochs;
-    recipe.batch = a.batch;
-    recipe.lr = a.lr;
-    recipe.min_lr = std::min(1e-5, a.lr);
-    recipe.weight_decay = a.weight_decay;
-    recipe.warmup_epochs = a.warmup;
+    recipe = recipe_from(a);
     recipe.label_smoothing = 0.0;
     // The random crops are the augmentation; their flip is on unless --no-augment is given.
     recipe.augment = recipe.flip = a.command->count("--augment") == 0 || a.augment;
-    recipe.seed = a.seed;
-    recipe.threads = a.threads;
     options.shape.mask_ratio = a.mask_ratio;
     options.shape.decoder_dim = a.decoder_dim;
     options.shape.decoder_depth = a.decoder_depth;
@@ -521,24 +538,8 @@ int run_train(TrainArgs& a) {
     if (cmd->count("--epochs")) recipe.epochs = a.epochs;
     recipe.threads = a.threads;
   } else {
-    config.patch_size = a.patch;
-    config.embed_dim = a.embed_dim;
-    config.num_heads = a.heads;
-    config.depth = a.depth;
-    config.img_h = config.img_w = data.img_size;
-    config.class_token = true;
-    config.mlp_ratio = a.mlp_ratio;
-    config.qkv_bias = true;
-    recipe.epochs = a.epochs;
-    recipe.batch = a.batch;
-    recipe.lr = a.lr;
-    recipe.min_lr = std::min(1e-5, a.lr);
-    recipe.weight_decay = a.weight_decay;
-    recipe.warmup_epochs = a.warmup;
-    recipe.label_smoothing = a.label_smoothing;
-    recipe.augment = a.augment;
-    recipe.seed = a.seed;
-    recipe.threads = a.threads;
+    config = model_shape(a, data.img_size);
+    recipe = recipe_from(a);
   }
   // The name and description label the model and never change the training, so a resumed run may
   // set them too (the checkpoint's own name is kept unless --name is given).

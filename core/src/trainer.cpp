@@ -105,7 +105,6 @@ Trainer::Trainer(const VitConfig& config, const Recipe& recipe, const ImageSet* 
     : net_(config, train && train->num_classes() > 0 ? train->num_classes() : 0),
       recipe_(recipe),
       train_(train),
-      eval_(eval),
       rng_(recipe.seed + 1) {
   const std::string why = recipe.validate();
   if (!why.empty()) throw Error(why);

@@ -67,9 +67,10 @@ struct TrainPosition {
 
 class Trainer {
  public:
-  // A fresh model initialised from recipe.seed as timm initialises a VisionTransformer. The image
-  // sets must outlive the trainer; `eval` may be null (no evaluation). Throws vitlens::Error on an
-  // inconsistent config, a bad recipe, an empty set or images of the wrong size.
+  // A fresh model initialised from recipe.seed as timm initialises a VisionTransformer. `train`
+  // must outlive the trainer; `eval` (may be null) is only checked for image size here, since
+  // evaluate() takes the set to evaluate. Throws vitlens::Error on an inconsistent config, a bad
+  // recipe, an empty set or images of the wrong size.
   Trainer(const VitConfig& config, const Recipe& recipe, const ImageSet* train, const ImageSet* eval);
 
   const VitConfig& config() const { return net_.config(); }
@@ -110,7 +111,6 @@ class Trainer {
   train::VitNet<float> net_;
   Recipe recipe_;
   const ImageSet* train_ = nullptr;
-  const ImageSet* eval_ = nullptr;
   train::AdamW adam_;
   TrainPosition pos_;
   Rng rng_;
