@@ -174,12 +174,14 @@ void DrawHeadsView(App& app, const ViewTextures& textures) {
 
   const int heads = app.doc.model->model.config.num_heads;
   if (v.focus_head >= 0 && v.focus_head < std::min(heads, textures.heads_shown)) {
-    // One head opened large (from the layers x heads grid).
+    // One head opened large (from the layers x heads grid). The head is read before the button,
+    // which resets it: this frame still draws the head it was drawn for.
+    const int head = v.focus_head;
     if (gui::SmallButton("all heads")) app.ui.view.focus_head = -1;
     const ImVec2 avail = ImGui::GetContentRegionAvail();
     float w = 0.0f, h = 0.0f;
     FitPicture(app, avail.x, std::max(48.0f, avail.y - 4.0f * ImGui::GetTextLineHeightWithSpacing() - 12.0f), w, h);
-    DrawHeadPanel(app, textures, v.focus_head, w, h);
+    DrawHeadPanel(app, textures, head, w, h);
     ImGui::End();
     return;
   }
