@@ -2,17 +2,13 @@
 #include "vitlens/vit.hpp"
 
 #include <algorithm>
-#include <atomic>
-#include <exception>
-#include <mutex>
 #include <cmath>
 #include <sstream>
-#include <system_error>
-#include <thread>
 
 #include "vitlens/error.hpp"
 #include "vitlens/fast_attention.hpp"
 #include "vitlens/gemm.hpp"
+#include "vitlens/parallel.hpp"
 
 namespace vitlens {
 
@@ -138,29 +134,7 @@ int threads_within_chunk(int n, int threads) { return n <= kChunk ? threads : 1;
 template <class Fn>
 void for_row_chunks(int n, int threads, Fn&& fn) {
   const int chunks = (n + kChunk - 1) / kChunk;
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int workers = std::max(1, std::min(threads, chunks));
-  std::atomic<int> next{0};
-  std::mutex failure_lock;
-  std::exception_ptr failure;  // the first exception of any worker, rethrown after every join
-  auto work = [&] {
-    try {
-      for (int c = next++; c < chunks; c = next++) fn(c * kChunk, std::min(n, (c + 1) * kChunk));
-    } catch (...) {
-      std::lock_guard<std::mutex> hold(failure_lock);
-      if (!failure) failure = std::current_exception();
-      next = chunks;  // the others stop at their next chunk
-    }
-  };
-  std::vector<std::thread> pool;
-  try {
-    for (int t = 1; t < workers; ++t) pool.emplace_back(work);
-  } catch (const std::system_error&) {
-    // No more threads to be had: the ones that started and this one share the chunks.
-  }
-  work();
-  for (std::thread& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
+  run_tasks(chunks, threads, [&](int c) { fn(c * kChunk, std::min(n, (c + 1) * kChunk)); });
 }
 
 // out[r0:r1] = LayerNorm(x[r0:r1]) row by row over D, statistics in double. out is (N, D) already;

@@ -99,13 +99,11 @@ void BlockStack<T>::allocate(int B, int N) {
   mlp.assign(Ls * R * Ds, 0);
   d_resid.assign(R * Ds, 0);
   d_mid.assign(R * Ds, 0);
-  d_branch.assign(R * Ds, 0);
   d_ln.assign(R * Ds, 0);
   d_qkv.assign(R * 3 * Ds, 0);
   d_ctx.assign(R * Ds, 0);
   d_hidden.assign(R * Hms, 0);
   d_gelu.assign(R * Hms, 0);
-  d_probs.assign(static_cast<size_t>(B) * Hs * Ns * Ns, 0);
 }
 
 template <class T>
@@ -132,14 +130,14 @@ void BlockStack<T>::forward(const T* w, const uint8_t* mask, int threads) {
     linear_forward(ln1_l, w + o.qkv_w, qkv_bias ? w + o.qkv_b : nullptr, R, D, 3 * D, qkv_l, threads);
     attention_forward(qkv_l, mask, B, N, D, H, scale, probs_l, ctx_l, threads);
     linear_forward(ctx_l, w + o.proj_w, w + o.proj_b, R, D, D, proj_l, threads);
-    residual_forward(x, proj_l, static_cast<int64_t>(RD), mid_l);
+    residual_forward(x, proj_l, static_cast<int64_t>(RD), mid_l, threads);
     // x = x + self.mlp(self.norm2(x))
     layernorm_forward(mid_l, w + o.norm2_w, w + o.norm2_b, eps, R, D, ln2_l, ln2_mean.data() + l * R,
                       ln2_rstd.data() + l * R, threads);
     linear_forward(ln2_l, w + o.fc1_w, w + o.fc1_b, R, D, Hm, fc1_l, threads);
     gelu_forward(fc1_l, static_cast<int64_t>(R) * Hm, gelu_l, threads);
     linear_forward(gelu_l, w + o.fc2_w, w + o.fc2_b, R, Hm, D, mlp_l, threads);
-    residual_forward(mid_l, mlp_l, static_cast<int64_t>(RD), resid.data() + (l + 1) * RD);
+    residual_forward(mid_l, mlp_l, static_cast<int64_t>(RD), resid.data() + (l + 1) * RD, threads);
   }
 }
 
@@ -160,27 +158,25 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
     const T* ln2_l = ln2.data() + l * RD;
     const T* fc1_l = fc1.data() + static_cast<size_t>(l) * R * Hm;
     const T* gelu_l = gelu.data() + static_cast<size_t>(l) * R * Hm;
-    // d_resid holds d loss / d resid[l+1] = d(mid + mlp): both get it.
-    zero(d_mid);
-    zero(d_branch);
-    residual_backward(d_resid.data(), static_cast<int64_t>(RD), d_mid.data(), d_branch.data());
+    // d_resid holds d loss / d resid[l+1], resid[l+1] = mid + mlp: mid's gradient starts as a copy of
+    // it, and the MLP branch reads it as it is (llm.c's residual_backward, without the two passes).
+    std::copy(d_resid.begin(), d_resid.end(), d_mid.begin());
     // mlp branch: fc2(GELU(fc1(norm2(mid))))
     zero(d_gelu);
-    linear_backward(d_branch.data(), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b, threads);
+    linear_backward(d_resid.data(), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b, threads);
     zero(d_hidden);
     gelu_backward(d_gelu.data(), fc1_l, static_cast<int64_t>(R) * Hm, d_hidden.data(), threads);
     zero(d_ln);
     linear_backward(d_hidden.data(), ln2_l, w + o.fc1_w, R, D, Hm, d_ln.data(), g + o.fc1_w, g + o.fc1_b, threads);
     layernorm_backward(d_ln.data(), mid_l, w + o.norm2_w, ln2_mean.data() + l * R, ln2_rstd.data() + l * R, R, D,
                        d_mid.data(), g + o.norm2_w, g + o.norm2_b, threads);
-    // d_mid = d loss / d mid = d(x + proj(attn(norm1(x)))): both get it.
-    zero(d_resid);
-    zero(d_branch);
-    residual_backward(d_mid.data(), static_cast<int64_t>(RD), d_resid.data(), d_branch.data());
+    // d_mid = d loss / d mid, mid = x + proj(attn(norm1(x))): x's gradient starts as a copy, the
+    // attention branch reads d_mid as it is.
+    std::copy(d_mid.begin(), d_mid.end(), d_resid.begin());
     zero(d_ctx);
-    linear_backward(d_branch.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads);
+    linear_backward(d_mid.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads);
     zero(d_qkv);
-    attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_probs.data(), d_qkv.data(), threads);
+    attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_qkv.data(), threads);
     zero(d_ln);
     linear_backward(d_qkv.data(), ln1_l, w + o.qkv_w, R, D, 3 * D, d_ln.data(), g + o.qkv_w,
                     qkv_bias ? g + o.qkv_b : nullptr, threads);

@@ -1,0 +1,167 @@
+// The worker pool behind run_tasks (parallel.hpp).
+//
+// One job at a time: the caller holding `busy` writes the job, bumps `generation`, runs tasks
+// itself, then waits until every worker has acknowledged the generation (so no worker still reads
+// the job when the next one is written). Workers spin for about a millisecond after a job (the next
+// operation of a training step is usually that close), then sleep on a condition variable.
+#include "vitlens/parallel.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <system_error>
+#include <thread>
+#include <vector>
+
+namespace vitlens {
+
+namespace {
+
+void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(1000);
+
+// Takes task indices from `next` until none are left; the first exception stops the others at
+// their next index and is kept for the caller.
+struct Job {
+  const std::function<void(int)>* task = nullptr;
+  int tasks = 0;
+  std::atomic<int> next{0};
+  std::mutex failure_lock;
+  std::exception_ptr failure;
+
+  void drain() {
+    for (int i = next.fetch_add(1, std::memory_order_relaxed); i < tasks;
+         i = next.fetch_add(1, std::memory_order_relaxed)) {
+      try {
+        (*task)(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> hold(failure_lock);
+        if (!failure) failure = std::current_exception();
+        next.store(tasks, std::memory_order_relaxed);
+      }
+    }
+  }
+};
+
+// Threads started for this call alone: for a call made while the pool is busy.
+void run_on_new_threads(int tasks, int workers, const std::function<void(int)>& task) {
+  Job job;
+  job.task = &task;
+  job.tasks = tasks;
+  std::vector<std::thread> started;
+  try {
+    for (int t = 1; t < workers; ++t) started.emplace_back([&job] { job.drain(); });
+  } catch (const std::system_error&) {
+    // No more threads: the ones that started and this one share the tasks.
+  }
+  job.drain();
+  for (std::thread& t : started) t.join();
+  if (job.failure) std::rethrow_exception(job.failure);
+}
+
+class Pool {
+ public:
+  // false when the pool is in use (by another thread, or by the task calling this).
+  bool try_run(int tasks, int workers, const std::function<void(int)>& task) {
+    std::unique_lock<std::mutex> mine(busy_, std::try_to_lock);
+    if (!mine.owns_lock()) return false;
+    grow(workers - 1);
+    job_.task = &task;
+    job_.tasks = tasks;
+    job_.next.store(0, std::memory_order_relaxed);
+    job_.failure = nullptr;
+    helpers_ = std::min(workers - 1, static_cast<int>(threads_.size()));
+    acked_.store(0, std::memory_order_relaxed);
+    {
+      std::lock_guard<std::mutex> hold(sleep_lock_);
+      generation_.fetch_add(1, std::memory_order_release);
+    }
+    wake_.notify_all();
+    job_.drain();
+    const int everyone = static_cast<int>(threads_.size());
+    for (int spins = 0; acked_.load(std::memory_order_acquire) < everyone; ++spins) {
+      if (spins < 4096) cpu_relax();
+      else std::this_thread::yield();
+    }
+    if (job_.failure) std::rethrow_exception(job_.failure);
+    return true;
+  }
+
+ private:
+  void grow(int wanted) {
+    while (static_cast<int>(threads_.size()) < wanted) {
+      const int index = static_cast<int>(threads_.size());
+      const uint64_t now = generation_.load(std::memory_order_relaxed);
+      try {
+        threads_.emplace_back([this, index, now] { work(index, now); });
+      } catch (const std::system_error&) {
+        return;  // no more threads to be had: the job runs on the ones there are
+      }
+    }
+  }
+
+  void work(int index, uint64_t seen) {
+    for (;;) {
+      seen = wait_for_job(seen);
+      if (index < helpers_) job_.drain();
+      acked_.fetch_add(1, std::memory_order_release);
+    }
+  }
+
+  uint64_t wait_for_job(uint64_t seen) {
+    const auto until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+    for (int spins = 0;; ++spins) {
+      const uint64_t g = generation_.load(std::memory_order_acquire);
+      if (g != seen) return g;
+      cpu_relax();
+      if ((spins & 63) == 63 && std::chrono::steady_clock::now() > until) break;
+    }
+    std::unique_lock<std::mutex> hold(sleep_lock_);
+    wake_.wait(hold, [&] { return generation_.load(std::memory_order_acquire) != seen; });
+    return generation_.load(std::memory_order_acquire);
+  }
+
+  std::mutex busy_;  // held by the caller whose job is running
+  std::vector<std::thread> threads_;
+  Job job_;
+  int helpers_ = 0;  // workers [0, helpers_) take tasks of the current job
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> acked_{0};
+  std::mutex sleep_lock_;
+  std::condition_variable wake_;
+};
+
+// Never destroyed: its workers wait for work until the process ends.
+Pool& pool() {
+  static Pool* const the_pool = new Pool;
+  return *the_pool;
+}
+
+}  // namespace
+
+int resolve_threads(int threads) {
+  return threads > 0 ? threads : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+void run_tasks(int tasks, int threads, const std::function<void(int)>& task) {
+  if (tasks <= 0) return;
+  const int workers = std::min(resolve_threads(threads), tasks);
+  if (workers == 1) {
+    for (int i = 0; i < tasks; ++i) task(i);
+    return;
+  }
+  if (!pool().try_run(tasks, workers, task)) run_on_new_threads(tasks, workers, task);
+}
+
+}  // namespace vitlens
