@@ -11,14 +11,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <exception>
-#include <mutex>
-#include <system_error>
-#include <thread>
 #include <vector>
 
 #include "vitlens/error.hpp"
 #include "vitlens/fast_attention.hpp"
+#include "vitlens/parallel.hpp"
 
 namespace vitlens {
 namespace detail {
@@ -206,32 +203,6 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
 
 // [SECTION] Threads and the public products
 
-// Runs task(t) for t in [0, tasks) on up to `tasks` threads (this one included); rethrows the
-// first exception after every join. When no thread can be started, this thread does them all.
-template <class Task>
-void run_tasks(int tasks, Task&& task) {
-  std::vector<std::thread> pool;
-  std::mutex failure_lock;
-  std::exception_ptr failure;
-  auto guarded = [&](int t) {
-    try {
-      task(t);
-    } catch (...) {
-      std::lock_guard<std::mutex> hold(failure_lock);
-      if (!failure) failure = std::current_exception();
-    }
-  };
-  int started = 1;
-  try {
-    for (; started < tasks; ++started) pool.emplace_back(guarded, started);
-  } catch (const std::system_error&) {
-  }
-  for (int t = started; t < tasks; ++t) guarded(t);  // the ones no thread took
-  guarded(0);
-  for (std::thread& t : pool) t.join();
-  if (failure) std::rethrow_exception(failure);
-}
-
 }  // namespace
 
 const detail::GemmKernels& detail::active_gemm_kernels() { return active_gemm(); }
@@ -254,19 +225,24 @@ void detail::gemm_with(const GemmKernels& kern, int m, int n, int k, GemmOperand
   const float* bp = bias ? bias_padded.data() : nullptr;
 
   // Threads: only when each gets a few hundred thousand multiply-adds; rows when there are more
-  // of them than columns, split at multiples of kMc, else columns at multiples of kSplitCols.
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // of them than columns, split at multiples of kMc, else columns at multiples of kSplitCols. When
+  // that gives fewer pieces than threads (a weight gradient dW = dY^T X of a narrow layer: 48 or 96
+  // rows, thousands of K), at multiples of the tile instead. Where the splits fall changes no
+  // number: every output element is the same FMA chain in any tile.
+  threads = resolve_threads(threads);
   const double work = static_cast<double>(m) * n * std::max(k, 1);
   int parts = std::max(1, std::min(threads, static_cast<int>(work / 2.5e5)));
   const bool split_rows = m >= n;
-  const int unit = split_rows ? kMc : kSplitCols;
-  const int units = ((split_rows ? m : n) + unit - 1) / unit;
+  const int extent = split_rows ? m : n;
+  int unit = split_rows ? kMc : kSplitCols;
+  if ((extent + unit - 1) / unit < parts) unit = split_rows ? kern.mr : kern.nr;
+  const int units = (extent + unit - 1) / unit;
   parts = std::min(parts, units);
   const int per_part = (units + parts - 1) / parts * unit;
-  parts = ((split_rows ? m : n) + per_part - 1) / per_part;
-  run_tasks(parts, [&](int t) {
+  parts = (extent + per_part - 1) / per_part;
+  run_tasks(parts, parts, [&](int t) {
     thread_local PackBuffers buffers;  // kept by each thread between products
-    const int lo = t * per_part, hi = std::min(split_rows ? m : n, lo + per_part);
+    const int lo = t * per_part, hi = std::min(extent, lo + per_part);
     if (split_rows) gemm_block(kern, lo, hi, 0, n, k, a, b, c, ldc, accumulate, bp, gelu, buffers);
     else gemm_block(kern, 0, m, lo, hi, k, a, b, c, ldc, accumulate, bp, gelu, buffers);
   });

@@ -31,6 +31,11 @@ void cpu_relax() {
 
 constexpr auto kSpinBeforeSleep = std::chrono::microseconds(1000);
 
+// True on a pool worker, and on the caller while the pool runs its job: a run_tasks from inside a
+// task then starts its own threads instead of asking the pool again (whose lock this thread may
+// hold: try_lock on a mutex one owns is undefined).
+thread_local bool t_inside_pool_job = false;
+
 // Takes task indices from `next` until none are left; the first exception stops the others at
 // their next index and is kept for the caller.
 struct Job {
@@ -74,6 +79,7 @@ class Pool {
  public:
   // false when the pool is in use (by another thread, or by the task calling this).
   bool try_run(int tasks, int workers, const std::function<void(int)>& task) {
+    if (t_inside_pool_job) return false;
     std::unique_lock<std::mutex> mine(busy_, std::try_to_lock);
     if (!mine.owns_lock()) return false;
     grow(workers - 1);
@@ -88,7 +94,9 @@ class Pool {
       generation_.fetch_add(1, std::memory_order_release);
     }
     wake_.notify_all();
+    t_inside_pool_job = true;
     job_.drain();
+    t_inside_pool_job = false;
     const int everyone = static_cast<int>(threads_.size());
     for (int spins = 0; acked_.load(std::memory_order_acquire) < everyone; ++spins) {
       if (spins < 4096) cpu_relax();
@@ -112,6 +120,7 @@ class Pool {
   }
 
   void work(int index, uint64_t seen) {
+    t_inside_pool_job = true;
     for (;;) {
       seen = wait_for_job(seen);
       if (index < helpers_) job_.drain();
