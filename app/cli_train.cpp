@@ -48,6 +48,7 @@ Recipe recipe_from(const TrainArgs& a) {
   recipe.warmup_epochs = a.warmup;
   recipe.label_smoothing = a.label_smoothing;
   recipe.augment = a.augment;
+  recipe.crop_pad = a.crop_pad;
   recipe.seed = a.seed;
   recipe.threads = a.threads;
   return recipe;
@@ -223,9 +224,10 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   const int img = a.data == "fashion-mnist" ? 28 : a.img_size;
   if (img % a.patch != 0)
     bad("the image size " + std::to_string(img) + " is not a multiple of --patch " + std::to_string(a.patch));
+  if (cmd->count("--crop-pad") && !a.augment) bad("--crop-pad applies with --augment (the random crops)");
   if (!a.resume.empty()) {
     for (const char* flag : {"--depth", "--embed-dim", "--heads", "--patch", "--mlp-ratio", "--batch", "--lr",
-                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--val-split",
+                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--crop-pad", "--val-split",
                              "--img-size", "--limit", "--mask-ratio", "--decoder-dim", "--decoder-depth",
                              "--decoder-heads", "--crops-per-photo"})
       if (cmd->count(flag))
@@ -459,8 +461,11 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
   cmd->add_option("--label-smoothing", a.label_smoothing, "As torch.nn.CrossEntropyLoss(label_smoothing=...)")
       ->capture_default_str();
   cmd->add_flag("--augment,!--no-augment", a.augment,
-                "Augment the training images (random crop with 2 pixels of zero padding, horizontal flip); off by "
-                "default. With --data photos the flip of the random crops is on unless --no-augment");
+                "Augment the training images (random crop with --crop-pad pixels of zero padding, horizontal flip); "
+                "off by default. With --data photos the flip of the random crops is on unless --no-augment");
+  cmd->add_option("--crop-pad", a.crop_pad, "With --augment: zero padding of the random crop in pixels; 0 = flips only")
+      ->check(CLI::Range(0, 16))
+      ->capture_default_str();
   cmd->add_option("--val-split", a.val_split,
                   "Share of each class (for photos: of the photos) held out for per-epoch validation (seeded). Default 0.1 "
                   "for a folder or photos; for Fashion-MNIST 0 = evaluate on the 10,000 test images every epoch");

@@ -234,6 +234,8 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data fashion-mnist --resume " + dir + "/missing.safetensors", "missing.safetensors", 1},
       {"train --data fashion-mnist --resume " + dir + "/x.safetensors --lr 0.1", "cannot change on --resume", 2},
       {"train --data fashion-mnist --out " + dir + "/r --name ''", "--name must not be empty", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --crop-pad 0", "--crop-pad applies with --augment", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --augment --crop-pad 17", "--crop-pad", 2},
       {"train --data fashion-mnist --out " + dir + "/r --name " + std::string(65, 'n'), "longer than 64", 2},
   };
   for (const Case& c : cases) {
@@ -274,6 +276,17 @@ TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --st
   const auto record = nlohmann::json::parse(fa.metadata.at("training"));
   CHECK(record.at("test_accuracy").get<double>() > 0.0);
   CHECK(record.at("recipe").at("epochs") == 2);
+  CHECK(record.at("recipe").at("augment") == false);
+  // Flips only: --augment --crop-pad 0 is what the recipe records (and a different run from a's).
+  Run c = run_vitlens("train" + common + " --out " + dir + "/c --augment --crop-pad 0");
+  INFO(c.err);
+  REQUIRE(c.code == 0);
+  const SafetensorsFile fc = read_safetensors(dir + "/c/last.safetensors");
+  const auto flip_recipe = nlohmann::json::parse(fc.metadata.at("training")).at("recipe");
+  CHECK(flip_recipe.at("augment") == true);
+  CHECK(flip_recipe.at("crop_pad") == 0);
+  CHECK(flip_recipe.at("flip") == true);
+  CHECK(fc.tensors.at("head.weight").values != fa.tensors.at("head.weight").values);
   // The log: JSON lines with the documented keys.
   std::ifstream log(dir + "/a/log.jsonl");
   std::string line;
