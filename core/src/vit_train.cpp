@@ -75,6 +75,22 @@ ParamLayout param_layout(const VitConfig& c, int num_classes) {
 // ---------------------------------------------------------------------------------------------
 // BlockStack
 
+namespace {
+
+// dst[i] = src[i] (or 0 without src) for i in [0, n), in fixed chunks over the threads: the
+// backward pass clears or copies a few million values per block, too many for one thread of two.
+template <class T>
+void fill_from(T* dst, const T* src, size_t n, int threads) {
+  constexpr size_t kChunk = 1 << 16;
+  parallel_for(static_cast<int>((n + kChunk - 1) / kChunk), threads, [&](int c) {
+    const size_t i0 = static_cast<size_t>(c) * kChunk, i1 = std::min(n, i0 + kChunk);
+    if (src) std::copy(src + i0, src + i1, dst + i0);
+    else std::fill(dst + i0, dst + i1, T(0));
+  });
+}
+
+}  // namespace
+
 template <class T>
 void BlockStack<T>::allocate(int B, int N) {
   if (batch == B && tokens == N) return;
@@ -146,7 +162,7 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
   const int B = batch, N = tokens, R = B * N;
   const T scale = T(1) / std::sqrt(static_cast<T>(D / H));
   const size_t RD = static_cast<size_t>(R) * D;
-  auto zero = [](std::vector<T>& v) { std::fill(v.begin(), v.end(), T(0)); };
+  auto zero = [threads](std::vector<T>& v) { fill_from<T>(v.data(), nullptr, v.size(), threads); };
   for (int l = L - 1; l >= 0; --l) {
     const BlockOffsets& o = offsets[static_cast<size_t>(l)];
     const T* x = resid.data() + l * RD;
@@ -160,7 +176,7 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
     const T* gelu_l = gelu.data() + static_cast<size_t>(l) * R * Hm;
     // d_resid holds d loss / d resid[l+1], resid[l+1] = mid + mlp: mid's gradient starts as a copy of
     // it, and the MLP branch reads it as it is (llm.c's residual_backward, without the two passes).
-    std::copy(d_resid.begin(), d_resid.end(), d_mid.begin());
+    fill_from(d_mid.data(), d_resid.data(), d_resid.size(), threads);
     // mlp branch: fc2(GELU(fc1(norm2(mid))))
     zero(d_gelu);
     linear_backward(d_resid.data(), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b, threads);
@@ -172,7 +188,7 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
                        d_mid.data(), g + o.norm2_w, g + o.norm2_b, threads);
     // d_mid = d loss / d mid, mid = x + proj(attn(norm1(x))): x's gradient starts as a copy, the
     // attention branch reads d_mid as it is.
-    std::copy(d_mid.begin(), d_mid.end(), d_resid.begin());
+    fill_from(d_resid.data(), d_mid.data(), d_mid.size(), threads);
     zero(d_ctx);
     linear_backward(d_mid.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads);
     zero(d_qkv);
