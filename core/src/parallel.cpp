@@ -1,9 +1,9 @@
 // The worker pool behind run_tasks (parallel.hpp).
 //
-// One job at a time: the caller holding `busy` writes the job, bumps `generation`, runs tasks
-// itself, then waits until every worker has acknowledged the generation (so no worker still reads
-// the job when the next one is written). Workers spin for about a millisecond after a job (the next
-// operation of a training step is usually that close), then sleep on a condition variable.
+// One job at a time: the caller holding `busy` writes the job, opens it, bumps `generation`, runs
+// tasks itself, closes the job and waits for the workers that entered it (so none still reads the
+// job when the next one is written). Workers spin for 0.3 ms after a job (the next operation of a
+// training step is usually that close), then sleep on a condition variable.
 #include "vitlens/parallel.hpp"
 
 #include <algorithm>
@@ -29,7 +29,7 @@ void cpu_relax() {
 #endif
 }
 
-constexpr auto kSpinBeforeSleep = std::chrono::microseconds(1000);
+constexpr auto kSpinBeforeSleep = std::chrono::microseconds(300);
 
 // True on a pool worker, and on the caller while the pool runs its job: a run_tasks from inside a
 // task then starts its own threads instead of asking the pool again (whose lock this thread may
@@ -83,22 +83,27 @@ class Pool {
     std::unique_lock<std::mutex> mine(busy_, std::try_to_lock);
     if (!mine.owns_lock()) return false;
     grow(workers - 1);
+    // No worker is inside a job here (active_ was 0 when the last one closed), so the fields can
+    // be written; a worker reads them only after it has entered the job that published them.
     job_.task = &task;
     job_.tasks = tasks;
     job_.next.store(0, std::memory_order_relaxed);
     job_.failure = nullptr;
     helpers_ = std::min(workers - 1, static_cast<int>(threads_.size()));
-    acked_.store(0, std::memory_order_relaxed);
+    open_.store(true);
     {
       std::lock_guard<std::mutex> hold(sleep_lock_);
-      generation_.fetch_add(1, std::memory_order_release);
+      generation_.fetch_add(1);
     }
     wake_.notify_all();
     t_inside_pool_job = true;
     job_.drain();
     t_inside_pool_job = false;
-    const int everyone = static_cast<int>(threads_.size());
-    for (int spins = 0; acked_.load(std::memory_order_acquire) < everyone; ++spins) {
+    // Close the job, then wait only for the workers inside it: one the system has not run yet
+    // (the machine busy with other work) finds it closed when it wakes and does nothing, instead
+    // of being waited for.
+    open_.store(false);
+    for (int spins = 0; active_.load() > 0; ++spins) {
       if (spins < 4096) cpu_relax();
       else std::this_thread::yield();
     }
@@ -110,7 +115,7 @@ class Pool {
   void grow(int wanted) {
     while (static_cast<int>(threads_.size()) < wanted) {
       const int index = static_cast<int>(threads_.size());
-      const uint64_t now = generation_.load(std::memory_order_relaxed);
+      const uint64_t now = generation_.load();
       try {
         threads_.emplace_back([this, index, now] { work(index, now); });
       } catch (const std::system_error&) {
@@ -123,22 +128,26 @@ class Pool {
     t_inside_pool_job = true;
     for (;;) {
       seen = wait_for_job(seen);
-      if (index < helpers_) job_.drain();
-      acked_.fetch_add(1, std::memory_order_release);
+      // Enter, then check the job is still the one seen and still open (all sequentially
+      // consistent: either the caller sees this worker inside and waits, or the worker sees the
+      // job closed or replaced and leaves without touching it).
+      active_.fetch_add(1);
+      if (open_.load() && generation_.load() == seen && index < helpers_) job_.drain();
+      active_.fetch_sub(1);
     }
   }
 
   uint64_t wait_for_job(uint64_t seen) {
     const auto until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
     for (int spins = 0;; ++spins) {
-      const uint64_t g = generation_.load(std::memory_order_acquire);
+      const uint64_t g = generation_.load();
       if (g != seen) return g;
       cpu_relax();
       if ((spins & 63) == 63 && std::chrono::steady_clock::now() > until) break;
     }
     std::unique_lock<std::mutex> hold(sleep_lock_);
-    wake_.wait(hold, [&] { return generation_.load(std::memory_order_acquire) != seen; });
-    return generation_.load(std::memory_order_acquire);
+    wake_.wait(hold, [&] { return generation_.load() != seen; });
+    return generation_.load();
   }
 
   std::mutex busy_;  // held by the caller whose job is running
@@ -146,7 +155,8 @@ class Pool {
   Job job_;
   int helpers_ = 0;  // workers [0, helpers_) take tasks of the current job
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> acked_{0};
+  std::atomic<bool> open_{false};  // the current job takes workers
+  std::atomic<int> active_{0};     // workers inside a job (or checking whether to enter)
   std::mutex sleep_lock_;
   std::condition_variable wake_;
 };
