@@ -49,6 +49,7 @@ int run_info(const InfoArgs& args);
 struct TrainArgs {
   std::string data, out, resume, grad_dump;
   std::string name = "vitlens-trained", description;  // the model's config name / description
+  std::string pool = "cls";  // the classifier's input: the class token, or the mean of the patch tokens
   int depth = 6, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
   int batch = 128, epochs = 10;

@@ -23,7 +23,8 @@ namespace vitlens::cli {
 
 namespace {
 
-// A new run's model: the card's layout (class token, qkv bias) in the flags' shape, images img x img.
+// A new run's model: the card's layout (qkv bias; class token unless --pool avg) in the flags' shape,
+// images img x img.
 VitConfig model_shape(const TrainArgs& a, int img) {
   VitConfig config;
   config.patch_size = a.patch;
@@ -31,7 +32,7 @@ VitConfig model_shape(const TrainArgs& a, int img) {
   config.num_heads = a.heads;
   config.depth = a.depth;
   config.img_h = config.img_w = img;
-  config.class_token = true;
+  config.class_token = a.pool == "cls";
   config.mlp_ratio = a.mlp_ratio;
   config.qkv_bias = true;
   return config;
@@ -225,9 +226,11 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   if (img % a.patch != 0)
     bad("the image size " + std::to_string(img) + " is not a multiple of --patch " + std::to_string(a.patch));
   if (cmd->count("--crop-pad") && !a.augment) bad("--crop-pad applies with --augment (the random crops)");
+  if (cmd->count("--pool") && a.data.rfind("photos", 0) == 0)
+    bad("--pool applies to classifiers; the MAE encoder keeps its class token");
   if (!a.resume.empty()) {
     for (const char* flag : {"--depth", "--embed-dim", "--heads", "--patch", "--mlp-ratio", "--batch", "--lr",
-                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--crop-pad", "--val-split",
+                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--crop-pad", "--pool", "--val-split",
                              "--img-size", "--limit", "--mask-ratio", "--decoder-dim", "--decoder-depth",
                              "--decoder-heads", "--crops-per-photo"})
       if (cmd->count(flag))
@@ -463,6 +466,11 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
   cmd->add_flag("--augment,!--no-augment", a.augment,
                 "Augment the training images (random crop with --crop-pad pixels of zero padding, horizontal flip); "
                 "off by default. With --data photos the flip of the random crops is on unless --no-augment");
+  cmd->add_option("--pool", a.pool,
+                  "What the classifier head reads: 'cls' (the class token, timm's default) or 'avg' (the mean of "
+                  "the patch tokens, timm's global_pool='avg', a model without class token)")
+      ->check(CLI::IsMember({"cls", "avg"}))
+      ->capture_default_str();
   cmd->add_option("--crop-pad", a.crop_pad, "With --augment: zero padding of the random crop in pixels; 0 = flips only")
       ->check(CLI::Range(0, 16))
       ->capture_default_str();

@@ -236,6 +236,8 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data fashion-mnist --out " + dir + "/r --name ''", "--name must not be empty", 2},
       {"train --data fashion-mnist --out " + dir + "/r --crop-pad 0", "--crop-pad applies with --augment", 2},
       {"train --data fashion-mnist --out " + dir + "/r --augment --crop-pad 17", "--crop-pad", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --pool max", "--pool", 2},
+      {"train --data photos --out " + dir + "/r --pool avg", "--pool applies to classifiers", 2},
       {"train --data fashion-mnist --out " + dir + "/r --name " + std::string(65, 'n'), "longer than 64", 2},
   };
   for (const Case& c : cases) {
@@ -287,6 +289,14 @@ TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --st
   CHECK(flip_recipe.at("crop_pad") == 0);
   CHECK(flip_recipe.at("flip") == true);
   CHECK(fc.tensors.at("head.weight").values != fa.tensors.at("head.weight").values);
+  // --pool avg: a model without class token (the head reads the mean of the patch tokens).
+  Run d = run_vitlens("train" + common + " --out " + dir + "/d --pool avg");
+  INFO(d.err);
+  REQUIRE(d.code == 0);
+  const VitModel pooled = load_model(dir + "/d/last.safetensors");
+  CHECK_FALSE(pooled.config.class_token);
+  CHECK(pooled.w.num_classes == 10);
+  CHECK(read_safetensors(dir + "/d/last.safetensors").tensors.count("cls_token") == 0);
   // The log: JSON lines with the documented keys.
   std::ifstream log(dir + "/a/log.jsonl");
   std::string line;
