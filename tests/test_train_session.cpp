@@ -361,6 +361,8 @@ TEST_CASE("train session: MAE on photos records the loss, refreshes the probe, s
   CHECK(saved.options.shape.decoder_dim == 16);
   CHECK(saved.options.shape.mask_ratio == 0.75);
   CHECK(saved.options.crops_per_photo == 16);
+  CHECK(saved.recipe.flip);  // the CLI's default for photos
+  CHECK(saved.recipe.label_smoothing == 0.0);
   CHECK(saved.position.step == 20);
   CHECK(saved.training.at("objective") == "mae");
   CHECK(saved.training.at("val_photos") == 1);
@@ -460,6 +462,9 @@ TEST_CASE("train session: bad MAE settings and photo folders are one line each",
   CHECK(set_train_option(parsed, "mask-ratio", "0.5") == "");
   CHECK(parsed.decoder_dim == 64);
   CHECK(parsed.mask_ratio == 0.5);
+  CHECK(parsed.flip_crops);
+  CHECK(set_train_option(parsed, "augment", "off") == "");  // the CLI's --no-augment: no flipped crops
+  CHECK_FALSE(parsed.flip_crops);
   // The defaults are the CLI's.
   const TrainSettings defaults;
   CHECK(defaults.mask_ratio == 0.75);

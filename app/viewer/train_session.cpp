@@ -137,9 +137,10 @@ Recipe recipe_of(const TrainSettings& s) {
   r.seed = s.seed;
   r.threads = s.threads;
   if (is_photo_data(s.data)) {
-    // As the CLI's MAE recipe: no labels to smooth; the random crops are the augmentation, flipped.
+    // As the CLI's MAE recipe: no labels to smooth; the random crops are the augmentation, flipped
+    // unless turned off.
     r.label_smoothing = 0.0;
-    r.augment = r.flip = true;
+    r.augment = r.flip = s.flip_crops;
   }
   return r;
 }
@@ -186,7 +187,7 @@ std::string set_train_option(TrainSettings& s, const std::string& key, const std
   if (key == "val-split") return real_option(s.val_split);
   if (key == "augment") {
     if (value != "on" && value != "off") return key + "=" + value + ": expected on or off";
-    s.augment = value == "on";
+    s.augment = s.flip_crops = value == "on";
     return "";
   }
   if (key == "out") {

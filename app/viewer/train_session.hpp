@@ -35,8 +35,10 @@ struct TrainSettings {
   uint64_t seed = 0;
   int threads = 0;                     // 0 = one per core
   int img_size = 32;                   // images of a folder are resized to this, photos cropped to it (Fashion-MNIST: 28)
-  // Masked patch prediction (photos only), `vitlens train`'s flags and defaults. The random crops'
-  // flip is on, as the CLI's default for photos; `augment` and `label-smoothing` are for classifiers.
+  // Masked patch prediction (photos only), `vitlens train`'s flags and defaults. `augment` and
+  // `label-smoothing` are the classifier's; for photos the key augment=on|off sets flip_crops, as
+  // the CLI's --augment / --no-augment do there.
+  bool flip_crops = true;              // photos: flip the random crops half of the time
   double mask_ratio = 0.75;            // share of patches hidden from the encoder, in (0, 1)
   int decoder_dim = 32, decoder_depth = 1, decoder_heads = 4;  // the MAE decoder (Dd divisible by its heads)
   int crops_per_photo = 16;            // an epoch = every training photo this many times

@@ -57,7 +57,8 @@ void DrawSettings(TrainSettings& s, bool editable) {
     ImGui::InputInt("decoder heads##train_decoder_heads", &s.decoder_heads, 0);
   }
   ImGui::PopItemWidth();
-  if (!mae) ImGui::Checkbox("augment##train_augment", &s.augment);  // photos: the crops' flip is always on
+  if (mae) ImGui::Checkbox("flip crops##train_flip_crops", &s.flip_crops);
+  else ImGui::Checkbox("augment##train_augment", &s.augment);
   if (!editable) ImGui::EndDisabled();
 }
 
