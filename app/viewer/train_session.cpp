@@ -217,7 +217,8 @@ std::string check_train_settings(const TrainSettings& s) {
   const std::string shape = config.validate();
   if (!shape.empty()) return "model shape: " + shape;
   if (is_photo_data(s.data)) {  // the checks `vitlens train --data photos` makes, with its words
-    if (!(s.mask_ratio > 0.0 && s.mask_ratio < 1.0)) return "mask-ratio must be in (0, 1), got " + std::to_string(s.mask_ratio);
+    if (!(s.mask_ratio > 0.0 && s.mask_ratio < 1.0))
+      return "mask-ratio must be in (0, 1), got " + std::to_string(s.mask_ratio);
     if (s.decoder_dim % s.decoder_heads != 0)
       return "decoder-dim " + std::to_string(s.decoder_dim) + " is not divisible by decoder-heads " +
              std::to_string(s.decoder_heads);
@@ -252,6 +253,7 @@ RunData load_run_data(const TrainSettings& s) {
   RunData d;
   const double split = val_split_of(s);
   auto probe_from = [&d](const ImageSet& set, const std::string& what) {
+    if (set.size() == 0) throw Error(set.source + ": no images left to train on");
     d.probe.assign(set.image(0), set.image(0) + 3 * static_cast<size_t>(set.height) * set.width);
     d.probe_h = set.height;
     d.probe_w = set.width;

@@ -1,8 +1,9 @@
 #pragma once
 // The viewer's Train window without the window (issue 7): a TrainSession owns a Trainer (or, for
-// data "photos[:DIR]", a masked-autoencoder MaeTrainer) on one worker thread and takes commands (start, pause, resume, stop, save) from the UI or a script; the
-// UI reads a snapshot (curves, the probe image's per-head maps and statistics) under a mutex and
-// never waits for a training step. No ImGui, GLFW or OpenGL here: the tests drive it directly.
+// data "photos[:DIR]", a masked-autoencoder MaeTrainer) on one worker thread and takes commands
+// (start, pause, resume, stop, save) from the UI or a script; the UI reads a snapshot (curves, the
+// probe image's per-head maps and statistics) under a mutex and never waits for a training step.
+// No ImGui, GLFW or OpenGL here: the tests drive it directly.
 //
 // Legend: H = heads, gh, gw = the probe's patch grid, S = steps recorded so far.
 #include <array>
@@ -30,11 +31,11 @@ struct TrainSettings {
   double mlp_ratio = 2.0;
   int batch = 128, epochs = 10;
   double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.0;
-  double val_split = -1.0;             // < 0: as the CLI (0 for Fashion-MNIST = the test set, 0.1 for a folder or photos)
+  double val_split = -1.0;             // < 0: as the CLI (0 for Fashion-MNIST = the test set, else 0.1)
   bool augment = false;
   uint64_t seed = 0;
   int threads = 0;                     // 0 = one per core
-  int img_size = 32;                   // images of a folder are resized to this, photos cropped to it (Fashion-MNIST: 28)
+  int img_size = 32;                   // folder images are resized to it, photo crops too (Fashion-MNIST: 28)
   // Masked patch prediction (photos only), `vitlens train`'s flags and defaults. `augment` and
   // `label-smoothing` are the classifier's; for photos the key augment=on|off sets flip_crops, as
   // the CLI's --augment / --no-augment do there.
