@@ -82,12 +82,6 @@ std::string parent_of(const std::string& path) {
   return slash == 0 ? "/" : path.substr(0, slash);
 }
 
-// "photos" or "photos:DIR": masked patch prediction on a folder of photos.
-bool is_photos(const std::string& data) { return data == "photos" || data.rfind("photos:", 0) == 0; }
-std::string photos_dir(const std::string& data) {
-  return data.size() > 7 ? data.substr(7) : default_photo_dir();
-}
-
 // The data a run trains and evaluates on, and what to call it in messages and metadata.
 struct RunData {
   ImageSet train, eval, test;  // test empty when eval is the test set itself
@@ -192,7 +186,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   auto bad = [](const std::string& s) { throw UsageError(s); };
   if (a.data.empty())
     bad("--data is required: 'fashion-mnist', a folder with one subfolder per class, or photos[:DIR]");
-  const bool mae = is_photos(a.data);
+  const bool mae = is_photo_data(a.data);
   for (const char* flag : {"--mask-ratio", "--decoder-dim", "--decoder-depth", "--decoder-heads", "--crops-per-photo"})
     if (!mae && cmd->count(flag)) bad(std::string(flag) + " applies to masked patch prediction (--data photos[:DIR])");
   if (mae) {
@@ -287,7 +281,7 @@ int run_train_mae(TrainArgs& a) {
     options.shape.decoder_heads = a.decoder_heads;
     options.crops_per_photo = a.crops_per_photo;
   }
-  const std::string dir = photos_dir(a.data);
+  const std::string dir = photo_data_dir(a.data);
   if (!a.description.empty())
     config.description = a.description;
   else if (a.resume.empty())
@@ -296,23 +290,15 @@ int run_train_mae(TrainArgs& a) {
   if (why.empty()) why = options.validate(config);
   if (!why.empty()) throw UsageError("model shape: " + why);
 
-  // Photos are kept at up to 4x the training size: crops of 40-100 % of the short side are then
-  // downscaled, never upscaled much.
-  FolderReport report;
-  PhotoCorpus all = load_photo_corpus(dir, std::max(4 * config.img_h, 64), &report);
+  const PhotoRunData photos = load_photo_run_data(a.data, config.img_h, a.limit, a.val_split, a.seed);
+  const FolderReport& report = photos.report;
   if (report.skipped > 0 && !a.quiet) {
     std::fprintf(stderr, "vitlens: skipped %d unreadable file(s) in %s", report.skipped, dir.c_str());
     for (size_t i = 0; i < report.examples.size() && i < 2; ++i) std::fprintf(stderr, "; %s", report.examples[i].c_str());
     std::fprintf(stderr, "\n");
   }
-  if (a.limit > 0 && all.size() > a.limit) {
-    all.photos.resize(static_cast<size_t>(a.limit));
-    all.heights.resize(static_cast<size_t>(a.limit));
-    all.widths.resize(static_cast<size_t>(a.limit));
-    all.names.resize(static_cast<size_t>(a.limit));
-  }
-  PhotoCorpus train_photos, val_photos;
-  split_photos(all, a.val_split, a.seed, &train_photos, &val_photos);
+  const PhotoCorpus& train_photos = photos.train;
+  const PhotoCorpus& val_photos = photos.val;
 
   MaeTrainer trainer(config, recipe, options, &train_photos, val_photos.size() > 0 ? &val_photos : nullptr);
 
@@ -519,7 +505,7 @@ int run_train(TrainArgs& a) {
   CLI::App* cmd = a.command;
   if (a.resume.empty() && !cmd->count("--val-split")) a.val_split = a.data == "fashion-mnist" ? 0.0 : 0.1;
   check_args(a, cmd);
-  if (is_photos(a.data)) return run_train_mae(a);
+  if (is_photo_data(a.data)) return run_train_mae(a);
 
   SavedTraining saved;
   if (!a.resume.empty()) {

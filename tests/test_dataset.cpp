@@ -17,6 +17,7 @@
 #include "test_support.hpp"
 #include "vitlens/dataset.hpp"
 #include "vitlens/error.hpp"
+#include "vitlens/mae_train.hpp"
 
 using namespace vitlens;
 namespace fs = std::filesystem;
@@ -619,4 +620,92 @@ TEST_CASE("sample_photo_crop: exact window, flip, bounds and determinism", "[dat
   CHECK_THROWS_WITH(sample_photo_crop(corpus, rbig, 0, 0.5f, false, big.data()), Catch::Contains("output size"));
   CHECK_THROWS_WITH(sample_photo_crop(corpus, rbig, 8, 0.0f, false, big.data()), Catch::Contains("minimum scale"));
   CHECK_THROWS_WITH(sample_photo_crop(PhotoCorpus{}, rbig, 8, 0.5f, false, big.data()), Catch::Contains("empty"));
+}
+
+TEST_CASE("centre_crop_photo: the centred square of the short side, exact and area-averaged", "[dataset][photos]") {
+  // A wide 6 x 10 photo and a tall 10 x 6 one, value = (c * 100 + y * 10 + x) / 1000 (y, x in the
+  // photo's own frame).
+  PhotoCorpus two;
+  two.source = "synthetic";
+  two.heights = {6, 10};
+  two.widths = {10, 6};
+  two.names = {"wide", "tall"};
+  for (int i = 0; i < 2; ++i) {
+    const int h = two.heights[static_cast<size_t>(i)], w = two.widths[static_cast<size_t>(i)];
+    two.photos.emplace_back(static_cast<size_t>(3 * h * w));
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < h; ++y)
+        for (int x = 0; x < w; ++x)
+          two.photos.back()[static_cast<size_t>((c * h + y) * w + x)] = (c * 100 + y * 10 + x) / 1000.0f;
+  }
+  auto at = [&](int i, int c, int y, int x) {
+    const int h = two.heights[static_cast<size_t>(i)], w = two.widths[static_cast<size_t>(i)];
+    return two.photos[static_cast<size_t>(i)][static_cast<size_t>((c * h + y) * w + x)];
+  };
+  // Output = short side: the 6 x 6 window at (y0, x0) = (0, 2) of the wide photo, (2, 0) of the tall one.
+  std::vector<float> out(3 * 36);
+  for (int i = 0; i < 2; ++i) {
+    centre_crop_photo(two, i, 6, out.data());
+    const int y0 = i == 0 ? 0 : 2, x0 = i == 0 ? 2 : 0;
+    for (int c = 0; c < 3; ++c)
+      for (int y = 0; y < 6; ++y)
+        for (int x = 0; x < 6; ++x) REQUIRE(out[static_cast<size_t>((c * 6 + y) * 6 + x)] == at(i, c, y0 + y, x0 + x));
+  }
+  // Half the size: area interpolation at factor 2 is the mean of each 2 x 2 block (tolerance 1e-6).
+  std::vector<float> half(3 * 9);
+  centre_crop_photo(two, 0, 3, half.data());
+  double worst = 0.0;
+  for (int c = 0; c < 3; ++c)
+    for (int y = 0; y < 3; ++y)
+      for (int x = 0; x < 3; ++x) {
+        const float mean = (at(0, c, 2 * y, 2 + 2 * x) + at(0, c, 2 * y, 3 + 2 * x) + at(0, c, 2 * y + 1, 2 + 2 * x) +
+                            at(0, c, 2 * y + 1, 3 + 2 * x)) / 4.0f;
+        worst = std::max(worst, static_cast<double>(std::abs(half[static_cast<size_t>((c * 3 + y) * 3 + x)] - mean)));
+      }
+  INFO("largest difference " << worst);
+  CHECK(worst <= 1e-6);
+  CHECK_THROWS_WITH(centre_crop_photo(two, 2, 6, out.data()), Catch::Contains("photo 2 is not in the corpus"));
+  CHECK_THROWS_WITH(centre_crop_photo(two, 0, 0, out.data()), Catch::Contains("output size"));
+}
+
+TEST_CASE("photo run data: photos[:DIR], the limit and the held-out split as `vitlens train` reads them", "[dataset][photos]") {
+  CHECK(is_photo_data("photos"));
+  CHECK(is_photo_data("photos:/x"));
+  CHECK_FALSE(is_photo_data("photo"));
+  CHECK_FALSE(is_photo_data("fashion-mnist"));
+  CHECK(photo_data_dir("photos") == default_photo_dir());
+  CHECK(photo_data_dir("photos:") == default_photo_dir());
+  CHECK(photo_data_dir("photos:/x/y") == "/x/y");
+
+  const std::string dir = test::photo_folder("photo-run-data");
+  // Six readable photos (one in a subfolder) and notes.txt, skipped and counted.
+  const PhotoRunData all = load_photo_run_data("photos:" + dir, 16, 0, 0.0, 1);
+  CHECK(all.dir == dir);
+  CHECK(all.train.size() == 6);
+  CHECK(all.val.size() == 0);
+  CHECK(all.report.skipped == 1);
+  // The long side is capped at max(4 x 16, 64) = 64.
+  for (int i = 0; i < all.train.size(); ++i)
+    CHECK(std::max(all.train.heights[static_cast<size_t>(i)], all.train.widths[static_cast<size_t>(i)]) <= 64);
+  // limit 5 keeps the first five by path (messi5 in sub/ is last), 0.1 of 5 rounds to 1 held out,
+  // the same split split_photos makes with the same seed.
+  const PhotoRunData five = load_photo_run_data("photos:" + dir, 16, 5, 0.1, 7);
+  CHECK(five.train.size() == 4);
+  CHECK(five.val.size() == 1);
+  std::vector<std::string> names = five.train.names;
+  names.insert(names.end(), five.val.names.begin(), five.val.names.end());
+  std::sort(names.begin(), names.end());
+  CHECK(names == std::vector<std::string>{"baboon.jpg", "building.jpg", "butterfly.jpg", "fruits.jpg", "home.jpg"});
+  PhotoCorpus first5 = all.train, train, val;
+  first5.photos.resize(5);
+  first5.heights.resize(5);
+  first5.widths.resize(5);
+  first5.names.resize(5);
+  split_photos(first5, 0.1, 7, &train, &val);
+  CHECK(val.names == five.val.names);
+  CHECK(val.photos == five.val.photos);
+
+  CHECK_THROWS_WITH(load_photo_run_data("photos:" + dir + "/nowhere", 16, 0, 0.1, 0), Catch::Contains("no such folder"));
+  CHECK_THROWS_WITH(load_photo_run_data("photos:" + dir, 16, 0, 1.0, 0), Catch::Contains("not in [0, 1)"));
+  std::filesystem::remove_all(dir);
 }

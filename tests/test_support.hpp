@@ -1,8 +1,11 @@
 #pragma once
-// Shared helpers for the tests: random models built in memory, temporary folders.
+// Shared helpers for the tests: random models built in memory, temporary folders, a photo folder.
 #include <cstdlib>
+#include <fstream>
+#include <stdexcept>
 #include <string>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "vitlens/bundled.hpp"
@@ -40,6 +43,26 @@ inline std::string temp_dir(const std::string& tag) {
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
   return buf.data();
+}
+
+// A few opencv-doc photos, copied at run time into a temporary folder (never into the repository),
+// one of them in a subfolder (photos are read recursively), plus a file that is not an image
+// (skipped and counted): baboon, fruits, building, home, butterfly, sub/messi5 and notes.txt.
+inline std::string photo_folder(const std::string& tag) {
+  const std::string photos = "/usr/share/doc/opencv-doc/examples/data/";
+  const std::string dir = temp_dir(tag);
+  ::mkdir((dir + "/sub").c_str(), 0755);
+  for (const char* name : {"baboon.jpg", "fruits.jpg", "building.jpg", "home.jpg", "butterfly.jpg", "sub/messi5.jpg"}) {
+    const std::string file = name;
+    std::ifstream in(photos + file.substr(file.find('/') + 1), std::ios::binary);
+    if (!in)
+      throw std::runtime_error("opencv-doc's example photos are missing from " + photos +
+                               " (scripts/setup.sh installs opencv-doc)");
+    std::ofstream out(dir + "/" + file, std::ios::binary);
+    out << in.rdbuf();
+  }
+  std::ofstream(dir + "/notes.txt") << "not an image\n";
+  return dir;
 }
 
 }  // namespace vitlens::test

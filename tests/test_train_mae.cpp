@@ -35,7 +35,6 @@ using namespace vitlens;
 namespace {
 
 const std::string kMaeFixture = std::string(VITLENS_TEST_FIXTURES) + "/train/grad_mae.safetensors";
-const std::string kPhotoDir = "/usr/share/doc/opencv-doc/examples/data/";
 
 double max_norm_rel(const float* got, const std::vector<float>& ref) {
   double diff = 0.0, scale = 0.0;
@@ -99,22 +98,7 @@ VitConfig tiny_config(int img, int dim, int heads, int depth) {
   return c;
 }
 
-// A few opencv-doc photos, copied at run time into a temporary folder (never into the repository),
-// one of them in a subfolder (photos are read recursively), plus a file that is not an image
-// (skipped and counted).
-std::string photo_folder(const std::string& tag) {
-  const std::string dir = test::temp_dir(tag);
-  ::mkdir((dir + "/sub").c_str(), 0755);
-  for (const char* name : {"baboon.jpg", "fruits.jpg", "building.jpg", "home.jpg", "butterfly.jpg", "sub/messi5.jpg"}) {
-    const std::string file = name;
-    std::ifstream in(kPhotoDir + file.substr(file.find('/') + 1), std::ios::binary);
-    if (!in) FAIL("opencv-doc's example photos are missing from " << kPhotoDir << " (scripts/setup.sh installs opencv-doc)");
-    std::ofstream out(dir + "/" + file, std::ios::binary);
-    out << in.rdbuf();
-  }
-  std::ofstream(dir + "/notes.txt") << "not an image\n";
-  return dir;
-}
+using test::photo_folder;
 
 struct Run {
   int code = -1;

@@ -1,17 +1,22 @@
 // The viewer's TrainSession and Train commands without a display (issue 7): start, pause, resume,
 // stop, snapshot contents, saving, the probe maps against an independent recomputation from the
-// saved file, a bad data path as one line, the script's checks and the Model menu's list.
+// saved file, a bad data path as one line, the script's checks and the Model menu's list; the same
+// for masked patch prediction on photos (MAE).
 #include <catch2/catch.hpp>
 
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
 #include "controller.hpp"
+#include "test_support.hpp"
 #include "train_panel.hpp"
 #include "train_session.hpp"
+#include "vitlens/checkpoint.hpp"
 #include "vitlens/dataset.hpp"
 #include "vitlens/image.hpp"
 #include "vitlens/maps.hpp"
@@ -254,4 +259,256 @@ TEST_CASE("train commands: the script's checks and the Model menu's list", "[tra
   CHECK(app.requests.open_model == random_model_path());
   c.args = {"nope"};
   CHECK(apply_train_command(app, c).find("no bundled model named 'nope'") == 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Masked patch prediction (data photos[:DIR]) in the same session.
+
+namespace {
+
+// 5 photos (test::photo_folder's, less the subfolder's messi5: limit 5 keeps the first five by
+// path), val-split 0.1 holds out 1, crops 16 x 4 photos / batch 16 = 4 steps per epoch, 16 x 16
+// crops in 4 x 4 patches, a 1-block encoder of 2 heads and a 1-block decoder.
+TrainSettings tiny_mae_settings(const std::string& dir) {
+  TrainSettings s;
+  s.data = "photos:" + dir;
+  s.limit = 5;
+  s.img_size = 16;
+  s.depth = 1;
+  s.embed_dim = 16;
+  s.heads = 2;
+  s.patch = 4;
+  s.batch = 16;
+  s.epochs = 5;
+  s.lr = 5e-3;
+  s.warmup = 0.25;
+  s.seed = 4;
+  s.threads = 1;
+  s.probe_every = 2;
+  s.decoder_dim = 16;
+  s.decoder_heads = 2;
+  s.crops_per_photo = 16;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("train session: MAE on photos records the loss, refreshes the probe, saves an encoder", "[train_session][mae]") {
+  const std::string dir = test::photo_folder("train-session-mae");
+  TrainSession session;
+  REQUIRE(session.start(tiny_mae_settings(dir)) == "");
+  session.pause();  // before the photos are in: the run starts paused at step 0
+  TrainSnapshot s = wait_for(session, [](const TrainSnapshot& x) {
+    return (x.state == TrainState::Paused && x.parameters > 0) || x.state == TrainState::Failed;
+  });
+  REQUIRE(s.error == "");
+  REQUIRE(s.state == TrainState::Paused);
+  CHECK(s.mae);
+  CHECK(s.train_images == 4);
+  CHECK(s.eval_images == 1);
+  CHECK(s.eval_name == "val");
+  CHECK(s.total_steps == 20);
+  CHECK(s.steps_per_epoch == 4);
+  CHECK(s.stat_steps == std::vector<int64_t>{0});
+  CHECK(s.probe.what.find("held-out photo ") == 0);
+  CHECK(s.probe.label == -1);
+  session.resume();
+  s = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; });
+  REQUIRE(s.error == "");
+  REQUIRE(s.state == TrainState::Finished);
+  REQUIRE(s.loss.size() == 20);
+  for (float l : s.loss) CHECK(std::isfinite(l));
+  // MAE has no accuracy: nothing is recorded rather than zeros.
+  CHECK(s.accuracy.empty());
+  CHECK(s.eval_accuracy.empty());
+  // One validation pass (fixed crops and masks of the held-out photo) per epoch.
+  REQUIRE(s.eval_steps == std::vector<int64_t>{4, 8, 12, 16, 20});
+  REQUIRE(s.eval_loss.size() == 5);
+  for (float l : s.eval_loss) CHECK(std::isfinite(l));
+  // The initial weights predict nearly flat patches, which score about (K - 1) / K = 0.98 on
+  // norm-pix targets (test_train_mae.cpp); 20 steps at lr 5e-3 must bring the last 4 below that.
+  float last = 0.0f;
+  for (size_t i = 16; i < 20; ++i) last += s.loss[i] / 4.0f;
+  std::printf("MAE in the Train window: loss %.4f (step 1) -> %.4f (steps 17-20), val %.4f -> %.4f\n", s.loss[0], last,
+              s.eval_loss.front(), s.eval_loss.back());
+  CHECK(s.loss[0] > 0.9f);
+  CHECK(last < 0.95f * s.loss[0]);
+  // The probe: refreshed every 2 steps, 4 x 4 patch maps of 2 heads.
+  REQUIRE(s.stat_steps == std::vector<int64_t>{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20});
+  REQUIRE(s.entropy.size() == 2);
+  for (int h = 0; h < 2; ++h) {
+    CHECK(s.entropy[h].size() == 11);
+    CHECK(s.distance[h].size() == 11);
+    for (int r = 0; r < kHeadRoles; ++r) CHECK(s.roles[h][r].size() == 11);
+    for (float e : s.entropy[h]) {  // 16 patches + the class token
+      CHECK(e > 0.0f);
+      CHECK(e <= std::log(17.0f) + 1e-4f);
+    }
+  }
+  CHECK(s.probe.step == 20);
+  CHECK(s.probe.grid_h == 4);
+  CHECK(s.probe.grid_w == 4);
+  REQUIRE(s.probe.heads.size() == 2);
+  REQUIRE(s.probe.image_rgb.size() == 16u * 16u * 3u);
+
+  // Saved as the CLI saves MAE runs: the model file is the encoder (no head), the decoder lives in
+  // the state file; it opens through the ordinary loader and the MAE checkpoint reader.
+  const std::string path = dir + "/mae.safetensors";
+  REQUIRE(session.save(path) == "");
+  CHECK(session.snapshot().checkpoint == path);
+  CHECK(checkpoint_objective(path) == "mae");
+  const SavedMae saved = load_mae_checkpoint(path);
+  CHECK(saved.options.shape.decoder_dim == 16);
+  CHECK(saved.options.shape.mask_ratio == 0.75);
+  CHECK(saved.options.crops_per_photo == 16);
+  CHECK(saved.recipe.flip);  // the CLI's default for photos
+  CHECK(saved.recipe.label_smoothing == 0.0);
+  CHECK(saved.position.step == 20);
+  CHECK(saved.training.at("objective") == "mae");
+  CHECK(saved.training.at("val_photos") == 1);
+  CHECK(saved.training.contains("val_loss"));
+  const VitModel model = load_model(path);
+  CHECK(model.w.num_classes == 0);
+  CHECK(model.config.name == "vitlens-mae");
+
+  // The encoder run on the image the window showed: its maps equal the window's, and each head's
+  // attention received over the patches plus the class token's share sums to 1.
+  cv::Mat rgb(16, 16, CV_32FC3);
+  std::copy(s.probe.image_rgb.begin(), s.probe.image_rgb.end(), reinterpret_cast<float*>(rgb.data));
+  const PreparedImage prepared = prepare_image(rgb, model.config, 0);
+  const ForwardResult result = forward(model, prepared.grid, ForwardOptions{});
+  MapRequest request;
+  request.layer = 0;
+  const HeadMaps maps = attention_maps(model, result, request);
+  REQUIRE(maps.heads.size() == 2);
+  double worst = 0.0;
+  for (size_t h = 0; h < 2; ++h) {
+    worst = std::max(worst, static_cast<double>((s.probe.heads[h] - maps.heads[h]).cwiseAbs().maxCoeff()));
+    CHECK(s.probe.heads[h].minCoeff() >= 0.0f);
+    CHECK(s.probe.heads[h].sum() + maps.cls_weight[h] == Approx(1.0).margin(1e-5));
+  }
+  INFO("largest difference " << worst);
+  CHECK(worst <= 1e-6);
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("train session: MAE pause, resume and stop; the stopped encoder saves", "[train_session][mae]") {
+  const std::string dir = test::photo_folder("train-session-mae-stop");
+  TrainSession session;
+  TrainSettings settings = tiny_mae_settings(dir);
+  settings.epochs = 1000;  // 4000 steps: far more than run before the stop arrives
+  REQUIRE(session.start(settings) == "");
+  TrainSnapshot s = wait_for(session, [](const TrainSnapshot& x) { return x.step >= 1 || x.state == TrainState::Failed; });
+  REQUIRE(s.step >= 1);
+  session.pause();
+  s = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Paused; });
+  REQUIRE(s.state == TrainState::Paused);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the step in flight (if any) lands
+  const int64_t paused_at = session.snapshot().step;
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  CHECK(session.snapshot().step == paused_at);
+  session.resume();
+  s = wait_for(session, [&](const TrainSnapshot& x) { return x.step >= paused_at + 2 || x.state == TrainState::Failed; });
+  CHECK(s.state == TrainState::Running);
+  CHECK(s.step >= paused_at + 2);
+  session.stop();
+  s = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Stopped; });
+  REQUIRE(s.state == TrainState::Stopped);
+  const int64_t stopped_at = s.step;
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  CHECK(session.snapshot().step == stopped_at);
+  CHECK(stopped_at < s.total_steps);
+  CHECK(s.loss.size() == static_cast<size_t>(stopped_at));
+  const std::string path = dir + "/stopped.safetensors";
+  REQUIRE(session.save(path) == "");
+  CHECK(load_mae_checkpoint(path).position.step == stopped_at);
+  CHECK(load_model(path).config.name == "vitlens-mae");
+  std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("train session: bad MAE settings and photo folders are one line each", "[train_session][mae]") {
+  const std::string dir = test::photo_folder("train-session-mae-bad");
+  auto one_line = [](const std::string& text) { return !text.empty() && text.find('\n') == std::string::npos; };
+  TrainSession session;
+  TrainSettings s = tiny_mae_settings(dir);
+  s.mask_ratio = 0.0;
+  CHECK(session.start(s) == "mask-ratio must be in (0, 1), got 0.000000");
+  s.mask_ratio = 1.0;
+  CHECK(session.start(s) == "mask-ratio must be in (0, 1), got 1.000000");
+  s = tiny_mae_settings(dir);
+  s.decoder_dim = 30;
+  s.decoder_heads = 4;
+  CHECK(session.start(s) == "decoder-dim 30 is not divisible by decoder-heads 4");
+  s.decoder_heads = 0;  // the window's field can hold anything: refused, never a division by zero
+  CHECK(session.start(s) == "decoder-heads must be in [1, 64], got 0");
+  s = tiny_mae_settings(dir);
+  s.heads = 0;
+  CHECK(session.start(s) == "heads must be in [1, 64], got 0");
+  s = tiny_mae_settings(dir);
+  s.mask_ratio = 0.99;  // int(16 x 0.01) = 0 patches visible
+  const std::string visible = session.start(s);
+  CHECK(one_line(visible));
+  CHECK(visible.find("visible") != std::string::npos);
+  s = tiny_mae_settings(dir);
+  s.label_smoothing = 0.1;
+  CHECK(session.start(s) == "label-smoothing applies to classifiers, not to photos");
+  CHECK(session.snapshot().state == TrainState::Idle);  // nothing started
+
+  TrainSettings parsed;
+  CHECK(set_train_option(parsed, "mask-ratio", "x") == "mask-ratio=x: expected a number");
+  CHECK(set_train_option(parsed, "decoder-depth", "0") == "decoder-depth=0: expected a whole number in [1, 16]");
+  CHECK(set_train_option(parsed, "crops-per-photo", "0") == "crops-per-photo=0: expected a whole number in [1, 100000]");
+  CHECK(set_train_option(parsed, "decoder-dim", "64") == "");
+  CHECK(set_train_option(parsed, "mask-ratio", "0.5") == "");
+  CHECK(parsed.decoder_dim == 64);
+  CHECK(parsed.mask_ratio == 0.5);
+  CHECK(parsed.flip_crops);
+  CHECK(set_train_option(parsed, "augment", "off") == "");  // the CLI's --no-augment: no flipped crops
+  CHECK_FALSE(parsed.flip_crops);
+  // The defaults are the CLI's.
+  const TrainSettings defaults;
+  CHECK(defaults.mask_ratio == 0.75);
+  CHECK(defaults.decoder_dim == 32);
+  CHECK(defaults.decoder_depth == 1);
+  CHECK(defaults.decoder_heads == 4);
+  CHECK(defaults.crops_per_photo == 16);
+
+  // Folders are read on the worker: a missing one, one without photos, one with only a non-image.
+  const std::string empty = dir + "/empty", junk = dir + "/junk";
+  std::filesystem::create_directories(empty);
+  std::filesystem::create_directories(junk);
+  std::ofstream(junk + "/notes.txt") << "not an image\n";
+  for (const auto& [data, expected] : {std::pair<std::string, std::string>{"photos:/no/such/dir", "/no/such/dir: no such folder"},
+                                       {"photos:" + empty, empty + ": has no readable photo"},
+                                       {"photos:" + junk, junk + ": has no readable photo"}}) {
+    INFO(data);
+    s = tiny_mae_settings(dir);
+    s.data = data;
+    REQUIRE(session.start(s) == "");
+    const TrainSnapshot f = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Failed; });
+    REQUIRE(f.state == TrainState::Failed);
+    CHECK(f.error.find(expected) == 0);
+    CHECK(one_line(f.error));
+  }
+  // Too few crops for one batch: the trainer refuses, one line.
+  s = tiny_mae_settings(dir);
+  s.crops_per_photo = 1;
+  REQUIRE(session.start(s) == "");
+  const TrainSnapshot few = wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Failed; });
+  REQUIRE(few.state == TrainState::Failed);
+  CHECK(one_line(few.error));
+
+  // The script takes the same words.
+  auto check = [](const std::string& line) {
+    try {
+      parse_script(line + "\n", "t");
+      return std::string();
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  };
+  CHECK(check("train start photos mask-ratio=0.6 decoder-dim=16 decoder-depth=2 decoder-heads=2 crops-per-photo=8") == "");
+  CHECK(check("train start photos:/tmp/x crops-per-photo=0").find("crops-per-photo=0: expected a whole number") !=
+        std::string::npos);
+  std::filesystem::remove_all(dir);
 }

@@ -35,7 +35,7 @@ std::string check_train_command(const ScriptCommand& c) {
   const auto& a = c.args;
   if (c.verb == "model-menu") return a.size() == 1 ? "" : "expects: model-menu NAME (a model's name or file stem)";
   const std::string usage =
-      "expects: train start fashion-mnist|DIR [key=value ...] | train pause|resume|stop | train wait STEPS | "
+      "expects: train start fashion-mnist|DIR|photos[:DIR] [key=value ...] | train pause|resume|stop | train wait STEPS | "
       "train save FILE | train open";
   if (a.empty()) return usage;
   const std::string& sub = a[0];
@@ -170,16 +170,21 @@ nlohmann::json training_state_json(const App& app) {
   j["message"] = v.message;
   j["start_error"] = app.train.start_error;
   j["data"] = v.data;
+  j["objective"] = v.mae ? "mae" : "classify";
   j["train_images"] = v.train_images;
   j["eval_images"] = v.eval_images;
   j["parameters"] = v.parameters;
   j["step"] = v.step;
   j["total_steps"] = v.total_steps;
   j["loss"] = v.loss;
+  j["accuracy_points"] = v.accuracy.size();
   j["eval_steps"] = v.eval_steps;
+  j["eval_loss"] = v.eval_loss;
   j["eval_accuracy"] = v.eval_accuracy;
   j["probe_step"] = v.probe.step;
   j["probe_heads"] = v.probe.heads.size();
+  j["probe_grid"] = {v.probe.grid_h, v.probe.grid_w};
+  j["probe_what"] = v.probe.what;
   j["stat_steps"] = v.stat_steps;
   j["entropy"] = v.entropy;
   j["checkpoint"] = v.checkpoint;

@@ -1,7 +1,7 @@
 #pragma once
 // The viewer's side of training and of the model menu (issue 7), without a display:
 //   TrainPanel          the Train window's plain state (the session, the fields, the snapshot shown)
-//   script commands     train start fashion-mnist|DIR [key=value ...] | train pause|resume|stop |
+//   script commands     train start fashion-mnist|DIR|photos[:DIR] [key=value ...] | train pause|resume|stop |
 //                       train wait STEPS | train save FILE | train open | model-menu NAME
 //   bundled_models      every *.safetensors in assets/models with its config's name and description
 #include <cstdint>

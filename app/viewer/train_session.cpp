@@ -1,5 +1,6 @@
 // TrainSession (see train_session.hpp): one worker thread per run. The worker owns the data and the
-// Trainer; between two steps it serves saves, honours pause/stop, evaluates and refreshes the probe.
+// trainer (a classifier's Trainer, or MaeTrainer for photos); between two steps it serves saves,
+// honours pause/stop, evaluates and refreshes the probe.
 // Index:
 //   [SECTION] Settings
 //   [SECTION] Data and probe (worker side)
@@ -15,6 +16,8 @@
 #include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
+#include <memory>
 
 #include <opencv2/core.hpp>
 
@@ -23,6 +26,7 @@
 #include "vitlens/dataset.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/image.hpp"
+#include "vitlens/mae_train.hpp"
 #include "vitlens/maps.hpp"
 #include "vitlens/model_io.hpp"
 #include "vitlens/trainer.hpp"
@@ -70,10 +74,45 @@ double val_split_of(const TrainSettings& s) {
   return s.val_split >= 0.0 ? s.val_split : (s.data == "fashion-mnist" ? 0.0 : 0.1);
 }
 
+// The whole-number settings with the ranges `vitlens train`'s flags accept; set_train_option parses
+// them and check_train_settings re-checks them, since the window's fields write them directly.
+struct IntSetting {
+  const char* key;
+  int TrainSettings::*member;
+  long long lo, hi;
+};
+const IntSetting kIntSettings[] = {
+    {"limit", &TrainSettings::limit, 0, 100000000},
+    {"depth", &TrainSettings::depth, 1, 64},
+    {"embed-dim", &TrainSettings::embed_dim, 4, 1024},
+    {"heads", &TrainSettings::heads, 1, 64},
+    {"patch", &TrainSettings::patch, 1, 64},
+    {"batch", &TrainSettings::batch, 1, 4096},
+    {"epochs", &TrainSettings::epochs, 1, 10000},
+    {"threads", &TrainSettings::threads, 0, 256},
+    {"img-size", &TrainSettings::img_size, 4, 1024},
+    {"probe-every", &TrainSettings::probe_every, 1, 1000000},
+    {"eval-every", &TrainSettings::eval_every, 0, 100000000},
+    {"decoder-dim", &TrainSettings::decoder_dim, 4, 1024},
+    {"decoder-depth", &TrainSettings::decoder_depth, 1, 16},
+    {"decoder-heads", &TrainSettings::decoder_heads, 1, 64},
+    {"crops-per-photo", &TrainSettings::crops_per_photo, 1, 100000},
+};
+
+std::string range_text(const IntSetting& f) {
+  return "[" + std::to_string(f.lo) + ", " + std::to_string(f.hi) + "]";
+}
+
 VitConfig config_of(const TrainSettings& s) {
   VitConfig c;
-  c.name = "vitlens-trained";
-  c.description = "ViT trained in the vitlens viewer on " + s.data;
+  if (is_photo_data(s.data)) {  // as `vitlens train --data photos[:DIR]` names its encoder
+    c.name = "vitlens-mae";
+    c.description = "ViT encoder trained in the vitlens viewer by masked patch prediction (MAE) on the photos in " +
+                    photo_data_dir(s.data);
+  } else {
+    c.name = "vitlens-trained";
+    c.description = "ViT trained in the vitlens viewer on " + s.data;
+  }
   c.patch_size = s.patch;
   c.embed_dim = s.embed_dim;
   c.num_heads = s.heads;
@@ -97,7 +136,23 @@ Recipe recipe_of(const TrainSettings& s) {
   r.augment = s.augment;
   r.seed = s.seed;
   r.threads = s.threads;
+  if (is_photo_data(s.data)) {
+    // As the CLI's MAE recipe: no labels to smooth; the random crops are the augmentation, flipped
+    // unless turned off.
+    r.label_smoothing = 0.0;
+    r.augment = r.flip = s.flip_crops;
+  }
   return r;
+}
+
+MaeOptions mae_options_of(const TrainSettings& s) {
+  MaeOptions o;
+  o.shape.mask_ratio = s.mask_ratio;
+  o.shape.decoder_dim = s.decoder_dim;
+  o.shape.decoder_depth = s.decoder_depth;
+  o.shape.decoder_heads = s.decoder_heads;
+  o.crops_per_photo = s.crops_per_photo;
+  return o;
 }
 
 }  // namespace
@@ -116,17 +171,8 @@ std::string set_train_option(TrainSettings& s, const std::string& key, const std
     target = f;
     return "";
   };
-  if (key == "limit") return int_option(s.limit, 0, 100000000);
-  if (key == "depth") return int_option(s.depth, 1, 64);
-  if (key == "embed-dim") return int_option(s.embed_dim, 4, 1024);
-  if (key == "heads") return int_option(s.heads, 1, 64);
-  if (key == "patch") return int_option(s.patch, 1, 64);
-  if (key == "batch") return int_option(s.batch, 1, 4096);
-  if (key == "epochs") return int_option(s.epochs, 1, 10000);
-  if (key == "threads") return int_option(s.threads, 0, 256);
-  if (key == "img-size") return int_option(s.img_size, 4, 1024);
-  if (key == "probe-every") return int_option(s.probe_every, 1, 1000000);
-  if (key == "eval-every") return int_option(s.eval_every, 0, 100000000);
+  for (const IntSetting& field : kIntSettings)
+    if (key == field.key) return int_option(s.*field.member, field.lo, field.hi);
   if (key == "seed") {
     if (!whole_int(value, 0, (1LL << 62), i)) return key + "=" + value + ": expected a whole number >= 0";
     s.seed = static_cast<uint64_t>(i);
@@ -137,10 +183,11 @@ std::string set_train_option(TrainSettings& s, const std::string& key, const std
   if (key == "weight-decay") return real_option(s.weight_decay);
   if (key == "warmup") return real_option(s.warmup);
   if (key == "label-smoothing") return real_option(s.label_smoothing);
+  if (key == "mask-ratio") return real_option(s.mask_ratio);
   if (key == "val-split") return real_option(s.val_split);
   if (key == "augment") {
     if (value != "on" && value != "off") return key + "=" + value + ": expected on or off";
-    s.augment = value == "on";
+    s.augment = s.flip_crops = value == "on";
     return "";
   }
   if (key == "out") {
@@ -150,20 +197,35 @@ std::string set_train_option(TrainSettings& s, const std::string& key, const std
   }
   return "unknown training option '" + key +
          "' (known: limit, depth, embed-dim, heads, patch, mlp-ratio, batch, epochs, lr, weight-decay, warmup, "
-         "label-smoothing, val-split, augment, seed, threads, img-size, probe-every, eval-every, out)";
+         "label-smoothing, val-split, augment, seed, threads, img-size, probe-every, eval-every, out, mask-ratio, "
+         "decoder-dim, decoder-depth, decoder-heads, crops-per-photo)";
 }
 
 std::string check_train_settings(const TrainSettings& s) {
-  if (s.data.empty()) return "no data: give 'fashion-mnist' or a folder with one subfolder of images per class";
+  if (s.data.empty())
+    return "no data: give 'fashion-mnist', a folder with one subfolder of images per class, or photos[:DIR]";
+  for (const IntSetting& f : kIntSettings)
+    if (s.*f.member < f.lo || s.*f.member > f.hi)
+      return std::string(f.key) + " must be in " + range_text(f) + ", got " + std::to_string(s.*f.member);
   if (s.embed_dim % s.heads != 0)
     return "embed-dim " + std::to_string(s.embed_dim) + " is not divisible by heads " + std::to_string(s.heads);
   if (image_side(s) % s.patch != 0)
     return "the image size " + std::to_string(image_side(s)) + " is not a multiple of patch " + std::to_string(s.patch);
   if (!(s.mlp_ratio > 0.0 && s.mlp_ratio <= 16.0)) return "mlp-ratio must be in (0, 16]";
   if (!(val_split_of(s) < 1.0)) return "val-split must be in [0, 1)";
-  if (s.limit < 0) return "limit must be >= 0";
-  const std::string shape = config_of(s).validate();
+  const VitConfig config = config_of(s);
+  const std::string shape = config.validate();
   if (!shape.empty()) return "model shape: " + shape;
+  if (is_photo_data(s.data)) {  // the checks `vitlens train --data photos` makes, with its words
+    if (!(s.mask_ratio > 0.0 && s.mask_ratio < 1.0))
+      return "mask-ratio must be in (0, 1), got " + std::to_string(s.mask_ratio);
+    if (s.decoder_dim % s.decoder_heads != 0)
+      return "decoder-dim " + std::to_string(s.decoder_dim) + " is not divisible by decoder-heads " +
+             std::to_string(s.decoder_heads);
+    if (s.label_smoothing != 0.0) return "label-smoothing applies to classifiers, not to photos";
+    const std::string mae = mae_options_of(s).validate(config);
+    if (!mae.empty()) return "model shape: " + mae;
+  }
   return recipe_of(s).validate();
 }
 
@@ -171,16 +233,46 @@ std::string check_train_settings(const TrainSettings& s) {
 
 namespace {
 
+// What a run reads: labelled images for a classifier, or photos for MAE; and the probe image.
 struct RunData {
-  ImageSet train, eval;
-  std::string eval_name;  // "test", "val" or "" (no evaluation)
+  ImageSet train, eval;            // classifier
+  PhotoRunData photos;             // MAE: photos.train, photos.val
+  std::string eval_name;           // "test", "val" or "" (no evaluation)
+  int train_count = 0, eval_count = 0;  // images or photos
+  // The probe: one image the per-head maps are drawn for, (3, probe_h, probe_w) in [0, 1].
+  std::vector<float> probe;
+  int probe_h = 0, probe_w = 0, probe_label = -1;
+  std::string probe_what;
 };
 
 // As `vitlens train`: Fashion-MNIST evaluates on the test images unless val-split > 0; a folder
-// holds out val-split of each class.
+// holds out val-split of each class; photos are read and split by the CLI's own function. The
+// probe is the first evaluation image (else the first training image); for photos the first
+// held-out photo (else the first photo), its centre square resized to img-size.
 RunData load_run_data(const TrainSettings& s) {
   RunData d;
   const double split = val_split_of(s);
+  auto probe_from = [&d](const ImageSet& set, const std::string& what) {
+    if (set.size() == 0) throw Error(set.source + ": no images left to train on");
+    d.probe.assign(set.image(0), set.image(0) + 3 * static_cast<size_t>(set.height) * set.width);
+    d.probe_h = set.height;
+    d.probe_w = set.width;
+    d.probe_label = set.labels[0];
+    d.probe_what = what;
+  };
+  if (is_photo_data(s.data)) {
+    d.photos = load_photo_run_data(s.data, s.img_size, s.limit, split, s.seed);
+    d.train_count = d.photos.train.size();
+    d.eval_count = d.photos.val.size();
+    d.eval_name = d.eval_count > 0 ? "val" : "";
+    const bool held_out = d.eval_count > 0;
+    const PhotoCorpus& from = held_out ? d.photos.val : d.photos.train;
+    d.probe.resize(3 * static_cast<size_t>(s.img_size) * s.img_size);
+    centre_crop_photo(from, 0, s.img_size, d.probe.data());
+    d.probe_h = d.probe_w = s.img_size;
+    d.probe_what = (held_out ? "held-out photo " : "photo ") + from.names[0] + ", centre crop";
+    return d;
+  }
   ImageSet all;
   if (s.data == "fashion-mnist") {
     all = load_fashion_mnist(default_fashion_mnist_dir(), true, s.limit);
@@ -188,12 +280,11 @@ RunData load_run_data(const TrainSettings& s) {
       d.train = std::move(all);
       d.eval = load_fashion_mnist(default_fashion_mnist_dir(), false, s.limit);
       d.eval_name = "test";
-      return d;
     }
   } else {
     std::error_code ec;
     if (!std::filesystem::is_directory(s.data, ec))
-      throw Error(s.data + ": the training data is neither 'fashion-mnist' nor a folder");
+      throw Error(s.data + ": the training data is neither 'fashion-mnist', a folder nor photos[:DIR]");
     FolderReport report;
     all = load_image_folder(s.data, s.img_size, &report);
     if (s.limit > 0 && all.size() > s.limit) {
@@ -201,14 +292,56 @@ RunData load_run_data(const TrainSettings& s) {
       all.labels.resize(static_cast<size_t>(s.limit));
     }
   }
-  if (split > 0.0) {
-    split_holdout(all, split, s.seed, &d.train, &d.eval);
-    d.eval_name = "val";
-  } else {
-    d.train = std::move(all);
+  if (d.eval_name.empty()) {
+    if (split > 0.0) {
+      split_holdout(all, split, s.seed, &d.train, &d.eval);
+      d.eval_name = "val";
+    } else {
+      d.train = std::move(all);
+    }
   }
+  d.train_count = d.train.size();
+  d.eval_count = d.eval.size();
+  if (d.eval_count > 0) probe_from(d.eval, "image 0 of the " + d.eval_name + " set");
+  else probe_from(d.train, "image 0 of the training set");
   return d;
 }
+
+// The worker's trainer for either objective (the data decides which): what the loop asks of it.
+struct RunTrainer {
+  std::unique_ptr<Trainer> classifier;  // fashion-mnist or a folder
+  std::unique_ptr<MaeTrainer> mae;      // photos[:DIR]
+  const ImageSet* eval = nullptr;       // the classifier's evaluation set (null: none)
+
+  StepReport step() { return mae ? mae->step() : classifier->step(); }
+  bool finished() const { return mae ? mae->finished() : classifier->finished(); }
+  const TrainPosition& position() const { return mae ? mae->position() : classifier->position(); }
+  int64_t total_steps() const { return mae ? mae->total_steps() : classifier->total_steps(); }
+  int64_t steps_per_epoch() const { return mae ? mae->steps_per_epoch() : classifier->steps_per_epoch(); }
+  int64_t parameters() const {
+    return static_cast<int64_t>(mae ? mae->net().layout().total : classifier->net().layout().total);
+  }
+  bool has_eval() const { return mae ? mae->has_eval() : eval != nullptr; }
+  EvalReport evaluate(const std::function<bool(float)>& progress) {
+    return mae ? mae->evaluate(progress) : classifier->evaluate(*eval, progress);
+  }
+  void save(const std::string& path, const nlohmann::json& record) const {
+    if (mae) save_mae_checkpoint(*mae, path, record);
+    else save_checkpoint(*classifier, path, record);
+  }
+  // The current weights as an ordinary VitModel: for MAE the encoder alone, the tensors its
+  // checkpoint's model file holds, so the probe shows what opening that file would show.
+  VitModel model() const {
+    if (!classifier) {
+      TensorMap encoder;
+      for (auto& [name, tensor] : layout_tensors(mae->net().layout(), mae->net().params))
+        if (!train::is_decoder_param(name)) encoder[name] = std::move(tensor);
+      return model_from_tensors(mae->config(), encoder, "the training weights");
+    }
+    return model_from_tensors(classifier->config(), layout_tensors(classifier->net().layout(), classifier->net().params),
+                              "the training weights");
+  }
+};
 
 struct ProbeResult {
   ProbeMaps maps;
@@ -219,12 +352,11 @@ struct ProbeResult {
 // The probe's maps and statistics for the trainer's current weights: the parameters are copied
 // into an ordinary VitModel and go through the same forward, maps, statistics and role scores as
 // an opened model file, so the window shows what `vitlens view` would show for a saved checkpoint.
-ProbeResult compute_probe(const Trainer& trainer, const ImageSet& set, int index) {
-  const VitModel model = model_from_tensors(trainer.config(), layout_tensors(trainer.net().layout(), trainer.net().params),
-                                            "the training weights");
-  const int h = set.height, w = set.width;
+ProbeResult compute_probe(const RunTrainer& trainer, const RunData& data) {
+  const VitModel model = trainer.model();
+  const int h = data.probe_h, w = data.probe_w;
   cv::Mat rgb(h, w, CV_32FC3);
-  const float* planes = set.image(index);  // (3, H, W)
+  const float* planes = data.probe.data();  // (3, H, W)
   for (int y = 0; y < h; ++y)
     for (int x = 0; x < w; ++x)
       for (int c = 0; c < 3; ++c) rgb.at<cv::Vec3f>(y, x)[c] = planes[(c * h + y) * w + x];
@@ -246,7 +378,8 @@ ProbeResult compute_probe(const Trainer& trainer, const ImageSet& set, int index
   out.maps.image_h = h;
   out.maps.image_w = w;
   out.maps.image_rgb.assign(reinterpret_cast<const float*>(rgb.data), reinterpret_cast<const float*>(rgb.data) + h * w * 3);
-  out.maps.label = set.labels[static_cast<size_t>(index)];
+  out.maps.label = data.probe_label;
+  out.maps.what = data.probe_what;
 
   const ImageStats stats = head_statistics(model, result, prepared.grid.patch_is_padding, 256, {});
   HeadRoleOptions role_options;
@@ -413,7 +546,8 @@ bool TrainSession::active() const {
 void TrainSession::worker_main(std::shared_ptr<Run> run) {
   const TrainSettings& s = run->settings;
   RunData data;
-  std::unique_ptr<Trainer> trainer;
+  RunTrainer trainer;
+  bool started = false;  // the trainer exists
   nlohmann::json record;
   bool training = false;
   double seconds = 0.0;
@@ -432,10 +566,9 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
     return !(run->quit || run->stop);
   };
   auto refresh_probe = [&] {
-    const ImageSet& set = data.eval.size() > 0 ? data.eval : data.train;
-    ProbeResult p = compute_probe(*trainer, set, 0);
+    ProbeResult p = compute_probe(trainer, data);
     std::lock_guard<std::mutex> lock(mutex_);
-    p.maps.step = trainer->position().step;
+    p.maps.step = trainer.position().step;
     const size_t heads = p.entropy.size();
     snap_.entropy.resize(heads);
     snap_.distance.resize(heads);
@@ -450,41 +583,67 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
     ++snap_.version;
   };
   auto evaluate = [&] {
-    if (data.eval.size() == 0) return;
-    const EvalReport e = trainer->evaluate(data.eval, keep_going);
-    if (e.images < data.eval.size()) return;  // cancelled: a partial pass is not a point on the curve
-    record[data.eval_name + "_accuracy"] = e.accuracy;
+    if (!trainer.has_eval()) return;
+    bool cancelled = false;
+    const EvalReport e = trainer.evaluate([&](float done) {
+      cancelled = !keep_going(done);
+      return !cancelled;
+    });
+    if (cancelled) return;  // a partial pass is not a point on the curve
+    if (!trainer.mae) record[data.eval_name + "_accuracy"] = e.accuracy;
     record[data.eval_name + "_loss"] = e.loss;
     std::lock_guard<std::mutex> lock(mutex_);
-    snap_.eval_steps.push_back(trainer->position().step);
+    snap_.eval_steps.push_back(trainer.position().step);
     snap_.eval_loss.push_back(static_cast<float>(e.loss));
-    snap_.eval_accuracy.push_back(static_cast<float>(e.accuracy));
+    if (!trainer.mae) snap_.eval_accuracy.push_back(static_cast<float>(e.accuracy));
     ++snap_.version;
   };
 
+  std::string started_message;
   try {
     data = load_run_data(s);
     const VitConfig config = config_of(s);
-    trainer = std::make_unique<Trainer>(config, recipe_of(s), &data.train, data.eval.size() > 0 ? &data.eval : nullptr);
     record["data"] = s.data;
     record["limit"] = s.limit;
     record["val_split"] = val_split_of(s);
     record["img_size"] = image_side(s);
-    record["train_images"] = data.train.size();
     record["eval_set"] = data.eval_name;
-    record["eval_images"] = data.eval.size();
-    record["class_names"] = data.train.class_names;
+    if (is_photo_data(s.data)) {  // the record `vitlens train --data photos` writes
+      trainer.mae = std::make_unique<MaeTrainer>(config, recipe_of(s), mae_options_of(s), &data.photos.train,
+                                                 data.eval_count > 0 ? &data.photos.val : nullptr);
+      record["objective"] = "mae";
+      record["photo_dir"] = data.photos.dir;
+      record["train_photos"] = data.train_count;
+      record["val_photos"] = data.eval_count;
+      record["skipped_files"] = data.photos.report.skipped;
+      started_message = "MAE: training " + std::to_string(trainer.parameters()) + " parameters (encoder " +
+                        std::to_string(trainer.mae->net().offsets().encoder_total) + ") on " +
+                        std::to_string(data.train_count) + " photos of " + data.photos.dir + " (" +
+                        std::to_string(data.eval_count) + " held out)";
+      if (data.photos.report.skipped > 0)
+        started_message += "; " + std::to_string(data.photos.report.skipped) + " unreadable file(s) skipped";
+    } else {
+      trainer.classifier =
+          std::make_unique<Trainer>(config, recipe_of(s), &data.train, data.eval_count > 0 ? &data.eval : nullptr);
+      trainer.eval = data.eval_count > 0 ? &data.eval : nullptr;
+      record["train_images"] = data.train_count;
+      record["eval_images"] = data.eval_count;
+      record["class_names"] = data.train.class_names;
+      started_message = "training " + std::to_string(trainer.parameters()) + " parameters on " +
+                        std::to_string(data.train_count) + " images";
+    }
+    started = true;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       snap_.state = run->pause ? TrainState::Paused : TrainState::Running;
-      snap_.train_images = data.train.size();
-      snap_.eval_images = data.eval.size();
+      snap_.mae = trainer.mae != nullptr;
+      snap_.train_images = data.train_count;
+      snap_.eval_images = data.eval_count;
       snap_.eval_name = data.eval_name;
-      snap_.parameters = trainer->net().layout().total;
-      snap_.total_steps = trainer->total_steps();
-      snap_.steps_per_epoch = trainer->steps_per_epoch();
-      snap_.message = "training " + std::to_string(snap_.parameters) + " parameters on " +
-                      std::to_string(data.train.size()) + " images";
+      snap_.parameters = trainer.parameters();
+      snap_.total_steps = trainer.total_steps();
+      snap_.steps_per_epoch = trainer.steps_per_epoch();
+      snap_.message = started_message;
       ++snap_.version;
     }
     training = true;
@@ -518,12 +677,12 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
     }
     if (save_id != 0) {
       std::string error;
-      if (!trainer) {
+      if (!started) {
         error = "no model to save: the run did not start";
       } else {
         try {
           record["seconds"] = seconds;
-          save_checkpoint(*trainer, save_path, record);
+          trainer.save(save_path, record);
         } catch (const std::exception& e) {
           error = e.what();
         }
@@ -534,7 +693,7 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
         if (!error.empty()) save_errors_[save_id] = error;
         if (error.empty()) {
           snap_.checkpoint = save_path;
-          snap_.message = "saved step " + std::to_string(trainer->position().step) + " to " + save_path;
+          snap_.message = "saved step " + std::to_string(trainer.position().step) + " to " + save_path;
         } else {
           snap_.message = "Save failed: " + error;
         }
@@ -546,19 +705,19 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
     // One training step, then whatever falls due after it.
     try {
       const auto t0 = Clock::now();
-      const StepReport r = trainer->step();
+      const StepReport r = trainer.step();
       seconds += std::chrono::duration<double>(Clock::now() - t0).count();
-      const bool finished = trainer->finished();
+      const bool finished = trainer.finished();
       {
         std::lock_guard<std::mutex> lock(mutex_);
         snap_.step = r.step;
         snap_.epoch = r.epoch;
         snap_.seconds = seconds;
         snap_.loss.push_back(static_cast<float>(r.loss));
-        snap_.accuracy.push_back(static_cast<float>(r.accuracy));
+        if (!trainer.mae) snap_.accuracy.push_back(static_cast<float>(r.accuracy));
         ++snap_.version;
       }
-      const bool epoch_end = trainer->position().position == 0 || finished;
+      const bool epoch_end = trainer.position().position == 0 || finished;
       if (epoch_end || (s.eval_every > 0 && r.step % s.eval_every == 0)) evaluate();
       if (r.step % s.probe_every == 0 || finished) refresh_probe();
       if (finished) {

@@ -1,8 +1,9 @@
 #pragma once
-// The viewer's Train window without the window (issue 7): a TrainSession owns a Trainer on one
-// worker thread and takes commands (start, pause, resume, stop, save) from the UI or a script; the
-// UI reads a snapshot (curves, the probe image's per-head maps and statistics) under a mutex and
-// never waits for a training step. No ImGui, GLFW or OpenGL here: the tests drive it directly.
+// The viewer's Train window without the window (issue 7): a TrainSession owns a Trainer (or, for
+// data "photos[:DIR]", a masked-autoencoder MaeTrainer) on one worker thread and takes commands
+// (start, pause, resume, stop, save) from the UI or a script; the UI reads a snapshot (curves, the
+// probe image's per-head maps and statistics) under a mutex and never waits for a training step.
+// No ImGui, GLFW or OpenGL here: the tests drive it directly.
 //
 // Legend: H = heads, gh, gw = the probe's patch grid, S = steps recorded so far.
 #include <array>
@@ -24,17 +25,24 @@ namespace vitlens::viewer {
 // What a run trains on and how: the model shape, the recipe and the data, as `vitlens train`
 // takes them (same defaults), plus how often the probe and the validation curve refresh.
 struct TrainSettings {
-  std::string data = "fashion-mnist";  // "fashion-mnist" or an ImageFolder tree
-  int limit = 0;                       // > 0: only the first N training (and test) images
+  std::string data = "fashion-mnist";  // "fashion-mnist", an ImageFolder tree, or "photos[:DIR]" (MAE)
+  int limit = 0;                       // > 0: only the first N training (and test) images / photos
   int depth = 6, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
   int batch = 128, epochs = 10;
   double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.0;
-  double val_split = -1.0;             // < 0: as the CLI (0 for Fashion-MNIST = the test set, 0.1 for a folder)
+  double val_split = -1.0;             // < 0: as the CLI (0 for Fashion-MNIST = the test set, else 0.1)
   bool augment = false;
   uint64_t seed = 0;
   int threads = 0;                     // 0 = one per core
-  int img_size = 32;                   // images of a folder are resized to this (Fashion-MNIST: 28)
+  int img_size = 32;                   // folder images are resized to it, photo crops too (Fashion-MNIST: 28)
+  // Masked patch prediction (photos only), `vitlens train`'s flags and defaults. `augment` and
+  // `label-smoothing` are the classifier's; for photos the key augment=on|off sets flip_crops, as
+  // the CLI's --augment / --no-augment do there.
+  bool flip_crops = true;              // photos: flip the random crops half of the time
+  double mask_ratio = 0.75;            // share of patches hidden from the encoder, in (0, 1)
+  int decoder_dim = 32, decoder_depth = 1, decoder_heads = 4;  // the MAE decoder (Dd divisible by its heads)
+  int crops_per_photo = 16;            // an epoch = every training photo this many times
   int probe_every = 10;                // steps between probe refreshes (maps, entropy, distance, roles)
   int eval_every = 0;                  // steps between validation passes; 0 = at the end of each epoch
   std::string out;                     // where `open` saves; empty: a folder under the temp directory
@@ -42,7 +50,8 @@ struct TrainSettings {
 
 // Sets one `key=value` (the script's and the window's names: limit, depth, embed-dim, heads, patch,
 // mlp-ratio, batch, epochs, lr, weight-decay, warmup, label-smoothing, val-split, augment, seed,
-// threads, img-size, probe-every, eval-every, out). Returns "" or one line saying what is wrong.
+// threads, img-size, probe-every, eval-every, out, and for photos mask-ratio, decoder-dim,
+// decoder-depth, decoder-heads, crops-per-photo). Returns "" or one line saying what is wrong.
 std::string set_train_option(TrainSettings& settings, const std::string& key, const std::string& value);
 // Every value in range and consistent (the same checks `vitlens train` makes); "" when usable.
 std::string check_train_settings(const TrainSettings& settings);
@@ -58,7 +67,8 @@ struct ProbeMaps {
   int image_h = 0, image_w = 0;
   std::vector<float> image_rgb;      // (image_h, image_w, 3) the probe in [0, 1]
   std::vector<MatRM> heads;          // H x (gh, gw)
-  int label = -1;                    // its class
+  int label = -1;                    // its class (-1 for a photo)
+  std::string what;                  // which image: "image 0 of the test set", "held-out photo a.jpg, centre crop"
 };
 
 // Everything the window shows, copied out under the session's mutex.
@@ -68,13 +78,14 @@ struct TrainSnapshot {
   std::string error;                 // one line when state == Failed (or a failed save)
   std::string message;               // the last thing that happened ("saved to ...")
   std::string data;                  // as given
+  bool mae = false;                  // masked autoencoder (photos): a loss, no accuracy (its vectors stay empty)
   int train_images = 0, eval_images = 0;
   std::string eval_name;             // "test" or "val"
   int64_t parameters = 0;
   int64_t step = 0, total_steps = 0, steps_per_epoch = 0;
   int epoch = 0, epochs = 0;
   double seconds = 0.0;              // training time, loading excluded
-  std::vector<float> loss, accuracy;  // (S) per training step: the batch's loss and accuracy
+  std::vector<float> loss, accuracy;  // (S) per training step: the batch's loss and accuracy (MAE: loss only)
   std::vector<int64_t> eval_steps;    // validation passes: step, loss, accuracy
   std::vector<float> eval_loss, eval_accuracy;
   ProbeMaps probe;
@@ -100,7 +111,8 @@ class TrainSession {
   void resume();
   void stop();  // the trainer stays: its weights can still be saved or opened
 
-  // Writes a checkpoint (the model plus its .state file, as `vitlens train`) between two steps.
+  // Writes a checkpoint (the model plus its .state file, as `vitlens train`; for MAE the model file is
+  // the encoder, as the CLI's MAE checkpoints) between two steps.
   // request_save returns at once with an id for save_finished (0 when no run has started: the
   // snapshot's message says so); save waits and returns "" or the error.
   uint64_t request_save(const std::string& path);

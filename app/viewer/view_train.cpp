@@ -14,6 +14,7 @@
 #include "train_panel.hpp"
 #include "views.hpp"
 #include "vitlens/heatmap.hpp"
+#include "vitlens/mae_train.hpp"
 
 namespace vitlens::viewer {
 
@@ -23,7 +24,8 @@ namespace {
 
 void DrawSettings(TrainSettings& s, bool editable) {
   if (!editable) ImGui::BeginDisabled();
-  ImGui::InputText("data (fashion-mnist or folder)##train_data", &s.data);
+  ImGui::InputText("data (fashion-mnist, folder, photos[:DIR])##train_data", &s.data);
+  const bool mae = is_photo_data(s.data);
   ImGui::PushItemWidth(90.0f);
   ImGui::InputInt("limit##train_limit", &s.limit, 0);
   ImGui::SameLine();
@@ -42,8 +44,21 @@ void DrawSettings(TrainSettings& s, bool editable) {
   ImGui::InputDouble("warmup##train_warmup", &s.warmup, 0.0, 0.0, "%.2f");
   ImGui::SameLine();
   ImGui::InputInt("probe every##train_probe", &s.probe_every, 0);
+  if (mae) {  // masked patch prediction: the decoder and the crops, as `vitlens train --data photos`
+    ImGui::InputDouble("mask ratio##train_mask_ratio", &s.mask_ratio, 0.0, 0.0, "%.2f");
+    ImGui::SameLine();
+    ImGui::InputInt("crops/photo##train_crops", &s.crops_per_photo, 0);
+    ImGui::SameLine();
+    ImGui::InputInt("img size##train_img_size", &s.img_size, 0);
+    ImGui::InputInt("decoder dim##train_decoder_dim", &s.decoder_dim, 0);
+    ImGui::SameLine();
+    ImGui::InputInt("decoder depth##train_decoder_depth", &s.decoder_depth, 0);
+    ImGui::SameLine();
+    ImGui::InputInt("decoder heads##train_decoder_heads", &s.decoder_heads, 0);
+  }
   ImGui::PopItemWidth();
-  ImGui::Checkbox("augment##train_augment", &s.augment);
+  if (mae) ImGui::Checkbox("flip crops##train_flip_crops", &s.flip_crops);
+  else ImGui::Checkbox("augment##train_augment", &s.augment);
   if (!editable) ImGui::EndDisabled();
 }
 
@@ -119,8 +134,12 @@ void DrawProbe(const TrainSnapshot& v) {
     ImGui::TextDisabled("probe: waiting for the first maps");
     return;
   }
-  ImGui::Text("probe (image 0 of the %s set, class %d): attention received, layer %d, after step %lld",
-              v.eval_images > 0 ? v.eval_name.c_str() : "training", p.label, p.layer, static_cast<long long>(p.step));
+  if (p.label >= 0)
+    ImGui::Text("probe (%s, class %d): attention received, layer %d, after step %lld", p.what.c_str(), p.label, p.layer,
+                static_cast<long long>(p.step));
+  else
+    ImGui::Text("probe (%s): attention received, layer %d, after step %lld", p.what.c_str(), p.layer,
+                static_cast<long long>(p.step));
   ImDrawList* draw = ImGui::GetWindowDrawList();
   // The image itself, one rectangle per pixel (probe images are small: 28 x 28 for Fashion-MNIST),
   // about 96 screen pixels high; each head's map beside it at the same size.
@@ -201,11 +220,17 @@ void DrawTrainView(App& app) {
   DrawButtons(app);
   DrawStatus(t);
   ImGui::Separator();
-  DrawCurve("##train_loss", "train loss", v.loss, 60.0f);
-  DrawCurve("##train_acc", "train accuracy", v.accuracy, 60.0f);
   const std::string eval = v.eval_name.empty() ? std::string("validation") : v.eval_name;
-  DrawCurve("##train_eval_loss", (eval + " loss").c_str(), v.eval_loss, 50.0f);
-  DrawCurve("##train_eval_acc", (eval + " accuracy").c_str(), v.eval_accuracy, 50.0f);
+  if (v.mae) {  // masked patch prediction has a reconstruction loss and nothing to be accurate about
+    DrawCurve("##train_loss", "train MAE loss", v.loss, 60.0f);
+    DrawCurve("##train_eval_loss", (eval + " MAE loss").c_str(), v.eval_loss, 50.0f);
+    ImGui::TextDisabled("no accuracy for MAE (masked patch prediction has no labels)");
+  } else {
+    DrawCurve("##train_loss", "train loss", v.loss, 60.0f);
+    DrawCurve("##train_acc", "train accuracy", v.accuracy, 60.0f);
+    DrawCurve("##train_eval_loss", (eval + " loss").c_str(), v.eval_loss, 50.0f);
+    DrawCurve("##train_eval_acc", (eval + " accuracy").c_str(), v.eval_accuracy, 50.0f);
+  }
   ImGui::Separator();
   DrawProbe(v);
   DrawHeadStatistics(v);

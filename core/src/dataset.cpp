@@ -496,20 +496,11 @@ void sample_photo_crop(const PhotoCorpus& corpus, Rng& rng, int out_size, float 
   crop_photo(corpus, rng.below(corpus.size()), rng, out_size, min_scale, flip, out);
 }
 
-void crop_photo(const PhotoCorpus& corpus, int index, Rng& rng, int out_size, float min_scale, bool flip, float* out) {
-  if (index < 0 || index >= corpus.size())
-    throw Error(corpus.source + ": photo " + std::to_string(index) + " is not in the corpus");
-  if (out_size < 1) throw Error("photo crop: output size must be >= 1, got " + std::to_string(out_size));
-  if (!(min_scale > 0.0f && min_scale <= 1.0f))
-    throw Error("photo crop: minimum scale must be in (0, 1], got " + std::to_string(min_scale));
-  const size_t i = static_cast<size_t>(index);
+namespace {
+
+// The square (y0, x0, side) of photo i, mirrored when asked, resized to out (3, out_size, out_size).
+void crop_square(const PhotoCorpus& corpus, size_t i, int y0, int x0, int side, bool mirrored, int out_size, float* out) {
   const int h = corpus.heights[i], w = corpus.widths[i];
-  const int short_side = std::min(h, w);
-  const double scale = min_scale + (1.0 - min_scale) * rng.uniform();
-  const int side = std::clamp(static_cast<int>(std::lround(scale * short_side)), 1, short_side);
-  const int y0 = rng.below(h - side + 1);
-  const int x0 = rng.below(w - side + 1);
-  const bool mirrored = flip && rng.below(2) == 1;
   const int interpolation = interpolation_for(side, out_size);
   const size_t out_plane = static_cast<size_t>(out_size) * static_cast<size_t>(out_size);
   for (int c = 0; c < 3; ++c) {
@@ -527,6 +518,36 @@ void crop_photo(const PhotoCorpus& corpus, int index, Rng& rng, int out_size, fl
     if (mirrored)
       for (int y = 0; y < out_size; ++y) std::reverse(target.ptr<float>(y), target.ptr<float>(y) + out_size);
   }
+}
+
+void check_crop(const PhotoCorpus& corpus, int index, int out_size) {
+  if (index < 0 || index >= corpus.size())
+    throw Error(corpus.source + ": photo " + std::to_string(index) + " is not in the corpus");
+  if (out_size < 1) throw Error("photo crop: output size must be >= 1, got " + std::to_string(out_size));
+}
+
+}  // namespace
+
+void crop_photo(const PhotoCorpus& corpus, int index, Rng& rng, int out_size, float min_scale, bool flip, float* out) {
+  check_crop(corpus, index, out_size);
+  if (!(min_scale > 0.0f && min_scale <= 1.0f))
+    throw Error("photo crop: minimum scale must be in (0, 1], got " + std::to_string(min_scale));
+  const size_t i = static_cast<size_t>(index);
+  const int h = corpus.heights[i], w = corpus.widths[i];
+  const int short_side = std::min(h, w);
+  const double scale = min_scale + (1.0 - min_scale) * rng.uniform();
+  const int side = std::clamp(static_cast<int>(std::lround(scale * short_side)), 1, short_side);
+  const int y0 = rng.below(h - side + 1);
+  const int x0 = rng.below(w - side + 1);
+  const bool mirrored = flip && rng.below(2) == 1;
+  crop_square(corpus, i, y0, x0, side, mirrored, out_size, out);
+}
+
+void centre_crop_photo(const PhotoCorpus& corpus, int index, int out_size, float* out) {
+  check_crop(corpus, index, out_size);
+  const size_t i = static_cast<size_t>(index);
+  const int h = corpus.heights[i], w = corpus.widths[i], side = std::min(h, w);
+  crop_square(corpus, i, (h - side) / 2, (w - side) / 2, side, false, out_size, out);
 }
 
 void augment_crop_flip(const float* in, int height, int width, int pad, bool flip, Rng& rng, float* out) {

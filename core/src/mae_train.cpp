@@ -459,6 +459,25 @@ void split_photos(const PhotoCorpus& all, double val_fraction, uint64_t seed, Ph
   for (int i = 0; i < n; ++i) append_photo(all, static_cast<size_t>(i), is_val[static_cast<size_t>(i)] ? val : train);
 }
 
+bool is_photo_data(const std::string& data) { return data == "photos" || data.rfind("photos:", 0) == 0; }
+
+std::string photo_data_dir(const std::string& data) { return data.size() > 7 ? data.substr(7) : default_photo_dir(); }
+
+PhotoRunData load_photo_run_data(const std::string& data, int img_size, int limit, double val_split, uint64_t seed) {
+  PhotoRunData d;
+  d.dir = photo_data_dir(data);
+  PhotoCorpus all = load_photo_corpus(d.dir, std::max(4 * img_size, 64), &d.report);
+  if (limit > 0 && all.size() > limit) {
+    const size_t n = static_cast<size_t>(limit);
+    all.photos.resize(n);
+    all.heights.resize(n);
+    all.widths.resize(n);
+    all.names.resize(n);
+  }
+  split_photos(all, val_split, seed, &d.train, &d.val);
+  return d;
+}
+
 // ---------------------------------------------------------------------------------------------
 // MaeTrainer
 

@@ -73,6 +73,9 @@ std::string default_photo_dir();  // /usr/share/doc/opencv-doc/examples/data
 void sample_photo_crop(const PhotoCorpus& corpus, Rng& rng, int out_size, float min_scale, bool flip, float* out);
 // The same crop of a given photo `index`: draws the side, y0, x0 and the flip (as above, without the photo).
 void crop_photo(const PhotoCorpus& corpus, int index, Rng& rng, int out_size, float min_scale, bool flip, float* out);
+// The centred square of a photo's short side, resized to out_size x out_size, no randomness (the
+// viewer's Train window shows it as the probe of an MAE run): out (3, out_size, out_size).
+void centre_crop_photo(const PhotoCorpus& corpus, int index, int out_size, float* out);
 
 // Augmentation for labelled images (as torchvision RandomCrop(padding=pad) + RandomHorizontalFlip):
 // zero-pad by `pad`, take a random H x W crop, flip with probability 1/2 when `flip`. in/out (3, H, W).

@@ -174,6 +174,23 @@ struct MaeOptions {
 // are 2 or more and the fraction is > 0) go to `val`; both keep the original order.
 void split_photos(const PhotoCorpus& all, double val_fraction, uint64_t seed, PhotoCorpus* train, PhotoCorpus* val);
 
+// `photos` or `photos:DIR`: masked patch prediction on a folder of photos, as `vitlens train --data`
+// and the viewer's Train window spell it. "photos" (and "photos:") mean default_photo_dir().
+bool is_photo_data(const std::string& data);
+std::string photo_data_dir(const std::string& data);
+
+// A run's photos, read once for the CLI and the Train window alike: the corpus of
+// photo_data_dir(data) with the long side capped at max(4 img_size, 64) (crops of 40-100 % of the
+// short side are then downscaled, never upscaled much), only the first `limit` photos when
+// limit > 0, then split_photos(val_split, seed). Throws vitlens::Error on a missing folder, a folder
+// without a readable photo or a val_split outside [0, 1).
+struct PhotoRunData {
+  std::string dir;           // the folder read
+  PhotoCorpus train, val;    // val may be empty (val_split 0, or a single photo)
+  FolderReport report;       // files skipped as unreadable
+};
+PhotoRunData load_photo_run_data(const std::string& data, int img_size, int limit, double val_split, uint64_t seed);
+
 // MAE pretraining one step at a time, as Trainer for the classifier (same Recipe, AdamW, schedule,
 // clipping, TrainPosition; StepReport's accuracy is 0).
 class MaeTrainer {
