@@ -305,197 +305,80 @@ void layernorm_backward(const T* dout, const T* inp, const T* w, const T* mean, 
 // attention: per image and head, as timm's Attention.forward
 //   attn = (q @ k.transpose(-2, -1)) * scale; attn = attn.softmax(-1); x = attn @ v
 // with masked keys set to -inf before the softmax (vitlens' KeyMask: padding patches).
-//
-// At the trainer's sizes (N = 50 tokens, d = 12 per head) a general GEMM spends more time packing
-// and in edge tiles than multiplying, so each (image, head) task copies its q, k, v into small
-// zero-padded scratch matrices and runs every product through one register-tiled loop, tile_product.
-// Each output element is then one sum in a fixed order (over the inner index, ascending) whoever
-// runs the task, and the zero padding keeps the loops free of edge cases.
-
-// (A named namespace: train_ops_avx2.cpp includes this file, and a type from an unnamed namespace
-// captured by the task lambdas would then draw -Wsubobject-linkage.)
-namespace attention_tiles {
-
-constexpr int kTileRows = 4;   // output rows per tile
-constexpr int kTileCols = 16;  // output columns per tile: two AVX2 vectors of floats
-
-int round_up(int n, int m) { return (n + m - 1) / m * m; }
-
-// out (rows, cols) = a (rows, K) @ b (K, cols). a's element (r, k) is a[r * a_row + k * a_col] (so a
-// transposed matrix needs no copy); b and out are row-major with leading dimensions ldb, ldo. a
-// must have round_up(rows, kTileRows) readable rows and cols must be a multiple of kTileCols; only
-// the first `rows` rows of out are written.
-template <class T>
-void tile_product(const T* a, int a_row, int a_col, const T* b, int ldb, int rows, int K, int cols, T* out,
-                  int ldo) {
-  // GCC's vector extension: 32-byte vectors, one AVX2 register in the AVX2 build, two SSE2
-  // registers in the portable one. Loads and stores go through memcpy (no alignment assumed).
-  typedef T Vec __attribute__((vector_size(32)));
-  constexpr int kVecLanes = static_cast<int>(32 / sizeof(T)), kVecs = kTileCols / kVecLanes;
-  for (int i0 = 0; i0 < rows; i0 += kTileRows) {
-    const int live = std::min(kTileRows, rows - i0);
-    for (int j0 = 0; j0 < cols; j0 += kTileCols) {
-      Vec acc[kTileRows][kVecs];
-      for (int r = 0; r < kTileRows; ++r)
-        for (int v = 0; v < kVecs; ++v) acc[r][v] = Vec{};
-      for (int k = 0; k < K; ++k) {
-        const T* bk = b + static_cast<int64_t>(k) * ldb + j0;
-        Vec bv[kVecs];
-        for (int v = 0; v < kVecs; ++v) std::memcpy(&bv[v], bk + v * kVecLanes, sizeof(Vec));
-        for (int r = 0; r < kTileRows; ++r) {
-          const T ar = a[static_cast<int64_t>(i0 + r) * a_row + static_cast<int64_t>(k) * a_col];
-          for (int v = 0; v < kVecs; ++v) acc[r][v] += ar * bv[v];
-        }
-      }
-      for (int r = 0; r < live; ++r)
-        std::memcpy(out + static_cast<int64_t>(i0 + r) * ldo + j0, acc[r], sizeof(acc[r]));
-    }
-  }
-}
-
-// Scratch for one (image, head) task, kept by each thread between tasks. Sizes: Nr = N rounded up
-// to kTileRows, Nc = N rounded up to kTileCols, dc = d rounded up to kTileCols.
-template <class T>
-struct AttentionScratch {
-  std::vector<T> q, k, v, dout;  // (Nr, dc): rows of one head, zero beyond (N, d)
-  std::vector<T> kt, vt;         // (d, Nc): k and v transposed, zero beyond N
-  std::vector<T> s, p;           // (Nr, Nc): scores / weights / their gradient; the weights (backward)
-  std::vector<T> prod;           // (Nr, dc): a product with d columns
-  Eigen::Array<T, Eigen::Dynamic, 1> e;  // one row for the vectorised exp (Eigen-owned: always equally aligned)
-
-  void size_for(int N, int d) {
-    const size_t Nr = static_cast<size_t>(round_up(N, kTileRows)), Nc = static_cast<size_t>(round_up(N, kTileCols));
-    const size_t dc = static_cast<size_t>(round_up(d, kTileCols));
-    // Fresh vectors, not assign(): a pool thread keeps its scratch, and should not keep the capacity
-    // of an earlier, larger N.
-    for (std::vector<T>* m : {&q, &k, &v, &dout, &prod}) std::vector<T>(Nr * dc, T(0)).swap(*m);
-    for (std::vector<T>* m : {&kt, &vt}) std::vector<T>(static_cast<size_t>(d) * Nc, T(0)).swap(*m);
-    for (std::vector<T>* m : {&s, &p}) std::vector<T>(Nr * Nc, T(0)).swap(*m);
-    e.resize(N);
-  }
-};
-
-template <class T>
-AttentionScratch<T>& attention_scratch(int N, int d) {
-  thread_local AttentionScratch<T> scratch;
-  thread_local int sized_n = -1, sized_d = -1;
-  if (sized_n != N || sized_d != d) {
-    scratch.size_for(N, d);
-    sized_n = N;
-    sized_d = d;
-  }
-  return scratch;
-}
-
-// dst (N, d) row-major with leading dimension ld_dst <- src rows of stride ld_src; optionally its
-// transpose into dst_t (d, ld_t).
-template <class T>
-void gather_rows(const T* src, int64_t ld_src, int N, int d, T* dst, int ld_dst, T* dst_t = nullptr, int ld_t = 0) {
-  for (int i = 0; i < N; ++i) {
-    const T* row = src + i * ld_src;
-    T* to = dst + static_cast<int64_t>(i) * ld_dst;
-    for (int c = 0; c < d; ++c) to[c] = row[c];  // a loop, not std::copy: d is small (a call costs more)
-    if (dst_t)
-      for (int c = 0; c < d; ++c) dst_t[static_cast<int64_t>(c) * ld_t + i] = row[c];
-  }
-}
-
-}  // namespace attention_tiles
-
-using namespace attention_tiles;
 
 template <class T>
 void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, int D, int H, T scale, T* probs,
                        T* ctx, int threads) {
-  const int d = D / H, Nc = round_up(N, kTileCols), dc = round_up(d, kTileCols);
+  const int d = D / H;
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
-    AttentionScratch<T>& w = attention_scratch<T>(N, d);
-    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D + h * d;
-    gather_rows(base, 3 * D, N, d, w.q.data(), dc);
-    gather_rows(base + D, 3 * D, N, d, w.k.data(), dc, w.kt.data(), Nc);
-    gather_rows(base + 2 * D, 3 * D, N, d, w.v.data(), dc);
-    // s (N, Nc) = q @ k^T, one dot product of length d per element
-    tile_product(w.q.data(), dc, 1, w.kt.data(), Nc, N, d, Nc, w.s.data(), Nc);
+    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D;
+    ConstStrided<T> q(base + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> k(base + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> v(base + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    Map<T> p(probs + static_cast<int64_t>(task) * N * N, N, N);
+    // The attention products stay Eigen's: at the trainer's sizes (N = 50, d = 12) the packed SGEMM's
+    // edge tiles and packing cost more than they save (measured: 10 to 20 % fewer images/s).
+    p.noalias() = q * k.transpose();
+    p *= scale;
     const uint8_t* allowed = key_allowed ? key_allowed + static_cast<int64_t>(b) * N : nullptr;
-    T* p_out = probs + static_cast<int64_t>(task) * N * N;
+    // Row softmax with Eigen's vectorised exp, in an Eigen-owned (so always equally aligned)
+    // scratch row: where the vector loop starts must not depend on the buffer's address, or the
+    // numbers would (scalar and vector exp and sums round differently). Masked keys are set to
+    // exactly 0 (the vectorised exp of a very negative number is tiny, not 0).
+    Eigen::Array<T, Eigen::Dynamic, 1> e(N);
     for (int i = 0; i < N; ++i) {
-      T* row = w.s.data() + static_cast<int64_t>(i) * Nc;
+      T* row = p.row(i).data();
       T top = -std::numeric_limits<T>::infinity();
-      for (int j = 0; j < N; ++j) {
-        row[j] *= scale;
+      for (int j = 0; j < N; ++j)
         if (!allowed || allowed[j]) top = std::max(top, row[j]);
-      }
       if (top == -std::numeric_limits<T>::infinity()) {  // every key masked: a zero row, never NaN
         std::fill(row, row + N, T(0));
-      } else {
-        // Vectorised exp in the Eigen-owned row (same alignment every call, so the same numbers);
-        // masked keys are set to exactly 0 (the exp of a very negative number is tiny, not 0).
-        w.e = (ConstArrayMap<T>(row, N) - top).exp();
-        if (allowed)
-          for (int j = 0; j < N; ++j)
-            if (!allowed[j]) w.e[j] = T(0);
-        const T inv = T(1) / lane_sum<T>(N, [&](int j) { return w.e[j]; });  // fixed order, any vector width
-        for (int j = 0; j < N; ++j) row[j] = w.e[j] * inv;
+        continue;
       }
-      std::copy(row, row + N, p_out + static_cast<int64_t>(i) * N);
+      e = (ConstArrayMap<T>(row, N) - top).exp();
+      if (allowed)
+        for (int j = 0; j < N; ++j)
+          if (!allowed[j]) e[j] = T(0);
+      const T sum = lane_sum<T>(N, [&](int j) { return e[j]; });  // fixed order, whatever the vector width
+      ArrayMap<T>(row, N) = e * (T(1) / sum);
     }
-    // ctx rows (N, d) = attn (N, N) @ v (N, d); the padding columns of s are 0 and never read
-    tile_product(w.s.data(), Nc, 1, w.v.data(), dc, N, N, dc, w.prod.data(), dc);
-    T* out = ctx + static_cast<int64_t>(b) * N * D + h * d;
-    for (int i = 0; i < N; ++i) {
-      const T* src = w.prod.data() + static_cast<int64_t>(i) * dc;
-      T* row = out + static_cast<int64_t>(i) * D;
-      for (int c = 0; c < d; ++c) row[c] = src[c];
-    }
+    Strided<T> out(ctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
+    out.noalias() = p * v;
   });
 }
 
 template <class T>
-void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dqkv,
-                        int threads) {
-  const int d = D / H, Nc = round_up(N, kTileCols), dc = round_up(d, kTileCols);
+void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale,
+                        T* dprobs, T* dqkv, int threads) {
+  const int d = D / H;
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
-    AttentionScratch<T>& w = attention_scratch<T>(N, d);
-    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D + h * d;
-    gather_rows(base, 3 * D, N, d, w.q.data(), dc);
-    gather_rows(base + D, 3 * D, N, d, w.k.data(), dc);
-    gather_rows(base + 2 * D, 3 * D, N, d, w.v.data(), dc, w.vt.data(), Nc);
-    gather_rows(dctx + static_cast<int64_t>(b) * N * D + h * d, D, N, d, w.dout.data(), dc);
-    // the weights, padded to (Nr, Nc): read transposed below, past row and column N
-    const T* p_in = probs + static_cast<int64_t>(task) * N * N;
-    for (int i = 0; i < N; ++i)
-      for (int j = 0; j < N; ++j) w.p[static_cast<size_t>(i) * Nc + j] = p_in[static_cast<int64_t>(i) * N + j];
-    T* dbase = dqkv + static_cast<int64_t>(b) * N * 3 * D + h * d;
-    // Adds rows (N, d) of w.prod (leading dimension dc) into one of q, k, v's gradient columns.
-    auto add_into = [&](int part) {
-      T* dst = dbase + part * D;
-      for (int i = 0; i < N; ++i) {
-        const T* src = w.prod.data() + static_cast<int64_t>(i) * dc;
-        T* row = dst + static_cast<int64_t>(i) * 3 * D;
-        for (int c = 0; c < d; ++c) row[c] += src[c];
-      }
-    };
-    // x = attn @ v:  dv += attn^T @ dx
-    tile_product(w.p.data(), 1, Nc, w.dout.data(), dc, N, N, dc, w.prod.data(), dc);
-    add_into(2);
-    // dattn (N, N) = dx @ v^T, in s
-    tile_product(w.dout.data(), dc, 1, w.vt.data(), Nc, N, d, Nc, w.s.data(), Nc);
-    // softmax: dscore_ij = p_ij (dattn_ij - sum_k p_ik dattn_ik)  (masked p_ij = 0 gives 0); the
-    // scale of score = (q @ k^T) * scale is applied here too.
+    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D;
+    T* dbase = dqkv + static_cast<int64_t>(b) * N * 3 * D;
+    ConstStrided<T> q(base + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> k(base + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> v(base + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    Strided<T> dq(dbase + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    Strided<T> dk(dbase + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    Strided<T> dv(dbase + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
+    ConstStrided<T> dout(dctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
+    ConstMap<T> p(probs + static_cast<int64_t>(task) * N * N, N, N);
+    Map<T> ds(dprobs + static_cast<int64_t>(task) * N * N, N, N);
+    // x = attn @ v:  dattn = dx @ v^T,  dv += attn^T @ dx
+    ds.noalias() = dout * v.transpose();
+    dv.noalias() += p.transpose() * dout;
+    // softmax: dscore_ij = p_ij (dattn_ij - sum_k p_ik dattn_ik)  (masked p_ij = 0 gives 0)
     for (int i = 0; i < N; ++i) {
-      T* g = w.s.data() + static_cast<int64_t>(i) * Nc;
-      const T* pi = w.p.data() + static_cast<int64_t>(i) * Nc;
+      T* g = ds.row(i).data();
+      const T* pi = p.row(i).data();
       const T dot = lane_sum<T>(N, [&](int j) { return pi[j] * g[j]; });
-      for (int j = 0; j < N; ++j) g[j] = pi[j] * (g[j] - dot) * scale;
+      for (int j = 0; j < N; ++j) g[j] = pi[j] * (g[j] - dot);
     }
-    // dq += dscore @ k
-    tile_product(w.s.data(), Nc, 1, w.k.data(), dc, N, N, dc, w.prod.data(), dc);
-    add_into(0);
-    // dk += dscore^T @ q
-    tile_product(w.s.data(), 1, Nc, w.q.data(), dc, N, N, dc, w.prod.data(), dc);
-    add_into(1);
+    // score = (q @ k^T) * scale:  dq += scale dscore @ k,  dk += scale dscore^T @ q
+    ds *= scale;
+    dq.noalias() += ds * k;
+    dk.noalias() += ds.transpose() * q;
   });
 }
 
@@ -626,7 +509,7 @@ void crossentropy_backward(const T* probs, const int32_t* labels, int B, int C, 
   template void layernorm_backward<T>(const T*, const T*, const T*, const T*, const T*, int, int, T*, T*, T*,   \
                                       int);                                                                     \
   template void attention_forward<T>(const T*, const uint8_t*, int, int, int, int, T, T*, T*, int);             \
-  template void attention_backward<T>(const T*, const T*, const T*, int, int, int, int, T, T*, int);        \
+  template void attention_backward<T>(const T*, const T*, const T*, int, int, int, int, T, T*, T*, int);        \
   template void gelu_forward<T>(const T*, int64_t, T*, int);                                                    \
   template void gelu_backward<T>(const T*, const T*, int64_t, T*, int);                                         \
   template void residual_forward<T>(const T*, const T*, int64_t, T*, int);                                      \
@@ -697,9 +580,9 @@ VITLENS_DISPATCH(attention_forward,
                   int threads),
                  (qkv, key_allowed, B, N, D, H, scale, probs, ctx, threads))
 VITLENS_DISPATCH(attention_backward,
-                 (const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dqkv,
+                 (const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dprobs, T* dqkv,
                   int threads),
-                 (dctx, qkv, probs, B, N, D, H, scale, dqkv, threads))
+                 (dctx, qkv, probs, B, N, D, H, scale, dprobs, dqkv, threads))
 VITLENS_DISPATCH(gelu_forward, (const T* inp, int64_t n, T* out, int threads), (inp, n, out, threads))
 VITLENS_DISPATCH(gelu_backward, (const T* dout, const T* inp, int64_t n, T* dinp, int threads),
                  (dout, inp, n, dinp, threads))
