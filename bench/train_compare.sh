@@ -3,19 +3,21 @@
 # same recipe, one after the other in the same run, and their ratio (issue 7).
 #
 #   bench/train_compare.sh BUILD_DIR [--python PY] [--threads T] [--batch B] [--steps N] [--depth L]
+#                          [--rounds R]
 #
 # vitlens: `BUILD_DIR/app/vitlens train --data fashion-mnist --stop-after N` into a temporary run
 # folder; its log.jsonl records images/s over windows of >= 5 steps every 10 steps; the median of
 # those windows after the first 10 steps is taken. PyTorch: `train_pytorch.py --bench` (median
 # over N per-step timings after 3 untimed steps). Both include batch assembly and augmentation.
-# The machine may be shared: run it when it is quiet, and more than once.
+# R rounds (default 3) alternate the two, and the medians over the rounds are compared: on a
+# virtual machine one run of either can be 30 % off. The machine should be otherwise idle.
 set -euo pipefail
 
-usage() { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 BUILD=$1; shift
 PY=/work/venv/bin/python
-THREADS=2 BATCH=128 STEPS=40 DEPTH=6
+THREADS=2 BATCH=128 STEPS=40 DEPTH=6 ROUNDS=3
 while [[ $# -gt 0 ]]; do
   case $1 in
     --python) PY=$2; shift 2 ;;
@@ -23,11 +25,12 @@ while [[ $# -gt 0 ]]; do
     --batch) BATCH=$2; shift 2 ;;
     --steps) STEPS=$2; shift 2 ;;
     --depth) DEPTH=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
     -h|--help) usage ;;
     *) echo "train_compare: unknown argument $1" >&2; exit 2 ;;
   esac
 done
-for n in "$THREADS" "$BATCH" "$STEPS" "$DEPTH"; do
+for n in "$THREADS" "$BATCH" "$STEPS" "$DEPTH" "$ROUNDS"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "train_compare: '$n' is not a positive integer" >&2; exit 2; }
 done
 ((STEPS >= 20)) || { echo "train_compare: --steps must be >= 20 (vitlens logs every 10 steps)" >&2; exit 2; }
@@ -42,9 +45,12 @@ trap 'rm -rf "$RUN"' EXIT
 
 RECIPE=(--depth "$DEPTH" --embed-dim 48 --heads 4 --patch 4 --mlp-ratio 2 --batch "$BATCH" --threads "$THREADS" --seed 0)
 
-echo "vitlens train: $STEPS steps, batch $BATCH, $THREADS threads, depth $DEPTH ..." >&2
-"$VITLENS" train --data fashion-mnist --out "$RUN/vitlens" "${RECIPE[@]}" --stop-after "$STEPS" --quiet >/dev/null
-V_RATE=$("$PY" - "$RUN/vitlens/log.jsonl" <<'EOF'
+V_RATES=() P_RATES=()
+for ((round = 1; round <= ROUNDS; round++)); do
+  echo "round $round/$ROUNDS: vitlens train, $STEPS steps, batch $BATCH, $THREADS threads, depth $DEPTH ..." >&2
+  rm -rf "$RUN/vitlens"
+  "$VITLENS" train --data fashion-mnist --out "$RUN/vitlens" "${RECIPE[@]}" --stop-after "$STEPS" --quiet >/dev/null
+  V_RATES+=("$("$PY" - "$RUN/vitlens/log.jsonl" <<'EOF'
 import json, statistics, sys
 rates = [r["images_per_s"] for r in map(json.loads, open(sys.argv[1]))
          if "images_per_s" in r and r.get("step", 0) > 10 and r["images_per_s"] > 0]
@@ -52,19 +58,25 @@ if not rates:
     sys.exit("train_compare: no images/s in the vitlens log")
 print(f"{statistics.median(rates):.1f}")
 EOF
-)
-
-echo "vitlens train: median $V_RATE images/s" >&2
-echo "PyTorch ($PY): $STEPS timed steps ..." >&2
-P_JSON=$("$PY" "$HERE/train_pytorch.py" "${RECIPE[@]}" --bench --steps "$STEPS" 2>/dev/null | tail -n 1)
-read -r P_RATE P_VERSION P_THREADS < <("$PY" -c '
+)")
+  echo "round $round/$ROUNDS: PyTorch ($PY), $STEPS timed steps ..." >&2
+  P_JSON=$("$PY" "$HERE/train_pytorch.py" "${RECIPE[@]}" --bench --steps "$STEPS" 2>/dev/null | tail -n 1)
+  read -r P_RATE P_VERSION P_THREADS < <("$PY" -c '
 import json, sys
 r = json.loads(sys.argv[1])
 print("%.1f %s %s" % (r["images_per_s"], r["torch"], r["threads"]))' "$P_JSON")
+  P_RATES+=("$P_RATE")
+done
 
-RATIO=$("$PY" -c "print(f'{$V_RATE / $P_RATE:.2f}')")
-printf '%-28s %12s\n' "trainer" "images/s"
-printf '%-28s %12s\n' "vitlens train" "$V_RATE"
-printf '%-28s %12s\n' "PyTorch $P_VERSION ($P_THREADS thr)" "$P_RATE"
-printf 'vitlens / PyTorch: %sx  (batch %s, %s threads, depth %s, D 48, 4 heads, patch 4, mlp 2)\n' \
-  "$RATIO" "$BATCH" "$THREADS" "$DEPTH"
+"$PY" - "$P_VERSION" "$P_THREADS" "$BATCH" "$THREADS" "$DEPTH" "${V_RATES[*]}" "${P_RATES[*]}" <<'EOF'
+import statistics, sys
+version, p_threads, batch, threads, depth = sys.argv[1:6]
+v = [float(x) for x in sys.argv[6].split()]
+p = [float(x) for x in sys.argv[7].split()]
+fmt = lambda xs: ", ".join(f"{x:.0f}" for x in xs)
+print(f"{'trainer':<30} {'median img/s':>12}   rounds")
+print(f"{'vitlens train':<30} {statistics.median(v):>12.1f}   {fmt(v)}")
+print(f"{'PyTorch ' + version + ' (' + p_threads + ' thr)':<30} {statistics.median(p):>12.1f}   {fmt(p)}")
+print(f"vitlens / PyTorch: {statistics.median(v) / statistics.median(p):.2f}x  (medians of {len(v)} rounds; "
+      f"batch {batch}, {threads} threads, depth {depth}, D 48, 4 heads, patch 4, mlp 2)")
+EOF
