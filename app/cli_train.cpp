@@ -196,6 +196,8 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
       bad("--decoder-dim " + std::to_string(a.decoder_dim) + " is not divisible by --decoder-heads " +
           std::to_string(a.decoder_heads));
     if (cmd->count("--label-smoothing")) bad("--label-smoothing applies to classifiers, not to --data photos");
+    if (cmd->count("--crop-pad")) bad("--crop-pad applies to classifiers; --data photos makes its own random crops");
+    if (cmd->count("--pool")) bad("--pool applies to classifiers; the MAE encoder keeps its class token");
     if (!a.grad_dump.empty()) bad("--grad-dump is for classifiers; MAE gradients are checked by the test suite");
   }
   if (a.out.empty() && a.grad_dump.empty() && a.resume.empty()) bad("--out RUNDIR is required");
@@ -219,9 +221,8 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   const int img = a.data == "fashion-mnist" ? 28 : a.img_size;
   if (img % a.patch != 0)
     bad("the image size " + std::to_string(img) + " is not a multiple of --patch " + std::to_string(a.patch));
-  if (cmd->count("--crop-pad") && !a.augment) bad("--crop-pad applies with --augment (the random crops)");
-  if (cmd->count("--pool") && a.data.rfind("photos", 0) == 0)
-    bad("--pool applies to classifiers; the MAE encoder keeps its class token");
+  if (a.resume.empty() && !mae && cmd->count("--crop-pad") && !a.augment)
+    bad("--crop-pad applies with --augment (the random crops)");
   if (!a.resume.empty()) {
     for (const char* flag : {"--depth", "--embed-dim", "--heads", "--patch", "--mlp-ratio", "--batch", "--lr",
                              "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--crop-pad", "--pool", "--val-split",
@@ -454,7 +455,8 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
                 "off by default. With --data photos the flip of the random crops is on unless --no-augment");
   cmd->add_option("--pool", a.pool,
                   "What the classifier head reads: 'cls' (the class token, timm's default) or 'avg' (the mean of "
-                  "the patch tokens, timm's global_pool='avg', a model without class token)")
+                  "the patch tokens after the final norm: timm's class_token=False, global_pool='avg', "
+                  "fc_norm=False)")
       ->check(CLI::IsMember({"cls", "avg"}))
       ->capture_default_str();
   cmd->add_option("--crop-pad", a.crop_pad, "With --augment: zero padding of the random crop in pixels; 0 = flips only")

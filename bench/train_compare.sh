@@ -9,11 +9,11 @@
 # folder; its log.jsonl records images/s over windows of >= 5 steps every 10 steps; the median of
 # those windows after the first 10 steps is taken. PyTorch: `train_pytorch.py --bench` (median
 # over N per-step timings after 3 untimed steps). Both include batch assembly and augmentation.
-# R rounds (default 3) alternate the two, and the medians over the rounds are compared: on a
-# virtual machine one run of either can be 30 % off. The machine should be otherwise idle.
+# Each of R rounds (default 3) runs vitlens, then PyTorch, and the medians over the rounds are
+# compared: on a virtual machine one run of either can be 30 % off. The machine should be idle.
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 BUILD=$1; shift
 PY=/work/venv/bin/python
@@ -60,7 +60,8 @@ print(f"{statistics.median(rates):.1f}")
 EOF
 )")
   echo "round $round/$ROUNDS: PyTorch ($PY), $STEPS timed steps ..." >&2
-  P_JSON=$("$PY" "$HERE/train_pytorch.py" "${RECIPE[@]}" --bench --steps "$STEPS" 2>/dev/null | tail -n 1)
+  P_JSON=$("$PY" "$HERE/train_pytorch.py" "${RECIPE[@]}" --bench --steps "$STEPS" 2>"$RUN/pytorch.err" | tail -n 1) ||
+    { echo "train_compare: the PyTorch run failed:" >&2; tail -n 5 "$RUN/pytorch.err" >&2; exit 1; }
   read -r P_RATE P_VERSION P_THREADS < <("$PY" -c '
 import json, sys
 r = json.loads(sys.argv[1])

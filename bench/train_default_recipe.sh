@@ -15,14 +15,20 @@ usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 && $1 != -h && $1 != --help ]] || usage
 BUILD=$1; shift
 OUT=""
-if [[ $# -gt 0 && $1 != -- ]]; then OUT=$1; shift; fi
-[[ $# -gt 0 && $1 == -- ]] && shift
+if [[ $# -gt 0 && $1 != -- ]]; then
+  [[ $1 == -* ]] && { echo "train_default_recipe: give vitlens flags after '--' (got '$1')" >&2; exit 2; }
+  OUT=$1; shift
+fi
+if [[ $# -gt 0 ]]; then
+  [[ $1 == -- ]] || { echo "train_default_recipe: give vitlens flags after '--' (got '$1')" >&2; exit 2; }
+  shift
+fi
 VITLENS=$BUILD/app/vitlens
 [[ -x $VITLENS ]] || { echo "train_default_recipe: $VITLENS not found: build vitlens first" >&2; exit 2; }
 if [[ -z $OUT ]]; then
   OUT=$(mktemp -d "${TMPDIR:-/tmp}/vitlens-default-recipe-XXXXXX")
   trap 'rm -rf "$OUT"' EXIT
-elif [[ -e $OUT/last.safetensors ]]; then
+elif [[ -e $OUT/last.safetensors || -e $OUT/log.jsonl ]]; then
   echo "train_default_recipe: $OUT already holds a run; give a new folder" >&2
   exit 2
 fi
@@ -47,5 +53,5 @@ evals = [r for r in map(json.loads, open(sys.argv[1])) if r.get("eval")]
 for r in evals:
     print(f"epoch {r['epoch'] + 1:>2}: {r['eval']} accuracy {100 * r['accuracy']:.2f} % at {r['seconds']:.0f} s of training")
 if evals:
-    print(f"final:        {100 * evals[-1]['accuracy']:.2f} % test accuracy")
+    print(f"final:        {100 * evals[-1]['accuracy']:.2f} % {evals[-1]['eval']} accuracy")
 EOF

@@ -238,6 +238,8 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data fashion-mnist --out " + dir + "/r --augment --crop-pad 17", "--crop-pad", 2},
       {"train --data fashion-mnist --out " + dir + "/r --pool max", "--pool", 2},
       {"train --data photos --out " + dir + "/r --pool avg", "--pool applies to classifiers", 2},
+      {"train --data photos --out " + dir + "/r --augment --crop-pad 1", "--crop-pad applies to classifiers", 2},
+      {"train --data fashion-mnist --resume " + dir + "/x.safetensors --crop-pad 1", "cannot change on --resume", 2},
       {"train --data fashion-mnist --out " + dir + "/r --name " + std::string(65, 'n'), "longer than 64", 2},
   };
   for (const Case& c : cases) {

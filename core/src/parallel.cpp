@@ -13,7 +13,6 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
-#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -67,8 +66,8 @@ void run_on_new_threads(int tasks, int workers, const std::function<void(int)>& 
   std::vector<std::thread> started;
   try {
     for (int t = 1; t < workers; ++t) started.emplace_back([&job] { job.drain(); });
-  } catch (const std::system_error&) {
-    // No more threads: the ones that started and this one share the tasks.
+  } catch (...) {
+    // No more threads (or no memory for one more): the ones that started and this one share the tasks.
   }
   job.drain();
   for (std::thread& t : started) t.join();
@@ -118,27 +117,31 @@ class Pool {
       const uint64_t now = generation_.load();
       try {
         threads_.emplace_back([this, index, now] { work(index, now); });
-      } catch (const std::system_error&) {
-        return;  // no more threads to be had: the job runs on the ones there are
+      } catch (...) {
+        return;  // no more threads (or memory) to be had: the job runs on the ones there are
       }
     }
   }
 
   void work(int index, uint64_t seen) {
     t_inside_pool_job = true;
+    bool helped = false;
     for (;;) {
-      seen = wait_for_job(seen);
+      seen = wait_for_job(seen, helped);
       // Enter, then check the job is still the one seen and still open (all sequentially
       // consistent: either the caller sees this worker inside and waits, or the worker sees the
       // job closed or replaced and leaves without touching it).
       active_.fetch_add(1);
-      if (open_.load() && generation_.load() == seen && index < helpers_) job_.drain();
+      helped = open_.load() && generation_.load() == seen && index < helpers_;
+      if (helped) job_.drain();
       active_.fetch_sub(1);
     }
   }
 
-  uint64_t wait_for_job(uint64_t seen) {
-    const auto until = std::chrono::steady_clock::now() + kSpinBeforeSleep;
+  // Spins first only after a job this worker took part in: one beyond the current thread count
+  // (the pool keeps the most threads ever asked for) goes straight back to sleep.
+  uint64_t wait_for_job(uint64_t seen, bool spin) {
+    const auto until = std::chrono::steady_clock::now() + (spin ? kSpinBeforeSleep : std::chrono::microseconds(0));
     for (int spins = 0;; ++spins) {
       const uint64_t g = generation_.load();
       if (g != seen) return g;
