@@ -633,6 +633,9 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
                         std::to_string(data.train_count) + " images";
     }
     started = true;
+    // Step 0's probe (the initial weights' maps, the start of every curve) goes in before the state
+    // leaves Loading: a snapshot that shows the run started always has it.
+    refresh_probe();
     {
       std::lock_guard<std::mutex> lock(mutex_);
       snap_.state = run->pause ? TrainState::Paused : TrainState::Running;
@@ -647,7 +650,6 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
       ++snap_.version;
     }
     training = true;
-    refresh_probe();  // step 0: the initial weights' maps, the start of every curve
   } catch (const std::exception& e) {
     fail(e.what());
   }
