@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "vitlens/error.hpp"
+#include "vitlens/parallel.hpp"
 
 namespace vitlens {
 
@@ -23,6 +24,7 @@ nlohmann::json Recipe::to_json() const {
           {"flip", flip},             {"beta1", beta1},
           {"beta2", beta2},           {"adam_eps", adam_eps},
           {"seed", seed},             {"threads", threads},
+          {"shards", shards},
           {"optimizer", "AdamW (torch.optim.AdamW semantics)"},
           {"schedule", "linear warmup, then cosine to min_lr"}};
 }
@@ -46,6 +48,8 @@ Recipe Recipe::from_json(const nlohmann::json& j) {
     r.adam_eps = j.at("adam_eps").get<double>();
     r.seed = j.at("seed").get<uint64_t>();
     r.threads = j.at("threads").get<int>();
+    // Absent from checkpoints written before the batch was split: those trained on it whole.
+    r.shards = j.contains("shards") ? j.at("shards").get<int>() : 1;
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training recipe: ") + e.what());
   }
@@ -70,6 +74,7 @@ std::string Recipe::validate() const {
   else if (!(beta1 >= 0.0) || beta1 >= 1.0 || !(beta2 >= 0.0) || beta2 >= 1.0) why << "Adam betas must be in [0, 1)";
   else if (!(adam_eps > 0.0) || adam_eps > 1.0) why << "Adam eps " << adam_eps << " is not in (0, 1]";
   else if (threads < 0 || threads > 1024) why << "threads " << threads << " is not in [0, 1024]";
+  else if (shards < 1 || shards > 64) why << "shards " << shards << " is not in [1, 64]";
   return why.str();
 }
 
@@ -158,6 +163,84 @@ void init_vit_params(const train::ParamLayout& layout, float* params, uint64_t s
   }
 }
 
+int Trainer::shard_count(int count) const { return std::max(1, std::min(recipe_.shards, count)); }
+
+int Trainer::shard_start(int s, int count) const {
+  return static_cast<int>(static_cast<int64_t>(count) * s / shard_count(count));
+}
+
+train::VitNet<float>& Trainer::shard_net(int s) { return s == 0 ? net_ : replicas_[static_cast<size_t>(s - 1)]; }
+
+void Trainer::run_shards(int count, bool with_backward) {
+  const int S = shard_count(count);
+  while (static_cast<int>(replicas_.size()) < S - 1) replicas_.emplace_back(net_.config(), net_.num_classes());
+  // Side by side, one thread each, when the threads are S to 2S - 1 (the parts need no
+  // synchronisation then); otherwise one part after another, each on every thread, which wastes
+  // no core (ops started from inside a pool task would run on threads of their own).
+  const int threads = resolve_threads(recipe_.threads);
+  const bool side_by_side = S > 1 && threads >= S && threads < 2 * S;
+  for (int s = 0; s < S; ++s) {
+    train::VitNet<float>& net = shard_net(s);
+    if (s > 0) {
+      net.params = net_.params;  // the same size: copies without allocating
+      net.label_smoothing = net_.label_smoothing;
+    }
+    net.threads = side_by_side ? 1 : recipe_.threads;
+  }
+  shard_loss_.assign(static_cast<size_t>(S), 0.0f);
+  const size_t image_values = static_cast<size_t>(3) * config().img_h * config().img_w;
+  auto part = [&](int s) {
+    train::VitNet<float>& net = shard_net(s);
+    const int start = shard_start(s, count), n = shard_start(s + 1, count) - start;
+    const float loss = net.forward(batch_images_.data() + static_cast<size_t>(start) * image_values,
+                                   batch_labels_.data() + start, nullptr, n);
+    shard_loss_[static_cast<size_t>(s)] = loss;
+    if (with_backward && std::isfinite(loss)) {
+      net.zero_grad();
+      net.backward();
+    }
+  };
+  if (side_by_side) run_tasks(S, S, part);
+  else
+    for (int s = 0; s < S; ++s) part(s);
+}
+
+float Trainer::forward_backward(int count) {
+  run_shards(count, true);
+  const int S = shard_count(count);
+  // Part s's gradient is that of its own mean loss; the batch's is their mean weighted by size,
+  // summed in part order (1 part: the gradient as it is).
+  double loss = 0.0;
+  for (int s = 0; s < S; ++s)
+    loss += static_cast<double>(shard_loss_[static_cast<size_t>(s)]) * (shard_start(s + 1, count) - shard_start(s, count)) / count;
+  if (S > 1 && std::isfinite(loss)) {
+    std::vector<float> share(static_cast<size_t>(S));
+    for (int s = 0; s < S; ++s)
+      share[static_cast<size_t>(s)] = static_cast<float>(shard_start(s + 1, count) - shard_start(s, count)) / static_cast<float>(count);
+    float* g = net_.grads.data();
+    for (size_t i = 0; i < net_.grads.size(); ++i) {
+      float sum = share[0] * g[i];
+      for (int s = 1; s < S; ++s) sum += share[static_cast<size_t>(s)] * replicas_[static_cast<size_t>(s - 1)].grads[i];
+      g[i] = sum;
+    }
+  }
+  return static_cast<float>(loss);
+}
+
+int Trainer::count_correct(int count) const {
+  const int C = net_.num_classes();
+  int correct = 0;
+  for (int s = 0; s < shard_count(count); ++s) {
+    const train::VitNet<float>& net = s == 0 ? net_ : replicas_[static_cast<size_t>(s - 1)];
+    const int start = shard_start(s, count), n = shard_start(s + 1, count) - start;
+    for (int b = 0; b < n; ++b) {
+      const float* row = net.logits() + static_cast<size_t>(b) * C;
+      if (std::max_element(row, row + C) - row == batch_labels_[static_cast<size_t>(start + b)]) ++correct;
+    }
+  }
+  return correct;
+}
+
 int64_t Trainer::steps_per_epoch() const { return train_->size() / recipe_.batch; }
 int64_t Trainer::total_steps() const { return steps_per_epoch() * recipe_.epochs; }
 
@@ -199,25 +282,17 @@ StepReport Trainer::step() {
   const int B = recipe_.batch;
   load_batch(*train_, pos_.order.data() + pos_.position * B, B, recipe_.augment);
 
-  net_.zero_grad();
-  const float loss = net_.forward(batch_images_.data(), batch_labels_.data(), nullptr, B);
+  const float loss = forward_backward(B);
   if (!std::isfinite(loss))
     throw Error("the loss is not finite at step " + std::to_string(pos_.step + 1) + ": lower --lr");
-  net_.backward();
   StepReport report;
   report.grad_norm = train::clip_grad_norm(net_.grads, recipe_.clip_norm);
   const int64_t warmup = static_cast<int64_t>(std::llround(recipe_.warmup_epochs * steps_per_epoch()));
   report.lr = train::scheduled_lr(recipe_.lr, recipe_.min_lr, pos_.step, warmup, total_steps());
   adam_.update(net_.layout(), net_.params.data(), net_.grads.data(), report.lr);
 
-  const int C = net_.num_classes();
-  int correct = 0;
-  for (int b = 0; b < B; ++b) {
-    const float* row = net_.logits() + static_cast<size_t>(b) * C;
-    if (std::max_element(row, row + C) - row == batch_labels_[static_cast<size_t>(b)]) ++correct;
-  }
   report.loss = loss;
-  report.accuracy = static_cast<double>(correct) / B;
+  report.accuracy = static_cast<double>(count_correct(B)) / B;
   report.epoch = pos_.epoch;
   ++pos_.step;
   ++pos_.position;
@@ -247,12 +322,10 @@ EvalReport Trainer::evaluate(const ImageSet& set, const std::function<bool(float
       if (label < 0 || label >= C)
         throw Error("evaluation set " + set.source + " has label " + std::to_string(label) + ", the model has " +
                     std::to_string(C) + " classes");
-    const float loss = net_.forward(batch_images_.data(), batch_labels_.data(), nullptr, count);
-    loss_sum += static_cast<double>(loss) * count;
-    for (int b = 0; b < count; ++b) {
-      const float* row = net_.logits() + static_cast<size_t>(b) * C;
-      if (std::max_element(row, row + C) - row == batch_labels_[static_cast<size_t>(b)]) ++correct;
-    }
+    run_shards(count, false);
+    for (int s = 0; s < shard_count(count); ++s)
+      loss_sum += static_cast<double>(shard_loss_[static_cast<size_t>(s)]) * (shard_start(s + 1, count) - shard_start(s, count));
+    correct += count_correct(count);
     report.images += count;
     if (progress && !progress(static_cast<float>(report.images) / static_cast<float>(set.size()))) break;
   }

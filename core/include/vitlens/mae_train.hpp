@@ -157,7 +157,7 @@ extern template class MaeNet<double>;
 
 namespace vitlens {
 
-// What MAE pretraining takes beyond the Recipe (whose label_smoothing and crop_pad it ignores; its
+// What MAE pretraining takes beyond the Recipe (whose label_smoothing, crop_pad and shards it ignores; its
 // `flip` flips the crops).
 struct MaeOptions {
   train::MaeShape shape;

@@ -35,6 +35,14 @@ struct Recipe {
   double beta1 = 0.9, beta2 = 0.999, adam_eps = 1e-8;
   uint64_t seed = 0;
   int threads = 0;              // 0 = one per core; results depend on the seed, not on this
+  // The batch is split into this many parts of (nearly) equal size; each part's forward and
+  // backward run on their own, and the parts' gradients are summed in part order, weighted by
+  // their share of the batch (PyTorch's gradient accumulation). On `shards` or more threads the
+  // parts run side by side, one thread each, with no synchronisation inside a step; on fewer, one
+  // after the other on every thread. Same gradient as the whole batch up to float rounding;
+  // the numbers depend on this, never on `threads`. Checkpoints written before it existed
+  // resume with 1 (the whole batch at once), as they were trained.
+  int shards = 2;
 
   nlohmann::json to_json() const;
   static Recipe from_json(const nlohmann::json& j);  // throws vitlens::Error on a bad key
@@ -108,7 +116,19 @@ class Trainer {
   void start_epoch();
   void load_batch(const ImageSet& set, const int32_t* indices, int count, bool augment);
 
-  train::VitNet<float> net_;
+  // The first `count` images of the loaded batch, split into Recipe::shards parts: part s is images
+  // [shard_start(s), shard_start(s + 1)), run through shard_net(s) (forward, and backward when
+  // asked, each part's gradient into its own net); the parts' mean losses into shard_loss_.
+  void run_shards(int count, bool with_backward);
+  // run_shards with backward, then the batch's gradient into net_.grads; returns the batch's loss.
+  float forward_backward(int count);
+  int count_correct(int count) const;  // argmax hits of the last run_shards
+  int shard_count(int count) const;
+  int shard_start(int s, int count) const;
+  train::VitNet<float>& shard_net(int s);
+
+  train::VitNet<float> net_;             // the parameters, and part 0 of every batch
+  std::vector<train::VitNet<float>> replicas_;  // parts 1.. of a batch: copies of net_'s parameters
   Recipe recipe_;
   const ImageSet* train_ = nullptr;
   train::AdamW adam_;
@@ -117,6 +137,7 @@ class Trainer {
   std::vector<float> batch_images_;   // (B, 3, H, W) normalised
   std::vector<int32_t> batch_labels_;  // (B)
   std::vector<float> scratch_;         // (3, H, W)
+  std::vector<float> shard_loss_;      // (parts) mean loss of each part of the last batch
 };
 
 // timm's initialisation of every tensor in `layout` (Trainer's and MaeTrainer's), drawn from
