@@ -52,6 +52,7 @@ Recipe recipe_from(const TrainArgs& a) {
   recipe.crop_pad = a.crop_pad;
   recipe.seed = a.seed;
   recipe.threads = a.threads;
+  recipe.shards = a.shards;
   return recipe;
 }
 
@@ -198,6 +199,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
     if (cmd->count("--label-smoothing")) bad("--label-smoothing applies to classifiers, not to --data photos");
     if (cmd->count("--crop-pad")) bad("--crop-pad applies to classifiers; --data photos makes its own random crops");
     if (cmd->count("--pool")) bad("--pool applies to classifiers; the MAE encoder keeps its class token");
+    if (cmd->count("--shards")) bad("--shards applies to classifiers; MAE runs each batch whole");
     if (!a.grad_dump.empty()) bad("--grad-dump is for classifiers; MAE gradients are checked by the test suite");
   }
   if (a.out.empty() && a.grad_dump.empty() && a.resume.empty()) bad("--out RUNDIR is required");
@@ -225,7 +227,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
     bad("--crop-pad applies with --augment (the random crops)");
   if (!a.resume.empty()) {
     for (const char* flag : {"--depth", "--embed-dim", "--heads", "--patch", "--mlp-ratio", "--batch", "--lr",
-                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--crop-pad", "--pool", "--val-split",
+                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--crop-pad", "--pool", "--val-split", "--shards",
                              "--img-size", "--limit", "--mask-ratio", "--decoder-dim", "--decoder-depth",
                              "--decoder-heads", "--crops-per-photo"})
       if (cmd->count(flag))
@@ -447,6 +449,12 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
       ->capture_default_str();
   cmd->add_option("--threads", a.threads, "Worker threads; 0 = one per core (results do not depend on it)")
       ->check(CLI::Range(0, 256))
+      ->capture_default_str();
+  cmd->add_option("--shards", a.shards,
+                  "Split each batch into N parts whose gradients are summed, weighted by size (gradient "
+                  "accumulation). On N to 2N-1 threads the parts run side by side, one thread each; otherwise one "
+                  "after another on every thread. The numbers depend on N (float rounding only), never on --threads")
+      ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--label-smoothing", a.label_smoothing, "As torch.nn.CrossEntropyLoss(label_smoothing=...)")
       ->capture_default_str();

@@ -168,7 +168,8 @@ TEST_CASE("train: resume after N steps reproduces the uninterrupted run bit for 
 TEST_CASE("train: the same run for 1 and 2 threads", "[train][threads]") {
   const ImageSet train_set = synthetic_set(96, 6);
   std::vector<std::vector<float>> params;
-  for (int threads : {1, 2}) {
+  // 2 parts (the default): one after the other on 1 and 4 threads, side by side on 2 and 3.
+  for (int threads : {1, 2, 3, 4}) {
     Recipe r;
     r.epochs = 1;
     r.batch = 32;
@@ -178,6 +179,64 @@ TEST_CASE("train: the same run for 1 and 2 threads", "[train][threads]") {
     params.push_back(t.net().params);
   }
   CHECK(params[0] == params[1]);
+  CHECK(params[0] == params[2]);
+  CHECK(params[0] == params[3]);
+}
+
+TEST_CASE("train: a batch split into parts has the whole batch's loss, gradient and evaluation", "[train][shards]") {
+  const ImageSet train_set = synthetic_set(64, 8);
+  // Odd batches split unevenly (5 = 2 + 3, 7 = 2 + 2 + 3); a batch of 1 cannot split.
+  for (const auto& [batch, shards] : {std::pair{32, 2}, {5, 2}, {7, 3}, {1, 2}, {9, 64}}) {
+    CAPTURE(batch, shards);
+    auto recipe = [&](int s) {
+      Recipe r;
+      r.epochs = 1;
+      r.batch = batch;
+      r.threads = 2;
+      r.shards = s;
+      r.label_smoothing = 0.1;
+      return r;
+    };
+    Trainer whole(fm_config(), recipe(1), &train_set, nullptr);
+    Trainer split(fm_config(), recipe(shards), &train_set, nullptr);
+    REQUIRE(whole.net().params == split.net().params);
+    // Evaluation through the parts: the same images counted once each, the same mean loss.
+    const EvalReport ea = whole.evaluate(train_set), eb = split.evaluate(train_set);
+    CHECK(ea.images == 64);
+    CHECK(eb.images == 64);
+    CHECK(eb.accuracy == Approx(ea.accuracy).margin(1.0 / 64 + 1e-12));
+    CHECK(eb.loss == Approx(ea.loss).epsilon(1e-6));
+    const StepReport a = whole.step(), b = split.step();
+    CHECK(b.loss == Approx(a.loss).epsilon(1e-6));
+    CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-5));
+    CHECK(b.accuracy == a.accuracy);
+    // The clipped gradient the update used, component by component, against its largest entry.
+    const std::vector<float>& ga = whole.net().grads;
+    const std::vector<float>& gb = split.net().grads;
+    REQUIRE(ga.size() == gb.size());
+    float largest = 0.0f, diff = 0.0f;
+    for (size_t i = 0; i < ga.size(); ++i) {
+      largest = std::max(largest, std::fabs(ga[i]));
+      diff = std::max(diff, std::fabs(ga[i] - gb[i]));
+    }
+    REQUIRE(largest > 0.0f);
+    CHECK(diff <= 1e-5f * largest);
+  }
+}
+
+TEST_CASE("train: the recipe's shards are checked, saved, and absent from old checkpoints means 1", "[train][shards]") {
+  Recipe r;
+  CHECK(r.shards == 2);
+  r.shards = 0;
+  CHECK_THAT(r.validate(), Catch::Contains("shards 0 is not in [1, 64]"));
+  r.shards = 65;
+  CHECK_THAT(r.validate(), Catch::Contains("shards 65"));
+  r.shards = 3;
+  CHECK(r.validate().empty());
+  nlohmann::json j = r.to_json();
+  CHECK(Recipe::from_json(j).shards == 3);
+  j.erase("shards");
+  CHECK(Recipe::from_json(j).shards == 1);
 }
 
 TEST_CASE("train: a damaged state file or a pair from different steps is refused", "[train][resume]") {
@@ -241,6 +300,10 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data photos --out " + dir + "/r --augment --crop-pad 1", "--crop-pad applies to classifiers", 2},
       {"train --data fashion-mnist --resume " + dir + "/x.safetensors --crop-pad 1", "cannot change on --resume", 2},
       {"train --data fashion-mnist --out " + dir + "/r --name " + std::string(65, 'n'), "longer than 64", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --shards 0", "--shards", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --shards 65", "--shards", 2},
+      {"train --data photos --out " + dir + "/r --shards 2", "--shards applies to classifiers", 2},
+      {"train --data fashion-mnist --resume " + dir + "/x.safetensors --shards 1", "cannot change on --resume", 2},
   };
   for (const Case& c : cases) {
     const Run r = run_vitlens(c.args);

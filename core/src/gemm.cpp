@@ -31,12 +31,12 @@ float gelu_scalar(float x) {
   return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
 }
 
-void portable_tile(int kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c, const float* bias,
-                   bool gelu) {
+void portable_tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, float* c, int64_t ldc,
+                   bool load_c, const float* bias, bool gelu) {
   float acc[kPortableMr][kPortableNr] = {};
-  for (int p = 0; p < kc; ++p, a += kPortableMr, b += kPortableNr)
+  for (int p = 0; p < kc; ++p, a += a_ps, b += kPortableNr)
     for (int r = 0; r < kPortableMr; ++r)
-      for (int j = 0; j < kPortableNr; ++j) acc[r][j] += a[r] * b[j];
+      for (int j = 0; j < kPortableNr; ++j) acc[r][j] += a[r * a_rs] * b[j];
   for (int r = 0; r < kPortableMr; ++r) {
     float* row = c + r * ldc;
     for (int j = 0; j < kPortableNr; ++j) {
@@ -165,6 +165,10 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
   const size_t nc_max = static_cast<size_t>((std::min(kNc, j1 - j0) + nr - 1) / nr * nr);
   if (buffers.a.size() < mc_max * kc_max) buffers.a.resize(mc_max * kc_max);
   if (buffers.b.size() < kc_max * nc_max) buffers.b.resize(kc_max * nc_max);
+  // A row-major (X of a Linear forward, dY of dX = dY W): full tiles read its rows in place, since
+  // packing them (a strided copy as large as A) cost about a third of the arithmetic at K = 48;
+  // only a last panel of fewer than MR rows is packed (zero rows, never read past A's end).
+  const bool a_in_place = a.col_stride == 1;
   const int k_blocks = std::max(1, (k + kKc - 1) / kKc);  // k = 0 still writes b (and GELU)
   for (int kb = 0; kb < k_blocks; ++kb) {
     const int p0 = kb * kKc, kc = std::min(kKc, k - p0);
@@ -174,25 +178,29 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
       pack_b(b, p0, kc, jc, nc, nr, buffers.b.data());
       for (int ic = i0; ic < i1; ic += kMc) {
         const int mc = std::min(kMc, i1 - ic);
-        pack_a(a, ic, mc, p0, kc, mr, buffers.a.data());
+        const int full_rows = a_in_place ? mc / mr * mr : 0;  // panels read in place
+        if (full_rows < mc) pack_a(a, ic + full_rows, mc - full_rows, p0, kc, mr, buffers.a.data());
         for (int jr = 0; jr < nc; jr += nr) {
           const float* b_panel = buffers.b.data() + static_cast<int64_t>(jr) * kc;
           const float* tile_bias = last && bias_padded ? bias_padded + jc + jr : nullptr;
           const int cols = std::min(nr, nc - jr);
           for (int ir = 0; ir < mc; ir += mr) {
-            const float* a_panel = buffers.a.data() + static_cast<int64_t>(ir) * kc;
+            const bool in_place = ir < full_rows;
+            const float* a_tile = in_place ? a.data + static_cast<int64_t>(ic + ir) * a.row_stride + p0
+                                           : buffers.a.data() + static_cast<int64_t>(ir - full_rows) * kc;
+            const int64_t a_rs = in_place ? a.row_stride : 1, a_ps = in_place ? 1 : mr;
             float* ct = c + (ic + ir) * ldc + jc + jr;
             const bool load_c = !first || accumulate;
             const int rows = std::min(mr, mc - ir);
             if (rows == mr && cols == nr) {
-              kern.tile(kc, a_panel, b_panel, ct, ldc, load_c, tile_bias, last && gelu);
+              kern.tile(kc, a_tile, a_rs, a_ps, b_panel, ct, ldc, load_c, tile_bias, last && gelu);
               continue;
             }
             // Edge tile: the same kernel on a padded copy, so these elements round as any other.
             float pad[kMaxTile] = {};
             if (load_c)
               for (int r = 0; r < rows; ++r) std::memcpy(pad + r * nr, ct + r * ldc, sizeof(float) * static_cast<size_t>(cols));
-            kern.tile(kc, a_panel, b_panel, pad, nr, load_c, tile_bias, last && gelu);
+            kern.tile(kc, a_tile, a_rs, a_ps, b_panel, pad, nr, load_c, tile_bias, last && gelu);
             for (int r = 0; r < rows; ++r) std::memcpy(ct + r * ldc, pad + r * nr, sizeof(float) * static_cast<size_t>(cols));
           }
         }

@@ -56,17 +56,20 @@ VITLENS_AVX2 inline __m256 gelu8(__m256 x) {
   return _mm256_blendv_ps(half, _mm256_sub_ps(x, half), positive);
 }
 
-VITLENS_AVX2 void tile(int kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c, const float* bias,
-                       bool gelu) {
+VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, float* c, int64_t ldc,
+                       bool load_c, const float* bias, bool gelu) {
   // Twelve named accumulators, not an array: with an array, GCC 12 kept it in memory and stored
   // every accumulator on every step of k (the epilogue's loop indexes it), which halved the speed.
   const __m256 z = _mm256_setzero_ps();
   __m256 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z;
-  for (int p = 0; p < kc; ++p, a += kMr, b += kNr) {
+  // Row r of A starts at a_r; element p at a_r + p * a_ps.
+  const float *a0 = a, *a1 = a + 1 * a_rs, *a2 = a + 2 * a_rs, *a3 = a + 3 * a_rs, *a4 = a + 4 * a_rs,
+              *a5 = a + 5 * a_rs;
+  for (int64_t p = 0, q = 0; p < kc; ++p, q += a_ps, b += kNr) {
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + 8);
 #define VITLENS_TILE_ROW(r)                         \
   {                                                 \
-    const __m256 ar = _mm256_broadcast_ss(a + r);   \
+    const __m256 ar = _mm256_broadcast_ss(a##r + q); \
     c##r##0 = _mm256_fmadd_ps(ar, b0, c##r##0);     \
     c##r##1 = _mm256_fmadd_ps(ar, b1, c##r##1);     \
   }

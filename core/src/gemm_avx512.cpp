@@ -59,17 +59,20 @@ VITLENS_AVX512 inline __m512 gelu16(__m512 x) {
   return _mm512_mask_blend_ps(positive, half, _mm512_sub_ps(x, half));
 }
 
-VITLENS_AVX512 void tile(int kc, const float* a, const float* b, float* c, int64_t ldc, bool load_c,
-                         const float* bias, bool gelu) {
+VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, float* c,
+                         int64_t ldc, bool load_c, const float* bias, bool gelu) {
   // Named accumulators, not an array: GCC 12 kept an array in memory (see gemm_avx2.cpp).
   const __m512 z = _mm512_setzero_ps();
   __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z,
          c60 = z, c61 = z, c70 = z, c71 = z;
-  for (int p = 0; p < kc; ++p, a += kMr, b += kNr) {
+  // Row r of A starts at a_r; element p at a_r + p * a_ps.
+  const float *a0 = a, *a1 = a + 1 * a_rs, *a2 = a + 2 * a_rs, *a3 = a + 3 * a_rs, *a4 = a + 4 * a_rs,
+              *a5 = a + 5 * a_rs, *a6 = a + 6 * a_rs, *a7 = a + 7 * a_rs;
+  for (int64_t p = 0, q = 0; p < kc; ++p, q += a_ps, b += kNr) {
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
 #define VITLENS_TILE_ROW(r)                         \
   {                                                 \
-    const __m512 ar = _mm512_set1_ps(a[r]);         \
+    const __m512 ar = _mm512_set1_ps(a##r[q]);      \
     c##r##0 = _mm512_fmadd_ps(ar, b0, c##r##0);     \
     c##r##1 = _mm512_fmadd_ps(ar, b1, c##r##1);     \
   }

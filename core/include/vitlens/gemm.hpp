@@ -62,10 +62,12 @@ namespace detail {
 // What each instruction set provides (gemm.cpp runs the blocking, packing and threads).
 struct GemmKernels {
   int mr, nr;  // register tile: MR rows x NR columns
-  // c (MR, NR) with row stride ldc = [c +] a_panel (kc, MR)^T b_panel (kc, NR) [+ bias (NR)] [GELU].
-  // The k products are one FMA chain per element in p order.
-  void (*tile)(int kc, const float* a_panel, const float* b_panel, float* c, int64_t ldc, bool load_c,
-               const float* bias, bool gelu);
+  // c (MR, NR) with row stride ldc = [c +] A (MR, kc) b_panel (kc, NR) [+ bias (NR)] [GELU], where
+  // A's element (r, p) is a[r * a_rs + p * a_ps]: a packed panel (a_rs = 1, a_ps = MR) or MR whole
+  // rows of a row-major matrix read in place (a_rs = its row stride, a_ps = 1).
+  // The k products are one FMA chain per element in p order, the same for either layout of A.
+  void (*tile)(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b_panel, float* c, int64_t ldc,
+               bool load_c, const float* bias, bool gelu);
   void (*gelu)(float* x, int64_t count);
   void (*layer_norm_row)(const float* x, int dim, const float* weight, const float* bias, float eps, float* out);
 };
