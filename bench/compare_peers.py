@@ -19,11 +19,12 @@ memory is its own; the Python peers' peak includes the interpreter and torch, ab
 M is the timm model's random weights written as a vitlens safetensors file (timm tensor names,
 config in __metadata__), so vitlens, timm and ONNX Runtime compute the same function.
 
-`--arch vit_s16` runs ViT-S/16's shape instead (D 384, 6 heads of 64, 12 blocks; use --size 224);
-ViT-B/16 and ViT-S/8 are not wired in yet.
+`--arch vit_s16` runs ViT-S/16's shape instead (D 384, 6 heads of 64, 12 blocks; use --size 224),
+`--arch vit_b16` ViT-B/16's (D 768, 12 heads of 64, 12 blocks; --size 224) and `--arch vit_s8`
+ViT-S/8's (D 384, 6 heads of 64, patch 8, 12 blocks; --size 480 gives its 3601 tokens).
 
 Usage: /work/venv/bin/python bench/compare_peers.py --bench build/bench/vitlens_bench
-           [--arch card|vit_s16] [--size S ...] [--threads T] [--runs R] [--budget SECONDS] [--json] [--skip PEER ...]
+           [--arch card|vit_s16|vit_b16|vit_s8] [--size S ...] [--threads T] [--runs R] [--budget SECONDS] [--json] [--skip PEER ...]
 Ratios are peer / vitlens (above 1: vitlens is faster): full-model peers against vitlens' forward,
 attention-only peers (sdpa, *_plain) against vitlens' attention alone.
 """
@@ -39,9 +40,11 @@ import sys
 import tempfile
 import time
 
-# --arch: the card's block (default) or timm's ViT-S/16 (vit_small_patch16_224's shape: D 384, 6 heads
-# of 64, 12 blocks, MLP 1536), both with random weights. set_arch() sets these for the run and its children.
-ARCHS = {"card": (48, 4, 4, 1), "vit_s16": (384, 6, 16, 12)}
+# --arch: the card's block (default) or a timm shape: ViT-S/16 (vit_small_patch16_224: D 384, 6 heads
+# of 64, 12 blocks, MLP 1536), ViT-B/16 (vit_base_patch16_224: D 768, 12 heads of 64, MLP 3072), ViT-S/8
+# (dino_vits8's: ViT-S with 8 px patches), all with random weights: (D, heads, patch, depth).
+# set_arch() sets these for the run and its children.
+ARCHS = {"card": (48, 4, 4, 1), "vit_s16": (384, 6, 16, 12), "vit_b16": (768, 12, 16, 12), "vit_s8": (384, 6, 8, 12)}
 DIM, HEADS, PATCH, DEPTH = ARCHS["card"]
 HEAD_DIM = DIM // HEADS
 
@@ -252,7 +255,7 @@ def main():
     parser.add_argument("--budget", type=float, default=20.0, help="seconds after which a median stops adding runs")
     parser.add_argument("--skip", action="append", default=[], help="a peer to leave out")
     parser.add_argument("--arch", choices=sorted(ARCHS), default="card",
-                        help="card: the card's block (P 4, D 48, 4 heads, 1 block); vit_s16: ViT-S/16's shape")
+                        help="card: the card's block (P 4, D 48, 4 heads, 1 block); vit_s16, vit_b16, vit_s8: those timm shapes")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)

@@ -492,6 +492,7 @@ MaeTrainer::MaeTrainer(const VitConfig& config, const Recipe& recipe, const MaeO
     throw Error("the training photos give " + std::to_string(static_cast<int64_t>(train->size()) * options.crops_per_photo) +
                 " crops per epoch, fewer than one batch of " + std::to_string(recipe.batch) +
                 " (lower --batch or raise --crops-per-photo)");
+  recipe_.shards = 1;  // each batch runs whole here; the saved recipe says so
   net_.threads = recipe.threads;
   adam_.beta1 = recipe.beta1;
   adam_.beta2 = recipe.beta2;

@@ -157,8 +157,8 @@ extern template class MaeNet<double>;
 
 namespace vitlens {
 
-// What MAE pretraining takes beyond the Recipe (whose label_smoothing, crop_pad and shards it ignores; its
-// `flip` flips the crops).
+// What MAE pretraining takes beyond the Recipe (whose label_smoothing and crop_pad it ignores, whose
+// shards it records as 1 since each batch runs whole, and whose `flip` flips the crops).
 struct MaeOptions {
   train::MaeShape shape;
   int crops_per_photo = 16;     // an epoch = every training photo this many times, shuffled
