@@ -166,6 +166,20 @@ bool InputFloat2(const char* label, float value[2], const char* format) {
   return changed;
 }
 
+bool InputInt(const char* label, int* value) {
+  const float width = ImGui::CalcItemWidth();
+  const bool changed = ImGui::InputInt(label, value, 0);
+  Record(label, WidgetKind::Input, width);
+  return changed;
+}
+
+bool InputDouble(const char* label, double* value, const char* format) {
+  const float width = ImGui::CalcItemWidth();
+  const bool changed = ImGui::InputDouble(label, value, 0.0, 0.0, format);
+  Record(label, WidgetKind::Input, width);
+  return changed;
+}
+
 bool CollapsingHeader(const char* label, ImGuiTreeNodeFlags flags) {
   const bool open = ImGui::CollapsingHeader(label, flags);
   Record(label, WidgetKind::Header);
