@@ -10,6 +10,7 @@
 //                                           print "X Y", the middle of the widget SPEC in a
 //                                           --dump-widgets file (SPEC: its path's last parts);
 //                                           --enabled: fail while it is disabled
+//   viewer_check widget-value DUMP SPEC     print what the field SPEC shows
 //   viewer_check train-step MODEL           print the step a training checkpoint was saved at
 //   viewer_check train-record MODEL [/KEY=VALUE ...]
 //                                           a checkpoint's training record: one finite, positive
@@ -283,6 +284,15 @@ int check_xdotool(const std::string& dir) {
   return g_failures == 0 ? 0 : 1;
 }
 
+// What a text or number field of the dump shows.
+int print_widget_value(const std::string& dump_path, const std::string& spec) {
+  const json dump = read_json(dump_path);
+  const json& w = find_widget(dump, spec);
+  if (!w.contains("value")) throw std::runtime_error("'" + spec + "' is not a text or number field");
+  std::cout << w["value"].get<std::string>() << "\n";
+  return 0;
+}
+
 // [SECTION] training checkpoints (viewer_xdotool_train_mae.sh)
 
 // A checkpoint's __metadata__["training"] record: the safetensors header is 8 bytes of
@@ -385,6 +395,7 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "widget-centre") return print_widget_centre(args[1], args[2], false);
     if (args.size() == 4 && args[0] == "widget-centre" && args[3] == "--enabled")
       return print_widget_centre(args[1], args[2], true);
+    if (args.size() == 3 && args[0] == "widget-value") return print_widget_value(args[1], args[2]);
     if (args.size() == 2 && args[0] == "train-step") return print_train_step(args[1]);
     if (args.size() >= 2 && args[0] == "train-record")
       return check_train_record(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
@@ -408,6 +419,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "usage: viewer_check screenshots DIR | export VIEWER_DIR CLI_DIR | bad-file DIR | png FILE W H | "
-               "widget-centre DUMP SPEC [--enabled] | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
+               "widget-centre DUMP SPEC [--enabled] | widget-value DUMP SPEC | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
   return 2;
 }

@@ -23,7 +23,7 @@ done
 export XDG_CONFIG_HOME="$OUT/config"
 DUMP=$OUT/widgets.json
 
-# What is typed, and where the record keeps it (MAE on photos; a run far longer than the test,
+# What is typed (lr and mask ratio are shown as 0.00400 and 0.60), and where the record keeps it (MAE on photos; a run far longer than the test,
 # which stops it). The data's limit of 4 photos leaves 4 of the 5 for training and validation.
 MASK_RATIO=0.6 DECODER_DIM=24 DECODER_DEPTH=2 DECODER_HEADS=3 CROPS=8 IMG=16 PATCH=4
 LIMIT=4 EPOCHS=5000 BATCH=8 DEPTH=1 DIM=16 HEADS=2 LR=0.004 PROBE=5
@@ -69,9 +69,10 @@ click() {
   xdotool click 1
   sleep 0.4
 }
-# Clicks a field, selects what it holds (ctrl+a), types TEXT and presses Return, as a user would.
-# Each key of ctrl+a is held a moment (a chord sent in one burst was missed now and then) and
-# the select-all gets frames of its own before the characters arrive.
+# Clicks a field, selects what it holds (ctrl+a), types TEXT and presses Return, as a user would;
+# then waits until the dump shows the field holding SHOWN (TEXT as the field formats it; default
+# TEXT). Each key of ctrl+a is held a moment and the select-all gets frames of its own before the
+# characters arrive.
 type_into() {
   click "$1"
   xdotool keydown ctrl
@@ -86,6 +87,10 @@ type_into() {
   sleep 0.3
   xdotool key Return
   sleep 0.3
+  wait_until 30 "'$1' to show '${3:-$2}'" field_shows "$1" "${3:-$2}"
+}
+field_shows() {
+  [ "$("$CHECK" widget-value "$DUMP" "$1")" = "$2" ]
 }
 # Saves to FILE with the Save button (the path typed into the field beside it) and waits for it.
 save_to() {
@@ -107,9 +112,9 @@ type_into "Train > depth" $DEPTH
 type_into "Train > dim" $DIM
 type_into "Train > heads" $HEADS
 type_into "Train > patch" $PATCH
-type_into "Train > lr" $LR
+type_into "Train > lr" $LR 0.00400
 type_into "Train > probe every" $PROBE
-type_into "Train > mask ratio" $MASK_RATIO
+type_into "Train > mask ratio" $MASK_RATIO 0.60
 type_into "Train > crops/photo" $CROPS
 type_into "Train > img size" $IMG
 type_into "Train > decoder dim" $DECODER_DIM
