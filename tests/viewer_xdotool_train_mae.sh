@@ -23,8 +23,9 @@ done
 export XDG_CONFIG_HOME="$OUT/config"
 DUMP=$OUT/widgets.json
 
-# What is typed (lr and mask ratio are shown as 0.00400 and 0.60), and where the record keeps it (MAE on photos; a run far longer than the test,
-# which stops it). The data's limit of 4 photos leaves 4 of the 5 for training and validation.
+# What is typed (the fields show lr and mask ratio as 0.00400 and 0.60): MAE on photos, a run far
+# longer than the test, which stops it. The data's limit of 4 photos leaves 4 of the 5 for
+# training and validation.
 MASK_RATIO=0.6 DECODER_DIM=24 DECODER_DEPTH=2 DECODER_HEADS=3 CROPS=8 IMG=16 PATCH=4
 LIMIT=4 EPOCHS=5000 BATCH=8 DEPTH=1 DIM=16 HEADS=2 LR=0.004 PROBE=5
 
