@@ -322,6 +322,7 @@ int run_train_mae(TrainArgs& a) {
   }
 
   nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
+  record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's
   record["objective"] = "mae";
   record["data"] = a.data;
   record["photo_dir"] = dir;
@@ -602,6 +603,7 @@ int run_train(TrainArgs& a) {
   }
 
   nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
+  record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's
   record["data"] = a.data;
   record["limit"] = a.limit;
   record["val_split"] = a.val_split;

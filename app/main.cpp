@@ -59,7 +59,8 @@ void add_view_command(CLI::App& app, ViewArgs& args) {
       ->check(CLI::ExistingFile);
   cmd->add_option("--dump-widgets", args.dump_widgets,
                   "Once the first image is drawn, write every widget's label, ID, window and rectangle as JSON to "
-                  "FILE (for tools that click the real window, such as xdotool); the viewer keeps running");
+                  "FILE (for tools that click the real window, such as xdotool), and again whenever the widgets "
+                  "change (a window or menu opened); the viewer keeps running");
 }
 
 int run_view(const ViewArgs& args) {

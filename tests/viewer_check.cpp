@@ -6,12 +6,21 @@
 //   viewer_check png FILE W H               a screenshot of that size that is not blank
 //   viewer_check expect-fail TEXT [--no-display] -- CMD...
 //                                           CMD fails with one stderr line containing TEXT
-//   viewer_check widget-centre DUMP SPEC     print "X Y", the middle of the widget SPEC in a
-//                                           --dump-widgets file (SPEC: its path's last parts)
+//   viewer_check widget-centre DUMP SPEC [--enabled]
+//                                           print "X Y", the middle of the widget SPEC in a
+//                                           --dump-widgets file (SPEC: its path's last parts);
+//                                           --enabled: fail while it is disabled
+//   viewer_check widget-value DUMP SPEC     print what the field SPEC shows
+//   viewer_check train-step MODEL           print the step a training checkpoint was saved at
+//   viewer_check train-record MODEL [/KEY=VALUE ...]
+//                                           a checkpoint's training record: one finite, positive
+//                                           loss per step run, and each KEY (a JSON pointer) as given
 //   viewer_check xdotool DIR                what the xdotool run (viewer_xdotool.sh) left in DIR
 //   viewer_check skip REASON                exit 77 (ctest SKIP_RETURN_CODE)
 // Exit 0 when every check passes, 1 with one line per failed check otherwise.
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -205,14 +214,21 @@ int check_png(const std::string& path, int w, int h) {
 
 // [SECTION] widgets (issue 9)
 
-// The one visible widget whose path ("WINDOW > SECTION > LABEL") is SPEC or ends with " > SPEC".
+// The one visible widget whose path ("WINDOW > SECTION > LABEL") is SPEC or ends with " > SPEC";
+// the path may name the widget by its ID label instead ("Train > ##train_save_path": a field
+// without a visible label).
 const json& find_widget(const json& dump, const std::string& spec) {
+  auto names = [&spec](const std::string& path) {
+    return path == spec ||
+           (path.size() > spec.size() + 3 && path.compare(path.size() - spec.size() - 3, std::string::npos, " > " + spec) == 0);
+  };
   const json* found = nullptr;
   int count = 0;
   for (const json& w : dump["widgets"]) {
-    const std::string path = w["path"].get<std::string>();
-    const bool ends = path.size() > spec.size() + 3 && path.compare(path.size() - spec.size() - 3, std::string::npos, " > " + spec) == 0;
-    if (w["visible"] == true && (path == spec || ends)) {
+    std::string id_path = w["window"].get<std::string>();
+    for (const json& s : w["sections"]) id_path += " > " + s.get<std::string>();
+    id_path += " > " + w["id_label"].get<std::string>();
+    if (w["visible"] == true && (names(w["path"].get<std::string>()) || names(id_path))) {
       found = &w;
       ++count;
     }
@@ -221,9 +237,11 @@ const json& find_widget(const json& dump, const std::string& spec) {
   return *found;
 }
 
-int print_widget_centre(const std::string& dump_path, const std::string& spec) {
+// `enabled_only`: the widget must also take input (a test waits for a button to come alive).
+int print_widget_centre(const std::string& dump_path, const std::string& spec, bool enabled_only) {
   const json dump = read_json(dump_path);
   const json& w = find_widget(dump, spec);
+  if (enabled_only && w["enabled"] != true) throw std::runtime_error("'" + spec + "' is disabled");
   std::cout << static_cast<int>(w["centre"][0].get<double>()) << " " << static_cast<int>(w["centre"][1].get<double>()) << "\n";
   return 0;
 }
@@ -263,6 +281,73 @@ int check_xdotool(const std::string& dir) {
   const json settings = read_json(dir + "/config/vitlens/settings.json");
   check(settings["show_grid"] == true, "the 'patch grid' checkbox was ticked and saved");
   check(settings["export_folder"] == dir + "/exports", "the export folder is remembered: " + settings["export_folder"].dump());
+  return g_failures == 0 ? 0 : 1;
+}
+
+// What a text or number field of the dump shows.
+int print_widget_value(const std::string& dump_path, const std::string& spec) {
+  const json dump = read_json(dump_path);
+  const json& w = find_widget(dump, spec);
+  if (!w.contains("value")) throw std::runtime_error("'" + spec + "' is not a text or number field");
+  std::cout << w["value"].get<std::string>() << "\n";
+  return 0;
+}
+
+// [SECTION] training checkpoints (viewer_xdotool_train_mae.sh)
+
+// A checkpoint's __metadata__["training"] record: the safetensors header is 8 bytes of
+// little-endian length, then JSON; the record is a JSON string inside it.
+json read_training_record(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char size_bytes[8] = {};
+  if (!in.read(reinterpret_cast<char*>(size_bytes), 8)) throw std::runtime_error(path + ": cannot read a safetensors header");
+  uint64_t size = 0;
+  for (int i = 7; i >= 0; --i) size = (size << 8) | size_bytes[i];
+  if (size == 0 || size > (1u << 26)) throw std::runtime_error(path + ": not a safetensors file");
+  std::string header(size, '\0');
+  if (!in.read(&header[0], static_cast<std::streamsize>(size))) throw std::runtime_error(path + ": truncated header");
+  const json h = json::parse(header);
+  if (!h.contains("__metadata__") || !h["__metadata__"].contains("training"))
+    throw std::runtime_error(path + ": no training record in __metadata__");
+  return json::parse(h["__metadata__"]["training"].get<std::string>());
+}
+
+int print_train_step(const std::string& path) {
+  std::cout << read_training_record(path).at("step").get<long long>() << "\n";
+  return 0;
+}
+
+// Each "/KEY=VALUE": the record at that JSON pointer equals VALUE (numbers within 1e-9 relative,
+// anything else exactly; VALUE is read as JSON, else as a string).
+int check_train_record(const std::string& path, const std::vector<std::string>& expected) {
+  const json r = read_training_record(path);
+  const long long step = r.at("step").get<long long>();
+  check(step >= 1, path + " was saved after " + std::to_string(step) + " step(s)");
+  const json& loss = r.contains("train_loss") ? r["train_loss"] : json::array();
+  check(loss.is_array() && static_cast<long long>(loss.size()) == step,
+        "one training loss per step: " + std::to_string(loss.size()) + " for " + std::to_string(step) + " steps");
+  int good = 0;
+  for (const json& v : loss) good += v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0.0;
+  check(good == static_cast<int>(loss.size()), std::to_string(good) + " of the losses are finite and positive");
+  for (const std::string& e : expected) {
+    const auto eq = e.find('=');
+    if (e.empty() || e[0] != '/' || eq == std::string::npos) throw std::runtime_error("'" + e + "' is not /KEY=VALUE");
+    const json::json_pointer pointer(e.substr(0, eq));
+    const std::string text = e.substr(eq + 1);
+    json want = json::parse(text, nullptr, false);
+    if (want.is_discarded()) want = text;
+    if (!r.contains(pointer)) {
+      check(false, e.substr(0, eq) + " is in the training record");
+      continue;
+    }
+    const json& got = r.at(pointer);
+    bool same = got == want;
+    if (got.is_number() && want.is_number()) {
+      const double g = got.get<double>(), w = want.get<double>();
+      same = std::fabs(g - w) <= 1e-9 * std::max(1.0, std::fabs(w));
+    }
+    check(same, e.substr(0, eq) + " is " + got.dump() + " (typed: " + want.dump() + ")");
+  }
   return g_failures == 0 ? 0 : 1;
 }
 
@@ -307,7 +392,13 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "export") return check_export(args[1], args[2]);
     if (args.size() == 2 && args[0] == "bad-file") return check_bad_file(args[1]);
     if (args.size() == 4 && args[0] == "png") return check_png(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()));
-    if (args.size() == 3 && args[0] == "widget-centre") return print_widget_centre(args[1], args[2]);
+    if (args.size() == 3 && args[0] == "widget-centre") return print_widget_centre(args[1], args[2], false);
+    if (args.size() == 4 && args[0] == "widget-centre" && args[3] == "--enabled")
+      return print_widget_centre(args[1], args[2], true);
+    if (args.size() == 3 && args[0] == "widget-value") return print_widget_value(args[1], args[2]);
+    if (args.size() == 2 && args[0] == "train-step") return print_train_step(args[1]);
+    if (args.size() >= 2 && args[0] == "train-record")
+      return check_train_record(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
     if (args.size() == 2 && args[0] == "xdotool") return check_xdotool(args[1]);
     if (args.size() >= 2 && args[0] == "skip") {
       std::cout << "skipped: " << args[1] << "\n";
@@ -328,6 +419,6 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "usage: viewer_check screenshots DIR | export VIEWER_DIR CLI_DIR | bad-file DIR | png FILE W H | "
-               "widget-centre DUMP SPEC | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
+               "widget-centre DUMP SPEC [--enabled] | widget-value DUMP SPEC | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
   return 2;
 }

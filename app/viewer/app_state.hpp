@@ -205,6 +205,7 @@ struct WidgetInfo {
                                      // label), cut to what shows inside the window
   bool enabled = true;
   bool visible = true;               // inside its window's visible area
+  std::string value;                 // a text or number field: what it shows ("" for other kinds)
 };
 
 struct WidgetFrame {

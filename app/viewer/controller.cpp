@@ -920,6 +920,7 @@ nlohmann::json widgets_json(const WidgetFrame& frame) {
                     {"frame", {w.frame.x, w.frame.y, w.frame.w, w.frame.h}},
                     {"centre", {w.frame.x + 0.5f * w.frame.w, w.frame.y + 0.5f * w.frame.h}},
                     {"enabled", w.enabled}, {"visible", w.visible}});
+    if (w.kind == WidgetKind::Input) list.back()["value"] = w.value;
   }
   return {{"note", "rectangles are [x, y, w, h] in window pixels, origin at the window's top left"},
           {"display", {frame.display_w, frame.display_h}}, {"widgets", list}, {"clashes", frame.clashes}};

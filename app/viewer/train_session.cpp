@@ -616,6 +616,7 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
       record["train_photos"] = data.train_count;
       record["val_photos"] = data.eval_count;
       record["skipped_files"] = data.photos.report.skipped;
+      record["crops_per_photo"] = s.crops_per_photo;  // the epoch's length (not in the MAE shape)
       started_message = "MAE: training " + std::to_string(trainer.parameters()) + " parameters (encoder " +
                         std::to_string(trainer.mae->net().offsets().encoder_total) + ") on " +
                         std::to_string(data.train_count) + " photos of " + data.photos.dir + " (" +
@@ -684,6 +685,12 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
       } else {
         try {
           record["seconds"] = seconds;
+          {
+            // The window's loss curve goes with the weights: one batch loss per step run, step 1
+            // first (a checkpoint alone then shows how the run went; the viewer's tests read it).
+            std::lock_guard<std::mutex> lock(mutex_);
+            record["train_loss"] = snap_.loss;
+          }
           trainer.save(save_path, record);
         } catch (const std::exception& e) {
           error = e.what();

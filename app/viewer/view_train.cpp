@@ -1,7 +1,8 @@
 // The Train window (issue 7): data and recipe fields, start / pause / resume / stop / save / open,
 // loss and accuracy curves, the probe image's per-head maps and the per-head statistics over
 // training. It reads app.train.view (a snapshot refreshed by poll_training) and calls the actions
-// in train_panel.hpp; training itself runs on the session's worker thread.
+// in train_panel.hpp; training itself runs on the session's worker thread. Its fields and buttons
+// record themselves (widgets.hpp), so --dump-widgets lists them for a real-input test.
 // Index:
 //   [SECTION] Pieces: fields, buttons, curves, probe maps, statistics
 //   [SECTION] DrawTrainView
@@ -13,6 +14,7 @@
 
 #include "train_panel.hpp"
 #include "views.hpp"
+#include "widgets.hpp"
 #include "vitlens/heatmap.hpp"
 #include "vitlens/mae_train.hpp"
 
@@ -24,41 +26,41 @@ namespace {
 
 void DrawSettings(TrainSettings& s, bool editable) {
   if (!editable) ImGui::BeginDisabled();
-  ImGui::InputText("data (fashion-mnist, folder, photos[:DIR])##train_data", &s.data);
+  gui::InputText("data (fashion-mnist, folder, photos[:DIR])##train_data", &s.data);
   const bool mae = is_photo_data(s.data);
   ImGui::PushItemWidth(90.0f);
-  ImGui::InputInt("limit##train_limit", &s.limit, 0);
+  gui::InputInt("limit##train_limit", &s.limit);
   ImGui::SameLine();
-  ImGui::InputInt("epochs##train_epochs", &s.epochs, 0);
+  gui::InputInt("epochs##train_epochs", &s.epochs);
   ImGui::SameLine();
-  ImGui::InputInt("batch##train_batch", &s.batch, 0);
-  ImGui::InputInt("depth##train_depth", &s.depth, 0);
+  gui::InputInt("batch##train_batch", &s.batch);
+  gui::InputInt("depth##train_depth", &s.depth);
   ImGui::SameLine();
-  ImGui::InputInt("dim##train_dim", &s.embed_dim, 0);
+  gui::InputInt("dim##train_dim", &s.embed_dim);
   ImGui::SameLine();
-  ImGui::InputInt("heads##train_heads", &s.heads, 0);
+  gui::InputInt("heads##train_heads", &s.heads);
   ImGui::SameLine();
-  ImGui::InputInt("patch##train_patch", &s.patch, 0);
-  ImGui::InputDouble("lr##train_lr", &s.lr, 0.0, 0.0, "%.5f");
+  gui::InputInt("patch##train_patch", &s.patch);
+  gui::InputDouble("lr##train_lr", &s.lr, "%.5f");
   ImGui::SameLine();
-  ImGui::InputDouble("warmup##train_warmup", &s.warmup, 0.0, 0.0, "%.2f");
+  gui::InputDouble("warmup##train_warmup", &s.warmup, "%.2f");
   ImGui::SameLine();
-  ImGui::InputInt("probe every##train_probe", &s.probe_every, 0);
+  gui::InputInt("probe every##train_probe", &s.probe_every);
   if (mae) {  // masked patch prediction: the decoder and the crops, as `vitlens train --data photos`
-    ImGui::InputDouble("mask ratio##train_mask_ratio", &s.mask_ratio, 0.0, 0.0, "%.2f");
+    gui::InputDouble("mask ratio##train_mask_ratio", &s.mask_ratio, "%.2f");
     ImGui::SameLine();
-    ImGui::InputInt("crops/photo##train_crops", &s.crops_per_photo, 0);
+    gui::InputInt("crops/photo##train_crops", &s.crops_per_photo);
     ImGui::SameLine();
-    ImGui::InputInt("img size##train_img_size", &s.img_size, 0);
-    ImGui::InputInt("decoder dim##train_decoder_dim", &s.decoder_dim, 0);
+    gui::InputInt("img size##train_img_size", &s.img_size);
+    gui::InputInt("decoder dim##train_decoder_dim", &s.decoder_dim);
     ImGui::SameLine();
-    ImGui::InputInt("decoder depth##train_decoder_depth", &s.decoder_depth, 0);
+    gui::InputInt("decoder depth##train_decoder_depth", &s.decoder_depth);
     ImGui::SameLine();
-    ImGui::InputInt("decoder heads##train_decoder_heads", &s.decoder_heads, 0);
+    gui::InputInt("decoder heads##train_decoder_heads", &s.decoder_heads);
   }
   ImGui::PopItemWidth();
-  if (mae) ImGui::Checkbox("flip crops##train_flip_crops", &s.flip_crops);
-  else ImGui::Checkbox("augment##train_augment", &s.augment);
+  if (mae) gui::Checkbox("flip crops##train_flip_crops", &s.flip_crops);
+  else gui::Checkbox("augment##train_augment", &s.augment);
   if (!editable) ImGui::EndDisabled();
 }
 
@@ -67,27 +69,27 @@ void DrawButtons(App& app) {
   const TrainState state = t.view.state;
   const bool busy = state == TrainState::Loading || state == TrainState::Running || state == TrainState::Paused;
   const bool have_model = t.view.parameters > 0;
-  if (ImGui::Button(busy ? "Restart##train_start" : "Start##train_start")) start_training(app, t.settings);
+  if (gui::Button(busy ? "Restart##train_start" : "Start##train_start")) start_training(app, t.settings);
   ImGui::SameLine();
   if (state == TrainState::Paused) {
-    if (ImGui::Button("Resume##train_resume")) t.session.resume();
+    if (gui::Button("Resume##train_resume")) t.session.resume();
   } else {
     ImGui::BeginDisabled(state != TrainState::Running);
-    if (ImGui::Button("Pause##train_pause")) t.session.pause();
+    if (gui::Button("Pause##train_pause")) t.session.pause();
     ImGui::EndDisabled();
   }
   ImGui::SameLine();
   ImGui::BeginDisabled(!busy);
-  if (ImGui::Button("Stop##train_stop")) t.session.stop();
+  if (gui::Button("Stop##train_stop")) t.session.stop();
   ImGui::EndDisabled();
   ImGui::SameLine();
   ImGui::BeginDisabled(!have_model);
-  if (ImGui::Button("Save##train_save")) t.session.request_save(t.save_path);
+  if (gui::Button("Save##train_save")) t.session.request_save(t.save_path);
   ImGui::SameLine();
-  if (ImGui::Button("Open in main view##train_open")) open_training_model(app);
+  if (gui::Button("Open in main view##train_open")) open_training_model(app);
   ImGui::EndDisabled();
   ImGui::SetNextItemWidth(-1.0f);
-  ImGui::InputText("##train_save_path", &t.save_path);
+  gui::InputText("##train_save_path", &t.save_path);
 }
 
 void DrawStatus(const TrainPanel& t) {

@@ -118,19 +118,32 @@ void CaptureScreenshot(App& app, int width, int height) {
 }
 
 // --dump-widgets: the widget list once the first image is on screen and settled (or, when
-// nothing can load, once the app is idle), written once.
+// nothing can load, once the app is idle), and again whenever it changes and settles (a window
+// opened, a field appeared, a button's label or state changed), so a real-input test finds the
+// widgets of what it just opened. Settled: the app idle and the list the same for 3 frames
+// (windows take a frame or two to find their size). Each write replaces the file atomically.
 struct DumpState {
-  int idle_frames = 0;
-  bool done = false;
+  std::string pending;  // the list as JSON text while it settles
+  int same_frames = 0;  // frames in a row it was `pending`
+  std::string written;  // what the file holds
 };
 
-void DumpWidgetsOnce(App& app, const std::string& path, DumpState& dump) {
-  if (path.empty() || dump.done) return;
-  dump.idle_frames = is_idle(app) ? dump.idle_frames + 1 : 0;
-  if (dump.idle_frames < 3) return;  // windows take a frame or two to find their size
-  dump.done = true;
+void DumpWidgets(App& app, const std::string& path, DumpState& dump) {
+  if (path.empty()) return;
+  if (!is_idle(app)) {
+    dump.same_frames = 0;
+    return;
+  }
+  std::string text = widgets_json(app.ui.widgets).dump(2) + "\n";
+  if (text != dump.pending) {
+    dump.pending = std::move(text);
+    dump.same_frames = 1;
+    return;
+  }
+  if (++dump.same_frames < 3 || dump.pending == dump.written) return;
+  dump.written = dump.pending;
   try {
-    write_file_atomic(path, widgets_json(app.ui.widgets).dump(2) + "\n");
+    write_file_atomic(path, dump.written);
   } catch (const Error& e) {
     app.ui.message = {std::string("--dump-widgets: ") + e.what(), true};
     std::fprintf(stderr, "vitlens: --dump-widgets: %s\n", e.what());
@@ -244,7 +257,7 @@ int run_viewer(const ViewerArgs& args) {
     HandleKeys(app);
     DrawViews(app, textures);
     app.ui.widgets = gui::EndFrame(io.DisplaySize.x, io.DisplaySize.y);
-    DumpWidgetsOnce(app, args.dump_widgets, dump);
+    DumpWidgets(app, args.dump_widgets, dump);
     // The mouse or keys may have moved the query: every head's map follows in this frame.
     update_derived(app);
     sync_textures(app.derived, textures);

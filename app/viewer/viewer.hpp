@@ -11,7 +11,7 @@ struct ViewerArgs {
   std::string script;      // run these commands (script.hpp), then exit
   int frames = -1;         // with --screenshot or alone: frames to draw before capturing / exiting
   int heads = 0;           // --heads for a timm checkpoint without config.json
-  std::string dump_widgets;  // write the widget list (JSON) once the first image is on screen
+  std::string dump_widgets;  // write the widget list (JSON) once the first image is on screen, again on changes
 };
 
 // Runs the window until it is closed (or, scripted, until the script is done). Returns the exit

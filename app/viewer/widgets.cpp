@@ -152,10 +152,18 @@ bool SliderFloat(const char* label, float* value, float min, float max, const ch
   return changed;
 }
 
+namespace {
+
+// A field's record also holds what it shows, so a tool that typed into it can read it back.
+void RecordValue(std::string value) { g_recorder.frame.widgets.back().value = std::move(value); }
+
+}  // namespace
+
 bool InputText(const char* label, std::string* text, ImGuiInputTextFlags flags) {
   const float width = ImGui::CalcItemWidth();
   const bool changed = ImGui::InputText(label, text, flags);
   Record(label, WidgetKind::Input, width);
+  RecordValue(*text);
   return changed;
 }
 
@@ -163,6 +171,24 @@ bool InputFloat2(const char* label, float value[2], const char* format) {
   const float width = ImGui::CalcItemWidth();
   const bool changed = ImGui::InputFloat2(label, value, format);
   Record(label, WidgetKind::Input, width);
+  return changed;
+}
+
+bool InputInt(const char* label, int* value) {
+  const float width = ImGui::CalcItemWidth();
+  const bool changed = ImGui::InputInt(label, value, 0);
+  Record(label, WidgetKind::Input, width);
+  RecordValue(std::to_string(*value));
+  return changed;
+}
+
+bool InputDouble(const char* label, double* value, const char* format) {
+  const float width = ImGui::CalcItemWidth();
+  const bool changed = ImGui::InputDouble(label, value, 0.0, 0.0, format);
+  Record(label, WidgetKind::Input, width);
+  char shown[64];
+  std::snprintf(shown, sizeof shown, format, *value);  // as the field formats it
+  RecordValue(shown);
   return changed;
 }
 

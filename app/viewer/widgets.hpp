@@ -39,6 +39,9 @@ bool SliderInt(const char* label, int* value, int min, int max, const char* form
 bool SliderFloat(const char* label, float* value, float min, float max, const char* format, ImGuiSliderFlags flags = 0);
 bool InputText(const char* label, std::string* text, ImGuiInputTextFlags flags = 0);
 bool InputFloat2(const char* label, float value[2], const char* format);
+// Number fields without +/- buttons (step 0), as the Train window's recipe fields.
+bool InputInt(const char* label, int* value);
+bool InputDouble(const char* label, double* value, const char* format);
 bool CollapsingHeader(const char* label, ImGuiTreeNodeFlags flags = 0);
 bool TreeNode(const char* label);
 // An invisible button that takes the mouse over a picture.

@@ -1,0 +1,182 @@
+#!/bin/sh
+# viewer_xdotool_train_mae.sh VITLENS VIEWER_CHECK OUT IMAGE MODEL PHOTOS
+# (ctest viewer_xdotool_train_mae, under xvfb-run; issue 7 through real input.)
+# A user's masked-autoencoder run in the Train window, driven by the real X pointer and keyboard
+# (xdotool) on the rectangles --dump-widgets writes (the viewer rewrites the dump whenever its
+# widgets change and settle, so the Train window's fields are listed once it is open):
+#   View > Train; type photos:OUT/photos (five opencv-doc photos from PHOTOS, copied here) into the
+#   data field, a tiny recipe into the recipe fields and the MAE fields (mask ratio, decoder);
+#   Start; Pause and Save until a checkpoint shows steps; Resume; Stop; Save again; close.
+# Then from the files: both checkpoints' training records (viewer_check train-record: MAE, every
+# typed value, one finite loss per step run, more steps after Resume), `vitlens info` on the
+# encoder (the typed shape), the viewer's exit status. Polls the dump and the files with
+# generous timeouts (a loaded 2-core machine), never a fixed wait for the viewer's work.
+# Exit 77 (skipped) without xdotool.
+set -eu
+VITLENS=$1 CHECK=$2 OUT=$3 IMAGE=$4 MODEL=$5 PHOTOS=$6
+command -v xdotool >/dev/null 2>&1 || { echo "skipped: xdotool not found (scripts/setup.sh installs it)"; exit 77; }
+rm -rf "$OUT"
+mkdir -p "$OUT/photos"
+for photo in baboon.jpg fruits.jpg building.jpg home.jpg butterfly.jpg; do
+  cp "$PHOTOS/$photo" "$OUT/photos/" || { echo "FAIL  cannot copy $PHOTOS/$photo (scripts/setup.sh installs opencv-doc)"; exit 1; }
+done
+export XDG_CONFIG_HOME="$OUT/config"
+DUMP=$OUT/widgets.json
+
+# What is typed (the fields show lr and mask ratio as 0.00400 and 0.60): MAE on photos, a run far
+# longer than the test, which stops it. The data's limit of 4 photos leaves 4 of the 5 for
+# training and validation.
+MASK_RATIO=0.6 DECODER_DIM=24 DECODER_DEPTH=2 DECODER_HEADS=3 CROPS=8 IMG=16 PATCH=4
+LIMIT=4 EPOCHS=5000 BATCH=8 DEPTH=1 DIM=16 HEADS=2 LR=0.004 PROBE=5
+
+"$VITLENS" view "$IMAGE" --model "$MODEL" --dump-widgets "$DUMP" &
+pid=$!
+trap 'kill "$pid" 2>/dev/null || true' EXIT
+
+start_time=$(date +%s)
+# On failure the screen as it was helps to see why (when xwd, from x11-apps, is installed).
+fail() {
+  echo "FAIL  $1 (after $(($(date +%s) - start_time)) s)"
+  if command -v xwd >/dev/null 2>&1 && xwd -root -silent >"$OUT/failure.xwd" 2>/dev/null; then
+    echo "      the screen: $OUT/failure.xwd"
+  fi
+  exit 1
+}
+# Polls (every 0.1 s, for up to $1 seconds of wall-clock time) until the command after it
+# succeeds; fails with what it was waiting for if the time runs out or the viewer has gone.
+wait_until() {
+  deadline=$(($(date +%s) + $1))
+  what=$2
+  shift 2
+  until "$@" >/dev/null 2>&1; do
+    kill -0 "$pid" 2>/dev/null || fail "the viewer exited while waiting for $what"
+    [ "$(date +%s)" -le "$deadline" ] || fail "waited $1 s for $what"
+    sleep 0.1
+  done
+}
+
+wait_until 90 "the first widget list" test -s "$DUMP"
+window=$(xdotool search --name '^vitlens' | head -n 1)
+xdotool windowfocus "$window"
+
+# Waits until the dump lists the widget (with --enabled: taking input), then clicks its middle.
+click() {
+  echo "$(($(date +%s) - start_time)) s: click $*"
+  wait_until 60 "'$1' in the widget list" "$CHECK" widget-centre "$DUMP" "$@"
+  xy=$("$CHECK" widget-centre "$DUMP" "$@")
+  # shellcheck disable=SC2086
+  xdotool mousemove --window "$window" $xy
+  sleep 0.2
+  xdotool click 1
+  sleep 0.4
+}
+# Clicks a field, selects what it holds (ctrl+a), types TEXT and presses Return, as a user would;
+# then waits until the dump shows the field holding SHOWN (TEXT as the field formats it; default
+# TEXT). Each key of ctrl+a is held a moment and the select-all gets frames of its own before the
+# characters arrive.
+type_into() {
+  click "$1"
+  xdotool keydown ctrl
+  sleep 0.2
+  xdotool keydown a
+  sleep 0.2
+  xdotool keyup a
+  sleep 0.1
+  xdotool keyup ctrl
+  sleep 0.3
+  xdotool type --delay 30 "$2"
+  sleep 0.3
+  xdotool key Return
+  sleep 0.3
+  wait_until 30 "'$1' to show '${3:-$2}'" field_shows "$1" "${3:-$2}"
+}
+field_shows() {
+  [ "$("$CHECK" widget-value "$DUMP" "$1")" = "$2" ]
+}
+# Saves to FILE with the Save button (the path typed into the field beside it) and waits for it.
+save_to() {
+  rm -f "$1"
+  type_into "Train > ##train_save_path" "$1"
+  click "Train > Save" --enabled
+  wait_until 60 "the Save button to write $1" "$CHECK" train-step "$1"
+}
+
+click "View"
+click "View > Train"
+type_into "Train > data (fashion-mnist, folder, photos[:DIR])" "photos:$OUT/photos"
+# The MAE fields appear once the data names photos.
+wait_until 60 "the MAE fields" "$CHECK" widget-centre "$DUMP" "Train > mask ratio"
+type_into "Train > limit" $LIMIT
+type_into "Train > epochs" $EPOCHS
+type_into "Train > batch" $BATCH
+type_into "Train > depth" $DEPTH
+type_into "Train > dim" $DIM
+type_into "Train > heads" $HEADS
+type_into "Train > patch" $PATCH
+type_into "Train > lr" $LR 0.00400
+type_into "Train > probe every" $PROBE
+type_into "Train > mask ratio" $MASK_RATIO 0.60
+type_into "Train > crops/photo" $CROPS
+type_into "Train > img size" $IMG
+type_into "Train > decoder dim" $DECODER_DIM
+type_into "Train > decoder depth" $DECODER_DEPTH
+type_into "Train > decoder heads" $DECODER_HEADS
+click "Train > Start"
+
+# Running once Pause takes input. Pause, save, and go on until the saved run has 4 steps or more.
+paused_step=0
+round=0
+while :; do
+  click "Train > Pause" --enabled
+  wait_until 60 "the Resume button (paused)" "$CHECK" widget-centre "$DUMP" "Train > Resume"
+  save_to "$OUT/paused.safetensors"
+  paused_step=$("$CHECK" train-step "$OUT/paused.safetensors")
+  [ "$paused_step" -lt 4 ] || break
+  round=$((round + 1))
+  [ "$round" -lt 20 ] || fail "after 20 pauses the run is at step $paused_step"
+  click "Train > Resume"
+done
+echo "paused and saved at step $paused_step"
+click "Train > Resume"
+wait_until 60 "the Pause button (running again)" "$CHECK" widget-centre "$DUMP" "Train > Pause" --enabled
+sleep 1  # let the resumed run take some steps (it takes hundreds a second)
+click "Train > Stop" --enabled
+# Stopped: the Start button is back (it reads Restart while a run is loading, running or paused).
+wait_until 60 "the Start button (stopped)" "$CHECK" widget-centre "$DUMP" "Train > Start"
+save_to "$OUT/stopped.safetensors"
+stopped_step=$("$CHECK" train-step "$OUT/stopped.safetensors")
+echo "stopped and saved at step $stopped_step"
+
+# Close as the window manager would; the viewer exits cleanly.
+kill -TERM "$pid"
+status=0
+wait "$pid" || status=$?
+trap - EXIT
+[ "$status" -eq 0 ] || fail "the viewer exited with $status"
+
+failures=0
+grep -q '"clashes": \[\]' "$DUMP" || { echo "FAIL  widgets share IDs: $(grep -A3 '"clashes"' "$DUMP")"; failures=1; }
+if [ "$stopped_step" -gt "$paused_step" ]; then
+  echo "ok    the run went on after Resume: step $paused_step -> $stopped_step"
+else
+  echo "FAIL  no step after Resume: paused at $paused_step, stopped at $stopped_step"
+  failures=1
+fi
+for saved in paused stopped; do
+  "$CHECK" train-record "$OUT/$saved.safetensors" /objective=mae "/data=photos:$OUT/photos" /limit=$LIMIT \
+    /img_size=$IMG /crops_per_photo=$CROPS /mae/mask_ratio=$MASK_RATIO /mae/decoder_dim=$DECODER_DIM \
+    /mae/decoder_depth=$DECODER_DEPTH /mae/decoder_heads=$DECODER_HEADS /recipe/epochs=$EPOCHS /recipe/batch=$BATCH \
+    /recipe/lr=$LR || failures=1
+done
+info=$("$VITLENS" info --model "$OUT/stopped.safetensors") || { echo "FAIL  vitlens info on the saved encoder"; failures=1; }
+for line in "model: *vitlens-mae" "patch size: *$PATCH " "embed dim: *$DIM\$" "heads: *$HEADS of" "depth: *$DEPTH\$" \
+            "image size: *${IMG}x$IMG" "classifier: *none"; do
+  if printf '%s\n' "$info" | grep -q "^$line"; then
+    echo "ok    vitlens info: $line"
+  else
+    echo "FAIL  vitlens info has no '$line':"
+    printf '%s\n' "$info"
+    failures=1
+  fi
+done
+exit $failures
