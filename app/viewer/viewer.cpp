@@ -134,7 +134,8 @@ void DumpWidgets(App& app, const std::string& path, DumpState& dump) {
     dump.same_frames = 0;
     return;
   }
-  std::string text = widgets_json(app.ui.widgets).dump(2) + "\n";
+  // A label or field may hold a file name that is not UTF-8: replaced, never thrown on.
+  std::string text = widgets_json(app.ui.widgets).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   if (text != dump.pending) {
     dump.pending = std::move(text);
     dump.same_frames = 1;

@@ -203,6 +203,7 @@ void Trainer::run_shards(int count, bool with_backward) {
   if (side_by_side) run_tasks(S, S, part);
   else
     for (int s = 0; s < S; ++s) part(s);
+  net_.threads = recipe_.threads;  // net() used directly runs on every thread again
 }
 
 float Trainer::forward_backward(int count) {

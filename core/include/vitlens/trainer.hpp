@@ -37,9 +37,9 @@ struct Recipe {
   int threads = 0;              // 0 = one per core; results depend on the seed, not on this
   // The batch is split into this many parts of (nearly) equal size; each part's forward and
   // backward run on their own, and the parts' gradients are summed in part order, weighted by
-  // their share of the batch (PyTorch's gradient accumulation). On `shards` or more threads the
-  // parts run side by side, one thread each, with no synchronisation inside a step; on fewer, one
-  // after the other on every thread. Same gradient as the whole batch up to float rounding;
+  // their share of the batch (PyTorch's gradient accumulation). On `shards` to 2 * `shards` - 1
+  // threads the parts run side by side, one thread each, with no synchronisation inside a step;
+  // otherwise one after the other on every thread. Same gradient as the whole batch up to float rounding;
   // the numbers depend on this, never on `threads`. Checkpoints written before it existed
   // resume with 1 (the whole batch at once), as they were trained.
   int shards = 2;
