@@ -186,7 +186,8 @@ TEST_CASE("train: the same run for 1 and 2 threads", "[train][threads]") {
 TEST_CASE("train: a batch split into parts has the whole batch's loss, gradient and evaluation", "[train][shards]") {
   const ImageSet train_set = synthetic_set(64, 8);
   // Odd batches split unevenly (5 = 2 + 3, 7 = 2 + 2 + 3); a batch of 1 cannot split.
-  for (const auto& [batch, shards] : {std::pair{32, 2}, {5, 2}, {7, 3}, {1, 2}, {9, 64}}) {
+  for (const std::pair<int, int>& parts : {std::pair{32, 2}, {5, 2}, {7, 3}, {1, 2}, {9, 64}}) {
+    const int batch = parts.first, shards = parts.second;  // named copies: lambdas below capture them
     CAPTURE(batch, shards);
     auto recipe = [&](int s) {
       Recipe r;
