@@ -169,7 +169,12 @@ int Trainer::shard_start(int s, int count) const {
   return static_cast<int>(static_cast<int64_t>(count) * s / shard_count(count));
 }
 
+int Trainer::shard_size(int s, int count) const { return shard_start(s + 1, count) - shard_start(s, count); }
+
 train::VitNet<float>& Trainer::shard_net(int s) { return s == 0 ? net_ : replicas_[static_cast<size_t>(s - 1)]; }
+const train::VitNet<float>& Trainer::shard_net(int s) const {
+  return s == 0 ? net_ : replicas_[static_cast<size_t>(s - 1)];
+}
 
 void Trainer::run_shards(int count, bool with_backward) {
   const int S = shard_count(count);
@@ -191,7 +196,7 @@ void Trainer::run_shards(int count, bool with_backward) {
   const size_t image_values = static_cast<size_t>(3) * config().img_h * config().img_w;
   auto part = [&](int s) {
     train::VitNet<float>& net = shard_net(s);
-    const int start = shard_start(s, count), n = shard_start(s + 1, count) - start;
+    const int start = shard_start(s, count), n = shard_size(s, count);
     const float loss = net.forward(batch_images_.data() + static_cast<size_t>(start) * image_values,
                                    batch_labels_.data() + start, nullptr, n);
     shard_loss_[static_cast<size_t>(s)] = loss;
@@ -212,12 +217,11 @@ float Trainer::forward_backward(int count) {
   // Part s's gradient is that of its own mean loss; the batch's is their mean weighted by size,
   // summed in part order (1 part: the gradient as it is).
   double loss = 0.0;
-  for (int s = 0; s < S; ++s)
-    loss += static_cast<double>(shard_loss_[static_cast<size_t>(s)]) * (shard_start(s + 1, count) - shard_start(s, count)) / count;
+  for (int s = 0; s < S; ++s) loss += static_cast<double>(shard_loss_[static_cast<size_t>(s)]) * shard_size(s, count) / count;
   if (S > 1 && std::isfinite(loss)) {
     std::vector<float> share(static_cast<size_t>(S));
     for (int s = 0; s < S; ++s)
-      share[static_cast<size_t>(s)] = static_cast<float>(shard_start(s + 1, count) - shard_start(s, count)) / static_cast<float>(count);
+      share[static_cast<size_t>(s)] = static_cast<float>(shard_size(s, count)) / static_cast<float>(count);
     float* g = net_.grads.data();
     for (size_t i = 0; i < net_.grads.size(); ++i) {
       float sum = share[0] * g[i];
@@ -232,8 +236,8 @@ int Trainer::count_correct(int count) const {
   const int C = net_.num_classes();
   int correct = 0;
   for (int s = 0; s < shard_count(count); ++s) {
-    const train::VitNet<float>& net = s == 0 ? net_ : replicas_[static_cast<size_t>(s - 1)];
-    const int start = shard_start(s, count), n = shard_start(s + 1, count) - start;
+    const train::VitNet<float>& net = shard_net(s);
+    const int start = shard_start(s, count), n = shard_size(s, count);
     for (int b = 0; b < n; ++b) {
       const float* row = net.logits() + static_cast<size_t>(b) * C;
       if (std::max_element(row, row + C) - row == batch_labels_[static_cast<size_t>(start + b)]) ++correct;
@@ -325,7 +329,7 @@ EvalReport Trainer::evaluate(const ImageSet& set, const std::function<bool(float
                     std::to_string(C) + " classes");
     run_shards(count, false);
     for (int s = 0; s < shard_count(count); ++s)
-      loss_sum += static_cast<double>(shard_loss_[static_cast<size_t>(s)]) * (shard_start(s + 1, count) - shard_start(s, count));
+      loss_sum += static_cast<double>(shard_loss_[static_cast<size_t>(s)]) * shard_size(s, count);
     correct += count_correct(count);
     report.images += count;
     if (progress && !progress(static_cast<float>(report.images) / static_cast<float>(set.size()))) break;

@@ -125,7 +125,9 @@ class Trainer {
   int count_correct(int count) const;  // argmax hits of the last run_shards
   int shard_count(int count) const;
   int shard_start(int s, int count) const;
+  int shard_size(int s, int count) const;  // images in part s
   train::VitNet<float>& shard_net(int s);
+  const train::VitNet<float>& shard_net(int s) const;
 
   train::VitNet<float> net_;             // the parameters, and part 0 of every batch
   std::vector<train::VitNet<float>> replicas_;  // parts 1.. of a batch: copies of net_'s parameters
