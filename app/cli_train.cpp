@@ -323,6 +323,7 @@ int run_train_mae(TrainArgs& a) {
 
   nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
   record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's
+  record.erase("train_loss_first_step");
   record["objective"] = "mae";
   record["data"] = a.data;
   record["photo_dir"] = dir;
@@ -604,6 +605,7 @@ int run_train(TrainArgs& a) {
 
   nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
   record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's
+  record.erase("train_loss_first_step");
   record["data"] = a.data;
   record["limit"] = a.limit;
   record["val_split"] = a.val_split;

@@ -512,3 +512,22 @@ TEST_CASE("train session: bad MAE settings and photo folders are one line each",
         std::string::npos);
   std::filesystem::remove_all(dir);
 }
+
+TEST_CASE("train session: a Save keeps every step's loss up to the cap, then the latest", "[train_session]") {
+  nlohmann::json record = {{"train_loss_first_step", 7}};  // left from an earlier, longer run
+  std::vector<float> losses(1000);
+  for (size_t i = 0; i < losses.size(); ++i) losses[i] = 2.0f + static_cast<float>(i);
+  put_train_losses(record, losses);
+  CHECK(record["train_loss"].get<std::vector<float>>() == losses);
+  CHECK_FALSE(record.contains("train_loss_first_step"));
+
+  losses.resize(kMaxSavedLosses + 5);
+  for (size_t i = 0; i < losses.size(); ++i) losses[i] = static_cast<float>(i + 1);  // step s has loss s
+  put_train_losses(record, losses);
+  const std::vector<float> kept = record["train_loss"].get<std::vector<float>>();
+  REQUIRE(kept.size() == kMaxSavedLosses);
+  CHECK(record["train_loss_first_step"].get<int64_t>() == 6);
+  CHECK(kept.front() == 6.0f);
+  CHECK(kept.back() == static_cast<float>(kMaxSavedLosses + 5));
+  CHECK(record.dump().size() < (size_t{1} << 24) / 8);  // far below the Model menu's 16 MiB header limit
+}

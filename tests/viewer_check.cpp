@@ -324,8 +324,11 @@ int check_train_record(const std::string& path, const std::vector<std::string>& 
   const long long step = r.at("step").get<long long>();
   check(step >= 1, path + " was saved after " + std::to_string(step) + " step(s)");
   const json& loss = r.contains("train_loss") ? r["train_loss"] : json::array();
-  check(loss.is_array() && static_cast<long long>(loss.size()) == step,
-        "one training loss per step: " + std::to_string(loss.size()) + " for " + std::to_string(step) + " steps");
+  // A long run keeps only its latest losses, from train_loss_first_step on (train_session.hpp).
+  const long long first = r.contains("train_loss_first_step") ? r["train_loss_first_step"].get<long long>() : 1;
+  check(loss.is_array() && static_cast<long long>(loss.size()) == step - first + 1,
+        "one training loss per step: " + std::to_string(loss.size()) + " for steps " + std::to_string(first) +
+            " to " + std::to_string(step));
   int good = 0;
   for (const json& v : loss) good += v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0.0;
   check(good == static_cast<int>(loss.size()), std::to_string(good) + " of the losses are finite and positive");

@@ -201,6 +201,13 @@ std::string set_train_option(TrainSettings& s, const std::string& key, const std
          "decoder-dim, decoder-depth, decoder-heads, crops-per-photo)";
 }
 
+void put_train_losses(nlohmann::json& record, const std::vector<float>& losses) {
+  const size_t skip = losses.size() > kMaxSavedLosses ? losses.size() - kMaxSavedLosses : 0;
+  record["train_loss"] = std::vector<float>(losses.begin() + static_cast<std::ptrdiff_t>(skip), losses.end());
+  if (skip > 0) record["train_loss_first_step"] = static_cast<int64_t>(skip) + 1;
+  else record.erase("train_loss_first_step");
+}
+
 std::string check_train_settings(const TrainSettings& s) {
   if (s.data.empty())
     return "no data: give 'fashion-mnist', a folder with one subfolder of images per class, or photos[:DIR]";
@@ -686,10 +693,10 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
         try {
           record["seconds"] = seconds;
           {
-            // The window's loss curve goes with the weights: one batch loss per step run, step 1
-            // first (a checkpoint alone then shows how the run went; the viewer's tests read it).
+            // The window's loss curve goes with the weights (a checkpoint alone then shows how the
+            // run went; the viewer's tests read it).
             std::lock_guard<std::mutex> lock(mutex_);
-            record["train_loss"] = snap_.loss;
+            put_train_losses(record, snap_.loss);
           }
           trainer.save(save_path, record);
         } catch (const std::exception& e) {

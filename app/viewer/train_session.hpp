@@ -17,6 +17,8 @@
 #include <thread>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "vitlens/eigen.hpp"
 #include "vitlens/head_roles.hpp"
 
@@ -55,6 +57,14 @@ struct TrainSettings {
 std::string set_train_option(TrainSettings& settings, const std::string& key, const std::string& value);
 // Every value in range and consistent (the same checks `vitlens train` makes); "" when usable.
 std::string check_train_settings(const TrainSettings& settings);
+
+// The window's per-step batch losses (step 1 first) as a Save writes them into the checkpoint's
+// training record: "train_loss", and beyond kMaxSavedLosses steps only the latest kMaxSavedLosses
+// with "train_loss_first_step" naming the step of the first one (otherwise absent: step 1). At
+// about 10 bytes a loss this keeps the record near 1 MB, far below the 16 MiB header the Model
+// menu reads, however long a run goes.
+constexpr size_t kMaxSavedLosses = 100000;
+void put_train_losses(nlohmann::json& record, const std::vector<float>& losses);
 
 enum class TrainState { Idle, Loading, Running, Paused, Stopped, Finished, Failed };
 const char* train_state_name(TrainState state);  // "idle", "loading", "running", ...
