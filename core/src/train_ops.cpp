@@ -305,80 +305,243 @@ void layernorm_backward(const T* dout, const T* inp, const T* w, const T* mean, 
 // attention: per image and head, as timm's Attention.forward
 //   attn = (q @ k.transpose(-2, -1)) * scale; attn = attn.softmax(-1); x = attn @ v
 // with masked keys set to -inf before the softmax (vitlens' KeyMask: padding patches).
+//
+// The products are tiny (N = 50 tokens, d = 12 per head in the default recipe): a general GEMM
+// (Eigen's or ours) spends more on packing and edge tiles than on the arithmetic, so each (image,
+// head) copies k^T, v, ... once into a small local buffer whose rows are padded with zeros to a
+// multiple of kAttnWidth, and small_product runs over those rows in whole blocks of kAttnWidth
+// columns: no packing, no remainder loop, no alignment peel. Every output element is one chain of
+// multiply-adds in a fixed order (see small_product), so the numbers depend neither on the thread
+// count nor on where the buffers are.
+
+namespace {
+
+constexpr int kAttnWidth = 8;  // columns per block: one AVX register of floats (two SSE registers)
+constexpr int kAttnRows = 4;   // output rows per block: 4 independent multiply-add chains in flight
+
+int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// One block of kAttnWidth values as a GCC/clang vector (one AVX register of floats, two of doubles;
+// two and four SSE registers in the portable build). Its arithmetic is the same in every lane, so
+// the numbers never depend on how a loop over blocks is split. `a * b + c` on blocks compiles to
+// one FMA (one rounding) in the AVX2 + FMA build with g++ 12 and clang 14 alike, to a multiply and
+// an add in the portable build.
+template <class T>
+struct Lanes {
+  typedef T type __attribute__((vector_size(kAttnWidth * sizeof(T))));
+};
+
+// c (M, W) = a (M, K) @ b (K, W), with W a multiple of kAttnWidth, b and c contiguous rows of W
+// values, a read through strides (a(i, k) = a[i * a_row + k * a_col]: a transposed operand needs
+// no copy). Each c(i, w) is the chain acc = a(i, k) * b(k, w) + acc for k = 0, 1, ..., K - 1 from
+// acc = 0, the same in the 4-row blocks and the single-row tail.
+template <class T>
+void small_product(int M, int K, int W, const T* a, int64_t a_row, int64_t a_col, const T* b, T* c) {
+  using V = typename Lanes<T>::type;
+  for (int w0 = 0; w0 < W; w0 += kAttnWidth) {
+    int i = 0;
+    for (; i + kAttnRows <= M; i += kAttnRows) {
+      V acc[kAttnRows] = {};
+      const T* ai = a + i * a_row;
+      for (int k = 0; k < K; ++k) {
+        V bk;
+        std::memcpy(&bk, b + static_cast<int64_t>(k) * W + w0, sizeof bk);
+        for (int r = 0; r < kAttnRows; ++r) acc[r] = ai[r * a_row + k * a_col] * bk + acc[r];
+      }
+      for (int r = 0; r < kAttnRows; ++r) std::memcpy(c + static_cast<int64_t>(i + r) * W + w0, &acc[r], sizeof(V));
+    }
+    for (; i < M; ++i) {
+      V acc = {};
+      for (int k = 0; k < K; ++k) {
+        V bk;
+        std::memcpy(&bk, b + static_cast<int64_t>(k) * W + w0, sizeof bk);
+        acc = a[i * a_row + k * a_col] * bk + acc;
+      }
+      std::memcpy(c + static_cast<int64_t>(i) * W + w0, &acc, sizeof(V));
+    }
+  }
+}
+
+// Sum of a padded row (n a multiple of kAttnWidth) in kAttnWidth lanes added in a fixed order: the
+// same partial sums as lane_sum over the unpadded row (the pads are zeros).
+template <class T>
+T padded_row_sum(const T* row, int n) {
+  typename Lanes<T>::type part = {}, x;
+  for (int j0 = 0; j0 < n; j0 += kAttnWidth) {
+    std::memcpy(&x, row + j0, sizeof x);
+    part += x;
+  }
+  T total = 0;
+  for (int u = 0; u < kAttnWidth; ++u) total += part[u];
+  return total;
+}
+
+// sum_j a_j b_j over padded rows (n a multiple of kAttnWidth), in kAttnWidth lanes added in a fixed order.
+template <class T>
+T padded_row_dot(const T* a, const T* b, int n) {
+  typename Lanes<T>::type part = {}, x, y;
+  for (int j0 = 0; j0 < n; j0 += kAttnWidth) {
+    std::memcpy(&x, a + j0, sizeof x);
+    std::memcpy(&y, b + j0, sizeof y);
+    part = x * y + part;
+  }
+  T total = 0;
+  for (int u = 0; u < kAttnWidth; ++u) total += part[u];
+  return total;
+}
+
+// Per-thread scratch for one (image, head), carved into 64-byte aligned pieces. Thread-local and
+// kept between calls (the pool's threads live as long as the process), so a training step does
+// not allocate; the aligned start keeps Eigen's vectorised exp on its all-packet path (its scalar
+// and packet exp round differently, so a start that moved with the address would move the bits).
+template <class T>
+class AttentionScratch {
+ public:
+  // Makes room for pieces of the given sizes (in values) and returns the first piece.
+  T* reserve(size_t values) {
+    if (store_.size() < values + kAlignValues) store_.assign(values + kAlignValues, T(0));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(store_.data());
+    const uintptr_t aligned = (at + kAlign - 1) / kAlign * kAlign;
+    return store_.data() + (aligned - at) / sizeof(T);
+  }
+  static size_t piece(size_t values) { return (values + kAlignValues - 1) / kAlignValues * kAlignValues; }
+
+ private:
+  static constexpr size_t kAlign = 64;
+  static constexpr size_t kAlignValues = kAlign / sizeof(T);
+  std::vector<T> store_;
+};
+
+template <class T>
+AttentionScratch<T>& attention_scratch() {
+  thread_local AttentionScratch<T> scratch;
+  return scratch;
+}
+
+// dst (rows, cols_padded) = src (rows, cols) read with row stride ld (transposed: dst (cols,
+// rows_padded) = src^T), the padding zero.
+template <class T>
+void copy_padded(const T* src, int64_t ld, int rows, int cols, int cols_padded, T* dst) {
+  for (int i = 0; i < rows; ++i) {
+    T* out = dst + static_cast<int64_t>(i) * cols_padded;
+    std::copy(src + i * ld, src + i * ld + cols, out);
+    std::fill(out + cols, out + cols_padded, T(0));
+  }
+}
+template <class T>
+void copy_transposed_padded(const T* src, int64_t ld, int rows, int cols, int rows_padded, T* dst) {
+  for (int t = 0; t < cols; ++t) {
+    T* out = dst + static_cast<int64_t>(t) * rows_padded;
+    for (int j = 0; j < rows; ++j) out[j] = src[j * ld + t];
+    std::fill(out + rows, out + rows_padded, T(0));
+  }
+}
+
+}  // namespace
 
 template <class T>
 void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, int D, int H, T scale, T* probs,
                        T* ctx, int threads) {
-  const int d = D / H;
+  const int d = D / H, Np = round_up(N, kAttnWidth), dp = round_up(d, kAttnWidth);
+  const int64_t ld = 3 * static_cast<int64_t>(D);
+  using Scratch = AttentionScratch<T>;
+  const size_t kt_size = Scratch::piece(static_cast<size_t>(d) * Np), v_size = Scratch::piece(static_cast<size_t>(N) * dp);
+  const size_t s_size = Scratch::piece(static_cast<size_t>(N) * Np);
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
-    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D;
-    ConstStrided<T> q(base + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> k(base + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> v(base + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    Map<T> p(probs + static_cast<int64_t>(task) * N * N, N, N);
-    // The attention products stay Eigen's: at the trainer's sizes (N = 50, d = 12) the packed SGEMM's
-    // edge tiles and packing cost more than they save (measured: 10 to 20 % fewer images/s).
-    p.noalias() = q * k.transpose();
-    p *= scale;
+    const T* base = qkv + static_cast<int64_t>(b) * N * ld;  // row i: [q | k | v] of token i
     const uint8_t* allowed = key_allowed ? key_allowed + static_cast<int64_t>(b) * N : nullptr;
-    // Row softmax with Eigen's vectorised exp, in an Eigen-owned (so always equally aligned)
-    // scratch row: where the vector loop starts must not depend on the buffer's address, or the
-    // numbers would (scalar and vector exp and sums round differently). Masked keys are set to
-    // exactly 0 (the vectorised exp of a very negative number is tiny, not 0).
-    Eigen::Array<T, Eigen::Dynamic, 1> e(N);
+    T* kt = attention_scratch<T>().reserve(kt_size + v_size + s_size + v_size);
+    T* v = kt + kt_size;  // (N, dp)
+    T* s = v + v_size;    // (N, Np): the scores, then in place the weights
+    T* out = s + s_size;  // (N, dp)
+    copy_transposed_padded(base + D + h * d, ld, N, d, Np, kt);  // k^T (d, Np)
+    copy_padded(base + 2 * D + h * d, ld, N, d, dp, v);
+    // s = q k^T, q read in place (row stride 3D)
+    small_product(N, d, Np, base + h * d, ld, 1, kt, s);
     for (int i = 0; i < N; ++i) {
-      T* row = p.row(i).data();
+      T* row = s + static_cast<int64_t>(i) * Np;
       T top = -std::numeric_limits<T>::infinity();
-      for (int j = 0; j < N; ++j)
+      for (int j = 0; j < N; ++j) {
+        row[j] *= scale;
         if (!allowed || allowed[j]) top = std::max(top, row[j]);
+      }
+      T* p = probs + (static_cast<int64_t>(task) * N + i) * N;
       if (top == -std::numeric_limits<T>::infinity()) {  // every key masked: a zero row, never NaN
-        std::fill(row, row + N, T(0));
+        std::fill(row, row + Np, T(0));
+        std::fill(p, p + N, T(0));
         continue;
       }
-      e = (ConstArrayMap<T>(row, N) - top).exp();
-      if (allowed)
-        for (int j = 0; j < N; ++j)
-          if (!allowed[j]) e[j] = T(0);
-      const T sum = lane_sum<T>(N, [&](int j) { return e[j]; });  // fixed order, whatever the vector width
-      ArrayMap<T>(row, N) = e * (T(1) / sum);
+      // Masked keys and the padding go through exp as 0 (so never overflow) and are then set to
+      // exactly 0 (the vectorised exp of a very negative number is tiny, not 0).
+      for (int j = 0; j < Np; ++j)
+        if (j >= N || (allowed && !allowed[j])) row[j] = top;
+      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Aligned32> e(row, Np);
+      e = (e - top).exp();
+      for (int j = 0; j < Np; ++j)
+        if (j >= N || (allowed && !allowed[j])) row[j] = T(0);
+      const T inv_sum = T(1) / padded_row_sum(row, Np);
+      for (int j = 0; j < Np; ++j) row[j] *= inv_sum;
+      std::copy(row, row + N, p);
     }
-    Strided<T> out(ctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
-    out.noalias() = p * v;
+    // out = attn @ v, into head h's columns of ctx (row stride D)
+    small_product(N, N, dp, s, Np, 1, v, out);
+    T* ctx_b = ctx + static_cast<int64_t>(b) * N * D + h * d;
+    for (int i = 0; i < N; ++i)
+      std::copy(out + static_cast<int64_t>(i) * dp, out + static_cast<int64_t>(i) * dp + d, ctx_b + i * D);
   });
 }
 
 template <class T>
-void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale,
-                        T* dprobs, T* dqkv, int threads) {
-  const int d = D / H;
+void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dqkv,
+                        int threads) {
+  const int d = D / H, Np = round_up(N, kAttnWidth), dp = round_up(d, kAttnWidth);
+  const int64_t ld = 3 * static_cast<int64_t>(D);
+  using Scratch = AttentionScratch<T>;
+  const size_t tall = Scratch::piece(static_cast<size_t>(N) * dp);   // (N, dp)
+  const size_t wide = Scratch::piece(static_cast<size_t>(d) * Np);   // (d, Np)
+  const size_t square = Scratch::piece(static_cast<size_t>(N) * Np);  // (N, Np)
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
-    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D;
-    T* dbase = dqkv + static_cast<int64_t>(b) * N * 3 * D;
-    ConstStrided<T> q(base + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> k(base + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> v(base + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    Strided<T> dq(dbase + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    Strided<T> dk(dbase + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    Strided<T> dv(dbase + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> dout(dctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
-    ConstMap<T> p(probs + static_cast<int64_t>(task) * N * N, N, N);
-    Map<T> ds(dprobs + static_cast<int64_t>(task) * N * N, N, N);
-    // x = attn @ v:  dattn = dx @ v^T,  dv += attn^T @ dx
-    ds.noalias() = dout * v.transpose();
-    dv.noalias() += p.transpose() * dout;
-    // softmax: dscore_ij = p_ij (dattn_ij - sum_k p_ik dattn_ik)  (masked p_ij = 0 gives 0)
+    const T* base = qkv + static_cast<int64_t>(b) * N * ld;
+    T* dbase = dqkv + static_cast<int64_t>(b) * N * ld;
+    T* q = attention_scratch<T>().reserve(4 * tall + wide + 2 * square);
+    T* k = q + tall;
+    T* g = k + tall;       // dout (N, dp)
+    T* acc = g + tall;     // one of dq, dk, dv (N, dp)
+    T* vt = acc + tall;    // v^T (d, Np)
+    T* p = vt + wide;      // attn (N, Np)
+    T* ds = p + square;    // dattn, then in place dscore (N, Np)
+    copy_padded(base + h * d, ld, N, d, dp, q);
+    copy_padded(base + D + h * d, ld, N, d, dp, k);
+    copy_padded(dctx + static_cast<int64_t>(b) * N * D + h * d, static_cast<int64_t>(D), N, d, dp, g);
+    copy_transposed_padded(base + 2 * D + h * d, ld, N, d, Np, vt);
+    copy_padded(probs + static_cast<int64_t>(task) * N * N, static_cast<int64_t>(N), N, N, Np, p);
+    // (N, d) column block [col, col + d) of dqkv's rows += acc
+    auto add_to = [&](int col) {
+      for (int i = 0; i < N; ++i) {
+        T* dst = dbase + i * ld + col;
+        const T* src = acc + static_cast<int64_t>(i) * dp;
+        for (int t = 0; t < d; ++t) dst[t] += src[t];
+      }
+    };
+    // x = attn @ v:  dattn = dx @ v^T,  dv += attn^T @ dx  (attn^T read through strides)
+    small_product(N, d, Np, g, dp, 1, vt, ds);
+    small_product(N, N, dp, p, 1, Np, g, acc);
+    add_to(2 * D + h * d);
+    // softmax: dscore_ij = attn_ij (dattn_ij - sum_k attn_ik dattn_ik)  (masked or padded attn_ij = 0
+    // gives 0); score = (q @ k^T) * scale brings the factor scale.
     for (int i = 0; i < N; ++i) {
-      T* g = ds.row(i).data();
-      const T* pi = p.row(i).data();
-      const T dot = lane_sum<T>(N, [&](int j) { return pi[j] * g[j]; });
-      for (int j = 0; j < N; ++j) g[j] = pi[j] * (g[j] - dot);
+      const T* pi = p + static_cast<int64_t>(i) * Np;
+      T* gi = ds + static_cast<int64_t>(i) * Np;
+      const T dot = padded_row_dot(pi, gi, Np);
+      for (int j = 0; j < Np; ++j) gi[j] = pi[j] * (gi[j] - dot) * scale;
     }
-    // score = (q @ k^T) * scale:  dq += scale dscore @ k,  dk += scale dscore^T @ q
-    ds *= scale;
-    dq.noalias() += ds * k;
-    dk.noalias() += ds.transpose() * q;
+    // dq += dscore @ k,  dk += dscore^T @ q
+    small_product(N, N, dp, ds, Np, 1, k, acc);
+    add_to(h * d);
+    small_product(N, N, dp, ds, 1, Np, q, acc);
+    add_to(D + h * d);
   });
 }
 
@@ -509,7 +672,7 @@ void crossentropy_backward(const T* probs, const int32_t* labels, int B, int C, 
   template void layernorm_backward<T>(const T*, const T*, const T*, const T*, const T*, int, int, T*, T*, T*,   \
                                       int);                                                                     \
   template void attention_forward<T>(const T*, const uint8_t*, int, int, int, int, T, T*, T*, int);             \
-  template void attention_backward<T>(const T*, const T*, const T*, int, int, int, int, T, T*, T*, int);        \
+  template void attention_backward<T>(const T*, const T*, const T*, int, int, int, int, T, T*, int);            \
   template void gelu_forward<T>(const T*, int64_t, T*, int);                                                    \
   template void gelu_backward<T>(const T*, const T*, int64_t, T*, int);                                         \
   template void residual_forward<T>(const T*, const T*, int64_t, T*, int);                                      \
@@ -580,9 +743,9 @@ VITLENS_DISPATCH(attention_forward,
                   int threads),
                  (qkv, key_allowed, B, N, D, H, scale, probs, ctx, threads))
 VITLENS_DISPATCH(attention_backward,
-                 (const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dprobs, T* dqkv,
+                 (const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dqkv,
                   int threads),
-                 (dctx, qkv, probs, B, N, D, H, scale, dprobs, dqkv, threads))
+                 (dctx, qkv, probs, B, N, D, H, scale, dqkv, threads))
 VITLENS_DISPATCH(gelu_forward, (const T* inp, int64_t n, T* out, int threads), (inp, n, out, threads))
 VITLENS_DISPATCH(gelu_backward, (const T* dout, const T* inp, int64_t n, T* dinp, int threads),
                  (dout, inp, n, dinp, threads))

@@ -120,7 +120,6 @@ void BlockStack<T>::allocate(int B, int N) {
   d_ctx.assign(R * Ds, 0);
   d_hidden.assign(R * Hms, 0);
   d_gelu.assign(R * Hms, 0);
-  d_probs.assign(static_cast<size_t>(B) * Hs * Ns * Ns, 0);
 }
 
 template <class T>
@@ -193,7 +192,7 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
     zero(d_ctx);
     linear_backward(d_mid.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads);
     zero(d_qkv);
-    attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_probs.data(), d_qkv.data(), threads);
+    attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_qkv.data(), threads);
     zero(d_ln);
     linear_backward(d_qkv.data(), ln1_l, w + o.qkv_w, R, D, 3 * D, d_ln.data(), g + o.qkv_w,
                     qkv_bias ? g + o.qkv_b : nullptr, threads);
