@@ -317,7 +317,6 @@ void layernorm_backward(const T* dout, const T* inp, const T* w, const T* mean, 
 namespace {
 
 constexpr int kAttnWidth = 8;  // columns per block: one AVX register of floats (two SSE registers)
-constexpr int kAttnRows = 4;   // output rows per block: 4 independent multiply-add chains in flight
 
 int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -331,49 +330,104 @@ struct Lanes {
   typedef T type __attribute__((vector_size(kAttnWidth * sizeof(T))));
 };
 
+// Unaligned block load and store (by reference: g++ warns that returning a 32- or 64-byte vector
+// by value changes the ABI in the portable build).
+template <class T>
+inline void load_lanes(typename Lanes<T>::type& v, const T* p) {
+  std::memcpy(&v, p, sizeof v);
+}
+template <class T>
+inline void store_lanes(T* p, const typename Lanes<T>::type& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
 // c (M, W) = a (M, K) @ b (K, W), with W a multiple of kAttnWidth, b and c contiguous rows of W
 // values, a read through strides (a(i, k) = a[i * a_row + k * a_col]: a transposed operand needs
 // no copy). Each c(i, w) is the chain acc = a(i, k) * b(k, w) + acc for k = 0, 1, ..., K - 1 from
-// acc = 0, the same in the 4-row blocks and the single-row tail.
+// acc = 0, the same in every kind of block below (4 rows x 2 blocks of columns, 4 x 1, 1 x 2,
+// 1 x 1). The 4 x 2 blocks keep 8 FMA chains in flight for 2 loads and 4 broadcasts per k. The
+// accumulators are named variables, not arrays: g++ clears an array with `rep stos` on the stack.
 template <class T>
 void small_product(int M, int K, int W, const T* a, int64_t a_row, int64_t a_col, const T* b, T* c) {
   using V = typename Lanes<T>::type;
-  for (int w0 = 0; w0 < W; w0 += kAttnWidth) {
+  constexpr int kW = kAttnWidth;
+  int w0 = 0;
+  for (; w0 + 2 * kW <= W; w0 += 2 * kW) {
     int i = 0;
-    for (; i + kAttnRows <= M; i += kAttnRows) {
-      V acc[kAttnRows] = {};
+    for (; i + 4 <= M; i += 4) {
+      V c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
+      const T* ai = a + i * a_row;
+      for (int k = 0; k < K; ++k) {
+        const T* bk = b + static_cast<int64_t>(k) * W + w0;
+        V b0, b1;
+        load_lanes(b0, bk);
+        load_lanes(b1, bk + kW);
+        const T* aik = ai + k * a_col;
+        const T x0 = aik[0], x1 = aik[a_row], x2 = aik[2 * a_row], x3 = aik[3 * a_row];
+        c00 = x0 * b0 + c00;
+        c01 = x0 * b1 + c01;
+        c10 = x1 * b0 + c10;
+        c11 = x1 * b1 + c11;
+        c20 = x2 * b0 + c20;
+        c21 = x2 * b1 + c21;
+        c30 = x3 * b0 + c30;
+        c31 = x3 * b1 + c31;
+      }
+      T* ci = c + static_cast<int64_t>(i) * W + w0;
+      store_lanes(ci, c00);
+      store_lanes(ci + kW, c01);
+      store_lanes(ci + W, c10);
+      store_lanes(ci + W + kW, c11);
+      store_lanes(ci + 2 * W, c20);
+      store_lanes(ci + 2 * W + kW, c21);
+      store_lanes(ci + 3 * W, c30);
+      store_lanes(ci + 3 * W + kW, c31);
+    }
+    for (; i < M; ++i) {
+      V c0 = {}, c1 = {};
+      for (int k = 0; k < K; ++k) {
+        const T* bk = b + static_cast<int64_t>(k) * W + w0;
+        const T x = a[i * a_row + k * a_col];
+        V b0, b1;
+        load_lanes(b0, bk);
+        load_lanes(b1, bk + kW);
+        c0 = x * b0 + c0;
+        c1 = x * b1 + c1;
+      }
+      store_lanes(c + static_cast<int64_t>(i) * W + w0, c0);
+      store_lanes(c + static_cast<int64_t>(i) * W + w0 + kW, c1);
+    }
+  }
+  for (; w0 < W; w0 += kW) {
+    int i = 0;
+    for (; i + 4 <= M; i += 4) {
+      V c0 = {}, c1 = {}, c2 = {}, c3 = {};
       const T* ai = a + i * a_row;
       for (int k = 0; k < K; ++k) {
         V bk;
-        std::memcpy(&bk, b + static_cast<int64_t>(k) * W + w0, sizeof bk);
-        for (int r = 0; r < kAttnRows; ++r) acc[r] = ai[r * a_row + k * a_col] * bk + acc[r];
+        load_lanes(bk, b + static_cast<int64_t>(k) * W + w0);
+        const T* aik = ai + k * a_col;
+        c0 = aik[0] * bk + c0;
+        c1 = aik[a_row] * bk + c1;
+        c2 = aik[2 * a_row] * bk + c2;
+        c3 = aik[3 * a_row] * bk + c3;
       }
-      for (int r = 0; r < kAttnRows; ++r) std::memcpy(c + static_cast<int64_t>(i + r) * W + w0, &acc[r], sizeof(V));
+      T* ci = c + static_cast<int64_t>(i) * W + w0;
+      store_lanes(ci, c0);
+      store_lanes(ci + W, c1);
+      store_lanes(ci + 2 * W, c2);
+      store_lanes(ci + 3 * W, c3);
     }
     for (; i < M; ++i) {
-      V acc = {};
+      V c0 = {};
       for (int k = 0; k < K; ++k) {
         V bk;
-        std::memcpy(&bk, b + static_cast<int64_t>(k) * W + w0, sizeof bk);
-        acc = a[i * a_row + k * a_col] * bk + acc;
+        load_lanes(bk, b + static_cast<int64_t>(k) * W + w0);
+        c0 = a[i * a_row + k * a_col] * bk + c0;
       }
-      std::memcpy(c + static_cast<int64_t>(i) * W + w0, &acc, sizeof(V));
+      store_lanes(c + static_cast<int64_t>(i) * W + w0, c0);
     }
   }
-}
-
-// Sum of a padded row (n a multiple of kAttnWidth) in kAttnWidth lanes added in a fixed order: the
-// same partial sums as lane_sum over the unpadded row (the pads are zeros).
-template <class T>
-T padded_row_sum(const T* row, int n) {
-  typename Lanes<T>::type part = {}, x;
-  for (int j0 = 0; j0 < n; j0 += kAttnWidth) {
-    std::memcpy(&x, row + j0, sizeof x);
-    part += x;
-  }
-  T total = 0;
-  for (int u = 0; u < kAttnWidth; ++u) total += part[u];
-  return total;
 }
 
 // sum_j a_j b_j over padded rows (n a multiple of kAttnWidth), in kAttnWidth lanes added in a fixed order.
@@ -418,22 +472,53 @@ AttentionScratch<T>& attention_scratch() {
   return scratch;
 }
 
-// dst (rows, cols_padded) = src (rows, cols) read with row stride ld (transposed: dst (cols,
-// rows_padded) = src^T), the padding zero.
+// dst[0, n) = src[0, n) for a short n (a head's d = 12 values, a row of N = 50 weights) in
+// fixed-size pieces: a plain loop or std::copy becomes a call to memmove per row (the compiler's
+// memcpy idiom), which costs more than such a copy.
+template <class T>
+inline void copy_short(const T* src, int n, T* dst) {
+  int t = 0;
+  for (; t + 8 <= n; t += 8) std::memcpy(dst + t, src + t, 8 * sizeof(T));
+  if (t + 4 <= n) {
+    std::memcpy(dst + t, src + t, 4 * sizeof(T));
+    t += 4;
+  }
+  if (t + 2 <= n) {
+    std::memcpy(dst + t, src + t, 2 * sizeof(T));
+    t += 2;
+  }
+  if (t < n) dst[t] = src[t];
+}
+// dst[0, n) += src[0, n), as copy_short (each value one add, whatever the piece).
+template <class T>
+inline void add_short(const T* src, int n, T* dst) {
+  int t = 0;
+  for (; t + kAttnWidth <= n; t += kAttnWidth) {
+    typename Lanes<T>::type x, y;
+    load_lanes(x, dst + t);
+    load_lanes(y, src + t);
+    store_lanes(dst + t, x + y);
+  }
+  for (; t < n; ++t) dst[t] += src[t];
+}
+
+// dst (rows, cols_padded) = src (rows, cols) read with row stride ld, the padding zero (the last
+// block is cleared first, then the row copied over it).
 template <class T>
 void copy_padded(const T* src, int64_t ld, int rows, int cols, int cols_padded, T* dst) {
   for (int i = 0; i < rows; ++i) {
     T* out = dst + static_cast<int64_t>(i) * cols_padded;
-    std::copy(src + i * ld, src + i * ld + cols, out);
-    std::fill(out + cols, out + cols_padded, T(0));
+    store_lanes(out + cols_padded - kAttnWidth, typename Lanes<T>::type{});
+    copy_short(src + i * ld, cols, out);
   }
 }
+// dst (cols, rows_padded) = src^T for src (rows, cols) with row stride ld, the padding zero.
 template <class T>
 void copy_transposed_padded(const T* src, int64_t ld, int rows, int cols, int rows_padded, T* dst) {
   for (int t = 0; t < cols; ++t) {
     T* out = dst + static_cast<int64_t>(t) * rows_padded;
     for (int j = 0; j < rows; ++j) out[j] = src[j * ld + t];
-    std::fill(out + rows, out + rows_padded, T(0));
+    for (int j = rows; j < rows_padded; ++j) out[j] = T(0);
   }
 }
 
@@ -446,49 +531,71 @@ void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, i
   const int64_t ld = 3 * static_cast<int64_t>(D);
   using Scratch = AttentionScratch<T>;
   const size_t kt_size = Scratch::piece(static_cast<size_t>(d) * Np), v_size = Scratch::piece(static_cast<size_t>(N) * dp);
-  const size_t s_size = Scratch::piece(static_cast<size_t>(N) * Np);
+  const size_t s_size = Scratch::piece(static_cast<size_t>(N) * Np), mask_size = Scratch::piece(Np);
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
     const T* base = qkv + static_cast<int64_t>(b) * N * ld;  // row i: [q | k | v] of token i
     const uint8_t* allowed = key_allowed ? key_allowed + static_cast<int64_t>(b) * N : nullptr;
-    T* kt = attention_scratch<T>().reserve(kt_size + v_size + s_size + v_size);
-    T* v = kt + kt_size;  // (N, dp)
-    T* s = v + v_size;    // (N, Np): the scores, then in place the weights
-    T* out = s + s_size;  // (N, dp)
+    T* kt = attention_scratch<T>().reserve(kt_size + v_size + s_size + v_size + 2 * mask_size);
+    T* v = kt + kt_size;    // (N, dp)
+    T* s = v + v_size;      // (N, Np): the scores, then in place the weights
+    T* out = s + s_size;    // (N, dp)
+    T* bias = out + v_size;      // (Np): 0 for a key that may be attended to, -inf for a masked or padded one
+    T* keep = bias + mask_size;  // (Np): 1 for a key that may be attended to, else 0
+    for (int j = 0; j < Np; ++j) {
+      const bool on = j < N && (!allowed || allowed[j]);
+      bias[j] = on ? T(0) : -std::numeric_limits<T>::infinity();
+      keep[j] = on ? T(1) : T(0);
+    }
     copy_transposed_padded(base + D + h * d, ld, N, d, Np, kt);  // k^T (d, Np)
     copy_padded(base + 2 * D + h * d, ld, N, d, dp, v);
     // s = q k^T, q read in place (row stride 3D)
     small_product(N, d, Np, base + h * d, ld, 1, kt, s);
+    using V = typename Lanes<T>::type;
     for (int i = 0; i < N; ++i) {
       T* row = s + static_cast<int64_t>(i) * Np;
-      T top = -std::numeric_limits<T>::infinity();
-      for (int j = 0; j < N; ++j) {
-        row[j] *= scale;
-        if (!allowed || allowed[j]) top = std::max(top, row[j]);
-      }
       T* p = probs + (static_cast<int64_t>(task) * N + i) * N;
+      // x = score * scale, -inf where masked; its largest value (lane-wise: the max is exact in any order)
+      V top_lanes = V{} - std::numeric_limits<T>::infinity(), x, m;
+      for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
+        std::memcpy(&x, row + j0, sizeof x);
+        std::memcpy(&m, bias + j0, sizeof m);
+        x = x * scale + m;
+        std::memcpy(row + j0, &x, sizeof x);
+        top_lanes = x > top_lanes ? x : top_lanes;
+      }
+      T top = top_lanes[0];
+      for (int u = 1; u < kAttnWidth; ++u) top = std::max(top, top_lanes[u]);
       if (top == -std::numeric_limits<T>::infinity()) {  // every key masked: a zero row, never NaN
         std::fill(row, row + Np, T(0));
         std::fill(p, p + N, T(0));
         continue;
       }
-      // Masked keys and the padding go through exp as 0 (so never overflow) and are then set to
-      // exactly 0 (the vectorised exp of a very negative number is tiny, not 0).
-      for (int j = 0; j < Np; ++j)
-        if (j >= N || (allowed && !allowed[j])) row[j] = top;
+      // exp over the whole padded row; masked and padded keys are then set to exactly 0 (Eigen's
+      // vectorised exp of -inf is tiny, not 0, but always finite, so times 0 is 0).
       Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Aligned32> e(row, Np);
       e = (e - top).exp();
-      for (int j = 0; j < Np; ++j)
-        if (j >= N || (allowed && !allowed[j])) row[j] = T(0);
-      const T inv_sum = T(1) / padded_row_sum(row, Np);
-      for (int j = 0; j < Np; ++j) row[j] *= inv_sum;
-      std::copy(row, row + N, p);
+      V sum_lanes = {};
+      for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
+        std::memcpy(&x, row + j0, sizeof x);
+        std::memcpy(&m, keep + j0, sizeof m);
+        x *= m;
+        std::memcpy(row + j0, &x, sizeof x);
+        sum_lanes += x;
+      }
+      T sum = 0;
+      for (int u = 0; u < kAttnWidth; ++u) sum += sum_lanes[u];
+      const T inv_sum = T(1) / sum;
+      for (int j = 0; j < N; ++j) {  // (the padding stays 0)
+        const T weight = row[j] * inv_sum;
+        row[j] = weight;
+        p[j] = weight;
+      }
     }
     // out = attn @ v, into head h's columns of ctx (row stride D)
     small_product(N, N, dp, s, Np, 1, v, out);
     T* ctx_b = ctx + static_cast<int64_t>(b) * N * D + h * d;
-    for (int i = 0; i < N; ++i)
-      std::copy(out + static_cast<int64_t>(i) * dp, out + static_cast<int64_t>(i) * dp + d, ctx_b + i * D);
+    for (int i = 0; i < N; ++i) copy_short(out + static_cast<int64_t>(i) * dp, d, ctx_b + i * D);
   });
 }
 
@@ -519,11 +626,7 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
     copy_padded(probs + static_cast<int64_t>(task) * N * N, static_cast<int64_t>(N), N, N, Np, p);
     // (N, d) column block [col, col + d) of dqkv's rows += acc
     auto add_to = [&](int col) {
-      for (int i = 0; i < N; ++i) {
-        T* dst = dbase + i * ld + col;
-        const T* src = acc + static_cast<int64_t>(i) * dp;
-        for (int t = 0; t < d; ++t) dst[t] += src[t];
-      }
+      for (int i = 0; i < N; ++i) add_short(acc + static_cast<int64_t>(i) * dp, d, dbase + i * ld + col);
     };
     // x = attn @ v:  dattn = dx @ v^T,  dv += attn^T @ dx  (attn^T read through strides)
     small_product(N, d, Np, g, dp, 1, vt, ds);
