@@ -489,19 +489,6 @@ inline void copy_short(const T* src, int n, T* dst) {
   }
   if (t < n) dst[t] = src[t];
 }
-// dst[0, n) += src[0, n), as copy_short (each value one add, whatever the piece).
-template <class T>
-inline void add_short(const T* src, int n, T* dst) {
-  int t = 0;
-  for (; t + kAttnWidth <= n; t += kAttnWidth) {
-    typename Lanes<T>::type x, y;
-    load_lanes(x, dst + t);
-    load_lanes(y, src + t);
-    store_lanes(dst + t, x + y);
-  }
-  for (; t < n; ++t) dst[t] += src[t];
-}
-
 // dst (rows, cols_padded) = src (rows, cols) read with row stride ld, the padding zero (the last
 // block is cleared first, then the row copied over it).
 template <class T>
@@ -624,14 +611,14 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
     copy_padded(dctx + static_cast<int64_t>(b) * N * D + h * d, static_cast<int64_t>(D), N, d, dp, g);
     copy_transposed_padded(base + 2 * D + h * d, ld, N, d, Np, vt);
     copy_padded(probs + static_cast<int64_t>(task) * N * N, static_cast<int64_t>(N), N, N, Np, p);
-    // (N, d) column block [col, col + d) of dqkv's rows += acc
-    auto add_to = [&](int col) {
-      for (int i = 0; i < N; ++i) add_short(acc + static_cast<int64_t>(i) * dp, d, dbase + i * ld + col);
+    // (N, d) column block [col, col + d) of dqkv's rows = acc (written: train_ops_list.inc)
+    auto write_to = [&](int col) {
+      for (int i = 0; i < N; ++i) copy_short(acc + static_cast<int64_t>(i) * dp, d, dbase + i * ld + col);
     };
-    // x = attn @ v:  dattn = dx @ v^T,  dv += attn^T @ dx  (attn^T read through strides)
+    // x = attn @ v:  dattn = dx @ v^T,  dv = attn^T @ dx  (attn^T read through strides)
     small_product(N, d, Np, g, dp, 1, vt, ds);
     small_product(N, N, dp, p, 1, Np, g, acc);
-    add_to(2 * D + h * d);
+    write_to(2 * D + h * d);
     // softmax: dscore_ij = attn_ij (dattn_ij - sum_k attn_ik dattn_ik)  (masked or padded attn_ij = 0
     // gives 0); score = (q @ k^T) * scale brings the factor scale.
     for (int i = 0; i < N; ++i) {
@@ -640,11 +627,11 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
       const T dot = padded_row_dot(pi, gi, Np);
       for (int j = 0; j < Np; ++j) gi[j] = pi[j] * (gi[j] - dot) * scale;
     }
-    // dq += dscore @ k,  dk += dscore^T @ q
+    // dq = dscore @ k,  dk = dscore^T @ q
     small_product(N, N, dp, ds, Np, 1, k, acc);
-    add_to(h * d);
+    write_to(h * d);
     small_product(N, N, dp, ds, 1, Np, q, acc);
-    add_to(D + h * d);
+    write_to(D + h * d);
   });
 }
 
@@ -676,7 +663,7 @@ void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads)
     Eigen::Array<T, Eigen::Dynamic, 1> slope =
         T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
     slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
-    for (int64_t i = 0; i < len; ++i) dinp[i0 + i] += slope[i];  // one add each: same bits in any lane
+    for (int64_t i = 0; i < len; ++i) dinp[i0 + i] = slope[i];  // written (train_ops_list.inc)
   });
 }
 

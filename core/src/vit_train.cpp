@@ -114,7 +114,6 @@ void BlockStack<T>::allocate(int B, int N) {
   gelu.assign(Ls * R * Hms, 0);
   mlp.assign(Ls * R * Ds, 0);
   d_resid.assign(R * Ds, 0);
-  d_mid.assign(R * Ds, 0);
   d_ln.assign(R * Ds, 0);
   d_qkv.assign(R * 3 * Ds, 0);
   d_ctx.assign(R * Ds, 0);
@@ -174,25 +173,22 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
     const T* ln2_l = ln2.data() + l * RD;
     const T* fc1_l = fc1.data() + static_cast<size_t>(l) * R * Hm;
     const T* gelu_l = gelu.data() + static_cast<size_t>(l) * R * Hm;
-    // d_resid holds d loss / d resid[l+1], resid[l+1] = mid + mlp: mid's gradient starts as a copy of
-    // it, and the MLP branch reads it as it is (llm.c's residual_backward, without the two passes).
-    fill_from(d_mid.data(), d_resid.data(), d_resid.size(), threads);
+    // d_resid holds d loss / d resid[l+1], resid[l+1] = mid + mlp: mid's gradient is that plus the
+    // MLP branch's. The branch reads d_resid (fc2's backward) before norm2's backward adds its
+    // share, so the sum builds up in d_resid itself (llm.c's residual_backward without a copy).
     // mlp branch: fc2(GELU(fc1(norm2(mid))))
     zero(d_gelu);
     linear_backward(d_resid.data(), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b, threads);
-    zero(d_hidden);
-    gelu_backward(d_gelu.data(), fc1_l, static_cast<int64_t>(R) * Hm, d_hidden.data(), threads);
+    gelu_backward(d_gelu.data(), fc1_l, static_cast<int64_t>(R) * Hm, d_hidden.data(), threads);  // writes d_hidden
     zero(d_ln);
     linear_backward(d_hidden.data(), ln2_l, w + o.fc1_w, R, D, Hm, d_ln.data(), g + o.fc1_w, g + o.fc1_b, threads);
     layernorm_backward(d_ln.data(), mid_l, w + o.norm2_w, ln2_mean.data() + l * R, ln2_rstd.data() + l * R, R, D,
-                       d_mid.data(), g + o.norm2_w, g + o.norm2_b, threads);
-    // d_mid = d loss / d mid, mid = x + proj(attn(norm1(x))): x's gradient starts as a copy, the
-    // attention branch reads d_mid as it is.
-    fill_from(d_resid.data(), d_mid.data(), d_mid.size(), threads);
+                       d_resid.data(), g + o.norm2_w, g + o.norm2_b, threads);
+    // d_resid = d loss / d mid now, mid = x + proj(attn(norm1(x))): the same again, proj's backward
+    // reads it before norm1's backward adds the attention branch's share of x's gradient.
     zero(d_ctx);
-    linear_backward(d_mid.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads);
-    zero(d_qkv);
-    attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_qkv.data(), threads);
+    linear_backward(d_resid.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads);
+    attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_qkv.data(), threads);  // writes d_qkv
     zero(d_ln);
     linear_backward(d_qkv.data(), ln1_l, w + o.qkv_w, R, D, 3 * D, d_ln.data(), g + o.qkv_w,
                     qkv_bias ? g + o.qkv_b : nullptr, threads);
