@@ -152,13 +152,13 @@ void linear_forward(const T* inp, const T* w, const T* b, int R, int I, int O, T
 
 template <class T>
 void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db,
-                     int threads) {
+                     int threads, bool write_dinp) {
   if constexpr (std::is_same_v<T, float>) {
     const detail::GemmKernels& kern = train_gemm();
-    // dinp (R, I) += dout (R, O) @ w (O, I)
+    // dinp (R, I) += dout (R, O) @ w (O, I)  (or = with write_dinp)
     if (dinp)
       detail::gemm_with(kern, R, I, O, GemmOperand{dout, O, 1}, GemmOperand{w, I, 1}, dinp, I, nullptr,
-                        LinearEpilogue::Accumulate, threads);
+                        write_dinp ? LinearEpilogue::Store : LinearEpilogue::Accumulate, threads);
     // dw (O, I) += dout^T (O, R) @ inp (R, I): element (i, p) of dout^T is dout[p * O + i].
     detail::gemm_with(kern, O, I, R, GemmOperand{dout, 1, O}, GemmOperand{inp, I, 1}, dw, I, nullptr,
                       LinearEpilogue::Accumulate, threads);
@@ -188,7 +188,10 @@ void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int 
       // dinp = dout @ w, row chunk by row chunk
       const int r0 = t * kRowChunk, rows = std::min(R, r0 + kRowChunk) - r0;
       Map<T> dx(dinp + static_cast<int64_t>(r0) * I, rows, I);
-      dx.noalias() += grad_out.middleRows(r0, rows) * weight;
+      if (write_dinp)
+        dx.noalias() = grad_out.middleRows(r0, rows) * weight;
+      else
+        dx.noalias() += grad_out.middleRows(r0, rows) * weight;
     } else {
       // dw = dout^T @ inp, output features chunk by chunk (each a full reduction over R)
       const int o0 = (t - row_tasks) * kFeatureChunk, n = std::min(O, o0 + kFeatureChunk) - o0;
@@ -755,7 +758,7 @@ void crossentropy_backward(const T* probs, const int32_t* labels, int B, int C, 
   template void patchify_forward<T>(const T*, int, int, int, int, T*);                                          \
   template void patchify_backward<T>(const T*, int, int, int, int, T*);                                         \
   template void linear_forward<T>(const T*, const T*, const T*, int, int, int, T*, int);                        \
-  template void linear_backward<T>(const T*, const T*, const T*, int, int, int, T*, T*, T*, int);               \
+  template void linear_backward<T>(const T*, const T*, const T*, int, int, int, T*, T*, T*, int, bool);         \
   template void embed_forward<T>(const T*, const T*, const T*, int, int, int, T*);                              \
   template void embed_backward<T>(const T*, int, int, int, bool, T*, T*, T*);                                   \
   template void layernorm_forward<T>(const T*, const T*, const T*, T, int, int, T*, T*, T*, int);               \
@@ -815,8 +818,9 @@ VITLENS_DISPATCH(patchify_backward, (const T* dpatches, int B, int H, int W, int
 VITLENS_DISPATCH(linear_forward, (const T* inp, const T* w, const T* b, int R, int I, int O, T* out, int threads),
                  (inp, w, b, R, I, O, out, threads))
 VITLENS_DISPATCH(linear_backward,
-                 (const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db, int threads),
-                 (dout, inp, w, R, I, O, dinp, dw, db, threads))
+                 (const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db, int threads,
+                  bool write_dinp),
+                 (dout, inp, w, R, I, O, dinp, dw, db, threads, write_dinp))
 VITLENS_DISPATCH(embed_forward, (const T* tokens, const T* cls, const T* pos, int B, int Np, int D, T* x),
                  (tokens, cls, pos, B, Np, D, x))
 VITLENS_DISPATCH(embed_backward, (const T* dx, int B, int Np, int D, bool has_cls, T* dtokens, T* dcls, T* dpos),
