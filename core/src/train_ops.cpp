@@ -454,7 +454,8 @@ T padded_row_dot(const T* a, const T* b, int n) {
 template <class T>
 class AttentionScratch {
  public:
-  // Makes room for pieces of the given sizes (in values) and returns the first piece.
+  // Makes room for `values` values (the sum of the pieces, each rounded by piece()) and returns
+  // the aligned start of the first.
   T* reserve(size_t values) {
     if (store_.size() < values + kAlignValues) store_.assign(values + kAlignValues, T(0));
     const uintptr_t at = reinterpret_cast<uintptr_t>(store_.data());
