@@ -58,10 +58,12 @@ Reference reference(const AttentionCase& c, const std::vector<float>& qkv, const
         if (top == -INFINITY) continue;  // a zero row
         double sum = 0.0;
         for (int j = 0; j < N; ++j) sum += std::isinf(s[j]) ? 0.0 : std::exp(s[j] - top);
-        for (int j = 0; j < N; ++j) p[static_cast<size_t>(i) * N + j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - top) / sum;
+        for (int j = 0; j < N; ++j)
+          p[static_cast<size_t>(i) * N + j] = std::isinf(s[j]) ? 0.0 : std::exp(s[j] - top) / sum;
       }
       for (int i = 0; i < N; ++i) {
-        const auto g = [&](int t) { return static_cast<double>(dctx[(static_cast<size_t>(b) * N + i) * D + h * d + t]); };
+        const float* dout_i = dctx.data() + (static_cast<size_t>(b) * N + i) * D + h * d;
+        const auto g = [&](int t) { return static_cast<double>(dout_i[t]); };
         for (int t = 0; t < d; ++t) {
           double o = 0.0;
           for (int j = 0; j < N; ++j) o += p[static_cast<size_t>(i) * N + j] * qkv[at(b, j, 2, h, t)];
@@ -89,7 +91,8 @@ Reference reference(const AttentionCase& c, const std::vector<float>& qkv, const
             r.dqkv[at(b, j, 1, h, t)] += dsij * qkv[at(b, i, 0, h, t)];  // dK = dS^T Q
           }
         }
-      std::copy(p.begin(), p.end(), r.probs.begin() + static_cast<std::ptrdiff_t>((static_cast<size_t>(b) * H + h) * N * N));
+      const size_t head = (static_cast<size_t>(b) * H + h) * N * N;
+      std::copy(p.begin(), p.end(), r.probs.begin() + static_cast<std::ptrdiff_t>(head));
     }
   return r;
 }

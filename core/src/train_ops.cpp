@@ -521,7 +521,8 @@ void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, i
   const int d = D / H, Np = round_up(N, kAttnWidth), dp = round_up(d, kAttnWidth);
   const int64_t ld = 3 * static_cast<int64_t>(D);
   using Scratch = AttentionScratch<T>;
-  const size_t kt_size = Scratch::piece(static_cast<size_t>(d) * Np), v_size = Scratch::piece(static_cast<size_t>(N) * dp);
+  const size_t kt_size = Scratch::piece(static_cast<size_t>(d) * Np);
+  const size_t v_size = Scratch::piece(static_cast<size_t>(N) * dp);
   const size_t s_size = Scratch::piece(static_cast<size_t>(N) * Np), mask_size = Scratch::piece(Np);
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
