@@ -152,13 +152,13 @@ void linear_forward(const T* inp, const T* w, const T* b, int R, int I, int O, T
 
 template <class T>
 void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db,
-                     int threads) {
+                     int threads, bool write_dinp) {
   if constexpr (std::is_same_v<T, float>) {
     const detail::GemmKernels& kern = train_gemm();
-    // dinp (R, I) += dout (R, O) @ w (O, I)
+    // dinp (R, I) += dout (R, O) @ w (O, I)  (or = with write_dinp)
     if (dinp)
       detail::gemm_with(kern, R, I, O, GemmOperand{dout, O, 1}, GemmOperand{w, I, 1}, dinp, I, nullptr,
-                        LinearEpilogue::Accumulate, threads);
+                        write_dinp ? LinearEpilogue::Store : LinearEpilogue::Accumulate, threads);
     // dw (O, I) += dout^T (O, R) @ inp (R, I): element (i, p) of dout^T is dout[p * O + i].
     detail::gemm_with(kern, O, I, R, GemmOperand{dout, 1, O}, GemmOperand{inp, I, 1}, dw, I, nullptr,
                       LinearEpilogue::Accumulate, threads);
@@ -188,7 +188,10 @@ void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int 
       // dinp = dout @ w, row chunk by row chunk
       const int r0 = t * kRowChunk, rows = std::min(R, r0 + kRowChunk) - r0;
       Map<T> dx(dinp + static_cast<int64_t>(r0) * I, rows, I);
-      dx.noalias() += grad_out.middleRows(r0, rows) * weight;
+      if (write_dinp)
+        dx.noalias() = grad_out.middleRows(r0, rows) * weight;
+      else
+        dx.noalias() += grad_out.middleRows(r0, rows) * weight;
     } else {
       // dw = dout^T @ inp, output features chunk by chunk (each a full reduction over R)
       const int o0 = (t - row_tasks) * kFeatureChunk, n = std::min(O, o0 + kFeatureChunk) - o0;
@@ -305,80 +308,335 @@ void layernorm_backward(const T* dout, const T* inp, const T* w, const T* mean, 
 // attention: per image and head, as timm's Attention.forward
 //   attn = (q @ k.transpose(-2, -1)) * scale; attn = attn.softmax(-1); x = attn @ v
 // with masked keys set to -inf before the softmax (vitlens' KeyMask: padding patches).
+//
+// The products are tiny (N = 50 tokens, d = 12 per head in the default recipe): a general GEMM
+// (Eigen's or ours) spends more on packing and edge tiles than on the arithmetic, so each (image,
+// head) copies k^T, v, ... once into a small local buffer whose rows are padded with zeros to a
+// multiple of kAttnWidth, and small_product runs over those rows in whole blocks of kAttnWidth
+// columns: no packing, no remainder loop, no alignment peel. Every output element is one chain of
+// multiply-adds in a fixed order (see small_product), so the numbers depend neither on the thread
+// count nor on where the buffers are.
+
+namespace {
+
+constexpr int kAttnWidth = 8;  // columns per block: one AVX register of floats (two SSE registers)
+
+int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
+
+// One block of kAttnWidth values as a GCC/clang vector (one AVX register of floats, two of doubles;
+// two and four SSE registers in the portable build). Its arithmetic is the same in every lane, so
+// the numbers never depend on how a loop over blocks is split. `a * b + c` on blocks compiles to
+// one FMA (one rounding) in the AVX2 + FMA build with g++ 12 and clang 14 alike, to a multiply and
+// an add in the portable build.
+template <class T>
+struct Lanes {
+  typedef T type __attribute__((vector_size(kAttnWidth * sizeof(T))));
+};
+
+// Unaligned block load and store (by reference: g++ warns that returning a 32- or 64-byte vector
+// by value changes the ABI in the portable build).
+template <class T>
+inline void load_lanes(typename Lanes<T>::type& v, const T* p) {
+  std::memcpy(&v, p, sizeof v);
+}
+template <class T>
+inline void store_lanes(T* p, const typename Lanes<T>::type& v) {
+  std::memcpy(p, &v, sizeof v);
+}
+
+// c (M, W) = a (M, K) @ b (K, W), with W a multiple of kAttnWidth, b and c contiguous rows of W
+// values, a read through strides (a(i, k) = a[i * a_row + k * a_col]: a transposed operand needs
+// no copy). Each c(i, w) is the chain acc = a(i, k) * b(k, w) + acc for k = 0, 1, ..., K - 1 from
+// acc = 0, the same in every kind of block below (4 rows x 2 blocks of columns, 4 x 1, 1 x 2,
+// 1 x 1). The 4 x 2 blocks keep 8 FMA chains in flight for 2 loads and 4 broadcasts per k. The
+// accumulators are named variables, not arrays: g++ clears an array with `rep stos` on the stack.
+template <class T>
+void small_product(int M, int K, int W, const T* a, int64_t a_row, int64_t a_col, const T* b, T* c) {
+  using V = typename Lanes<T>::type;
+  constexpr int kW = kAttnWidth;
+  int w0 = 0;
+  for (; w0 + 2 * kW <= W; w0 += 2 * kW) {
+    int i = 0;
+    for (; i + 4 <= M; i += 4) {
+      V c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
+      const T* ai = a + i * a_row;
+      for (int k = 0; k < K; ++k) {
+        const T* bk = b + static_cast<int64_t>(k) * W + w0;
+        V b0, b1;
+        load_lanes(b0, bk);
+        load_lanes(b1, bk + kW);
+        const T* aik = ai + k * a_col;
+        const T x0 = aik[0], x1 = aik[a_row], x2 = aik[2 * a_row], x3 = aik[3 * a_row];
+        c00 = x0 * b0 + c00;
+        c01 = x0 * b1 + c01;
+        c10 = x1 * b0 + c10;
+        c11 = x1 * b1 + c11;
+        c20 = x2 * b0 + c20;
+        c21 = x2 * b1 + c21;
+        c30 = x3 * b0 + c30;
+        c31 = x3 * b1 + c31;
+      }
+      T* ci = c + static_cast<int64_t>(i) * W + w0;
+      store_lanes(ci, c00);
+      store_lanes(ci + kW, c01);
+      store_lanes(ci + W, c10);
+      store_lanes(ci + W + kW, c11);
+      store_lanes(ci + 2 * W, c20);
+      store_lanes(ci + 2 * W + kW, c21);
+      store_lanes(ci + 3 * W, c30);
+      store_lanes(ci + 3 * W + kW, c31);
+    }
+    for (; i < M; ++i) {
+      V c0 = {}, c1 = {};
+      for (int k = 0; k < K; ++k) {
+        const T* bk = b + static_cast<int64_t>(k) * W + w0;
+        const T x = a[i * a_row + k * a_col];
+        V b0, b1;
+        load_lanes(b0, bk);
+        load_lanes(b1, bk + kW);
+        c0 = x * b0 + c0;
+        c1 = x * b1 + c1;
+      }
+      store_lanes(c + static_cast<int64_t>(i) * W + w0, c0);
+      store_lanes(c + static_cast<int64_t>(i) * W + w0 + kW, c1);
+    }
+  }
+  for (; w0 < W; w0 += kW) {
+    int i = 0;
+    for (; i + 4 <= M; i += 4) {
+      V c0 = {}, c1 = {}, c2 = {}, c3 = {};
+      const T* ai = a + i * a_row;
+      for (int k = 0; k < K; ++k) {
+        V bk;
+        load_lanes(bk, b + static_cast<int64_t>(k) * W + w0);
+        const T* aik = ai + k * a_col;
+        c0 = aik[0] * bk + c0;
+        c1 = aik[a_row] * bk + c1;
+        c2 = aik[2 * a_row] * bk + c2;
+        c3 = aik[3 * a_row] * bk + c3;
+      }
+      T* ci = c + static_cast<int64_t>(i) * W + w0;
+      store_lanes(ci, c0);
+      store_lanes(ci + W, c1);
+      store_lanes(ci + 2 * W, c2);
+      store_lanes(ci + 3 * W, c3);
+    }
+    for (; i < M; ++i) {
+      V c0 = {};
+      for (int k = 0; k < K; ++k) {
+        V bk;
+        load_lanes(bk, b + static_cast<int64_t>(k) * W + w0);
+        c0 = a[i * a_row + k * a_col] * bk + c0;
+      }
+      store_lanes(c + static_cast<int64_t>(i) * W + w0, c0);
+    }
+  }
+}
+
+// sum_j a_j b_j over padded rows (n a multiple of kAttnWidth), in kAttnWidth lanes added in a fixed order.
+template <class T>
+T padded_row_dot(const T* a, const T* b, int n) {
+  typename Lanes<T>::type part = {}, x, y;
+  for (int j0 = 0; j0 < n; j0 += kAttnWidth) {
+    std::memcpy(&x, a + j0, sizeof x);
+    std::memcpy(&y, b + j0, sizeof y);
+    part = x * y + part;
+  }
+  T total = 0;
+  for (int u = 0; u < kAttnWidth; ++u) total += part[u];
+  return total;
+}
+
+// Per-thread scratch for one (image, head), carved into 64-byte aligned pieces. Thread-local and
+// kept between calls (the pool's threads live as long as the process), so a training step does
+// not allocate; the aligned start keeps Eigen's vectorised exp on its all-packet path (its scalar
+// and packet exp round differently, so a start that moved with the address would move the bits).
+template <class T>
+class AttentionScratch {
+ public:
+  // Makes room for `values` values (the sum of the pieces, each rounded by piece()) and returns
+  // the aligned start of the first.
+  T* reserve(size_t values) {
+    if (store_.size() < values + kAlignValues) store_.assign(values + kAlignValues, T(0));
+    const uintptr_t at = reinterpret_cast<uintptr_t>(store_.data());
+    const uintptr_t aligned = (at + kAlign - 1) / kAlign * kAlign;
+    return store_.data() + (aligned - at) / sizeof(T);
+  }
+  static size_t piece(size_t values) { return (values + kAlignValues - 1) / kAlignValues * kAlignValues; }
+
+ private:
+  static constexpr size_t kAlign = 64;
+  static constexpr size_t kAlignValues = kAlign / sizeof(T);
+  std::vector<T> store_;
+};
+
+template <class T>
+AttentionScratch<T>& attention_scratch() {
+  thread_local AttentionScratch<T> scratch;
+  return scratch;
+}
+
+// dst[0, n) = src[0, n) for a short n (a head's d = 12 values, a row of N = 50 weights) in
+// fixed-size pieces: a plain loop or std::copy becomes a call to memmove per row (the compiler's
+// memcpy idiom), which costs more than such a copy.
+template <class T>
+inline void copy_short(const T* src, int n, T* dst) {
+  int t = 0;
+  for (; t + 8 <= n; t += 8) std::memcpy(dst + t, src + t, 8 * sizeof(T));
+  if (t + 4 <= n) {
+    std::memcpy(dst + t, src + t, 4 * sizeof(T));
+    t += 4;
+  }
+  if (t + 2 <= n) {
+    std::memcpy(dst + t, src + t, 2 * sizeof(T));
+    t += 2;
+  }
+  if (t < n) dst[t] = src[t];
+}
+// dst (rows, cols_padded) = src (rows, cols) read with row stride ld, the padding zero (the last
+// block is cleared first, then the row copied over it).
+template <class T>
+void copy_padded(const T* src, int64_t ld, int rows, int cols, int cols_padded, T* dst) {
+  for (int i = 0; i < rows; ++i) {
+    T* out = dst + static_cast<int64_t>(i) * cols_padded;
+    store_lanes(out + cols_padded - kAttnWidth, typename Lanes<T>::type{});
+    copy_short(src + i * ld, cols, out);
+  }
+}
+// dst (cols, rows_padded) = src^T for src (rows, cols) with row stride ld, the padding zero.
+template <class T>
+void copy_transposed_padded(const T* src, int64_t ld, int rows, int cols, int rows_padded, T* dst) {
+  for (int t = 0; t < cols; ++t) {
+    T* out = dst + static_cast<int64_t>(t) * rows_padded;
+    for (int j = 0; j < rows; ++j) out[j] = src[j * ld + t];
+    for (int j = rows; j < rows_padded; ++j) out[j] = T(0);
+  }
+}
+
+}  // namespace
 
 template <class T>
 void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, int D, int H, T scale, T* probs,
                        T* ctx, int threads) {
-  const int d = D / H;
+  const int d = D / H, Np = round_up(N, kAttnWidth), dp = round_up(d, kAttnWidth);
+  const int64_t ld = 3 * static_cast<int64_t>(D);
+  using Scratch = AttentionScratch<T>;
+  const size_t kt_size = Scratch::piece(static_cast<size_t>(d) * Np);
+  const size_t v_size = Scratch::piece(static_cast<size_t>(N) * dp);
+  const size_t s_size = Scratch::piece(static_cast<size_t>(N) * Np), mask_size = Scratch::piece(Np);
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
-    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D;
-    ConstStrided<T> q(base + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> k(base + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> v(base + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    Map<T> p(probs + static_cast<int64_t>(task) * N * N, N, N);
-    // The attention products stay Eigen's: at the trainer's sizes (N = 50, d = 12) the packed SGEMM's
-    // edge tiles and packing cost more than they save (measured: 10 to 20 % fewer images/s).
-    p.noalias() = q * k.transpose();
-    p *= scale;
+    const T* base = qkv + static_cast<int64_t>(b) * N * ld;  // row i: [q | k | v] of token i
     const uint8_t* allowed = key_allowed ? key_allowed + static_cast<int64_t>(b) * N : nullptr;
-    // Row softmax with Eigen's vectorised exp, in an Eigen-owned (so always equally aligned)
-    // scratch row: where the vector loop starts must not depend on the buffer's address, or the
-    // numbers would (scalar and vector exp and sums round differently). Masked keys are set to
-    // exactly 0 (the vectorised exp of a very negative number is tiny, not 0).
-    Eigen::Array<T, Eigen::Dynamic, 1> e(N);
+    T* kt = attention_scratch<T>().reserve(kt_size + v_size + s_size + v_size + 2 * mask_size);
+    T* v = kt + kt_size;    // (N, dp)
+    T* s = v + v_size;      // (N, Np): the scores, then in place the weights
+    T* out = s + s_size;    // (N, dp)
+    T* bias = out + v_size;      // (Np): 0 for a key that may be attended to, -inf for a masked or padded one
+    T* keep = bias + mask_size;  // (Np): 1 for a key that may be attended to, else 0
+    for (int j = 0; j < Np; ++j) {
+      const bool on = j < N && (!allowed || allowed[j]);
+      bias[j] = on ? T(0) : -std::numeric_limits<T>::infinity();
+      keep[j] = on ? T(1) : T(0);
+    }
+    copy_transposed_padded(base + D + h * d, ld, N, d, Np, kt);  // k^T (d, Np)
+    copy_padded(base + 2 * D + h * d, ld, N, d, dp, v);
+    // s = q k^T, q read in place (row stride 3D)
+    small_product(N, d, Np, base + h * d, ld, 1, kt, s);
+    using V = typename Lanes<T>::type;
     for (int i = 0; i < N; ++i) {
-      T* row = p.row(i).data();
-      T top = -std::numeric_limits<T>::infinity();
-      for (int j = 0; j < N; ++j)
-        if (!allowed || allowed[j]) top = std::max(top, row[j]);
+      T* row = s + static_cast<int64_t>(i) * Np;
+      T* p = probs + (static_cast<int64_t>(task) * N + i) * N;
+      // x = score * scale, -inf where masked; its largest value (lane-wise: the max is exact in any order)
+      V top_lanes = V{} - std::numeric_limits<T>::infinity(), x, m;
+      for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
+        std::memcpy(&x, row + j0, sizeof x);
+        std::memcpy(&m, bias + j0, sizeof m);
+        x = x * scale + m;
+        std::memcpy(row + j0, &x, sizeof x);
+        top_lanes = x > top_lanes ? x : top_lanes;
+      }
+      T top = top_lanes[0];
+      for (int u = 1; u < kAttnWidth; ++u) top = std::max(top, top_lanes[u]);
       if (top == -std::numeric_limits<T>::infinity()) {  // every key masked: a zero row, never NaN
-        std::fill(row, row + N, T(0));
+        std::fill(row, row + Np, T(0));
+        std::fill(p, p + N, T(0));
         continue;
       }
-      e = (ConstArrayMap<T>(row, N) - top).exp();
-      if (allowed)
-        for (int j = 0; j < N; ++j)
-          if (!allowed[j]) e[j] = T(0);
-      const T sum = lane_sum<T>(N, [&](int j) { return e[j]; });  // fixed order, whatever the vector width
-      ArrayMap<T>(row, N) = e * (T(1) / sum);
+      // exp over the whole padded row; masked and padded keys are then set to exactly 0 (Eigen's
+      // vectorised exp of -inf is tiny, not 0, but always finite, so times 0 is 0).
+      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Aligned32> e(row, Np);
+      e = (e - top).exp();
+      V sum_lanes = {};
+      for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
+        std::memcpy(&x, row + j0, sizeof x);
+        std::memcpy(&m, keep + j0, sizeof m);
+        x *= m;
+        std::memcpy(row + j0, &x, sizeof x);
+        sum_lanes += x;
+      }
+      T sum = 0;
+      for (int u = 0; u < kAttnWidth; ++u) sum += sum_lanes[u];
+      const T inv_sum = T(1) / sum;
+      for (int j = 0; j < N; ++j) {  // (the padding stays 0)
+        const T weight = row[j] * inv_sum;
+        row[j] = weight;
+        p[j] = weight;
+      }
     }
-    Strided<T> out(ctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
-    out.noalias() = p * v;
+    // out = attn @ v, into head h's columns of ctx (row stride D)
+    small_product(N, N, dp, s, Np, 1, v, out);
+    T* ctx_b = ctx + static_cast<int64_t>(b) * N * D + h * d;
+    for (int i = 0; i < N; ++i) copy_short(out + static_cast<int64_t>(i) * dp, d, ctx_b + i * D);
   });
 }
 
 template <class T>
-void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale,
-                        T* dprobs, T* dqkv, int threads) {
-  const int d = D / H;
+void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dqkv,
+                        int threads) {
+  const int d = D / H, Np = round_up(N, kAttnWidth), dp = round_up(d, kAttnWidth);
+  const int64_t ld = 3 * static_cast<int64_t>(D);
+  using Scratch = AttentionScratch<T>;
+  const size_t tall = Scratch::piece(static_cast<size_t>(N) * dp);   // (N, dp)
+  const size_t wide = Scratch::piece(static_cast<size_t>(d) * Np);   // (d, Np)
+  const size_t square = Scratch::piece(static_cast<size_t>(N) * Np);  // (N, Np)
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
-    const T* base = qkv + static_cast<int64_t>(b) * N * 3 * D;
-    T* dbase = dqkv + static_cast<int64_t>(b) * N * 3 * D;
-    ConstStrided<T> q(base + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> k(base + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> v(base + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    Strided<T> dq(dbase + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    Strided<T> dk(dbase + D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    Strided<T> dv(dbase + 2 * D + h * d, N, d, Eigen::OuterStride<>(3 * D));
-    ConstStrided<T> dout(dctx + static_cast<int64_t>(b) * N * D + h * d, N, d, Eigen::OuterStride<>(D));
-    ConstMap<T> p(probs + static_cast<int64_t>(task) * N * N, N, N);
-    Map<T> ds(dprobs + static_cast<int64_t>(task) * N * N, N, N);
-    // x = attn @ v:  dattn = dx @ v^T,  dv += attn^T @ dx
-    ds.noalias() = dout * v.transpose();
-    dv.noalias() += p.transpose() * dout;
-    // softmax: dscore_ij = p_ij (dattn_ij - sum_k p_ik dattn_ik)  (masked p_ij = 0 gives 0)
+    const T* base = qkv + static_cast<int64_t>(b) * N * ld;
+    T* dbase = dqkv + static_cast<int64_t>(b) * N * ld;
+    T* q = attention_scratch<T>().reserve(4 * tall + wide + 2 * square);
+    T* k = q + tall;
+    T* g = k + tall;       // dout (N, dp)
+    T* acc = g + tall;     // one of dq, dk, dv (N, dp)
+    T* vt = acc + tall;    // v^T (d, Np)
+    T* p = vt + wide;      // attn (N, Np)
+    T* ds = p + square;    // dattn, then in place dscore (N, Np)
+    copy_padded(base + h * d, ld, N, d, dp, q);
+    copy_padded(base + D + h * d, ld, N, d, dp, k);
+    copy_padded(dctx + static_cast<int64_t>(b) * N * D + h * d, static_cast<int64_t>(D), N, d, dp, g);
+    copy_transposed_padded(base + 2 * D + h * d, ld, N, d, Np, vt);
+    copy_padded(probs + static_cast<int64_t>(task) * N * N, static_cast<int64_t>(N), N, N, Np, p);
+    // (N, d) column block [col, col + d) of dqkv's rows = acc (written: train_ops_list.inc)
+    auto write_to = [&](int col) {
+      for (int i = 0; i < N; ++i) copy_short(acc + static_cast<int64_t>(i) * dp, d, dbase + i * ld + col);
+    };
+    // x = attn @ v:  dattn = dx @ v^T,  dv = attn^T @ dx  (attn^T read through strides)
+    small_product(N, d, Np, g, dp, 1, vt, ds);
+    small_product(N, N, dp, p, 1, Np, g, acc);
+    write_to(2 * D + h * d);
+    // softmax: dscore_ij = attn_ij (dattn_ij - sum_k attn_ik dattn_ik)  (masked or padded attn_ij = 0
+    // gives 0); score = (q @ k^T) * scale brings the factor scale.
     for (int i = 0; i < N; ++i) {
-      T* g = ds.row(i).data();
-      const T* pi = p.row(i).data();
-      const T dot = lane_sum<T>(N, [&](int j) { return pi[j] * g[j]; });
-      for (int j = 0; j < N; ++j) g[j] = pi[j] * (g[j] - dot);
+      const T* pi = p + static_cast<int64_t>(i) * Np;
+      T* gi = ds + static_cast<int64_t>(i) * Np;
+      const T dot = padded_row_dot(pi, gi, Np);
+      for (int j = 0; j < Np; ++j) gi[j] = pi[j] * (gi[j] - dot) * scale;
     }
-    // score = (q @ k^T) * scale:  dq += scale dscore @ k,  dk += scale dscore^T @ q
-    ds *= scale;
-    dq.noalias() += ds * k;
-    dk.noalias() += ds.transpose() * q;
+    // dq = dscore @ k,  dk = dscore^T @ q
+    small_product(N, N, dp, ds, Np, 1, k, acc);
+    write_to(h * d);
+    small_product(N, N, dp, ds, 1, Np, q, acc);
+    write_to(D + h * d);
   });
 }
 
@@ -410,7 +668,7 @@ void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads)
     Eigen::Array<T, Eigen::Dynamic, 1> slope =
         T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
     slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
-    for (int64_t i = 0; i < len; ++i) dinp[i0 + i] += slope[i];  // one add each: same bits in any lane
+    for (int64_t i = 0; i < len; ++i) dinp[i0 + i] = slope[i];  // written (train_ops_list.inc)
   });
 }
 
@@ -502,14 +760,14 @@ void crossentropy_backward(const T* probs, const int32_t* labels, int B, int C, 
   template void patchify_forward<T>(const T*, int, int, int, int, T*);                                          \
   template void patchify_backward<T>(const T*, int, int, int, int, T*);                                         \
   template void linear_forward<T>(const T*, const T*, const T*, int, int, int, T*, int);                        \
-  template void linear_backward<T>(const T*, const T*, const T*, int, int, int, T*, T*, T*, int);               \
+  template void linear_backward<T>(const T*, const T*, const T*, int, int, int, T*, T*, T*, int, bool);         \
   template void embed_forward<T>(const T*, const T*, const T*, int, int, int, T*);                              \
   template void embed_backward<T>(const T*, int, int, int, bool, T*, T*, T*);                                   \
   template void layernorm_forward<T>(const T*, const T*, const T*, T, int, int, T*, T*, T*, int);               \
   template void layernorm_backward<T>(const T*, const T*, const T*, const T*, const T*, int, int, T*, T*, T*,   \
                                       int);                                                                     \
   template void attention_forward<T>(const T*, const uint8_t*, int, int, int, int, T, T*, T*, int);             \
-  template void attention_backward<T>(const T*, const T*, const T*, int, int, int, int, T, T*, T*, int);        \
+  template void attention_backward<T>(const T*, const T*, const T*, int, int, int, int, T, T*, int);            \
   template void gelu_forward<T>(const T*, int64_t, T*, int);                                                    \
   template void gelu_backward<T>(const T*, const T*, int64_t, T*, int);                                         \
   template void residual_forward<T>(const T*, const T*, int64_t, T*, int);                                      \
@@ -562,8 +820,9 @@ VITLENS_DISPATCH(patchify_backward, (const T* dpatches, int B, int H, int W, int
 VITLENS_DISPATCH(linear_forward, (const T* inp, const T* w, const T* b, int R, int I, int O, T* out, int threads),
                  (inp, w, b, R, I, O, out, threads))
 VITLENS_DISPATCH(linear_backward,
-                 (const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db, int threads),
-                 (dout, inp, w, R, I, O, dinp, dw, db, threads))
+                 (const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db, int threads,
+                  bool write_dinp),
+                 (dout, inp, w, R, I, O, dinp, dw, db, threads, write_dinp))
 VITLENS_DISPATCH(embed_forward, (const T* tokens, const T* cls, const T* pos, int B, int Np, int D, T* x),
                  (tokens, cls, pos, B, Np, D, x))
 VITLENS_DISPATCH(embed_backward, (const T* dx, int B, int Np, int D, bool has_cls, T* dtokens, T* dcls, T* dpos),
@@ -580,9 +839,9 @@ VITLENS_DISPATCH(attention_forward,
                   int threads),
                  (qkv, key_allowed, B, N, D, H, scale, probs, ctx, threads))
 VITLENS_DISPATCH(attention_backward,
-                 (const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dprobs, T* dqkv,
+                 (const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dqkv,
                   int threads),
-                 (dctx, qkv, probs, B, N, D, H, scale, dprobs, dqkv, threads))
+                 (dctx, qkv, probs, B, N, D, H, scale, dqkv, threads))
 VITLENS_DISPATCH(gelu_forward, (const T* inp, int64_t n, T* out, int threads), (inp, n, out, threads))
 VITLENS_DISPATCH(gelu_backward, (const T* dout, const T* inp, int64_t n, T* dinp, int threads),
                  (dout, inp, n, dinp, threads))

@@ -75,22 +75,6 @@ ParamLayout param_layout(const VitConfig& c, int num_classes) {
 // ---------------------------------------------------------------------------------------------
 // BlockStack
 
-namespace {
-
-// dst[i] = src[i] (or 0 without src) for i in [0, n), in fixed chunks over the threads: the
-// backward pass clears or copies a few million values per block, too many for one thread of two.
-template <class T>
-void fill_from(T* dst, const T* src, size_t n, int threads) {
-  constexpr size_t kChunk = 1 << 16;
-  parallel_for(static_cast<int>((n + kChunk - 1) / kChunk), threads, [&](int c) {
-    const size_t i0 = static_cast<size_t>(c) * kChunk, i1 = std::min(n, i0 + kChunk);
-    if (src) std::copy(src + i0, src + i1, dst + i0);
-    else std::fill(dst + i0, dst + i1, T(0));
-  });
-}
-
-}  // namespace
-
 template <class T>
 void BlockStack<T>::allocate(int B, int N) {
   if (batch == B && tokens == N) return;
@@ -114,13 +98,11 @@ void BlockStack<T>::allocate(int B, int N) {
   gelu.assign(Ls * R * Hms, 0);
   mlp.assign(Ls * R * Ds, 0);
   d_resid.assign(R * Ds, 0);
-  d_mid.assign(R * Ds, 0);
   d_ln.assign(R * Ds, 0);
   d_qkv.assign(R * 3 * Ds, 0);
   d_ctx.assign(R * Ds, 0);
   d_hidden.assign(R * Hms, 0);
   d_gelu.assign(R * Hms, 0);
-  d_probs.assign(static_cast<size_t>(B) * Hs * Ns * Ns, 0);
 }
 
 template <class T>
@@ -163,7 +145,8 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
   const int B = batch, N = tokens, R = B * N;
   const T scale = T(1) / std::sqrt(static_cast<T>(D / H));
   const size_t RD = static_cast<size_t>(R) * D;
-  auto zero = [threads](std::vector<T>& v) { fill_from<T>(v.data(), nullptr, v.size(), threads); };
+  // Every scratch gradient below has one producer, which writes it (write_dinp = true, and the two
+  // ops that always write): no buffer is cleared per block.
   for (int l = L - 1; l >= 0; --l) {
     const BlockOffsets& o = offsets[static_cast<size_t>(l)];
     const T* x = resid.data() + l * RD;
@@ -175,28 +158,24 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
     const T* ln2_l = ln2.data() + l * RD;
     const T* fc1_l = fc1.data() + static_cast<size_t>(l) * R * Hm;
     const T* gelu_l = gelu.data() + static_cast<size_t>(l) * R * Hm;
-    // d_resid holds d loss / d resid[l+1], resid[l+1] = mid + mlp: mid's gradient starts as a copy of
-    // it, and the MLP branch reads it as it is (llm.c's residual_backward, without the two passes).
-    fill_from(d_mid.data(), d_resid.data(), d_resid.size(), threads);
+    // d_resid holds d loss / d resid[l+1], resid[l+1] = mid + mlp: mid's gradient is that plus the
+    // MLP branch's. The branch reads d_resid (fc2's backward) before norm2's backward adds its
+    // share, so the sum builds up in d_resid itself (llm.c's residual_backward without a copy).
     // mlp branch: fc2(GELU(fc1(norm2(mid))))
-    zero(d_gelu);
-    linear_backward(d_resid.data(), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b, threads);
-    zero(d_hidden);
-    gelu_backward(d_gelu.data(), fc1_l, static_cast<int64_t>(R) * Hm, d_hidden.data(), threads);
-    zero(d_ln);
-    linear_backward(d_hidden.data(), ln2_l, w + o.fc1_w, R, D, Hm, d_ln.data(), g + o.fc1_w, g + o.fc1_b, threads);
+    linear_backward(d_resid.data(), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b, threads,
+                    true);
+    gelu_backward(d_gelu.data(), fc1_l, static_cast<int64_t>(R) * Hm, d_hidden.data(), threads);  // writes d_hidden
+    linear_backward(d_hidden.data(), ln2_l, w + o.fc1_w, R, D, Hm, d_ln.data(), g + o.fc1_w, g + o.fc1_b, threads,
+                    true);
     layernorm_backward(d_ln.data(), mid_l, w + o.norm2_w, ln2_mean.data() + l * R, ln2_rstd.data() + l * R, R, D,
-                       d_mid.data(), g + o.norm2_w, g + o.norm2_b, threads);
-    // d_mid = d loss / d mid, mid = x + proj(attn(norm1(x))): x's gradient starts as a copy, the
-    // attention branch reads d_mid as it is.
-    fill_from(d_resid.data(), d_mid.data(), d_mid.size(), threads);
-    zero(d_ctx);
-    linear_backward(d_mid.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads);
-    zero(d_qkv);
-    attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_probs.data(), d_qkv.data(), threads);
-    zero(d_ln);
+                       d_resid.data(), g + o.norm2_w, g + o.norm2_b, threads);
+    // d_resid = d loss / d mid now, mid = x + proj(attn(norm1(x))): the same again, proj's backward
+    // reads it before norm1's backward adds the attention branch's share of x's gradient.
+    linear_backward(d_resid.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads,
+                    true);
+    attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_qkv.data(), threads);  // writes d_qkv
     linear_backward(d_qkv.data(), ln1_l, w + o.qkv_w, R, D, 3 * D, d_ln.data(), g + o.qkv_w,
-                    qkv_bias ? g + o.qkv_b : nullptr, threads);
+                    qkv_bias ? g + o.qkv_b : nullptr, threads, true);
     layernorm_backward(d_ln.data(), x, w + o.norm1_w, ln1_mean.data() + l * R, ln1_rstd.data() + l * R, R, D,
                        d_resid.data(), g + o.norm1_w, g + o.norm1_b, threads);
   }

@@ -72,7 +72,7 @@ struct BlockStack {
   std::vector<T> gelu;         // (L, B*N, Hm)
   std::vector<T> mlp;          // (L, B*N, D) fc2 output
   // Backward scratch, one layer's shapes; d_resid (B*N, D) is the stack's gradient in and out.
-  std::vector<T> d_resid, d_mid, d_ln, d_qkv, d_ctx, d_hidden, d_gelu, d_probs;
+  std::vector<T> d_resid, d_ln, d_qkv, d_ctx, d_hidden, d_gelu;
 
   void allocate(int B, int N);                 // no-op when (B, N) is unchanged
   T* input() { return resid.data(); }          // (B*N, D) rows of layer 0
