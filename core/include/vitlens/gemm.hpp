@@ -101,6 +101,11 @@ extern const GemmKernels kPortableGemm;  // gemm.cpp
 extern const GemmKernels kAvx2Gemm;      // gemm_avx2.cpp, x86-64 only
 extern const GemmKernels kAvx512Gemm;    // gemm_avx512.cpp, x86-64 only
 
+// Rows [0, NR) of W (row stride ldw), k [0, kc8) (a multiple of 8; NR a multiple of 8) into a panel
+// (kc8, NR) of B = W^T with AVX2 shuffles (gemm_avx2.cpp): the packing of the vector kernels, which
+// only run where AVX2 does.
+void pack_wt_squares_avx2(const float* w, int64_t ldw, int kc8, int nr, float* dst);
+
 // The kernels kernel_isa() selects (what gemm() and the functions above run).
 const GemmKernels& active_gemm_kernels();
 
