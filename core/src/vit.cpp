@@ -279,10 +279,11 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   // Each block's Linear weights packed into the SGEMM's panels once, before its row-chunk loops,
   // instead of once per chunk inside every product (13 times per layer at 3137 tokens). Packed per
   // forward, not cached per model: the memory is one block's weights (12 D^2 floats, 28 MB for
-  // ViT-B/16) instead of a second copy of the whole model (+344 MB for ViT-B/16). Measured on the
-  // shared 2-core VM (medians of 3 alternating rounds, bench README): a per-model cache was 3.7x
-  // faster at 17 tokens (ViT-S/8, 32 px) but within the run-to-run noise at 197 tokens (ViT-S/16
-  // and ViT-B/16 at 224 px: packing is about 5 % of the forward) and 3137, so not worth the memory.
+  // ViT-B/16) instead of a second copy of the whole model (+344 MB for ViT-B/16), and a cache
+  // would go stale when training changes a loaded model's weights. Measured (2-core VM, medians of
+  // 3 alternating rounds, README "Speed"): a per-model cache was 1.14x to 1.22x faster at 197 tokens
+  // and 3.7x at 17 (ViT-S/8, 32 px), where packing costs as much as the products: the next step
+  // if the memory is affordable, with invalidation when weights change.
   PackedLinear packed_qkv, packed_proj, packed_fc1, packed_fc2;
   result.layers.resize(static_cast<size_t>(cfg.depth));
   for (int l = 0; l < cfg.depth; ++l) {
