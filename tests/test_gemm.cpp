@@ -122,6 +122,72 @@ TEST_CASE("gemm: Linear forward, every epilogue, odd shapes, against double loop
   }
 }
 
+TEST_CASE("gemm: packed Linear weights give linear_forward's bits, any ISA, 1 and 2 threads", "[gemm][packed]") {
+  IsaGuard guard;
+  std::mt19937 rng(14);
+  std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
+  // M = 1 over a wide layer (split by columns between threads); tall (split by rows), K > 256.
+  shapes.push_back({1, 3000, 300});
+  shapes.push_back({700, 144, 300});
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    DYNAMIC_SECTION(kernel_isa_name(isa)) {
+      PackedLinear packed;  // reused for every shape, as the forward reuses it for every layer
+      for (const Shape& s : shapes) {
+        const int64_t ldx = s.k + 2, ldy = s.n + 3;
+        const std::vector<float> x = random_floats(static_cast<size_t>(s.m * ldx), rng);
+        const std::vector<float> w = random_floats(static_cast<size_t>(s.n * s.k) + 1, rng);
+        const std::vector<float> b = random_floats(static_cast<size_t>(s.n), rng);
+        const std::vector<float> y0 = random_floats(static_cast<size_t>(s.m * ldy), rng, -4.0f, 4.0f);
+        for (int threads : {1, 2}) {
+          pack_linear(w.data(), s.n, s.k, packed, threads);
+          for (LinearEpilogue epilogue : {LinearEpilogue::Store, LinearEpilogue::Gelu, LinearEpilogue::Accumulate})
+            for (bool with_bias : {true, false}) {
+              const float* bias = with_bias ? b.data() : nullptr;
+              std::vector<float> expected = y0, got = y0;
+              linear_forward(x.data(), ldx, s.m, s.k, w.data(), s.n, bias, expected.data(), ldy, epilogue, threads);
+              linear_forward_packed(x.data(), ldx, s.m, packed, bias, got.data(), ldy, epilogue, threads);
+              INFO("M " << s.m << ", N " << s.n << ", K " << s.k << ", threads " << threads << ", epilogue "
+                        << static_cast<int>(epilogue) << ", bias " << with_bias);
+              REQUIRE(std::memcmp(expected.data(), got.data(), sizeof(float) * got.size()) == 0);
+              if (epilogue == LinearEpilogue::Store && s.m * s.n * s.k < 2000000)  // and right, not only equal
+                check_product(
+                    s.m, s.n, s.k, [&](int i, int p) { return x[static_cast<size_t>(i * ldx + p)]; },
+                    [&](int p, int j) { return w[static_cast<size_t>(j * s.k + p)]; }, bias, y0, got, ldy, epilogue);
+            }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("gemm: packed weights after set_kernel_isa still give the active kernels' numbers", "[gemm][packed]") {
+  IsaGuard guard;
+  std::mt19937 rng(15);
+  const std::vector<KernelIsa> isas = runnable_isas();
+  const int m = 37, n = 70, k = 300;
+  const std::vector<float> x = random_floats(static_cast<size_t>(m * k), rng);
+  const std::vector<float> w = random_floats(static_cast<size_t>(n * k), rng);
+  const std::vector<float> b = random_floats(static_cast<size_t>(n), rng);
+  for (KernelIsa packed_for : isas)
+    for (KernelIsa run_on : isas) {
+      set_kernel_isa(packed_for);
+      PackedLinear packed;
+      pack_linear(w.data(), n, k, packed, 1);
+      set_kernel_isa(run_on);
+      std::vector<float> expected(static_cast<size_t>(m * n)), got(expected.size(), -7.0f);
+      linear_forward(x.data(), k, m, k, w.data(), n, b.data(), expected.data(), n, LinearEpilogue::Store, 1);
+      linear_forward_packed(x.data(), k, m, packed, b.data(), got.data(), n, LinearEpilogue::Store, 1);
+      INFO("packed for " << kernel_isa_name(packed_for) << ", run on " << kernel_isa_name(run_on));
+      CHECK(std::memcmp(expected.data(), got.data(), sizeof(float) * got.size()) == 0);
+    }
+  // Never packed: an error, not a read of empty panels.
+  PackedLinear empty;
+  std::vector<float> y(static_cast<size_t>(m * n));
+  CHECK_THROWS_WITH(linear_forward_packed(x.data(), k, m, empty, nullptr, y.data(), n),
+                    Catch::Contains("never packed"));
+}
+
 TEST_CASE("gemm: the products training needs, dX = dY W and dW += dY^T X, and db", "[gemm]") {
   IsaGuard guard;
   std::mt19937 rng(11);

@@ -145,6 +145,42 @@ VITLENS_AVX2 void layer_norm_row(const float* x, int dim, const float* weight, c
 
 }  // namespace
 
+// Eight rows of W, eight k at a time, into eight panel rows: the classic 8 x 8 transpose in
+// registers (pairs of rows interleaved, then quads, then the 128-bit halves swapped), so each load
+// and store moves 32 contiguous bytes. Only moves floats: the panels are the same whoever packs them.
+VITLENS_AVX2 void pack_wt_squares_avx2(const float* w, int64_t ldw, int kc8, int nr, float* dst) {
+  for (int p = 0; p < kc8; p += 8)
+    for (int j = 0; j < nr; j += 8) {
+      const float* src = w + j * ldw + p;
+      // r_i = W row j + i, k [p, p + 8): (a0..a7), (b0..b7), ...
+      const __m256 r0 = _mm256_loadu_ps(src), r1 = _mm256_loadu_ps(src + ldw);
+      const __m256 r2 = _mm256_loadu_ps(src + 2 * ldw), r3 = _mm256_loadu_ps(src + 3 * ldw);
+      const __m256 r4 = _mm256_loadu_ps(src + 4 * ldw), r5 = _mm256_loadu_ps(src + 5 * ldw);
+      const __m256 r6 = _mm256_loadu_ps(src + 6 * ldw), r7 = _mm256_loadu_ps(src + 7 * ldw);
+      const __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1);  // a0 b0 a1 b1 | a4 b4 a5 b5
+      const __m256 t2 = _mm256_unpacklo_ps(r2, r3), t3 = _mm256_unpackhi_ps(r2, r3);
+      const __m256 t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5);
+      const __m256 t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+      const __m256 s0 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(1, 0, 1, 0));  // a0 b0 c0 d0 | a4 b4 c4 d4
+      const __m256 s1 = _mm256_shuffle_ps(t0, t2, _MM_SHUFFLE(3, 2, 3, 2));  // k 1 | 5
+      const __m256 s2 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(1, 0, 1, 0));  // k 2 | 6
+      const __m256 s3 = _mm256_shuffle_ps(t1, t3, _MM_SHUFFLE(3, 2, 3, 2));  // k 3 | 7
+      const __m256 s4 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(1, 0, 1, 0));  // e0 f0 g0 h0 | e4 f4 g4 h4
+      const __m256 s5 = _mm256_shuffle_ps(t4, t6, _MM_SHUFFLE(3, 2, 3, 2));
+      const __m256 s6 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(1, 0, 1, 0));
+      const __m256 s7 = _mm256_shuffle_ps(t5, t7, _MM_SHUFFLE(3, 2, 3, 2));
+      float* out = dst + static_cast<int64_t>(p) * nr + j;
+      _mm256_storeu_ps(out, _mm256_permute2f128_ps(s0, s4, 0x20));           // k p:     a0 .. h0
+      _mm256_storeu_ps(out + nr, _mm256_permute2f128_ps(s1, s5, 0x20));      // k p + 1
+      _mm256_storeu_ps(out + 2 * nr, _mm256_permute2f128_ps(s2, s6, 0x20));
+      _mm256_storeu_ps(out + 3 * nr, _mm256_permute2f128_ps(s3, s7, 0x20));
+      _mm256_storeu_ps(out + 4 * nr, _mm256_permute2f128_ps(s0, s4, 0x31));  // k p + 4: a4 .. h4
+      _mm256_storeu_ps(out + 5 * nr, _mm256_permute2f128_ps(s1, s5, 0x31));
+      _mm256_storeu_ps(out + 6 * nr, _mm256_permute2f128_ps(s2, s6, 0x31));
+      _mm256_storeu_ps(out + 7 * nr, _mm256_permute2f128_ps(s3, s7, 0x31));
+    }
+}
+
 const GemmKernels kAvx2Gemm{kMr, kNr, tile, gelu, layer_norm_row};
 
 }  // namespace vitlens::detail

@@ -16,8 +16,12 @@
 // Shapes: M = rows (tokens), K = inputs, N = outputs; a Linear's W is (N, K) row-major, as PyTorch
 // stores nn.Linear.weight. Leading dimensions (ld*) are row strides in floats.
 #include <cstdint>
+#include <vector>
 
 namespace vitlens {
+namespace detail {
+struct GemmKernels;
+}
 
 // What happens to Y after the product.
 enum class LinearEpilogue {
@@ -29,6 +33,27 @@ enum class LinearEpilogue {
 // Y (M, N) = X (M, K) W^T + b, W (N, K); b (N) may be null. threads <= 0: one per core.
 void linear_forward(const float* x, int64_t ldx, int m, int k, const float* w, int n, const float* b,
                     float* y, int64_t ldy, LinearEpilogue epilogue = LinearEpilogue::Store, int threads = 1);
+
+// A Linear's W (N, K) packed once into the panels linear_forward() packs it into on every call
+// (W^T in column panels of NR, K in blocks of 256, each block's panels (kc, NR) side by side), so
+// that a forward running the same W over many row chunks packs it once: the inference forward
+// (vit.cpp). Packed for the kernels kernel_isa() selects when pack_linear runs; W must outlive it,
+// since linear_forward_packed runs linear_forward on W itself when kernel_isa() has changed since
+// (set_kernel_isa), rather than read panels laid out for another tile.
+struct PackedLinear {
+  const float* w = nullptr;  // (N, K) row-major, the source
+  int n = 0, k = 0;          // N = outputs, K = inputs
+  const detail::GemmKernels* kernels = nullptr;  // packed for these (null: never packed)
+  std::vector<float> panels;  // (ceil(K / 256) blocks, ceil(N / NR) panels, kc, NR); only grows
+};
+
+// Packs W (N, K) into `packed` for the active kernels, reusing its memory; threads <= 0: one per core.
+void pack_linear(const float* w, int n, int k, PackedLinear& packed, int threads = 1);
+
+// linear_forward(x, ldx, m, packed.k, packed.w, packed.n, b, y, ldy, epilogue, threads), the same
+// bits (the same tiles read the same panel values), without packing W again.
+void linear_forward_packed(const float* x, int64_t ldx, int m, const PackedLinear& packed, const float* b,
+                           float* y, int64_t ldy, LinearEpilogue epilogue = LinearEpilogue::Store, int threads = 1);
 
 // dX (M, K) = dY (M, N) W (N, K), or += when accumulate (a residual branch's input gradient).
 void linear_backward_input(const float* dy, int64_t lddy, int m, int n, const float* w, int k, float* dx,
@@ -75,6 +100,11 @@ struct GemmKernels {
 extern const GemmKernels kPortableGemm;  // gemm.cpp
 extern const GemmKernels kAvx2Gemm;      // gemm_avx2.cpp, x86-64 only
 extern const GemmKernels kAvx512Gemm;    // gemm_avx512.cpp, x86-64 only
+
+// Rows [0, NR) of W (row stride ldw), k [0, kc8) (a multiple of 8; NR a multiple of 8) into a panel
+// (kc8, NR) of B = W^T with AVX2 shuffles (gemm_avx2.cpp): the packing of the vector kernels, which
+// only run where AVX2 does.
+void pack_wt_squares_avx2(const float* w, int64_t ldw, int kc8, int nr, float* dst);
 
 // The kernels kernel_isa() selects (what gemm() and the functions above run).
 const GemmKernels& active_gemm_kernels();
