@@ -53,7 +53,7 @@ struct TrainArgs {
   int depth = 6, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
   int batch = 128, epochs = 10;
-  double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.0, val_split = 0.1;
+  double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.0, val_split = 0.1, drop_path = 0.0;
   uint64_t seed = 0;
   int threads = 0, img_size = 32, limit = 0, stop_after = 0, crop_pad = 2, shards = 2;
   bool augment = false, quiet = false;
