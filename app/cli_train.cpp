@@ -469,7 +469,7 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
       ->capture_default_str();
   cmd->add_flag("--augment,!--no-augment", a.augment,
                 "Augment the training images (random crop with --crop-pad pixels of zero padding, horizontal flip); "
-                "off by default. With --data photos the flip of the random crops is on unless --no-augment");
+                "on by default, --no-augment turns it off. With --data photos the flip of the random crops is on unless --no-augment");
   cmd->add_option("--pool", a.pool,
                   "What the classifier head reads: 'cls' (the class token, timm's default) or 'avg' (the mean of "
                   "the patch tokens after the final norm: timm's class_token=False, global_pool='avg', "

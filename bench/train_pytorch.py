@@ -43,7 +43,7 @@ import torch.nn.functional as F
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 MIN_LR = 1e-5    # the end of vitlens train's cosine (Recipe::min_lr)
 CLIP_NORM = 1.0  # Recipe::clip_norm
-CROP_PAD = 2     # Recipe::crop_pad
+CROP_PAD = 1     # vitlens train --crop-pad default
 MEAN, STD = 0.5, 0.5  # VitConfig's default mean / std, every channel
 
 
@@ -236,23 +236,23 @@ def blas_in_use():
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     # The flags and defaults of `vitlens train`.
-    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--depth", type=int, default=4)
     p.add_argument("--embed-dim", type=int, default=48)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--patch", type=int, default=4)
     p.add_argument("--mlp-ratio", type=float, default=2.0)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=22)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup", type=float, default=0.5, help="linear warmup, in epochs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 = PyTorch's default")
-    p.add_argument("--label-smoothing", type=float, default=0.0)
+    p.add_argument("--label-smoothing", type=float, default=0.1)
     p.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate (timm's drop_path_rate)")
     p.add_argument("--crop-pad", type=int, default=CROP_PAD, help="--augment: zero padding of the random crop")
-    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=False,
-                   help="random crop (2 px padding) + flip; off by default, as vitlens train")
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
+                   help="random crop (--crop-pad px padding) + flip; on by default, as vitlens train")
     p.add_argument("--limit", type=int, default=0, help="first N training (and test) images only")
     # This script's own.
     p.add_argument("--data-dir", default=FASHION_DIR)

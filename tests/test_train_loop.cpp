@@ -384,7 +384,7 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data fashion-mnist --resume " + dir + "/missing.safetensors", "missing.safetensors", 1},
       {"train --data fashion-mnist --resume " + dir + "/x.safetensors --lr 0.1", "cannot change on --resume", 2},
       {"train --data fashion-mnist --out " + dir + "/r --name ''", "--name must not be empty", 2},
-      {"train --data fashion-mnist --out " + dir + "/r --crop-pad 0", "--crop-pad applies with --augment", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --no-augment --crop-pad 0", "--crop-pad applies with --augment", 2},
       {"train --data fashion-mnist --out " + dir + "/r --augment --crop-pad 17", "--crop-pad", 2},
       {"train --data fashion-mnist --out " + dir + "/r --pool max", "--pool", 2},
       {"train --data photos --out " + dir + "/r --pool avg", "--pool applies to classifiers", 2},
@@ -439,7 +439,11 @@ TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --st
   const auto record = nlohmann::json::parse(fa.metadata.at("training"));
   CHECK(record.at("test_accuracy").get<double>() > 0.0);
   CHECK(record.at("recipe").at("epochs") == 2);
-  CHECK(record.at("recipe").at("augment") == false);
+  // The default recipe's augmentation and smoothing (README, "Training"), recorded.
+  CHECK(record.at("recipe").at("augment") == true);
+  CHECK(record.at("recipe").at("crop_pad") == 1);
+  CHECK(record.at("recipe").at("label_smoothing") == 0.1);
+  CHECK(record.at("recipe").at("drop_path") == 0.0);
   // Flips only: --augment --crop-pad 0 is what the recipe records (and a different run from a's).
   Run c = run_vitlens("train" + common + " --out " + dir + "/c --augment --crop-pad 0");
   INFO(c.err);

@@ -455,8 +455,8 @@ TEST_CASE("train session: bad MAE settings and photo folders are one line each",
   CHECK(one_line(visible));
   CHECK(visible.find("visible") != std::string::npos);
   s = tiny_mae_settings(dir);
-  s.label_smoothing = 0.1;
-  CHECK(session.start(s) == "label-smoothing applies to classifiers, not to photos");
+  s.label_smoothing = 0.1;  // the classifier's default: ignored for photos, as the CLI ignores its default
+  CHECK(check_train_settings(s) == "");
   s = tiny_mae_settings(dir);
   s.drop_path = 0.1;
   CHECK(session.start(s) == "drop-path applies to classifiers, not to photos");
@@ -475,6 +475,12 @@ TEST_CASE("train session: bad MAE settings and photo folders are one line each",
   CHECK_FALSE(parsed.flip_crops);
   // The defaults are the CLI's.
   const TrainSettings defaults;
+  CHECK(defaults.depth == 4);  // the default recipe (README, "Training")
+  CHECK(defaults.epochs == 22);
+  CHECK(defaults.label_smoothing == 0.1);
+  CHECK(defaults.augment);
+  CHECK(defaults.crop_pad == 1);
+  CHECK(defaults.drop_path == 0.0);
   CHECK(defaults.mask_ratio == 0.75);
   CHECK(defaults.decoder_dim == 32);
   CHECK(defaults.decoder_depth == 1);

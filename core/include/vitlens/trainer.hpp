@@ -31,8 +31,8 @@ struct Recipe {
   // for an image with probability drop_path * l / (depth - 1) (torch.linspace(0, rate, depth)),
   // the kept ones scaled by 1 / (1 - p); training steps only. Absent from older checkpoints: 0.
   double drop_path = 0.0;
-  // Random crop with zero padding `crop_pad`, horizontal flip. Off by default: on Fashion-MNIST at
-  // this size the model underfits in 10 epochs, and augmentation slowed it (README, default recipe).
+  // Random crop with zero padding `crop_pad`, horizontal flip. Off in this struct; `vitlens train`
+  // and the viewer's Train window default to it with crop_pad 1 (README, default recipe).
   bool augment = false;
   int crop_pad = 2;
   bool flip = true;
