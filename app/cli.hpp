@@ -50,13 +50,13 @@ struct TrainArgs {
   std::string data, out, resume, grad_dump;
   std::string name = "vitlens-trained", description;  // the model's config name / description
   std::string pool = "cls";  // the classifier's input: the class token, or the mean of the patch tokens
-  int depth = 6, embed_dim = 48, heads = 4, patch = 4;
+  int depth = 4, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
-  int batch = 128, epochs = 10;
-  double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.0, val_split = 0.1;
+  int batch = 128, epochs = 22;
+  double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.1, val_split = 0.1, drop_path = 0.0;
   uint64_t seed = 0;
-  int threads = 0, img_size = 32, limit = 0, stop_after = 0, crop_pad = 2, shards = 2;
-  bool augment = false, quiet = false;
+  int threads = 0, img_size = 32, limit = 0, stop_after = 0, crop_pad = 1, shards = 2;
+  bool augment = true, quiet = false;
   // Masked patch prediction (--data photos[:DIR]).
   double mask_ratio = 0.75;
   int decoder_dim = 32, decoder_depth = 1, decoder_heads = 4, crops_per_photo = 16;

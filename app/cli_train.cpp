@@ -48,6 +48,7 @@ Recipe recipe_from(const TrainArgs& a) {
   recipe.weight_decay = a.weight_decay;
   recipe.warmup_epochs = a.warmup;
   recipe.label_smoothing = a.label_smoothing;
+  recipe.drop_path = a.drop_path;
   recipe.augment = a.augment;
   recipe.crop_pad = a.crop_pad;
   recipe.seed = a.seed;
@@ -200,6 +201,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
     if (cmd->count("--crop-pad")) bad("--crop-pad applies to classifiers; --data photos makes its own random crops");
     if (cmd->count("--pool")) bad("--pool applies to classifiers; the MAE encoder keeps its class token");
     if (cmd->count("--shards")) bad("--shards applies to classifiers; MAE runs each batch whole");
+    if (cmd->count("--drop-path")) bad("--drop-path applies to classifiers, not to --data photos");
     if (!a.grad_dump.empty()) bad("--grad-dump is for classifiers; MAE gradients are checked by the test suite");
   }
   if (a.out.empty() && a.grad_dump.empty() && a.resume.empty()) bad("--out RUNDIR is required");
@@ -214,6 +216,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   if (!(a.weight_decay >= 0.0 && a.weight_decay <= 10.0)) bad("--weight-decay must be in [0, 10]");
   if (!(a.warmup >= 0.0 && a.warmup <= a.epochs)) bad("--warmup must be in [0, --epochs] epochs");
   if (!(a.label_smoothing >= 0.0 && a.label_smoothing < 1.0)) bad("--label-smoothing must be in [0, 1)");
+  if (!(a.drop_path >= 0.0 && a.drop_path < 1.0)) bad("--drop-path must be in [0, 1)");
   if (!(a.val_split >= 0.0 && a.val_split < 1.0)) bad("--val-split must be in [0, 1)");
   if (!(a.mlp_ratio > 0.0 && a.mlp_ratio <= 16.0)) bad("--mlp-ratio must be in (0, 16]");
   if (a.embed_dim % a.heads != 0)
@@ -227,7 +230,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
     bad("--crop-pad applies with --augment (the random crops)");
   if (!a.resume.empty()) {
     for (const char* flag : {"--depth", "--embed-dim", "--heads", "--patch", "--mlp-ratio", "--batch", "--lr",
-                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--augment", "--no-augment", "--crop-pad", "--pool", "--val-split", "--shards",
+                             "--weight-decay", "--warmup", "--seed", "--label-smoothing", "--drop-path", "--augment", "--no-augment", "--crop-pad", "--pool", "--val-split", "--shards",
                              "--img-size", "--limit", "--mask-ratio", "--decoder-dim", "--decoder-depth",
                              "--decoder-heads", "--crops-per-photo"})
       if (cmd->count(flag))
@@ -460,9 +463,13 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
       ->capture_default_str();
   cmd->add_option("--label-smoothing", a.label_smoothing, "As torch.nn.CrossEntropyLoss(label_smoothing=...)")
       ->capture_default_str();
+  cmd->add_option("--drop-path", a.drop_path,
+                  "Stochastic depth (timm's drop_path_rate): each training image skips block l's attention and MLP "
+                  "branches with probability RATE * l / (depth - 1), the kept ones scaled by 1 / (1 - p); 0 = off")
+      ->capture_default_str();
   cmd->add_flag("--augment,!--no-augment", a.augment,
                 "Augment the training images (random crop with --crop-pad pixels of zero padding, horizontal flip); "
-                "off by default. With --data photos the flip of the random crops is on unless --no-augment");
+                "on by default, --no-augment turns it off. With --data photos the flip of the random crops is on unless --no-augment");
   cmd->add_option("--pool", a.pool,
                   "What the classifier head reads: 'cls' (the class token, timm's default) or 'avg' (the mean of "
                   "the patch tokens after the final norm: timm's class_token=False, global_pool='avg', "

@@ -34,7 +34,8 @@ for ((rep = 1; rep <= REPS; rep++)); do
   for b in "$A" "$B"; do
     rm -rf "$RUN/out"
     "$b/app/vitlens" train --data fashion-mnist --out "$RUN/out" --depth 6 --embed-dim 48 --heads 4 --patch 4 \
-      --mlp-ratio 2 --batch 128 --threads "$THREADS" --seed 0 --stop-after "$STEPS" --quiet >/dev/null
+      --mlp-ratio 2 --batch 128 --epochs 10 --no-augment --label-smoothing 0 --threads "$THREADS" --seed 0 \
+      --stop-after "$STEPS" --quiet >/dev/null
     python3 - "$RUN/out/log.jsonl" "$b" "$rep" "$THREADS" <<'PY'
 import json, statistics, sys
 rates = [r["images_per_s"] for r in map(json.loads, open(sys.argv[1]))

@@ -43,7 +43,9 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 RUN=$(mktemp -d "${TMPDIR:-/tmp}/vitlens-train-compare-XXXXXX")
 trap 'rm -rf "$RUN"' EXIT
 
-RECIPE=(--depth "$DEPTH" --embed-dim 48 --heads 4 --patch 4 --mlp-ratio 2 --batch "$BATCH" --threads "$THREADS" --seed 0)
+# Explicit, so both sides do the same work whatever the defaults: no augmentation, no smoothing.
+RECIPE=(--depth "$DEPTH" --embed-dim 48 --heads 4 --patch 4 --mlp-ratio 2 --batch "$BATCH" --epochs 10 --no-augment
+        --label-smoothing 0 --threads "$THREADS" --seed 0)
 
 V_RATES=() P_RATES=()
 for ((round = 1; round <= ROUNDS; round++)); do

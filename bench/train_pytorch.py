@@ -8,8 +8,9 @@ vitlens reads, with the recipe of `vitlens train`:
 
   AdamW (betas 0.9/0.999, eps 1e-8), weight decay on weight matrices only (not biases, norms,
   pos_embed, cls_token); linear warmup then cosine decay to 1e-5, per step; gradient norm clipped
-  to 1.0; cross-entropy with optional label smoothing; with --augment, random crop with 2 px zero
-  padding + horizontal flip (torchvision's RandomCrop(28, padding=2) + RandomHorizontalFlip, done
+  to 1.0; cross-entropy with optional label smoothing; optional stochastic depth (--drop-path,
+  timm's DropPath per image, rates linspace(0, rate, depth)); with --augment, random crop with
+  --crop-pad (default 2) px zero padding + horizontal flip (torchvision's RandomCrop(28, padding=2) + RandomHorizontalFlip, done
   here on the batch tensor);
   gray replicated to RGB, normalised (x - 0.5) / 0.5 after augmentation; the last partial batch of
   an epoch dropped; timm's initialisation.
@@ -42,7 +43,7 @@ import torch.nn.functional as F
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 MIN_LR = 1e-5    # the end of vitlens train's cosine (Recipe::min_lr)
 CLIP_NORM = 1.0  # Recipe::clip_norm
-CROP_PAD = 2     # Recipe::crop_pad
+CROP_PAD = 1     # vitlens train --crop-pad default
 MEAN, STD = 0.5, 0.5  # VitConfig's default mean / std, every channel
 
 
@@ -123,9 +124,20 @@ class Attention(nn.Module):
         return self.proj(x.transpose(1, 2).reshape(b, n, d))
 
 
+def drop_path(x, p, training, generator):
+    """timm's DropPath (scale_by_keep): each image's branch kept with probability 1 - p and then
+    scaled by 1 / (1 - p), else zeroed; identity in eval mode or for p = 0."""
+    if p == 0.0 or not training:
+        return x
+    keep = 1.0 - p
+    mask = (torch.rand(x.shape[0], 1, 1, generator=generator) < keep).to(x.dtype)
+    return x * (mask / keep)
+
+
 class Block(nn.Module):
-    def __init__(self, dim, heads, mlp_ratio, fused):
+    def __init__(self, dim, heads, mlp_ratio, fused, drop_prob=0.0, generator=None):
         super().__init__()
+        self.drop_prob, self.generator = drop_prob, generator
         hidden = int(dim * mlp_ratio)  # timm: int(), as VitConfig::mlp_hidden
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.attn = Attention(dim, heads, fused)
@@ -136,8 +148,8 @@ class Block(nn.Module):
         self.mlp.add_module("fc2", nn.Linear(hidden, dim))
 
     def forward(self, x):
-        x = x + self.attn(self.norm1(x))
-        return x + self.mlp(self.norm2(x))
+        x = x + drop_path(self.attn(self.norm1(x)), self.drop_prob, self.training, self.generator)
+        return x + drop_path(self.mlp(self.norm2(x)), self.drop_prob, self.training, self.generator)
 
 
 class PatchEmbed(nn.Module):
@@ -150,13 +162,14 @@ class PatchEmbed(nn.Module):
 
 
 class VisionTransformer(nn.Module):
-    def __init__(self, img, patch, dim, depth, heads, mlp_ratio, classes, fused):
+    def __init__(self, img, patch, dim, depth, heads, mlp_ratio, classes, fused, drop_path_rate=0.0, generator=None):
         super().__init__()
         tokens = (img // patch) ** 2
+        dpr = [r.item() for r in torch.linspace(0, drop_path_rate, depth)]  # timm's stochastic depth rule
         self.patch_embed = PatchEmbed(patch, dim)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
         self.pos_embed = nn.Parameter(torch.zeros(1, 1 + tokens, dim))
-        self.blocks = nn.Sequential(*[Block(dim, heads, mlp_ratio, fused) for _ in range(depth)])
+        self.blocks = nn.Sequential(*[Block(dim, heads, mlp_ratio, fused, dpr[i], generator) for i in range(depth)])
         self.norm = nn.LayerNorm(dim, eps=1e-6)
         self.head = nn.Linear(dim, classes)
         # timm init_weights(''): pos_embed trunc_normal(.02), cls_token normal(1e-6), Linear
@@ -223,21 +236,23 @@ def blas_in_use():
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     # The flags and defaults of `vitlens train`.
-    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--depth", type=int, default=4)
     p.add_argument("--embed-dim", type=int, default=48)
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--patch", type=int, default=4)
     p.add_argument("--mlp-ratio", type=float, default=2.0)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--epochs", type=int, default=22)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup", type=float, default=0.5, help="linear warmup, in epochs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads; 0 = PyTorch's default")
-    p.add_argument("--label-smoothing", type=float, default=0.0)
-    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=False,
-                   help="random crop (2 px padding) + flip; off by default, as vitlens train")
+    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument("--drop-path", type=float, default=0.0, help="stochastic depth rate (timm's drop_path_rate)")
+    p.add_argument("--crop-pad", type=int, default=CROP_PAD, help="--augment: zero padding of the random crop")
+    p.add_argument("--augment", action=argparse.BooleanOptionalAction, default=True,
+                   help="random crop (--crop-pad px padding) + flip; on by default, as vitlens train")
     p.add_argument("--limit", type=int, default=0, help="first N training (and test) images only")
     # This script's own.
     p.add_argument("--data-dir", default=FASHION_DIR)
@@ -259,6 +274,10 @@ def parse_args():
         p.error(f"28 is not a multiple of --patch {a.patch}")
     if a.attention == "fused" and not HAS_SDPA:
         p.error(f"--attention fused needs PyTorch >= 2.0 (this is {torch.__version__})")
+    if not 0.0 <= a.drop_path < 1.0:
+        p.error("--drop-path must be in [0, 1)")
+    if a.crop_pad < 0:
+        p.error("--crop-pad must be >= 0")
     if a.threads < 0 or a.steps < 0 or a.limit < 0:
         p.error("--threads, --steps and --limit must be >= 0")
     return a
@@ -298,6 +317,7 @@ def compare_grad_dump(a, model, x_train, y_train):
         for name, p in params.items():
             p.copy_(weights[name].reshape(p.shape))
     xb = (x_train[:a.batch] - MEAN) / STD
+    model.eval()  # no drop path, as vitlens' --grad-dump
     loss = nn.CrossEntropyLoss(label_smoothing=a.label_smoothing)(model(xb), y_train[:a.batch])
     model.zero_grad()
     loss.backward()
@@ -334,7 +354,7 @@ def main():
     fused = a.attention == "fused" or (a.attention == "auto" and HAS_SDPA)
 
     x_train, y_train = load_fashion_mnist(a.data_dir, True, a.limit)
-    model = VisionTransformer(28, a.patch, a.embed_dim, a.depth, a.heads, a.mlp_ratio, 10, fused)
+    model = VisionTransformer(28, a.patch, a.embed_dim, a.depth, a.heads, a.mlp_ratio, 10, fused, a.drop_path, data_gen)
     opt = torch.optim.AdamW(param_groups(model, a.weight_decay), lr=a.lr, betas=(0.9, 0.999), eps=1e-8)
     if a.compare_grads:
         return compare_grad_dump(a, model, x_train, y_train)
@@ -369,7 +389,7 @@ def main():
         pos += 1
         xb, yb = x_train[idx], y_train[idx]
         if a.augment:
-            xb = augment_crop_flip(xb, CROP_PAD, data_gen)
+            xb = augment_crop_flip(xb, a.crop_pad, data_gen)
         xb = (xb - MEAN) / STD
         lr = scheduled_lr(a.lr, step, warmup, total)
         for g in opt.param_groups:
@@ -393,7 +413,7 @@ def main():
 
     result = {"mode": "bench" if a.bench else "steps" if a.steps else "train", "batch": a.batch,
               "depth": a.depth, "embed_dim": a.embed_dim, "heads": a.heads, "patch": a.patch, "mlp_ratio": a.mlp_ratio,
-              "augment": a.augment, **info}
+              "augment": a.augment, "crop_pad": a.crop_pad, "drop_path": a.drop_path, **info}
     timed = step_times[a.warmup_steps:] if a.bench else step_times
     result["steps_timed"] = len(timed)
     result["median_step_ms"] = 1000.0 * statistics.median(timed)

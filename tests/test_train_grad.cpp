@@ -61,7 +61,13 @@ void check_case(const std::string& name, bool portable) {
   std::vector<uint8_t> allowed;
   for (float v : file.tensors.at("key_allowed").values) allowed.push_back(v != 0.0f ? 1 : 0);
   REQUIRE(static_cast<int>(allowed.size()) == batch * net.tokens());
-  REQUIRE(std::count(allowed.begin(), allowed.end(), 0) > 0);  // the mask is really exercised
+  const bool drop_path = file.tensors.count("drop_scale") > 0;
+  if (drop_path) {
+    net.drop_scale = file.tensors.at("drop_scale").values;  // (L, 2, B)
+    REQUIRE(std::count(net.drop_scale.begin(), net.drop_scale.end(), 0.0f) > 0);  // some branch dropped
+  } else {
+    REQUIRE(std::count(allowed.begin(), allowed.end(), 0) > 0);  // the mask is really exercised
+  }
 
   net.zero_grad();
   const float loss = net.forward(file.tensors.at("input").values.data(), labels.data(), allowed.data(), batch);
@@ -97,6 +103,12 @@ TEST_CASE("train: every gradient matches PyTorch autograd (mean pooling, no qkv 
           "[train][grad]") {
   check_case("grad_avg", false);
   check_case("grad_avg", true);
+}
+
+TEST_CASE("train: every gradient matches PyTorch autograd (drop path: timm's DropPath with fixed draws)",
+          "[train][grad][droppath]") {
+  check_case("grad_droppath", false);
+  check_case("grad_droppath", true);
 }
 
 TEST_CASE("train: the same gradients for 1 and 2 threads", "[train][grad]") {
@@ -165,4 +177,80 @@ TEST_CASE("train: backward agrees with central finite differences in double", "[
                 class_token ? 1 : 0, net.params.size(), worst, scale);
     CHECK(worst <= 1e-6 * scale);
   }
+}
+
+TEST_CASE("train: drop path's backward agrees with central finite differences in double", "[train][grad][fd][droppath]") {
+  VitConfig c;
+  c.patch_size = 4;
+  c.embed_dim = 8;
+  c.num_heads = 2;
+  c.depth = 3;
+  c.img_h = c.img_w = 8;
+  c.mlp_ratio = 2.0;
+  train::VitNet<double> net(c, 3);
+  net.label_smoothing = 0.1;
+  net.threads = 1;
+  std::mt19937 rng(21);
+  std::normal_distribution<double> normal(0.0, 0.5);
+  for (double& p : net.params) p = normal(rng);
+  const int batch = 3;
+  std::vector<double> images(static_cast<size_t>(batch) * 3 * 8 * 8);
+  for (double& v : images) v = normal(rng);
+  const std::vector<int32_t> labels{2, 0, 1};
+  // (L, 2, B): block 0 kept everywhere; block 1's attention dropped for image 0, its MLP kept at
+  // 1 / (1 - 0.25); block 2 drops image 1's MLP and image 2's attention, the rest kept at 1 / 0.5.
+  net.drop_scale = {1, 1, 1, 1, 1, 1,
+                    0, 4.0 / 3, 4.0 / 3, 4.0 / 3, 4.0 / 3, 4.0 / 3,
+                    2, 2, 0, 2, 0, 2};
+  net.zero_grad();
+  const double loss = net.forward(images.data(), labels.data(), nullptr, batch);
+  net.backward();
+  const std::vector<double> analytic = net.grads;
+  const double h = 1e-6;
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < net.params.size(); ++i) {
+    const double saved = net.params[i];
+    net.params[i] = saved + h;
+    const double up = net.forward(images.data(), labels.data(), nullptr, batch);
+    net.params[i] = saved - h;
+    const double down = net.forward(images.data(), labels.data(), nullptr, batch);
+    net.params[i] = saved;
+    const double numeric = (up - down) / (2 * h);
+    worst = std::max(worst, std::abs(numeric - analytic[i]));
+    scale = std::max(scale, std::abs(analytic[i]));
+  }
+  std::printf("finite differences with drop path (double): %zu parameters, largest |numeric - backward| %.2e of max "
+              "|grad| %.2e\n", net.params.size(), worst, scale);
+  CHECK(worst <= 1e-6 * scale);
+  // A dropped branch's weights get gradient only from the images that kept it: block 2's attention
+  // and MLP are each dropped for one image, so their gradients differ from the undropped ones.
+  train::VitNet<double> full(c, 3);
+  full.params = net.params;
+  full.label_smoothing = 0.1;
+  full.threads = 1;
+  full.zero_grad();
+  const double full_loss = full.forward(images.data(), labels.data(), nullptr, batch);
+  full.backward();
+  CHECK(full_loss != loss);
+  CHECK(full.grads != net.grads);
+  // Scales of 1 everywhere are the plain residual, bit for bit (float, both builds of the ops).
+  for (bool portable : {false, true}) {
+    train::force_portable_train_ops(portable);
+    VitConfig cf = c;
+    train::VitNet<float> a(cf, 3), b(cf, 3);
+    for (size_t i = 0; i < a.params.size(); ++i) a.params[i] = b.params[i] = static_cast<float>(net.params[i]);
+    std::vector<float> fimages(images.begin(), images.end());
+    b.drop_scale.assign(static_cast<size_t>(2) * c.depth * batch, 1.0f);
+    a.zero_grad();
+    b.zero_grad();
+    CHECK(a.forward(fimages.data(), labels.data(), nullptr, batch) == b.forward(fimages.data(), labels.data(), nullptr, batch));
+    a.backward(true);
+    b.backward(true);
+    CHECK(a.grads == b.grads);
+    CHECK(a.input_grad() == b.input_grad());
+    // A scale table of the wrong size is refused in one line.
+    b.drop_scale.assign(5, 1.0f);
+    CHECK_THROWS_WITH(b.forward(fimages.data(), labels.data(), nullptr, batch), Catch::Contains("drop_scale holds 5"));
+  }
+  train::force_portable_train_ops(false);
 }

@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -240,6 +242,94 @@ TEST_CASE("train: the recipe's shards are checked, saved, and absent from old ch
   CHECK(Recipe::from_json(j).shards == 1);
 }
 
+TEST_CASE("train: drop path is checked, saved, absent from old checkpoints means 0", "[train][droppath]") {
+  Recipe r;
+  CHECK(r.drop_path == 0.0);
+  r.drop_path = 1.0;
+  CHECK_THAT(r.validate(), Catch::Contains("drop_path 1 is not in [0, 1)"));
+  r.drop_path = -0.5;
+  CHECK_THAT(r.validate(), Catch::Contains("drop_path"));
+  r.drop_path = std::nan("");
+  CHECK_THAT(r.validate(), Catch::Contains("drop_path"));
+  r.drop_path = 0.25;
+  CHECK(r.validate().empty());
+  nlohmann::json j = r.to_json();
+  CHECK(Recipe::from_json(j).drop_path == 0.25);
+  j.erase("drop_path");
+  CHECK(Recipe::from_json(j).drop_path == 0.0);
+}
+
+TEST_CASE("train: drop path changes training steps only, resumes bit for bit, and splits into parts",
+          "[train][droppath]") {
+  const ImageSet train_set = synthetic_set(96, 12);
+  auto recipe = [](double rate, int shards) {
+    Recipe r;
+    r.epochs = 2;
+    r.batch = 32;  // 3 steps per epoch
+    r.seed = 4;
+    r.threads = 2;
+    r.shards = shards;
+    r.drop_path = rate;
+    return r;
+  };
+  const VitConfig config = fm_config(3);  // block 0 keeps p = 0, blocks 1 and 2 draw
+  Trainer plain(config, recipe(0.0, 1), &train_set, nullptr);
+  Trainer dropped(config, recipe(0.5, 1), &train_set, nullptr);
+  REQUIRE(plain.net().params == dropped.net().params);
+  // Evaluation never drops: the same weights give the same loss.
+  CHECK(plain.evaluate(train_set).loss == dropped.evaluate(train_set).loss);
+  const StepReport a = plain.step(), b = dropped.step();
+  CHECK(a.loss != b.loss);  // some branch of some image was dropped in the first step
+  CHECK(plain.net().params != dropped.net().params);
+  // After the step, net() is clean: a probe forward of a batch of the same size drops nothing.
+  const EvalReport after = dropped.evaluate(train_set), again = dropped.evaluate(train_set);
+  CHECK(after.loss == again.loss);
+
+  // A rate whose draws keep everything is the plain run: p = 1e-12 keeps every branch (scaled by
+  // 1 / (1 - p), which rounds to 1 in float), so the runs agree bit for bit.
+  Trainer tiny(config, recipe(1e-12, 1), &train_set, nullptr);
+  Trainer plain2(config, recipe(0.0, 1), &train_set, nullptr);
+  tiny.step();
+  plain2.step();
+  CHECK(tiny.net().params == plain2.net().params);
+
+  // Resume in the middle of the first epoch continues the same masks.
+  Trainer straight(config, recipe(0.3, 2), &train_set, nullptr);
+  while (!straight.finished()) straight.step();
+  const std::string dir = test::temp_dir("droppath-resume");
+  const std::string path = dir + "/last.safetensors";
+  {
+    Trainer first(config, recipe(0.3, 2), &train_set, nullptr);
+    for (int i = 0; i < 2; ++i) first.step();
+    save_checkpoint(first, path, {{"data", "synthetic"}});
+  }
+  const SavedTraining saved = load_checkpoint(path);
+  CHECK(saved.recipe.drop_path == 0.3);
+  Trainer resumed(saved.config, saved.recipe, &train_set, nullptr);
+  resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  while (!resumed.finished()) resumed.step();
+  CHECK(resumed.net().params == straight.net().params);
+
+  // Parts see their own images' masks: 2 and 3 parts give the whole batch's step up to rounding.
+  for (int shards : {2, 3}) {
+    CAPTURE(shards);
+    Trainer whole(config, recipe(0.4, 1), &train_set, nullptr);
+    Trainer split(config, recipe(0.4, shards), &train_set, nullptr);
+    const StepReport w = whole.step(), s = split.step();
+    CHECK(s.loss == Approx(w.loss).epsilon(1e-6));
+    CHECK(s.grad_norm == Approx(w.grad_norm).epsilon(1e-5));
+    const std::vector<float>& gw = whole.net().grads;
+    const std::vector<float>& gs = split.net().grads;
+    float largest = 0.0f, diff = 0.0f;
+    for (size_t i = 0; i < gw.size(); ++i) {
+      largest = std::max(largest, std::fabs(gw[i]));
+      diff = std::max(diff, std::fabs(gw[i] - gs[i]));
+    }
+    REQUIRE(largest > 0.0f);
+    CHECK(diff <= 1e-5f * largest);
+  }
+}
+
 TEST_CASE("train: a damaged state file or a pair from different steps is refused", "[train][resume]") {
   const ImageSet train_set = synthetic_set(64, 7);
   Recipe r;
@@ -294,7 +384,7 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data fashion-mnist --resume " + dir + "/missing.safetensors", "missing.safetensors", 1},
       {"train --data fashion-mnist --resume " + dir + "/x.safetensors --lr 0.1", "cannot change on --resume", 2},
       {"train --data fashion-mnist --out " + dir + "/r --name ''", "--name must not be empty", 2},
-      {"train --data fashion-mnist --out " + dir + "/r --crop-pad 0", "--crop-pad applies with --augment", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --no-augment --crop-pad 0", "--crop-pad applies with --augment", 2},
       {"train --data fashion-mnist --out " + dir + "/r --augment --crop-pad 17", "--crop-pad", 2},
       {"train --data fashion-mnist --out " + dir + "/r --pool max", "--pool", 2},
       {"train --data photos --out " + dir + "/r --pool avg", "--pool applies to classifiers", 2},
@@ -305,6 +395,11 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data fashion-mnist --out " + dir + "/r --shards 65", "--shards", 2},
       {"train --data photos --out " + dir + "/r --shards 2", "--shards applies to classifiers", 2},
       {"train --data fashion-mnist --resume " + dir + "/x.safetensors --shards 1", "cannot change on --resume", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --drop-path 1", "--drop-path must be in [0, 1)", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --drop-path -0.1", "--drop-path must be in [0, 1)", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --drop-path nan", "--drop-path must be in [0, 1)", 2},
+      {"train --data photos --out " + dir + "/r --drop-path 0.1", "--drop-path applies to classifiers", 2},
+      {"train --data fashion-mnist --resume " + dir + "/x.safetensors --drop-path 0.1", "cannot change on --resume", 2},
   };
   for (const Case& c : cases) {
     const Run r = run_vitlens(c.args);
@@ -344,7 +439,11 @@ TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --st
   const auto record = nlohmann::json::parse(fa.metadata.at("training"));
   CHECK(record.at("test_accuracy").get<double>() > 0.0);
   CHECK(record.at("recipe").at("epochs") == 2);
-  CHECK(record.at("recipe").at("augment") == false);
+  // The default recipe's augmentation and smoothing (README, "Training"), recorded.
+  CHECK(record.at("recipe").at("augment") == true);
+  CHECK(record.at("recipe").at("crop_pad") == 1);
+  CHECK(record.at("recipe").at("label_smoothing") == 0.1);
+  CHECK(record.at("recipe").at("drop_path") == 0.0);
   // Flips only: --augment --crop-pad 0 is what the recipe records (and a different run from a's).
   Run c = run_vitlens("train" + common + " --out " + dir + "/c --augment --crop-pad 0");
   INFO(c.err);

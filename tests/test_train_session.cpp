@@ -216,6 +216,11 @@ TEST_CASE("train session: a bad data path or setting is one line, never a crash"
   CHECK(set_train_option(parsed, "colour", "1").find("unknown training option 'colour'") == 0);
   CHECK(set_train_option(parsed, "limit", "100") == "");
   CHECK(parsed.limit == 100);
+  CHECK(set_train_option(parsed, "drop-path", "0.1") == "");
+  CHECK(parsed.drop_path == 0.1);
+  TrainSettings dropped = tiny_settings();
+  dropped.drop_path = 1.0;
+  CHECK(session.start(dropped) == "drop_path 1 is not in [0, 1)");
 }
 
 TEST_CASE("train commands: the script's checks and the Model menu's list", "[train_session]") {
@@ -450,8 +455,11 @@ TEST_CASE("train session: bad MAE settings and photo folders are one line each",
   CHECK(one_line(visible));
   CHECK(visible.find("visible") != std::string::npos);
   s = tiny_mae_settings(dir);
-  s.label_smoothing = 0.1;
-  CHECK(session.start(s) == "label-smoothing applies to classifiers, not to photos");
+  s.label_smoothing = 0.1;  // the classifier's default: ignored for photos, as the CLI ignores its default
+  CHECK(check_train_settings(s) == "");
+  s = tiny_mae_settings(dir);
+  s.drop_path = 0.1;
+  CHECK(session.start(s) == "drop-path applies to classifiers, not to photos");
   CHECK(session.snapshot().state == TrainState::Idle);  // nothing started
 
   TrainSettings parsed;
@@ -467,6 +475,12 @@ TEST_CASE("train session: bad MAE settings and photo folders are one line each",
   CHECK_FALSE(parsed.flip_crops);
   // The defaults are the CLI's.
   const TrainSettings defaults;
+  CHECK(defaults.depth == 4);  // the default recipe (README, "Training")
+  CHECK(defaults.epochs == 22);
+  CHECK(defaults.label_smoothing == 0.1);
+  CHECK(defaults.augment);
+  CHECK(defaults.crop_pad == 1);
+  CHECK(defaults.drop_path == 0.0);
   CHECK(defaults.mask_ratio == 0.75);
   CHECK(defaults.decoder_dim == 32);
   CHECK(defaults.decoder_depth == 1);

@@ -89,6 +89,7 @@ const IntSetting kIntSettings[] = {
     {"patch", &TrainSettings::patch, 1, 64},
     {"batch", &TrainSettings::batch, 1, 4096},
     {"epochs", &TrainSettings::epochs, 1, 10000},
+    {"crop-pad", &TrainSettings::crop_pad, 0, 16},
     {"threads", &TrainSettings::threads, 0, 256},
     {"img-size", &TrainSettings::img_size, 4, 1024},
     {"probe-every", &TrainSettings::probe_every, 1, 1000000},
@@ -133,12 +134,14 @@ Recipe recipe_of(const TrainSettings& s) {
   r.weight_decay = s.weight_decay;
   r.warmup_epochs = s.warmup;
   r.label_smoothing = s.label_smoothing;
+  r.drop_path = s.drop_path;
   r.augment = s.augment;
+  r.crop_pad = s.crop_pad;
   r.seed = s.seed;
   r.threads = s.threads;
   if (is_photo_data(s.data)) {
-    // As the CLI's MAE recipe: no labels to smooth; the random crops are the augmentation, flipped
-    // unless turned off.
+    // As the CLI's MAE recipe: no labels to smooth (the classifier's default smoothing is ignored);
+    // the random crops are the augmentation, flipped unless turned off.
     r.label_smoothing = 0.0;
     r.augment = r.flip = s.flip_crops;
   }
@@ -183,6 +186,7 @@ std::string set_train_option(TrainSettings& s, const std::string& key, const std
   if (key == "weight-decay") return real_option(s.weight_decay);
   if (key == "warmup") return real_option(s.warmup);
   if (key == "label-smoothing") return real_option(s.label_smoothing);
+  if (key == "drop-path") return real_option(s.drop_path);
   if (key == "mask-ratio") return real_option(s.mask_ratio);
   if (key == "val-split") return real_option(s.val_split);
   if (key == "augment") {
@@ -197,7 +201,7 @@ std::string set_train_option(TrainSettings& s, const std::string& key, const std
   }
   return "unknown training option '" + key +
          "' (known: limit, depth, embed-dim, heads, patch, mlp-ratio, batch, epochs, lr, weight-decay, warmup, "
-         "label-smoothing, val-split, augment, seed, threads, img-size, probe-every, eval-every, out, mask-ratio, "
+         "label-smoothing, drop-path, val-split, augment, crop-pad, seed, threads, img-size, probe-every, eval-every, out, mask-ratio, "
          "decoder-dim, decoder-depth, decoder-heads, crops-per-photo)";
 }
 
@@ -229,7 +233,7 @@ std::string check_train_settings(const TrainSettings& s) {
     if (s.decoder_dim % s.decoder_heads != 0)
       return "decoder-dim " + std::to_string(s.decoder_dim) + " is not divisible by decoder-heads " +
              std::to_string(s.decoder_heads);
-    if (s.label_smoothing != 0.0) return "label-smoothing applies to classifiers, not to photos";
+    if (s.drop_path != 0.0) return "drop-path applies to classifiers, not to photos";
     const std::string mae = mae_options_of(s).validate(config);
     if (!mae.empty()) return "model shape: " + mae;
   }

@@ -29,17 +29,18 @@ namespace vitlens::viewer {
 struct TrainSettings {
   std::string data = "fashion-mnist";  // "fashion-mnist", an ImageFolder tree, or "photos[:DIR]" (MAE)
   int limit = 0;                       // > 0: only the first N training (and test) images / photos
-  int depth = 6, embed_dim = 48, heads = 4, patch = 4;
+  int depth = 4, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
-  int batch = 128, epochs = 10;
-  double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.0;
+  int batch = 128, epochs = 22;
+  double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.1, drop_path = 0.0;
   double val_split = -1.0;             // < 0: as the CLI (0 for Fashion-MNIST = the test set, else 0.1)
-  bool augment = false;
+  bool augment = true;                 // random crop and flip, as the CLI's default
+  int crop_pad = 1;                    // zero padding of the random crop (0 = flips only)
   uint64_t seed = 0;
   int threads = 0;                     // 0 = one per core
   int img_size = 32;                   // folder images are resized to it, photo crops too (Fashion-MNIST: 28)
-  // Masked patch prediction (photos only), `vitlens train`'s flags and defaults. `augment` and
-  // `label-smoothing` are the classifier's; for photos the key augment=on|off sets flip_crops, as
+  // Masked patch prediction (photos only), `vitlens train`'s flags and defaults. `augment`,
+  // `label-smoothing` and `drop-path` are the classifier's; for photos the key augment=on|off sets flip_crops, as
   // the CLI's --augment / --no-augment do there.
   bool flip_crops = true;              // photos: flip the random crops half of the time
   double mask_ratio = 0.75;            // share of patches hidden from the encoder, in (0, 1)
@@ -51,7 +52,7 @@ struct TrainSettings {
 };
 
 // Sets one `key=value` (the script's and the window's names: limit, depth, embed-dim, heads, patch,
-// mlp-ratio, batch, epochs, lr, weight-decay, warmup, label-smoothing, val-split, augment, seed,
+// mlp-ratio, batch, epochs, lr, weight-decay, warmup, label-smoothing, drop-path, val-split, augment, crop-pad, seed,
 // threads, img-size, probe-every, eval-every, out, and for photos mask-ratio, decoder-dim,
 // decoder-depth, decoder-heads, crops-per-photo). Returns "" or one line saying what is wrong.
 std::string set_train_option(TrainSettings& settings, const std::string& key, const std::string& value);

@@ -684,6 +684,31 @@ void residual_forward(const T* a, const T* b, int64_t n, T* out, int threads) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// drop path: x = x + drop_path(branch(x)), timm's DropPath(p) with scale_by_keep
+
+template <class T>
+void drop_path_forward(const T* a, const T* branch, const T* scale, int B, int64_t M, T* out, int threads) {
+  const int64_t chunks = chunks_of(M, kElementChunk);
+  parallel_for(static_cast<int>(B * chunks), threads, [&](int task) {
+    const int64_t b = task / chunks, c = task % chunks;
+    const int64_t i0 = b * M + c * kElementChunk, i1 = b * M + std::min(M, (c + 1) * kElementChunk);
+    const T s = scale[b];
+    for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + s * branch[i];
+  });
+}
+
+template <class T>
+void drop_path_backward(const T* dout, const T* scale, int B, int64_t M, T* dbranch, int threads) {
+  const int64_t chunks = chunks_of(M, kElementChunk);
+  parallel_for(static_cast<int>(B * chunks), threads, [&](int task) {
+    const int64_t b = task / chunks, c = task % chunks;
+    const int64_t i0 = b * M + c * kElementChunk, i1 = b * M + std::min(M, (c + 1) * kElementChunk);
+    const T s = scale[b];
+    for (int64_t i = i0; i < i1; ++i) dbranch[i] = s * dout[i];  // written (train_ops_list.inc)
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
 // pool: timm forward_head: x[:, 0] with a class token, else x[:, num_prefix_tokens:].mean(1)
 
 template <class T>
@@ -771,6 +796,8 @@ void crossentropy_backward(const T* probs, const int32_t* labels, int B, int C, 
   template void gelu_forward<T>(const T*, int64_t, T*, int);                                                    \
   template void gelu_backward<T>(const T*, const T*, int64_t, T*, int);                                         \
   template void residual_forward<T>(const T*, const T*, int64_t, T*, int);                                      \
+  template void drop_path_forward<T>(const T*, const T*, const T*, int, int64_t, T*, int);                     \
+  template void drop_path_backward<T>(const T*, const T*, int, int64_t, T*, int);                               \
   template void pool_forward<T>(const T*, int, int, int, bool, T*);                                             \
   template void pool_backward<T>(const T*, int, int, int, bool, T*);                                            \
   template T crossentropy_forward<T>(const T*, const int32_t*, int, int, T, T*);                                \
@@ -847,6 +874,11 @@ VITLENS_DISPATCH(gelu_backward, (const T* dout, const T* inp, int64_t n, T* dinp
                  (dout, inp, n, dinp, threads))
 VITLENS_DISPATCH(residual_forward, (const T* a, const T* b, int64_t n, T* out, int threads),
                  (a, b, n, out, threads))
+VITLENS_DISPATCH(drop_path_forward,
+                 (const T* a, const T* branch, const T* scale, int B, int64_t M, T* out, int threads),
+                 (a, branch, scale, B, M, out, threads))
+VITLENS_DISPATCH(drop_path_backward, (const T* dout, const T* scale, int B, int64_t M, T* dbranch, int threads),
+                 (dout, scale, B, M, dbranch, threads))
 VITLENS_DISPATCH(pool_forward, (const T* x, int B, int N, int D, bool class_token, T* pooled),
                  (x, B, N, D, class_token, pooled))
 VITLENS_DISPATCH(pool_backward, (const T* dpooled, int B, int N, int D, bool class_token, T* dx),

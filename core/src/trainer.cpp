@@ -24,7 +24,7 @@ nlohmann::json Recipe::to_json() const {
           {"flip", flip},             {"beta1", beta1},
           {"beta2", beta2},           {"adam_eps", adam_eps},
           {"seed", seed},             {"threads", threads},
-          {"shards", shards},
+          {"shards", shards},         {"drop_path", drop_path},
           {"optimizer", "AdamW (torch.optim.AdamW semantics)"},
           {"schedule", "linear warmup, then cosine to min_lr"}};
 }
@@ -50,6 +50,7 @@ Recipe Recipe::from_json(const nlohmann::json& j) {
     r.threads = j.at("threads").get<int>();
     // Absent from checkpoints written before the batch was split: those trained on it whole.
     r.shards = j.contains("shards") ? j.at("shards").get<int>() : 1;
+    r.drop_path = j.contains("drop_path") ? j.at("drop_path").get<double>() : 0.0;  // older: none
   } catch (const nlohmann::json::exception& e) {
     throw Error(std::string("training recipe: ") + e.what());
   }
@@ -70,6 +71,7 @@ std::string Recipe::validate() const {
   else if (!(clip_norm >= 0.0) || clip_norm > 1e6) why << "clip_norm " << clip_norm << " is not in [0, 1e6]";
   else if (!(label_smoothing >= 0.0) || label_smoothing >= 1.0)
     why << "label_smoothing " << label_smoothing << " is not in [0, 1)";
+  else if (!(drop_path >= 0.0) || drop_path >= 1.0) why << "drop_path " << drop_path << " is not in [0, 1)";
   else if (crop_pad < 0 || crop_pad > 64) why << "crop padding " << crop_pad << " is not in [0, 64]";
   else if (!(beta1 >= 0.0) || beta1 >= 1.0 || !(beta2 >= 0.0) || beta2 >= 1.0) why << "Adam betas must be in [0, 1)";
   else if (!(adam_eps > 0.0) || adam_eps > 1.0) why << "Adam eps " << adam_eps << " is not in (0, 1]";
@@ -191,6 +193,14 @@ void Trainer::run_shards(int count, bool with_backward) {
       net.label_smoothing = net_.label_smoothing;
     }
     net.threads = side_by_side ? 1 : recipe_.threads;
+    // This part's images' columns of the (L, 2, B) drop-path scales, as (L, 2, n).
+    net.drop_scale.clear();
+    if (with_backward && !drop_scale_.empty()) {
+      const int start = shard_start(s, count), n = shard_size(s, count);
+      for (size_t row = 0; row < drop_scale_.size() / static_cast<size_t>(count); ++row)
+        net.drop_scale.insert(net.drop_scale.end(), drop_scale_.begin() + static_cast<std::ptrdiff_t>(row * count + start),
+                              drop_scale_.begin() + static_cast<std::ptrdiff_t>(row * count + start + n));
+    }
   }
   shard_loss_.assign(static_cast<size_t>(S), 0.0f);
   const size_t image_values = static_cast<size_t>(3) * config().img_h * config().img_w;
@@ -209,6 +219,7 @@ void Trainer::run_shards(int count, bool with_backward) {
   else
     for (int s = 0; s < S; ++s) part(s);
   net_.threads = recipe_.threads;  // net() used directly runs on every thread again
+  for (int s = 0; s < S; ++s) shard_net(s).drop_scale.clear();  // a later forward (a probe) drops nothing
 }
 
 float Trainer::forward_backward(int count) {
@@ -280,12 +291,27 @@ void Trainer::load_batch(const ImageSet& set, const int32_t* indices, int count,
   }
 }
 
+void Trainer::draw_drop_path(int count) {
+  drop_scale_.clear();
+  const int L = config().depth;
+  if (!(recipe_.drop_path > 0.0) || L < 2) return;  // linspace(0, rate, 1) = [0]: nothing dropped
+  drop_scale_.assign(static_cast<size_t>(2) * L * count, 1.0f);
+  for (int l = 1; l < L; ++l) {
+    const double p = recipe_.drop_path * l / (L - 1), keep = 1.0 - p;
+    const float kept = static_cast<float>(1.0 / keep);
+    for (int branch = 0; branch < 2; ++branch)
+      for (int b = 0; b < count; ++b)
+        drop_scale_[static_cast<size_t>((2 * l + branch) * count + b)] = rng_.uniform() < keep ? kept : 0.0f;
+  }
+}
+
 StepReport Trainer::step() {
   if (finished()) throw Error("training is finished: no step left");
   // A finished epoch whose successor was not started (the run ended there, then was extended).
   if (pos_.position >= steps_per_epoch()) start_epoch();
   const int B = recipe_.batch;
   load_batch(*train_, pos_.order.data() + pos_.position * B, B, recipe_.augment);
+  draw_drop_path(B);
 
   const float loss = forward_backward(B);
   if (!std::isfinite(loss))

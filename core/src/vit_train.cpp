@@ -129,14 +129,18 @@ void BlockStack<T>::forward(const T* w, const uint8_t* mask, int threads) {
     linear_forward(ln1_l, w + o.qkv_w, qkv_bias ? w + o.qkv_b : nullptr, R, D, 3 * D, qkv_l, threads);
     attention_forward(qkv_l, mask, B, N, D, H, scale, probs_l, ctx_l, threads);
     linear_forward(ctx_l, w + o.proj_w, w + o.proj_b, R, D, D, proj_l, threads);
-    residual_forward(x, proj_l, static_cast<int64_t>(RD), mid_l, threads);
+    const int64_t M = static_cast<int64_t>(N) * D;
+    if (drop_scale) drop_path_forward(x, proj_l, drop_scale + (2 * l) * B, B, M, mid_l, threads);
+    else residual_forward(x, proj_l, static_cast<int64_t>(RD), mid_l, threads);
     // x = x + self.mlp(self.norm2(x))
     layernorm_forward(mid_l, w + o.norm2_w, w + o.norm2_b, eps, R, D, ln2_l, ln2_mean.data() + l * R,
                       ln2_rstd.data() + l * R, threads);
     linear_forward(ln2_l, w + o.fc1_w, w + o.fc1_b, R, D, Hm, fc1_l, threads);
     gelu_forward(fc1_l, static_cast<int64_t>(R) * Hm, gelu_l, threads);
     linear_forward(gelu_l, w + o.fc2_w, w + o.fc2_b, R, Hm, D, mlp_l, threads);
-    residual_forward(mid_l, mlp_l, static_cast<int64_t>(RD), resid.data() + (l + 1) * RD, threads);
+    T* next = resid.data() + (l + 1) * RD;
+    if (drop_scale) drop_path_forward(mid_l, mlp_l, drop_scale + (2 * l + 1) * B, B, M, next, threads);
+    else residual_forward(mid_l, mlp_l, static_cast<int64_t>(RD), next, threads);
   }
 }
 
@@ -147,6 +151,14 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
   const size_t RD = static_cast<size_t>(R) * D;
   // Every scratch gradient below has one producer, which writes it (write_dinp = true, and the two
   // ops that always write): no buffer is cleared per block.
+  // With drop path each branch reads d_branch = scale * d_resid instead of d_resid itself.
+  const int64_t M = static_cast<int64_t>(N) * D;
+  if (drop_scale) d_branch.resize(RD);
+  auto branch_grad = [&](int branch) -> const T* {
+    if (!drop_scale) return d_resid.data();
+    drop_path_backward(d_resid.data(), drop_scale + branch * B, B, M, d_branch.data(), threads);
+    return d_branch.data();
+  };
   for (int l = L - 1; l >= 0; --l) {
     const BlockOffsets& o = offsets[static_cast<size_t>(l)];
     const T* x = resid.data() + l * RD;
@@ -162,8 +174,8 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
     // MLP branch's. The branch reads d_resid (fc2's backward) before norm2's backward adds its
     // share, so the sum builds up in d_resid itself (llm.c's residual_backward without a copy).
     // mlp branch: fc2(GELU(fc1(norm2(mid))))
-    linear_backward(d_resid.data(), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b, threads,
-                    true);
+    linear_backward(branch_grad(2 * l + 1), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b,
+                    threads, true);
     gelu_backward(d_gelu.data(), fc1_l, static_cast<int64_t>(R) * Hm, d_hidden.data(), threads);  // writes d_hidden
     linear_backward(d_hidden.data(), ln2_l, w + o.fc1_w, R, D, Hm, d_ln.data(), g + o.fc1_w, g + o.fc1_b, threads,
                     true);
@@ -171,8 +183,8 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
                        d_resid.data(), g + o.norm2_w, g + o.norm2_b, threads);
     // d_resid = d loss / d mid now, mid = x + proj(attn(norm1(x))): the same again, proj's backward
     // reads it before norm1's backward adds the attention branch's share of x's gradient.
-    linear_backward(d_resid.data(), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b, threads,
-                    true);
+    linear_backward(branch_grad(2 * l), ctx_l, w + o.proj_w, R, D, D, d_ctx.data(), g + o.proj_w, g + o.proj_b,
+                    threads, true);
     attention_backward(d_ctx.data(), qkv_l, probs_l, B, N, D, H, scale, d_qkv.data(), threads);  // writes d_qkv
     linear_backward(d_qkv.data(), ln1_l, w + o.qkv_w, R, D, 3 * D, d_ln.data(), g + o.qkv_w,
                     qkv_bias ? g + o.qkv_b : nullptr, threads, true);
@@ -268,6 +280,11 @@ T VitNet<T>::forward(const T* images, const int32_t* labels, const uint8_t* key_
   embed_forward(a.tokens.data(), c.class_token ? w + layout_.cls_token : nullptr, w + layout_.pos_embed, B, Np, D,
                 blocks_.input());
   // x = self.blocks(x)
+  if (!drop_scale.empty() && drop_scale.size() != static_cast<size_t>(2) * c.depth * B)
+    throw Error("forward: drop_scale holds " + std::to_string(drop_scale.size()) + " values, not 2 * depth * batch = " +
+                std::to_string(2 * c.depth * B));
+  drop_used_ = drop_scale;  // backward reads this forward's scales, whatever drop_scale holds by then
+  blocks_.drop_scale = drop_used_.empty() ? nullptr : drop_used_.data();
   blocks_.forward(w, mask, threads);
   // x = self.norm(x); forward_head: pool, then self.head
   layernorm_forward(blocks_.output(), w + layout_.norm_w, w + layout_.norm_b, eps, R, D, a.out.data(),

@@ -27,8 +27,12 @@ struct Recipe {
   double warmup_epochs = 0.5;   // linear warmup length, in epochs (fractions allowed)
   double clip_norm = 1.0;       // gradient-norm clipping; 0 = off
   double label_smoothing = 0.0;
-  // Random crop with zero padding `crop_pad`, horizontal flip. Off by default: on Fashion-MNIST at
-  // this size the model underfits in 10 epochs, and augmentation slowed it (README, default recipe).
+  // Stochastic depth (timm's drop_path_rate): block l's attention and MLP branches are each dropped
+  // for an image with probability drop_path * l / (depth - 1) (torch.linspace(0, rate, depth)),
+  // the kept ones scaled by 1 / (1 - p); training steps only. Absent from older checkpoints: 0.
+  double drop_path = 0.0;
+  // Random crop with zero padding `crop_pad`, horizontal flip. Off in this struct; `vitlens train`
+  // and the viewer's Train window default to it with crop_pad 1 (README, default recipe).
   bool augment = false;
   int crop_pad = 2;
   bool flip = true;
@@ -100,7 +104,7 @@ class Trainer {
   EvalReport evaluate(const ImageSet& set, const std::function<bool(float)>& progress = {});
 
   // Debug (`--grad-dump`): gradients of the first `batch` images in file order, no augmentation,
-  // no update. Leaves the gradients in net().grads.
+  // no drop path, no update. Leaves the gradients in net().grads.
   double gradients_of_first_batch();
 
   // Restores a saved state (parameters, Adam moments and step, position). Throws vitlens::Error
@@ -115,6 +119,7 @@ class Trainer {
   void initialise();
   void start_epoch();
   void load_batch(const ImageSet& set, const int32_t* indices, int count, bool augment);
+  void draw_drop_path(int count);  // drop_scale_ for the loaded batch, from the data Rng
 
   // The first `count` images of the loaded batch, split into Recipe::shards parts: part s is images
   // [shard_start(s), shard_start(s + 1)), run through shard_net(s) (forward, and backward when
@@ -140,6 +145,7 @@ class Trainer {
   std::vector<int32_t> batch_labels_;  // (B)
   std::vector<float> scratch_;         // (3, H, W)
   std::vector<float> shard_loss_;      // (parts) mean loss of each part of the last batch
+  std::vector<float> drop_scale_;      // (L, 2, B) this step's drop-path scales; empty when off
 };
 
 // timm's initialisation of every tensor in `layout` (Trainer's and MaeTrainer's), drawn from

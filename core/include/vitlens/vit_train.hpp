@@ -58,6 +58,9 @@ struct BlockStack {
   bool qkv_bias = true;
   T eps = T(1e-6);
   std::vector<BlockOffsets> offsets;  // (L) into the owner's parameter buffer
+  // Stochastic depth (timm's DropPath), or null: (L, 2, B) per-image scales of block l's attention
+  // (2l) and MLP (2l + 1) branch for the next forward and its backward (drop_path_forward).
+  const T* drop_scale = nullptr;
 
   int batch = 0, tokens = 0;   // B, N of the allocated buffers
   std::vector<T> resid;        // (L+1, B*N, D) residual stream entering each block, then the last
@@ -73,6 +76,7 @@ struct BlockStack {
   std::vector<T> mlp;          // (L, B*N, D) fc2 output
   // Backward scratch, one layer's shapes; d_resid (B*N, D) is the stack's gradient in and out.
   std::vector<T> d_resid, d_ln, d_qkv, d_ctx, d_hidden, d_gelu;
+  std::vector<T> d_branch;     // (B*N, D) a dropped-path branch's output gradient; empty without drop_scale
 
   void allocate(int B, int N);                 // no-op when (B, N) is unchanged
   T* input() { return resid.data(); }          // (B*N, D) rows of layer 0
@@ -106,6 +110,10 @@ class VitNet {
   int tokens() const { return config_.prefix_tokens() + config_.grid_h() * config_.grid_w(); }  // N
   int threads = 0;            // 0 = one per core
   T label_smoothing = 0;      // as nn.CrossEntropyLoss(label_smoothing=...)
+  // Stochastic depth for the next forward and its backward: (L, 2, B) scales, block
+  // l's attention branch at [2l B, 2l B + B), its MLP branch after it (BlockStack::drop_scale); each
+  // is 0 (dropped) or 1 / (1 - p) (kept). Empty = no drop path (evaluation).
+  std::vector<T> drop_scale;
 
   std::vector<T> params;  // (layout().total)
   std::vector<T> grads;   // (layout().total)
@@ -138,6 +146,7 @@ class VitNet {
   std::vector<T> images_;  // (B, 3, H, W) copy of the last input (for the input gradient)
   std::vector<int32_t> labels_;
   std::vector<uint8_t> key_allowed_;
+  std::vector<T> drop_used_;  // the last forward's drop_scale
   std::vector<T> d_images_;
 };
 
