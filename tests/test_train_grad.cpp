@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -91,6 +92,28 @@ void check_case(const std::string& name, bool portable) {
               name.c_str(), portable ? "portable" : "best", loss, ref_loss, net.layout().entries.size(), worst, worst_name.c_str());
 }
 
+// Central differences of the loss for every parameter (step 1e-6), against the gradients backward
+// left in net.grads: {largest |numeric - backward|, largest |backward|}.
+std::pair<double, double> finite_difference_gap(train::VitNet<double>& net, const std::vector<double>& images,
+                                                const std::vector<int32_t>& labels, const uint8_t* allowed,
+                                                int batch) {
+  const std::vector<double> analytic = net.grads;
+  const double h = 1e-6;
+  double worst = 0.0, scale = 0.0;
+  for (size_t i = 0; i < net.params.size(); ++i) {
+    const double saved = net.params[i];
+    net.params[i] = saved + h;
+    const double up = net.forward(images.data(), labels.data(), allowed, batch);
+    net.params[i] = saved - h;
+    const double down = net.forward(images.data(), labels.data(), allowed, batch);
+    net.params[i] = saved;
+    const double numeric = (up - down) / (2 * h);
+    worst = std::max(worst, std::abs(numeric - analytic[i]));
+    scale = std::max(scale, std::abs(analytic[i]));
+  }
+  return {worst, scale};
+}
+
 }  // namespace
 
 TEST_CASE("train: every gradient matches PyTorch autograd (class token, padding mask, label smoothing)",
@@ -158,20 +181,7 @@ TEST_CASE("train: backward agrees with central finite differences in double", "[
     net.zero_grad();
     net.forward(images.data(), labels.data(), allowed.data(), batch);
     net.backward();
-    const std::vector<double> analytic = net.grads;
-    const double h = 1e-6;
-    double worst = 0.0, scale = 0.0;
-    for (size_t i = 0; i < net.params.size(); ++i) {
-      const double saved = net.params[i];
-      net.params[i] = saved + h;
-      const double up = net.forward(images.data(), labels.data(), allowed.data(), batch);
-      net.params[i] = saved - h;
-      const double down = net.forward(images.data(), labels.data(), allowed.data(), batch);
-      net.params[i] = saved;
-      const double numeric = (up - down) / (2 * h);
-      worst = std::max(worst, std::abs(numeric - analytic[i]));
-      scale = std::max(scale, std::abs(analytic[i]));
-    }
+    const auto [worst, scale] = finite_difference_gap(net, images, labels, allowed.data(), batch);
     std::printf("finite differences (double, class_token %d): %zu parameters, largest |numeric - backward| %.2e "
                 "of max |grad| %.2e\n",
                 class_token ? 1 : 0, net.params.size(), worst, scale);
@@ -205,20 +215,7 @@ TEST_CASE("train: drop path's backward agrees with central finite differences in
   net.zero_grad();
   const double loss = net.forward(images.data(), labels.data(), nullptr, batch);
   net.backward();
-  const std::vector<double> analytic = net.grads;
-  const double h = 1e-6;
-  double worst = 0.0, scale = 0.0;
-  for (size_t i = 0; i < net.params.size(); ++i) {
-    const double saved = net.params[i];
-    net.params[i] = saved + h;
-    const double up = net.forward(images.data(), labels.data(), nullptr, batch);
-    net.params[i] = saved - h;
-    const double down = net.forward(images.data(), labels.data(), nullptr, batch);
-    net.params[i] = saved;
-    const double numeric = (up - down) / (2 * h);
-    worst = std::max(worst, std::abs(numeric - analytic[i]));
-    scale = std::max(scale, std::abs(analytic[i]));
-  }
+  const auto [worst, scale] = finite_difference_gap(net, images, labels, nullptr, batch);
   std::printf("finite differences with drop path (double): %zu parameters, largest |numeric - backward| %.2e of max "
               "|grad| %.2e\n", net.params.size(), worst, scale);
   CHECK(worst <= 1e-6 * scale);

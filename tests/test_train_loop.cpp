@@ -96,6 +96,19 @@ bool have_fashion_mnist() {
          ::stat((default_fashion_mnist_dir() + "/train-labels-idx1-ubyte").c_str(), &st) == 0;
 }
 
+// Two runs' gradients, entry by entry: the largest difference must be within 1e-5 of the
+// largest entry of `ref` (which must not be all zero).
+void check_same_gradient(const std::vector<float>& ref, const std::vector<float>& got) {
+  REQUIRE(ref.size() == got.size());
+  float largest = 0.0f, diff = 0.0f;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    largest = std::max(largest, std::fabs(ref[i]));
+    diff = std::max(diff, std::fabs(ref[i] - got[i]));
+  }
+  REQUIRE(largest > 0.0f);
+  CHECK(diff <= 1e-5f * largest);
+}
+
 }  // namespace
 
 TEST_CASE("train: a short Fashion-MNIST run lowers the loss and beats chance by far", "[train][loop]") {
@@ -214,16 +227,7 @@ TEST_CASE("train: a batch split into parts has the whole batch's loss, gradient 
     CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-5));
     CHECK(b.accuracy == a.accuracy);
     // The clipped gradient the update used, component by component, against its largest entry.
-    const std::vector<float>& ga = whole.net().grads;
-    const std::vector<float>& gb = split.net().grads;
-    REQUIRE(ga.size() == gb.size());
-    float largest = 0.0f, diff = 0.0f;
-    for (size_t i = 0; i < ga.size(); ++i) {
-      largest = std::max(largest, std::fabs(ga[i]));
-      diff = std::max(diff, std::fabs(ga[i] - gb[i]));
-    }
-    REQUIRE(largest > 0.0f);
-    CHECK(diff <= 1e-5f * largest);
+    check_same_gradient(whole.net().grads, split.net().grads);
   }
 }
 
@@ -318,15 +322,7 @@ TEST_CASE("train: drop path changes training steps only, resumes bit for bit, an
     const StepReport w = whole.step(), s = split.step();
     CHECK(s.loss == Approx(w.loss).epsilon(1e-6));
     CHECK(s.grad_norm == Approx(w.grad_norm).epsilon(1e-5));
-    const std::vector<float>& gw = whole.net().grads;
-    const std::vector<float>& gs = split.net().grads;
-    float largest = 0.0f, diff = 0.0f;
-    for (size_t i = 0; i < gw.size(); ++i) {
-      largest = std::max(largest, std::fabs(gw[i]));
-      diff = std::max(diff, std::fabs(gw[i] - gs[i]));
-    }
-    REQUIRE(largest > 0.0f);
-    CHECK(diff <= 1e-5f * largest);
+    check_same_gradient(whole.net().grads, split.net().grads);
   }
 }
 
