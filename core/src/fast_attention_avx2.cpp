@@ -14,9 +14,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "avx2_math.hpp"  // exp8, VITLENS_AVX2
 #include "vitlens/fast_attention.hpp"
-
-#define VITLENS_AVX2 __attribute__((target("avx2,fma")))
 
 namespace vitlens::detail {
 namespace {
@@ -25,27 +24,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kSumChunk = 64;  // keys per float partial sum of exps (8 terms per lane), then double
 
 // [SECTION] Vector helpers
-
-// fast_attention.hpp's fast_exp, 8 lanes: n = round(x log2 e), r = x - n ln 2, 2^n exp(r).
-VITLENS_AVX2 inline __m256 exp8(__m256 x) {
-  using namespace fast_exp;
-  // Below kExpMin (and for -inf, where r is NaN) the lanes are garbage until the final mask.
-  const __m256 in_range = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
-  const __m256 n =
-      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kC6), r, _mm256_set1_ps(kC5));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  // p is in [0.70, 1.42] and n >= -126: adding n to the exponent field is the exact product 2^n p.
-  const __m256i two_n = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-  p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), two_n));
-  return _mm256_and_ps(p, in_range);
-}
 
 VITLENS_AVX2 inline float max_of(__m256 v) {
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -165,6 +165,12 @@ void pack_b(const GemmOperand& b, int p0, int kc, int j0, int nc, int nr, bool a
       for (int p = 0; p < kc; ++p) {
         const float* src = b.data + (p0 + p) * b.row_stride + j0 + jp;
         float* out = dst + p * nr;
+        // Full panels in fixed 8-float pieces (NR is a multiple of 8): a memcpy of a run-time
+        // length is a library call per row, which took 5 % of a training step (rows of 16 floats).
+        if (cols == nr && nr % 8 == 0) {
+          for (int j = 0; j < nr; j += 8) std::memcpy(out + j, src + j, 8 * sizeof(float));
+          continue;
+        }
         std::memcpy(out, src, sizeof(float) * static_cast<size_t>(cols));
         for (int j = cols; j < nr; ++j) out[j] = 0.0f;
       }
@@ -207,10 +213,11 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
   const size_t nc_max = static_cast<size_t>((std::min(kNc, j1 - j0) + nr - 1) / nr * nr);
   if (buffers.a.size() < mc_max * kc_max) buffers.a.resize(mc_max * kc_max);
   if (!packed && buffers.b.size() < kc_max * nc_max) buffers.b.resize(kc_max * nc_max);
-  // A row-major (X of a Linear forward, dY of dX = dY W): full tiles read its rows in place, since
-  // packing them (a strided copy as large as A) took a fifth of the tile kernel's time at K = 48;
-  // only a last panel of fewer than MR rows is packed (zero rows, never read past A's end).
-  const bool a_in_place = a.col_stride == 1;
+  // Full tiles read A in place, since packing it (a strided copy as large as A) took a fifth of the
+  // tile kernel's time at K = 48: A row-major (X of a Linear forward, dY of dX = dY W) row by row,
+  // A = dY^T (dW = dY^T X) as MR adjacent floats of each row of dY; only a last panel of fewer than
+  // MR rows is packed (zero rows, never read past A's end).
+  const bool a_in_place = a.col_stride == 1 || a.row_stride == 1;
   const int k_blocks = std::max(1, (k + kKc - 1) / kKc);  // k = 0 still writes b (and GELU)
   for (int kb = 0; kb < k_blocks; ++kb) {
     const int p0 = kb * kKc, kc = std::min(kKc, k - p0);
@@ -229,9 +236,9 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
           const int cols = std::min(nr, nc - jr);
           for (int ir = 0; ir < mc; ir += mr) {
             const bool in_place = ir < full_rows;
-            const float* a_tile = in_place ? a.data + static_cast<int64_t>(ic + ir) * a.row_stride + p0
+            const float* a_tile = in_place ? a.data + static_cast<int64_t>(ic + ir) * a.row_stride + p0 * a.col_stride
                                            : buffers.a.data() + static_cast<int64_t>(ir - full_rows) * kc;
-            const int64_t a_rs = in_place ? a.row_stride : 1, a_ps = in_place ? 1 : mr;
+            const int64_t a_rs = in_place ? a.row_stride : 1, a_ps = in_place ? a.col_stride : mr;
             float* ct = c + (ic + ir) * ldc + jc + jr;
             const bool load_c = !first || accumulate;
             const int rows = std::min(mr, mc - ir);

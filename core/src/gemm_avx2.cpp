@@ -7,54 +7,13 @@
 
 #include <cmath>
 
-#include "gemm_simd.hpp"
-#include "vitlens/fast_attention.hpp"
+#include "avx2_math.hpp"  // exp8, gelu8, VITLENS_AVX2
 #include "vitlens/gemm.hpp"
-
-#define VITLENS_AVX2 __attribute__((target("avx2,fma")))
 
 namespace vitlens::detail {
 namespace {
 
 constexpr int kMr = 6, kNr = 16;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
-
-// fast_attention.hpp's fast_exp, 8 lanes; x <= 0 here. Below kExpMin the result is 0.
-VITLENS_AVX2 inline __m256 exp8(__m256 x) {
-  using namespace fast_exp;
-  const __m256 in_range = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
-  const __m256 n =
-      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
-  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kC6), r, _mm256_set1_ps(kC5));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
-  const __m256i two_n = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
-  p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), two_n));
-  return _mm256_and_ps(p, in_range);
-}
-
-// gemm_simd.hpp's GELU: with a = |x| / sqrt 2, erfc(a) = y = poly(t) exp(-a^2), t = 1 / (1 + p a);
-// GELU(x) = x - x y / 2 for x >= 0 and x y / 2 below (no cancellation on either side).
-VITLENS_AVX2 inline __m256 gelu8(__m256 x) {
-  using namespace gelu_erf;
-  const __m256 a = _mm256_and_ps(_mm256_mul_ps(x, _mm256_set1_ps(kInvSqrt2)), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
-  const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(_mm256_set1_ps(kP), a, _mm256_set1_ps(1.0f)));
-  __m256 poly = _mm256_fmadd_ps(_mm256_set1_ps(kA5), t, _mm256_set1_ps(kA4));
-  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA3));
-  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA2));
-  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA1));
-  poly = _mm256_mul_ps(poly, t);
-  const __m256 y = _mm256_mul_ps(poly, exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(a, a))));
-  // y = 0 (|x| beyond ~13, or infinite): the half product is exactly 0, even for x = +-inf.
-  const __m256 half = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), y),
-                                    _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_NEQ_UQ));
-  const __m256 positive = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
-  return _mm256_blendv_ps(half, _mm256_sub_ps(x, half), positive);
-}
 
 VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, float* c, int64_t ldc,
                        bool load_c, const float* bias, bool gelu) {

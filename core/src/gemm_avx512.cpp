@@ -41,7 +41,7 @@ VITLENS_AVX512 inline __m512 exp16(__m512 x) {
   return _mm512_maskz_mov_ps(in_range, p);
 }
 
-// gemm_avx2.cpp's gelu8 at 16 lanes.
+// avx2_math.hpp's gelu8 at 16 lanes.
 VITLENS_AVX512 inline __m512 gelu16(__m512 x) {
   using namespace gelu_erf;
   const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(

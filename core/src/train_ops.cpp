@@ -24,6 +24,8 @@
 #ifndef VITLENS_TRAIN_ISA
 #define VITLENS_TRAIN_ISA portable
 #define VITLENS_TRAIN_PORTABLE_BUILD 1
+#else
+#include "avx2_math.hpp"  // gelu8, gelu_slope8 (this build has -mavx2 -mfma)
 #endif
 
 namespace vitlens::train {
@@ -643,17 +645,49 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
 // ---------------------------------------------------------------------------------------------
 // gelu: nn.GELU(approximate='none')
 
-// Both work on Eigen-owned scratch copies of each chunk: Eigen starts its vector loop where the
-// data is aligned, so on the caller's buffers the scalar (std::erf) / vector (polynomial erf)
-// split, and with it the last bits, would depend on the buffer's address.
+// The float ops of the AVX2 build run avx2_math.hpp's vector GELU (the viewer's forward, within
+// 1e-6 of std::erf's formula) and its derivative, one exp for both terms. The other builds work on
+// Eigen-owned scratch copies of each chunk: Eigen starts its vector loop where the data is aligned,
+// so on the caller's buffers the scalar (std::erf) / vector (polynomial erf) split, and with it the
+// last bits, would depend on the buffer's address. Both tails go through a padded vector for the
+// same reason.
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+// out[i] = f(x[i]) or, with g, f(x[i]) * g[i], for count floats; the tail through padded vectors.
+template <class F>
+void map8(F f, const float* x, const float* g, int64_t count, float* out) {
+  const auto value = [&](const float* xs, const float* gs) {
+    const __m256 v = f(_mm256_loadu_ps(xs));
+    return g ? _mm256_mul_ps(v, _mm256_loadu_ps(gs)) : v;
+  };
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, value(x + i, g ? g + i : nullptr));
+  if (i < count) {
+    float px[8] = {}, pg[8] = {};
+    std::copy(x + i, x + count, px);
+    if (g) std::copy(g + i, g + count, pg);
+    _mm256_storeu_ps(px, value(px, pg));
+    std::copy(px, px + (count - i), out + i);
+  }
+}
+constexpr bool kVectorGelu = true;
+#else
+constexpr bool kVectorGelu = false;
+#endif
+
 template <class T>
 void gelu_forward(const T* inp, int64_t n, T* out, int threads) {
   const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
-    Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
-    x = T(0.5) * x * (T(1) + (x * inv_sqrt2).erf());
-    ArrayMap<T>(out + i0, len) = x;
+    if constexpr (kVectorGelu && std::is_same_v<T, float>) {
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+      map8([](__m256 x) { return detail::gelu8(x); }, inp + i0, nullptr, len, out + i0);
+#endif
+    } else {
+      Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
+      x = T(0.5) * x * (T(1) + (x * inv_sqrt2).erf());
+      ArrayMap<T>(out + i0, len) = x;
+    }
   });
 }
 
@@ -663,12 +697,19 @@ void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads)
   const T inv_sqrt_2pi = static_cast<T>(0.39894228040143267794);
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
-    const Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
-    // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-    Eigen::Array<T, Eigen::Dynamic, 1> slope =
-        T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
-    slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
-    for (int64_t i = 0; i < len; ++i) dinp[i0 + i] = slope[i];  // written (train_ops_list.inc)
+    if constexpr (kVectorGelu && std::is_same_v<T, float>) {
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+      // written (train_ops_list.inc)
+      map8([](__m256 x) { return detail::gelu_slope8(x); }, inp + i0, dout + i0, len, dinp + i0);
+#endif
+    } else {
+      const Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
+      // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+      Eigen::Array<T, Eigen::Dynamic, 1> slope =
+          T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
+      slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
+      for (int64_t i = 0; i < len; ++i) dinp[i0 + i] = slope[i];  // written (train_ops_list.inc)
+    }
   });
 }
 

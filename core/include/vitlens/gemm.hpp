@@ -88,8 +88,9 @@ namespace detail {
 struct GemmKernels {
   int mr, nr;  // register tile: MR rows x NR columns
   // c (MR, NR) with row stride ldc = [c +] A (MR, kc) b_panel (kc, NR) [+ bias (NR)] [GELU], where
-  // A's element (r, p) is a[r * a_rs + p * a_ps]: a packed panel (a_rs = 1, a_ps = MR) or MR whole
-  // rows of a row-major matrix read in place (a_rs = its row stride, a_ps = 1).
+  // A's element (r, p) is a[r * a_rs + p * a_ps]: a packed panel (a_rs = 1, a_ps = MR), MR whole
+  // rows of a row-major matrix read in place (a_rs = its row stride, a_ps = 1), or MR columns of
+  // a row-major matrix read in place as A's rows (a_rs = 1, a_ps = its row stride).
   // The k products are one FMA chain per element in p order, the same for either layout of A.
   void (*tile)(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b_panel, float* c, int64_t ldc,
                bool load_c, const float* bias, bool gelu);

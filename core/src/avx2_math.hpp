@@ -1,0 +1,87 @@
+#pragma once
+// 8-lane AVX2 + FMA math shared by the vector kernels: exp (fast_attention.hpp's fast_exp), exact
+// GELU (gemm_simd.hpp's erfc form) and GELU's derivative. Included by fast_attention_avx2.cpp and
+// gemm_avx2.cpp (baseline x86-64 files: the target attribute makes these AVX2 code) and by the
+// AVX2 build of train_ops.cpp. Internal linkage: each file keeps its own copy.
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "gemm_simd.hpp"
+#include "vitlens/fast_attention.hpp"
+
+#define VITLENS_AVX2 __attribute__((target("avx2,fma")))
+
+namespace vitlens::detail {
+namespace {
+
+// fast_exp at 8 lanes: n = round(x log2 e), r = x - n ln 2, 2^n exp(r); x <= 0 here.
+VITLENS_AVX2 inline __m256 exp8(__m256 x) {
+  using namespace fast_exp;
+  // Below kExpMin (and for -inf, where r is NaN) the lanes are garbage until the final mask.
+  const __m256 in_range = _mm256_cmp_ps(x, _mm256_set1_ps(kExpMin), _CMP_GE_OQ);
+  const __m256 n =
+      _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Hi), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(kLn2Lo), r);
+  __m256 p = _mm256_fmadd_ps(_mm256_set1_ps(kC6), r, _mm256_set1_ps(kC5));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC4));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC3));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(kC2));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+  // p is in [0.70, 1.42] and n >= -126: adding n to the exponent field is the exact product 2^n p.
+  const __m256i two_n = _mm256_slli_epi32(_mm256_cvtps_epi32(n), 23);
+  p = _mm256_castsi256_ps(_mm256_add_epi32(_mm256_castps_si256(p), two_n));
+  return _mm256_and_ps(p, in_range);
+}
+
+// With a = |x| / sqrt 2: erfc(a) ~ poly e, poly = poly(t), t = 1 / (1 + kP a), e = exp(-a^2) =
+// exp(-x^2 / 2). erfc(a) / 2 is Phi(x) for x < 0 and 1 - Phi(x) for x >= 0.
+struct ErfcParts {
+  __m256 poly, e;
+};
+
+VITLENS_AVX2 inline ErfcParts erfc_parts8(__m256 x) {
+  using namespace gelu_erf;
+  const __m256 a =
+      _mm256_and_ps(_mm256_mul_ps(x, _mm256_set1_ps(kInvSqrt2)), _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)));
+  const __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_fmadd_ps(_mm256_set1_ps(kP), a, _mm256_set1_ps(1.0f)));
+  __m256 poly = _mm256_fmadd_ps(_mm256_set1_ps(kA5), t, _mm256_set1_ps(kA4));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA3));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA2));
+  poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(kA1));
+  poly = _mm256_mul_ps(poly, t);
+  return {poly, exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(a, a)))};
+}
+
+// GELU(x) = x Phi(x): x - x y / 2 for x >= 0 and x y / 2 below, y = erfc(a) (no cancellation on
+// either side).
+VITLENS_AVX2 inline __m256 gelu8(__m256 x) {
+  const ErfcParts p = erfc_parts8(x);
+  const __m256 y = _mm256_mul_ps(p.poly, p.e);
+  // y = 0 (|x| beyond ~13, or infinite): the half product is exactly 0, even for x = +-inf.
+  const __m256 half = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), y),
+                                    _mm256_cmp_ps(y, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  const __m256 positive = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
+  return _mm256_blendv_ps(half, _mm256_sub_ps(x, half), positive);
+}
+
+// GELU'(x) = Phi(x) + x phi(x), phi(x) = e / sqrt(2 pi): one exp for both terms. Where e = 0
+// (|x| beyond ~13, or infinite) the second term is exactly 0 (x e would be inf * 0 at +-inf).
+VITLENS_AVX2 inline __m256 gelu_slope8(__m256 x) {
+  constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
+  const ErfcParts p = erfc_parts8(x);
+  const __m256 half_erfc = _mm256_mul_ps(_mm256_set1_ps(0.5f), _mm256_mul_ps(p.poly, p.e));
+  const __m256 positive = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
+  const __m256 cdf = _mm256_blendv_ps(half_erfc, _mm256_sub_ps(_mm256_set1_ps(1.0f), half_erfc), positive);
+  const __m256 density = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(x, _mm256_set1_ps(kInvSqrt2Pi)), p.e),
+                                       _mm256_cmp_ps(p.e, _mm256_setzero_ps(), _CMP_NEQ_UQ));
+  return _mm256_add_ps(cdf, density);
+}
+
+}  // namespace
+}  // namespace vitlens::detail
+
+#endif  // __x86_64__
