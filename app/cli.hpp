@@ -52,7 +52,7 @@ struct TrainArgs {
   std::string pool = "cls";  // the classifier's input: the class token, or the mean of the patch tokens
   int depth = 4, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
-  int batch = 128, epochs = 22;
+  int batch = 128, epochs = 24;
   double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.1, val_split = 0.1, drop_path = 0.0;
   uint64_t seed = 0;
   int threads = 0, img_size = 32, limit = 0, stop_after = 0, crop_pad = 1, shards = 2;

@@ -4,7 +4,7 @@
 #
 #   bench/train_builds.sh BUILD_A BUILD_B [--threads T] [--steps N] [--reps R]
 #
-# Each rep runs A then B with the default recipe's shape (depth 6, D 48, 4 heads, patch 4, MLP 2,
+# Each rep runs A then B with train_compare.sh's shape (depth 6, D 48, 4 heads, patch 4, MLP 2,
 # batch 128, seed 0) for N steps (default 30) and prints the median of the images/s windows that
 # log.jsonl records after step 10 (as train_compare.sh) and the load average after the run.
 set -euo pipefail

@@ -242,7 +242,7 @@ def parse_args():
     p.add_argument("--patch", type=int, default=4)
     p.add_argument("--mlp-ratio", type=float, default=2.0)
     p.add_argument("--batch", type=int, default=128)
-    p.add_argument("--epochs", type=int, default=22)
+    p.add_argument("--epochs", type=int, default=24)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup", type=float, default=0.5, help="linear warmup, in epochs")

@@ -476,7 +476,7 @@ TEST_CASE("train session: bad MAE settings and photo folders are one line each",
   // The defaults are the CLI's.
   const TrainSettings defaults;
   CHECK(defaults.depth == 4);  // the default recipe (README, "Training")
-  CHECK(defaults.epochs == 22);
+  CHECK(defaults.epochs == 24);
   CHECK(defaults.label_smoothing == 0.1);
   CHECK(defaults.augment);
   CHECK(defaults.crop_pad == 1);

@@ -57,7 +57,7 @@ int predict(const VitModel& model, const ImageSet& set, int index) {
 
 }  // namespace
 
-TEST_CASE("shipped Fashion-MNIST model: the inference engine reproduces its recorded test accuracy of 88.85 %",
+TEST_CASE("shipped Fashion-MNIST model: the inference engine reproduces its recorded test accuracy of 90.28 %",
           "[trained][assets]") {
   REQUIRE(have_fashion_mnist_test());
   const std::string path = assets_dir() + "/models/vitlens-fashion-mnist.safetensors";
@@ -81,6 +81,6 @@ TEST_CASE("shipped Fashion-MNIST model: the inference engine reproduces its reco
   // The trainer evaluates with its own batched float code; the two may disagree on an image whose
   // top two logits tie to rounding, so allow 3 images of 10,000.
   CHECK(std::abs(accuracy - recorded) <= 3e-4);
-  CHECK(std::abs(recorded - 0.8885) < 1e-9);
-  CHECK(accuracy >= 0.888);
+  CHECK(std::abs(recorded - 0.9028) < 1e-9);
+  CHECK(accuracy >= 0.902);
 }

@@ -1,7 +1,8 @@
 # Checks what tests/CMakeLists.txt's viewer_train_run wrote (cmake -P, CMake >= 3.19 for JSON):
 #   OUT/state.json    after `train wait 4`, `train save`, `train open`: at least 4 steps, the probe
 #                     refreshed, the main view showing the opened checkpoint (ready, 4x4 grid)
-#   OUT/trained.safetensors and its .state file, which `vitlens info` (VITLENS) opens
+#   OUT/trained.safetensors and its .state file, which `vitlens info` (VITLENS) opens, with the
+#                     script's drop-path=0.1 and crop-pad=2 in its recorded recipe
 #   OUT/train.png     the screenshot with the Train window
 foreach(var OUT VITLENS)
   if(NOT DEFINED ${var})
@@ -42,4 +43,12 @@ execute_process(COMMAND ${VITLENS} info --model ${OUT}/trained.safetensors RESUL
 if(NOT rc EQUAL 0 OR NOT info MATCHES "vitlens-trained")
   message(FATAL_ERROR "vitlens info on the saved checkpoint failed (${rc}): ${info}")
 endif()
+# The recipe in the checkpoint's __metadata__ (JSON text after the 8-byte header length; CMake's
+# string ends at the first NUL, in the tensor data after it): the script's drop-path and crop-pad.
+file(READ "${OUT}/trained.safetensors" header OFFSET 8 LIMIT 65536)
+foreach(pattern "drop_path[^:]*:0\\.1[,}]" "crop_pad[^:]*:2[,}]" "augment[^:]*:true[,}]")
+  if(NOT header MATCHES "${pattern}")
+    message(FATAL_ERROR "the saved checkpoint's recipe does not match '${pattern}': the script's settings did not reach the trainer")
+  endif()
+endforeach()
 message(STATUS "viewer train: step ${step}, probe at ${probe_step}, checkpoint opened, info ok")

@@ -31,7 +31,7 @@ struct TrainSettings {
   int limit = 0;                       // > 0: only the first N training (and test) images / photos
   int depth = 4, embed_dim = 48, heads = 4, patch = 4;
   double mlp_ratio = 2.0;
-  int batch = 128, epochs = 22;
+  int batch = 128, epochs = 24;
   double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.1, drop_path = 0.0;
   double val_split = -1.0;             // < 0: as the CLI (0 for Fashion-MNIST = the test set, else 0.1)
   bool augment = true;                 // random crop and flip, as the CLI's default
