@@ -10,7 +10,7 @@ vitlens reads, with the recipe of `vitlens train`:
   pos_embed, cls_token); linear warmup then cosine decay to 1e-5, per step; gradient norm clipped
   to 1.0; cross-entropy with optional label smoothing; optional stochastic depth (--drop-path,
   timm's DropPath per image, rates linspace(0, rate, depth)); with --augment, random crop with
-  --crop-pad (default 2) px zero padding + horizontal flip (torchvision's RandomCrop(28, padding=2) + RandomHorizontalFlip, done
+  --crop-pad (default 1) px zero padding + horizontal flip (torchvision's RandomCrop(28, padding=1) + RandomHorizontalFlip, done
   here on the batch tensor);
   gray replicated to RGB, normalised (x - 0.5) / 0.5 after augmentation; the last partial batch of
   an epoch dropped; timm's initialisation.

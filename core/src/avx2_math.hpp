@@ -1,5 +1,5 @@
 #pragma once
-// 8-lane AVX2 + FMA math shared by the vector kernels: exp (fast_attention.hpp's fast_exp), exact
+// 8-lane AVX2 + FMA math shared by the vector kernels: exp (fast_exp.hpp's constants), exact
 // GELU (gemm_simd.hpp's erfc form) and GELU's derivative. Included by fast_attention_avx2.cpp and
 // gemm_avx2.cpp (baseline x86-64 files: the target attribute makes these AVX2 code) and by the
 // AVX2 build of train_ops.cpp. Internal linkage: each file keeps its own copy.
@@ -9,7 +9,7 @@
 #include <cstdint>
 
 #include "gemm_simd.hpp"
-#include "vitlens/fast_attention.hpp"
+#include "vitlens/fast_exp.hpp"  // constants only: no Eigen types in the AVX2 build of train_ops.cpp
 
 #define VITLENS_AVX2 __attribute__((target("avx2,fma")))
 

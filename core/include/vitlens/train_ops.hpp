@@ -24,8 +24,9 @@ namespace vitlens::train {
 void parallel_for(int tasks, int threads, const std::function<void(int)>& task);
 
 // The instruction set the ops run with: "avx2" (AVX2 + FMA, when the CPU has them) or
-// "portable" (SSE2, any x86-64). The two differ in rounding (FMA), not in the math; on one machine
-// the numbers are always the same. force_portable_train_ops(true) selects the portable build
+// "portable" (SSE2, any x86-64). The two differ in rounding (FMA) and in the float GELU's erf
+// (avx2_math.hpp's polynomial in the first, Eigen's in the second; both within 1e-6 of std::erf's
+// formula), not in the math; on one machine the numbers are always the same. force_portable_train_ops(true) selects the portable build
 // (tests compare both; VITLENS_PORTABLE=1 in the environment does the same).
 const char* train_ops_isa();
 void force_portable_train_ops(bool portable);
