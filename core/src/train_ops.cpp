@@ -669,9 +669,6 @@ void map8(F f, const float* x, const float* g, int64_t count, float* out) {
     std::copy(px, px + (count - i), out + i);
   }
 }
-constexpr bool kVectorGelu = true;
-#else
-constexpr bool kVectorGelu = false;
 #endif
 
 template <class T>
@@ -679,15 +676,15 @@ void gelu_forward(const T* inp, int64_t n, T* out, int threads) {
   const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
-    if constexpr (kVectorGelu && std::is_same_v<T, float>) {
 #ifndef VITLENS_TRAIN_PORTABLE_BUILD
+    if constexpr (std::is_same_v<T, float>) {
       map8([](__m256 x) { return detail::gelu8(x); }, inp + i0, nullptr, len, out + i0);
-#endif
-    } else {
-      Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
-      x = T(0.5) * x * (T(1) + (x * inv_sqrt2).erf());
-      ArrayMap<T>(out + i0, len) = x;
+      return;
     }
+#endif
+    Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
+    x = T(0.5) * x * (T(1) + (x * inv_sqrt2).erf());
+    ArrayMap<T>(out + i0, len) = x;
   });
 }
 
@@ -697,19 +694,18 @@ void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads)
   const T inv_sqrt_2pi = static_cast<T>(0.39894228040143267794);
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
-    if constexpr (kVectorGelu && std::is_same_v<T, float>) {
 #ifndef VITLENS_TRAIN_PORTABLE_BUILD
-      // written (train_ops_list.inc)
+    if constexpr (std::is_same_v<T, float>) {  // written (train_ops_list.inc)
       map8([](__m256 x) { return detail::gelu_slope8(x); }, inp + i0, dout + i0, len, dinp + i0);
-#endif
-    } else {
-      const Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
-      // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-      Eigen::Array<T, Eigen::Dynamic, 1> slope =
-          T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
-      slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
-      for (int64_t i = 0; i < len; ++i) dinp[i0 + i] = slope[i];  // written (train_ops_list.inc)
+      return;
     }
+#endif
+    const Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
+    // d/dx [x Phi(x)] = Phi(x) + x phi(x)
+    Eigen::Array<T, Eigen::Dynamic, 1> slope =
+        T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
+    slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
+    for (int64_t i = 0; i < len; ++i) dinp[i0 + i] = slope[i];  // written (train_ops_list.inc)
   });
 }
 
