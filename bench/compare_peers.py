@@ -24,9 +24,12 @@ config in __metadata__), so vitlens, timm and ONNX Runtime compute the same func
 ViT-S/8's (D 384, 6 heads of 64, patch 8, 12 blocks; --size 480 gives its 3601 tokens).
 
 Usage: /work/venv/bin/python bench/compare_peers.py --bench build/bench/vitlens_bench
-           [--arch card|vit_s16|vit_b16|vit_s8] [--size S ...] [--threads T] [--runs R] [--budget SECONDS] [--json] [--skip PEER ...]
+           [--arch card|vit_s16|vit_b16|vit_s8] [--size S ...] [--threads T] [--runs R] [--budget SECONDS]
+           [--rounds R] [--json] [--skip PEER ...]
 Ratios are peer / vitlens (above 1: vitlens is faster): full-model peers against vitlens' forward,
-attention-only peers (sdpa, *_plain) against vitlens' attention alone.
+attention-only peers (sdpa, *_plain) against vitlens' attention alone. With --rounds R (default 1)
+vitlens and the peers run in turn R times: a shared VM's speed drifts by tens of percent within
+minutes, so each ratio is the median of the R rounds' ratios, shown with their range.
 """
 import argparse
 import datetime
@@ -210,6 +213,31 @@ def peer_in_child(python, peer, size, args, model_dir):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def summarise_rounds(rounds, order):
+    """The row of one size from --rounds rounds of (vitlens' bench JSON, {peer: result}): medians over
+    rounds, and each peer's ratio as the median of its per-round ratios, with their range."""
+    good = [(v, p) for v, p in rounds if "error" not in v]
+    if not good:
+        return {"vitlens_error": rounds[0][0]["error"], "peers": {}}
+    row = {"rounds": len(good),
+           "vitlens": {"forward_ms": statistics.median(v["forward_ms"]["median"] for v, _ in good),
+                       "attention_ms": statistics.median(v["attention_ms"]["median"] for v, _ in good),
+                       "peak_rss_mib": max(v["peak_rss_mib"] for v, _ in good)}}
+    peers = {}
+    for peer in order:
+        ok = [(v, p[peer]) for v, p in good if "ms" in p[peer]]
+        if not ok:
+            peers[peer] = good[0][1][peer]
+            continue
+        key = "attention_ms" if peer in ATTENTION_PEERS else "forward_ms"
+        ratios = [r["ms"] / v[key]["median"] for v, r in ok]
+        peers[peer] = {"ms": statistics.median(r["ms"] for _, r in ok), "ratio": statistics.median(ratios),
+                       "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": len(ok),
+                       "peak_rss_mib": max(r["peak_rss_mib"] for _, r in ok)}
+    row["peers"] = peers
+    return row
+
+
 def fits(size, factor):
     tokens = (size // PATCH) ** 2 + 1
     with open("/proc/meminfo") as f:
@@ -254,6 +282,8 @@ def main():
     parser.add_argument("--runs", type=int, default=9, help="most runs per median")
     parser.add_argument("--budget", type=float, default=20.0, help="seconds after which a median stops adding runs")
     parser.add_argument("--skip", action="append", default=[], help="a peer to leave out")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run vitlens and every peer this many times in turn; medians and ratios over rounds")
     parser.add_argument("--arch", choices=sorted(ARCHS), default="card",
                         help="card: the card's block (P 4, D 48, 4 heads, 1 block); vit_s16, vit_b16, vit_s8: those timm shapes")
     parser.add_argument("--json", action="store_true")
@@ -266,6 +296,8 @@ def main():
         return
     if not os.access(args.bench, os.X_OK):
         sys.exit(f"compare_peers.py: no vitlens_bench at {args.bench} (build it, or pass --bench)")
+    if args.rounds < 1:
+        sys.exit(f"compare_peers.py: --rounds must be at least 1, not {args.rounds}")
     sizes = args.size or [64, 128, 224, 448, 1024]
     report = {"environment": environment(args.threads),
               "model": f"{args.arch}: P={PATCH} D={DIM} H={HEADS} d={HEAD_DIM}, {DEPTH} block(s), MLP 4D",
@@ -277,42 +309,40 @@ def main():
             model = make_timm(size)
             model_path = os.path.join(tmp, "model.safetensors")
             write_vitlens_model(model, size, model_path)
-            out = subprocess.run([args.bench, "--json", "--model", model_path, "--size", str(size), "--threads",
-                                  str(args.threads), "--runs", str(args.runs), "--budget", str(args.budget),
-                                  "--no-export", "--no-limits", "--reference-max-tokens", "0"],
-                                 capture_output=True, text=True)
-            vit = json.loads(out.stdout)["sizes"][0] if out.stdout.strip() else {"error": out.stderr.strip()}
-            if "error" in vit:
-                row["vitlens_error"] = vit["error"]
-            else:
-                row["vitlens"] = {"forward_ms": vit["forward_ms"]["median"],
-                                  "attention_ms": vit["attention_ms"]["median"], "peak_rss_mib": vit["peak_rss_mib"]}
+            failed = {}  # peers that cannot run at this size: an export error or no memory for the maps
             for name, maps in (("onnx", False), ("onnx_maps", True)):
                 if name in args.skip or (maps and not fits(size, 3)):
                     continue
                 try:
                     export_onnx(model, size, os.path.join(tmp, f"{name}.onnx"), maps)
                 except Exception as e:  # noqa: BLE001 (reported in the table)
-                    row[name] = {"error": f"export failed: {e}".splitlines()[0]}
-            peers = {}
+                    failed[name] = {"error": f"export failed: {e}".splitlines()[0]}
+            exported = {n for n in ("onnx", "onnx_maps") if os.path.exists(os.path.join(tmp, f"{n}.onnx"))}
+            order = []
             for peer in TORCH2_PEERS + TORCH113_PEERS:
-                if peer in args.skip or peer in row:
+                if peer in args.skip or peer in failed or (peer.startswith("onnx") and peer not in exported):
                     continue
                 with_maps = peer.endswith("weights") or peer.endswith("maps") or peer.endswith("plain")
                 if not fits(size, 3 if with_maps else 1):
-                    peers[peer] = {"skipped": "(H, N, N) tensors do not fit in memory"}
+                    failed[peer] = {"skipped": "(H, N, N) tensors do not fit in memory"}
                     continue
-                python = SYSTEM_PYTHON if peer.startswith("torch113") else sys.executable
-                peers[peer] = peer_in_child(python, peer, size, args, tmp)
-            for name in ("onnx", "onnx_maps"):
-                if name in row:
-                    peers[name] = row.pop(name)
-            row["peers"] = peers
-        if "vitlens" in row:
-            for peer, r in row["peers"].items():
-                if "ms" in r:
-                    base = row["vitlens"]["attention_ms" if peer in ATTENTION_PEERS else "forward_ms"]
-                    r["ratio"] = r["ms"] / base
+                order.append(peer)
+            # --rounds R: vitlens and every peer, one after the other, R times, so that each round's
+            # ratios compare runs minutes apart at most; the medians and ratios below are over rounds.
+            rounds = []
+            for _ in range(args.rounds):
+                out = subprocess.run([args.bench, "--json", "--model", model_path, "--size", str(size), "--threads",
+                                      str(args.threads), "--runs", str(args.runs), "--budget", str(args.budget),
+                                      "--no-export", "--no-limits", "--reference-max-tokens", "0"],
+                                     capture_output=True, text=True)
+                vit = json.loads(out.stdout)["sizes"][0] if out.stdout.strip() else {"error": out.stderr.strip()}
+                peers = {}
+                for peer in order:
+                    python = SYSTEM_PYTHON if peer.startswith("torch113") else sys.executable
+                    peers[peer] = peer_in_child(python, peer, size, args, tmp)
+                rounds.append((vit, peers))
+            row.update(summarise_rounds(rounds, order))
+            row["peers"].update(failed)
         report["sizes"].append(row)
         print(f"compare_peers.py: {size} px done", file=sys.stderr)
     with open("/proc/loadavg") as f:
@@ -341,6 +371,8 @@ def main():
         for peer, r in row["peers"].items():
             if "ms" in r:
                 ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
+                if r.get("rounds", 1) > 1:
+                    ratio += f" ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
                 print(f"| {row['image']} | {row['tokens']} | {peer} | {r['ms']:.4g} | {ratio} | {r['peak_rss_mib']:.0f} |")
             else:
                 print(f"| {row['image']} | {row['tokens']} | {peer} | {r.get('error', r.get('skipped'))} | | |")

@@ -1,6 +1,8 @@
 // What a model file or the engine must refuse rather than show wrong attention.
 #include <catch2/catch.hpp>
 
+#include <limits>
+
 #include <opencv2/imgcodecs.hpp>
 
 #include "test_support.hpp"
@@ -51,6 +53,14 @@ TEST_CASE("normalisation out of range and non-finite activations are errors, not
   g.patches(1, 3) = -2.0f;
   g.patch_is_padding.assign(4, 0);
   CHECK_THROWS_WITH(forward(m, g, ForwardOptions{}), Catch::Contains("non-finite"));
+  // One NaN pixel value, in the first patch or the last (whose q, k, v end the (N, 3D) block):
+  // NaN, not an infinity, in one token's row.
+  const VitModel fine = test::random_model(c, 5);
+  for (int patch : {0, 3}) {
+    PatchGrid nan_grid = g;
+    nan_grid.patches(patch, 47) = std::numeric_limits<float>::quiet_NaN();
+    CHECK_THROWS_WITH(forward(fine, nan_grid, ForwardOptions{}), Catch::Contains("non-finite"));
+  }
 
   // Finite queries and keys, but a score scale so large that the scores overflow.
   const VitModel ok = test::random_model(test::small_config(), 5);

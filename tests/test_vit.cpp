@@ -2,9 +2,13 @@
 // rows and received maps against the full probability matrices.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <thread>
 
 #include "test_support.hpp"
+#include "vitlens/fast_attention.hpp"
+#include "vitlens/gemm.hpp"
 #include "vitlens/image.hpp"
 #include "vitlens/maps.hpp"
 #include "vitlens/vit.hpp"
@@ -194,4 +198,90 @@ TEST_CASE("config validation names the inconsistent key", "[vit][config]") {
   c = test::small_config();
   c.std[1] = 0.0f;
   CHECK_THAT(c.validate(), Catch::Contains("std[1]"));
+}
+
+namespace {
+
+// Every float forward() returns that the viewer reads: tokens, every layer's q/k/v, received maps,
+// class-token rows and key panels.
+std::vector<float> forward_floats(const ForwardResult& r) {
+  std::vector<float> all(r.output.data(), r.output.data() + r.output.size());
+  for (const LayerState& s : r.layers)
+    for (const MatRM* m : {&s.qkv, &s.received, &s.cls_row, &s.key_panels}) all.insert(all.end(), m->data(), m->data() + m->size());
+  return all;
+}
+
+struct ForwardIsaGuard {
+  KernelIsa saved = kernel_isa();
+  ~ForwardIsaGuard() { set_kernel_isa(saved); }
+};
+
+}  // namespace
+
+TEST_CASE("forward: the model's packed Linear weights are made once, reused, and made again for other kernels",
+          "[vit][packed]") {
+  ForwardIsaGuard guard;
+  VitConfig c = test::small_config(20, true, 2);  // 26 tokens: edge tiles in every product
+  const TensorMap tensors = test::random_tensors(c, 5);
+  VitModel m = model_from_tensors(c, tensors, "packed");
+  const PatchGrid g = random_grid(c, 5, 5, 9);
+  ForwardOptions opt;
+  opt.threads = 1;
+  REQUIRE(m.packed_cache);
+  CHECK_FALSE(m.packed_cache->packed);  // nothing packed before the first forward
+
+  const std::vector<float> first = forward_floats(forward(m, g, opt));
+  REQUIRE(m.packed_cache->packed);
+  const PackedModelWeights* made = m.packed_cache->packed.get();
+  CHECK(made->kernels == &detail::active_gemm_kernels());
+  REQUIRE(made->blocks.size() == 2);
+  CHECK(made->blocks[1][2].w == m.w.blocks[1].fc1_w);
+
+  // Reused: the same object, the same bits, on 1 and 2 threads.
+  for (int threads : {1, 2}) {
+    opt.threads = threads;
+    CHECK(forward_floats(forward(m, g, opt)) == first);
+    CHECK(m.packed_cache->packed.get() == made);
+  }
+  opt.threads = 1;
+
+  // Moved with the model; a model without a cache packs per call and gives the same bits.
+  VitModel moved = std::move(m);
+  REQUIRE(moved.packed_cache);
+  CHECK(moved.packed_cache->packed.get() == made);
+  CHECK(forward_floats(forward(moved, g, opt)) == first);
+  moved.packed_cache.reset();
+  CHECK(forward_floats(forward(moved, g, opt)) == first);
+
+  // Another instruction set: packed again for its tiles, and the same numbers a model loaded under
+  // that instruction set gives (within 1e-5 of the first kernels').
+  for (KernelIsa isa : {KernelIsa::Portable, KernelIsa::Avx2, KernelIsa::Avx512}) {
+    if (!kernel_isa_supported(isa)) continue;
+    INFO(kernel_isa_name(isa));
+    set_kernel_isa(isa);
+    VitModel cached = model_from_tensors(c, tensors, "cached");
+    (void)forward(cached, g, opt);  // packed for `isa`, then for the default kernels, then for `isa` again
+    set_kernel_isa(guard.saved);
+    (void)forward(cached, g, opt);
+    set_kernel_isa(isa);
+    const std::vector<float> again = forward_floats(forward(cached, g, opt));
+    CHECK(cached.packed_cache->packed->kernels == &detail::active_gemm_kernels());
+    const VitModel fresh = model_from_tensors(c, tensors, "fresh");
+    CHECK(forward_floats(forward(fresh, g, opt)) == again);
+    REQUIRE(again.size() == first.size());
+    double worst = 0.0;
+    for (size_t i = 0; i < again.size(); ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(again[i]) - first[i]) / (1.0 + std::abs(first[i])));
+    CHECK(worst < 1e-5);
+  }
+  set_kernel_isa(guard.saved);
+
+  // Two threads running the first forward of a model at once: both the same bits.
+  const VitModel shared = model_from_tensors(c, tensors, "shared");
+  std::vector<float> a, b;
+  std::thread other([&] { a = forward_floats(forward(shared, g, opt)); });
+  b = forward_floats(forward(shared, g, opt));
+  other.join();
+  CHECK(a == first);
+  CHECK(b == first);
 }

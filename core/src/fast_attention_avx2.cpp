@@ -185,10 +185,77 @@ VITLENS_AVX2 void weighted_values_of(const float* e_row, float weight, float* bl
   else weighted_values<C, false>(e_row, weight, nullptr, values, panel_stride, j0, j1, sums);
 }
 
-// 16 registers hold one row's 12 accumulators, so two rows go one after the other.
+// sums[0..1] += the lane sums of a, b: each the same additions as add_sums_of_4's.
+VITLENS_AVX2 inline void add_sums_of_2(__m256 a, __m256 b, double* sums) {
+  const __m256 h = _mm256_hadd_ps(a, b);
+  const __m256 ab = _mm256_hadd_ps(h, h);  // lanes 0, 1 (and 4, 5): the halves of each sum
+  const __m128 two = _mm_add_ps(_mm256_castps256_ps128(ab), _mm256_extractf128_ps(ab, 1));
+  _mm_storeu_pd(sums, _mm_add_pd(_mm_loadu_pd(sums), _mm_cvtps_pd(two)));
+}
+
+// Two rows and C channels (C even, at most 6) over keys [j0, j1): each value vector loaded serves
+// both rows (12 accumulators, 2 e vectors and 1 value vector of 16 registers), where
+// weighted_values loads C values for each row's C FMAs. Each accumulator is the chain
+// weighted_values runs for its row and channel, so the sums are the same bits.
+template <int C>
+VITLENS_AVX2 void weighted_values_2rows(const float* e0, const float* e1, const float* values, int panel_stride,
+                                        int j0, int j1, double* sums0, double* sums1) {
+  static_assert(C % 2 == 0 && C <= 6, "two rows of at most 6 channels fill the 16 registers");
+  __m256 a[C], b[C];
+#pragma GCC unroll 6
+  for (int c = 0; c < C; ++c) a[c] = _mm256_setzero_ps(), b[c] = _mm256_setzero_ps();
+  // j0 and j1 are multiples of 16 (key chunks of whole panels): one panel per iteration, its two
+  // halves of 8 keys in turn, as the 8-key steps of weighted_values, with the panel's address
+  // stepped instead of computed from j (the division and remainder cost as much as the FMAs).
+  const float* panel = values + static_cast<int64_t>(j0 / 16) * panel_stride;
+  for (int j = j0; j < j1; j += 16, panel += panel_stride)
+    for (int half = 0; half < 16; half += 8) {
+      const float* v = panel + half;  // channel c of these 8 keys at v + 16 c
+      const __m256 x0 = _mm256_loadu_ps(e0 + j + half), x1 = _mm256_loadu_ps(e1 + j + half);
+#pragma GCC unroll 6
+      for (int c = 0; c < C; ++c) {
+        const __m256 vc = _mm256_loadu_ps(v + 16 * c);
+        a[c] = _mm256_fmadd_ps(x0, vc, a[c]);
+        b[c] = _mm256_fmadd_ps(x1, vc, b[c]);
+      }
+    }
+  if constexpr (C >= 4) {
+    add_sums_of_4(a[0], a[1], a[2], a[3], sums0);
+    add_sums_of_4(b[0], b[1], b[2], b[3], sums1);
+  }
+  if constexpr (C % 4 == 2) {
+    add_sums_of_2(a[C - 2], a[C - 1], sums0 + C - 2);
+    add_sums_of_2(b[C - 2], b[C - 1], sums1 + C - 2);
+  }
+}
+
+// block_sums[j] += e0_j w0, then += e1_j w1 over [j0, j1): the same FMAs, in the same order per
+// key, as weighted_values<C, true> for row 0 and then row 1.
+VITLENS_AVX2 void column_sums_2rows(const float* e0, const float* e1, float w0, float w1, float* block_sums, int j0,
+                                    int j1) {
+  const __m256 v0 = _mm256_set1_ps(w0), v1 = _mm256_set1_ps(w1);
+  for (int j = j0; j < j1; j += 8) {
+    const __m256 once = _mm256_fmadd_ps(_mm256_loadu_ps(e0 + j), v0, _mm256_loadu_ps(block_sums + j));
+    _mm256_storeu_ps(block_sums + j, _mm256_fmadd_ps(_mm256_loadu_ps(e1 + j), v1, once));
+  }
+}
+
+// A pair of rows shares each value vector (weighted_values_2rows, 6 channels at a time); a row
+// alone runs weighted_values, whose 12 accumulators fill the registers by themselves.
 VITLENS_AVX2 void weighted_values_avx2(int rows, const float* const e_rows[2], const float weights[2],
                                        float* block_sums, const float* values, int panel_stride, int channels, int j0,
                                        int j1, double* const sums[2]) {
+  if (rows == 2) {
+    if (block_sums) column_sums_2rows(e_rows[0], e_rows[1], weights[0], weights[1], block_sums, j0, j1);
+    int c = 0;
+    for (; c + 6 <= channels; c += 6)
+      weighted_values_2rows<6>(e_rows[0], e_rows[1], values + 16 * c, panel_stride, j0, j1, sums[0] + c, sums[1] + c);
+    if (channels - c == 4)
+      weighted_values_2rows<4>(e_rows[0], e_rows[1], values + 16 * c, panel_stride, j0, j1, sums[0] + c, sums[1] + c);
+    else if (channels - c == 2)
+      weighted_values_2rows<2>(e_rows[0], e_rows[1], values + 16 * c, panel_stride, j0, j1, sums[0] + c, sums[1] + c);
+    return;
+  }
   for (int r = 0; r < rows; ++r) {
     const float* e = e_rows[r];
     if (channels == 12) weighted_values_of<12>(e, weights[r], block_sums, values, panel_stride, j0, j1, sums[r]);

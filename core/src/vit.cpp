@@ -150,17 +150,57 @@ void layer_norm(const MatRM& x, const float* weight, const float* bias, float ep
 // over the cores, all of them when there is a single chunk (a 197-token ViT-S/16 would otherwise
 // run on one core). The SGEMM's numbers do not depend on its thread count (gemm.hpp), and the
 // packed product gives linear_forward's bits.
-void linear(const MatRM& x, const PackedLinear& w, const float* b, MatRM& y, int r0, int r1, int threads = 1) {
+void linear(const MatRM& x, const PackedLinear& w, const float* b, MatRM& y, int r0, int r1, int threads = 1,
+            LinearEpilogue epilogue = LinearEpilogue::Store) {
   if (r1 <= r0) return;
-  linear_forward_packed(x.row(r0).data(), x.cols(), r1 - r0, w, b, y.row(r0).data(), y.cols(),
-                        LinearEpilogue::Store, threads);
+  linear_forward_packed(x.row(r0).data(), x.cols(), r1 - r0, w, b, y.row(r0).data(), y.cols(), epilogue, threads);
 }
 
-// y = x W^T + b over all rows in one product (which packs W once itself).
-void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y) {
+// y = x W^T + b over all rows in one product (which packs W once itself), on `threads`.
+void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y, int threads) {
   y.resize(x.rows(), out_features);
   linear_forward(x.data(), x.cols(), static_cast<int>(x.rows()), static_cast<int>(x.cols()), w, out_features, b,
-                 y.data(), y.cols(), LinearEpilogue::Store, 1);
+                 y.data(), y.cols(), LinearEpilogue::Store, threads);
+}
+
+// Whether `packed` holds this model's weights for these kernels (the same source pointers).
+bool packed_for(const PackedModelWeights& packed, const VitModel& model, const detail::GemmKernels* kernels) {
+  if (packed.kernels != kernels || packed.blocks.size() != model.w.blocks.size()) return false;
+  for (size_t l = 0; l < packed.blocks.size(); ++l) {
+    const BlockWeights& b = model.w.blocks[l];
+    const std::array<PackedLinear, 4>& p = packed.blocks[l];
+    if (p[0].w != b.qkv_w || p[1].w != b.proj_w || p[2].w != b.fc1_w || p[3].w != b.fc2_w) return false;
+  }
+  return true;
+}
+
+// The model's Linear weights packed for the active kernels: the cached copy when it was packed
+// for them, else packed now (and kept, unless the model has no cache: moved from).
+std::shared_ptr<const PackedModelWeights> packed_weights(const VitModel& model, int threads) {
+  const detail::GemmKernels* kernels = &detail::active_gemm_kernels();
+  if (model.packed_cache) {
+    std::lock_guard<std::mutex> lock(model.packed_cache->mutex);
+    const std::shared_ptr<const PackedModelWeights>& cached = model.packed_cache->packed;
+    if (cached && packed_for(*cached, model, kernels)) return cached;
+  }
+  const VitConfig& cfg = model.config;
+  const int dim = cfg.embed_dim, hidden = cfg.mlp_hidden();
+  auto packed = std::make_shared<PackedModelWeights>();
+  packed->kernels = kernels;
+  packed->blocks.resize(static_cast<size_t>(cfg.depth));
+  for (int l = 0; l < cfg.depth; ++l) {
+    const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
+    std::array<PackedLinear, 4>& p = packed->blocks[static_cast<size_t>(l)];
+    pack_linear(b.qkv_w, 3 * dim, dim, p[0], threads);
+    pack_linear(b.proj_w, dim, dim, p[1], threads);
+    pack_linear(b.fc1_w, hidden, dim, p[2], threads);
+    pack_linear(b.fc2_w, dim, hidden, p[3], threads);
+  }
+  if (model.packed_cache) {  // two forwards may both have packed: either copy is the same floats
+    std::lock_guard<std::mutex> lock(model.packed_cache->mutex);
+    model.packed_cache->packed = packed;
+  }
+  return packed;
 }
 
 // The MLP activation on rows [r0, r1), in place.
@@ -179,6 +219,22 @@ void activation_rows(Activation act, MatRM& h, int r0, int r1) {
       rows = rows.unaryExpr([](float t) { return t / (1.0f + std::exp(-1.702f * t)); });
       break;
   }
+}
+
+// Whether every value of m is finite. x - x is 0 for a finite x and NaN for an infinity or a NaN,
+// summed in eight independent lanes, which the compiler turns into vector instructions; Eigen's
+// allFinite() compared one float at a time (3 % of a ViT-S/16 forward at 224 px).
+bool all_finite(const MatRM& m) {
+  const float* x = m.data();
+  const int64_t count = static_cast<int64_t>(m.size());
+  float lanes[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += x[i + l] - x[i + l];
+  for (; i < count; ++i) lanes[0] += x[i] - x[i];
+  float all = 0.0f;
+  for (float lane : lanes) all += lane;
+  return all == 0.0f;
 }
 
 // x[r0:r1] += branch[r0:r1], times the LayerScale gamma (D) per column when there is one.
@@ -257,7 +313,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   MatRM x(n, dim);
   {
     MatRM tokens;
-    linear(grid.patches, model.w.patch_w, model.w.patch_b, dim, tokens);
+    linear(grid.patches, model.w.patch_w, model.w.patch_b, dim, tokens, options.threads);
     x.bottomRows(patches) = tokens;
     // timm _pos_embed: x = cat(cls_token, [dist_token], reg_token, x), then x + pos_embed over all
     // tokens, or with no_embed_class the pos_embed added to the patches only (before the cat).
@@ -276,29 +332,30 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
 
   MatRM normed, attn_out(n, dim), projected, hidden, mlp_out;
   const int inner = threads_within_chunk(n, options.threads);
-  // Each block's Linear weights packed into the SGEMM's panels once, before its row-chunk loops,
-  // instead of once per chunk inside every product (13 times per layer at 3137 tokens). Packed per
-  // forward, not cached per model: the memory is one block's weights (12 D^2 floats, 28 MB for
-  // ViT-B/16) instead of a second copy of the whole model (+344 MB for ViT-B/16), and a cache
-  // would go stale when training changes a loaded model's weights. Measured (2-core VM, medians of
-  // 3 alternating rounds, README "Speed"): a per-model cache was 1.14x to 1.22x faster at 197 tokens
-  // and 3.7x at 17 (ViT-S/8, 32 px), where packing costs as much as the products: the next step
-  // if the memory is affordable, with invalidation when weights change.
-  PackedLinear packed_qkv, packed_proj, packed_fc1, packed_fc2;
+  // Every block's Linear weights in the SGEMM's panels, packed by the model's first forward and
+  // kept with it (vit.hpp VitModel::packed_cache), not packed again by every product of every
+  // row chunk (13 times per layer at 3137 tokens).
+  const std::shared_ptr<const PackedModelWeights> packed = packed_weights(model, options.threads);
+  // The MLP's exact GELU runs in fc1's epilogue (gemm.hpp: the same gelu kernel on the same sums,
+  // so the same bits as gelu_inplace after the product), on the product's threads.
+  const bool gelu_in_fc1 = cfg.act == Activation::Gelu;
   result.layers.resize(static_cast<size_t>(cfg.depth));
   for (int l = 0; l < cfg.depth; ++l) {
     const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
+    const PackedLinear &packed_qkv = packed->blocks[static_cast<size_t>(l)][0],
+                       &packed_proj = packed->blocks[static_cast<size_t>(l)][1],
+                       &packed_fc1 = packed->blocks[static_cast<size_t>(l)][2],
+                       &packed_fc2 = packed->blocks[static_cast<size_t>(l)][3];
     LayerState& state = result.layers[static_cast<size_t>(l)];
     // qkv = self.qkv(self.norm1(x)).reshape(B, N, 3, H, d): columns [Q | K | V], head-major
     normed.resize(n, dim);
     state.qkv.resize(n, 3 * dim);
-    pack_linear(b.qkv_w, 3 * dim, dim, packed_qkv, options.threads);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed, r0, r1);
       linear(normed, packed_qkv, b.qkv_b, state.qkv, r0, r1, inner);
     });
     // NaN scores would look like fully masked rows (zero attention) downstream: stop here instead.
-    if (!state.qkv.allFinite())
+    if (!all_finite(state.qkv))
       throw Error("model '" + cfg.name + "' produces non-finite queries/keys/values (NaN or infinity) in layer " +
                   std::to_string(l) + " on this image: its weights or normalisation are out of range");
     state.key_panels = key_panels(state.qkv.data() + dim, 3 * dim, n, heads, hd);
@@ -332,7 +389,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
       layer_progress = [&](float f) { return options.progress((static_cast<float>(l) + f) / cfg.depth); };
     if (!multi_head_attention(in, out, options.threads, layer_progress)) throw Error("cancelled");
     // Scores can still overflow (finite q and k, a huge score scale): an error, not NaN maps.
-    if (!attn_out.allFinite() || !state.received.allFinite())
+    if (!all_finite(attn_out) || !all_finite(state.received))
       throw Error("attention scores overflow in layer " + std::to_string(l) +
                   " (NaN or infinity): the score scale or the model's weights are too large");
     if (result.received_queries > 0) state.received /= static_cast<float>(result.received_queries);
@@ -343,17 +400,15 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     projected.resize(n, dim);
     hidden.resize(n, cfg.mlp_hidden());
     mlp_out.resize(n, dim);
-    pack_linear(b.proj_w, dim, dim, packed_proj, options.threads);
-    pack_linear(b.fc1_w, cfg.mlp_hidden(), dim, packed_fc1, options.threads);
-    pack_linear(b.fc2_w, dim, cfg.mlp_hidden(), packed_fc2, options.threads);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       // x = x + self.ls1(self.proj(attn_out))          (W^O; ls1 is Identity without LayerScale)
       linear(attn_out, packed_proj, b.proj_b, projected, r0, r1, inner);
       add_branch(x, projected, b.ls1, r0, r1);
       // x = x + self.ls2(fc2(act(fc1(norm2(x)))))
       layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
-      linear(normed, packed_fc1, b.fc1_b, hidden, r0, r1, inner);
-      activation_rows(cfg.act, hidden, r0, r1);
+      linear(normed, packed_fc1, b.fc1_b, hidden, r0, r1, inner,
+             gelu_in_fc1 ? LinearEpilogue::Gelu : LinearEpilogue::Store);
+      if (!gelu_in_fc1) activation_rows(cfg.act, hidden, r0, r1);
       linear(hidden, packed_fc2, b.fc2_b, mlp_out, r0, r1, inner);
       add_branch(x, mlp_out, b.ls2, r0, r1);
     });
