@@ -215,25 +215,31 @@ def peer_in_child(python, peer, size, args, model_dir):
 
 def summarise_rounds(rounds, order):
     """The row of one size from --rounds rounds of (vitlens' bench JSON, {peer: result}): medians over
-    rounds, and each peer's ratio as the median of its per-round ratios, with their range."""
+    rounds, and each peer's ratio as the median of its per-round ratios (rounds where both ran),
+    with their range. Rounds where vitlens failed keep their peers' times and list the errors."""
     good = [(v, p) for v, p in rounds if "error" not in v]
-    if not good:
-        return {"vitlens_error": rounds[0][0]["error"], "peers": {}}
-    row = {"rounds": len(good),
-           "vitlens": {"forward_ms": statistics.median(v["forward_ms"]["median"] for v, _ in good),
-                       "attention_ms": statistics.median(v["attention_ms"]["median"] for v, _ in good),
-                       "peak_rss_mib": max(v["peak_rss_mib"] for v, _ in good)}}
+    row = {"rounds": len(rounds)}
+    if len(good) < len(rounds):
+        row["vitlens_errors"] = [v["error"] for v, _ in rounds if "error" in v]
+    if good:
+        row["vitlens"] = {"forward_ms": statistics.median(v["forward_ms"]["median"] for v, _ in good),
+                          "attention_ms": statistics.median(v["attention_ms"]["median"] for v, _ in good),
+                          "peak_rss_mib": max(v["peak_rss_mib"] for v, _ in good)}
+    else:
+        row["vitlens_error"] = rounds[0][0]["error"]
     peers = {}
     for peer in order:
-        ok = [(v, p[peer]) for v, p in good if "ms" in p[peer]]
-        if not ok:
-            peers[peer] = good[0][1][peer]
+        ran = [p[peer] for _, p in rounds if "ms" in p[peer]]
+        if not ran:
+            peers[peer] = rounds[0][1][peer]
             continue
+        entry = {"ms": statistics.median(r["ms"] for r in ran), "rounds": len(ran),
+                 "peak_rss_mib": max(r["peak_rss_mib"] for r in ran)}
         key = "attention_ms" if peer in ATTENTION_PEERS else "forward_ms"
-        ratios = [r["ms"] / v[key]["median"] for v, r in ok]
-        peers[peer] = {"ms": statistics.median(r["ms"] for _, r in ok), "ratio": statistics.median(ratios),
-                       "ratio_min": min(ratios), "ratio_max": max(ratios), "rounds": len(ok),
-                       "peak_rss_mib": max(r["peak_rss_mib"] for _, r in ok)}
+        ratios = [p[peer]["ms"] / v[key]["median"] for v, p in good if "ms" in p[peer]]
+        if ratios:
+            entry.update(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
+        peers[peer] = entry
     row["peers"] = peers
     return row
 
@@ -311,7 +317,10 @@ def main():
             write_vitlens_model(model, size, model_path)
             failed = {}  # peers that cannot run at this size: an export error or no memory for the maps
             for name, maps in (("onnx", False), ("onnx_maps", True)):
-                if name in args.skip or (maps and not fits(size, 3)):
+                if name in args.skip:
+                    continue
+                if maps and not fits(size, 3):
+                    failed[name] = {"skipped": "(H, N, N) tensors do not fit in memory"}
                     continue
                 try:
                     export_onnx(model, size, os.path.join(tmp, f"{name}.onnx"), maps)
@@ -366,12 +375,15 @@ def main():
             print(f"| {row['image']} | {row['tokens']} | vitlens forward | {v['forward_ms']:.4g} | 1 | "
                   f"{v['peak_rss_mib']:.0f} |")
             print(f"| {row['image']} | {row['tokens']} | vitlens attention | {v['attention_ms']:.4g} | | |")
+            if row.get("vitlens_errors"):
+                print(f"| {row['image']} | {row['tokens']} | vitlens | failed in {len(row['vitlens_errors'])} of "
+                      f"{row['rounds']} rounds: {row['vitlens_errors'][0]} | | |")
         else:
             print(f"| {row['image']} | {row['tokens']} | vitlens | error: {row['vitlens_error']} | | |")
         for peer, r in row["peers"].items():
             if "ms" in r:
                 ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
-                if r.get("rounds", 1) > 1:
+                if "ratio_min" in r and r["rounds"] > 1:
                     ratio += f" ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
                 print(f"| {row['image']} | {row['tokens']} | {peer} | {r['ms']:.4g} | {ratio} | {r['peak_rss_mib']:.0f} |")
             else:

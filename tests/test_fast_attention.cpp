@@ -342,6 +342,55 @@ TEST_CASE("fast attention: the same numbers for any thread count", "[fast_attent
   }
 }
 
+TEST_CASE("fast attention: phase C on a pair of rows gives the bits of each row alone", "[fast_attention][pair]") {
+  // The leaf kernel directly: rows = 2 against two calls with rows = 1, for every channel count the
+  // blocks pass (4, 8, 12), with and without the column sums, keys [16, 16 + 480) of 32 panels.
+  std::vector<std::pair<const char*, const detail::LeafKernels*>> tables = {{"portable", &detail::kPortableKernels}};
+#if defined(__x86_64__)
+  if (kernel_isa_supported(KernelIsa::Avx2)) tables.push_back({"avx2", &detail::kAvx2Kernels});
+  if (kernel_isa_supported(KernelIsa::Avx512)) tables.push_back({"avx512", &detail::kAvx512Kernels});
+#endif
+  constexpr int kD4 = 12, kPanels = 32, kStride = 16 * kD4, kLd = 16 * kPanels, kJ0 = 16, kJ1 = kJ0 + 480;
+  std::mt19937 rng(21);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f), signed_unit(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(kPanels) * kStride), e(2 * kLd);
+  for (float& v : values) v = signed_unit(rng);
+  for (float& x : e) x = unit(rng);
+  const float weights[2] = {0.37f, 0.61f};
+  for (const auto& [name, kernels] : tables)
+    for (int channels : {4, 8, 12})
+      for (bool columns : {false, true}) {
+        INFO(name << ", " << channels << " channels, column sums " << columns);
+        std::vector<double> pair_sums(2 * kD4), alone_sums(2 * kD4);
+        std::vector<float> pair_cols(kLd), alone_cols(kLd);
+        for (size_t i = 0; i < pair_sums.size(); ++i) pair_sums[i] = alone_sums[i] = 0.25 * static_cast<double>(i);
+        for (int j = 0; j < kLd; ++j) pair_cols[j] = alone_cols[j] = 0.01f * static_cast<float>(j % 7);
+        const float* rows[2] = {e.data(), e.data() + kLd};
+        double* pair_out[2] = {pair_sums.data(), pair_sums.data() + kD4};
+        kernels->weighted_values(2, rows, weights, columns ? pair_cols.data() : nullptr, values.data(), kStride,
+                                 channels, kJ0, kJ1, pair_out);
+        for (int r = 0; r < 2; ++r) {
+          const float* row[2] = {rows[r], nullptr};
+          const float weight[2] = {weights[r], 0.0f};
+          double* out[2] = {alone_sums.data() + r * kD4, nullptr};
+          kernels->weighted_values(1, row, weight, columns ? alone_cols.data() : nullptr, values.data(), kStride,
+                                   channels, kJ0, kJ1, out);
+        }
+        CHECK(pair_sums == alone_sums);
+        CHECK(pair_cols == alone_cols);
+        // And the sums are the products: within float rounding of a double loop.
+        for (int r = 0; r < 2; ++r)
+          for (int c = 0; c < channels; ++c) {
+            double exact = 0.25 * (r * kD4 + c);
+            for (int j = kJ0; j < kJ1; ++j)
+              exact += static_cast<double>(e[static_cast<size_t>(r * kLd + j)]) *
+                       values[static_cast<size_t>((j / 16) * kStride + 16 * c + j % 16)];
+            CHECK(std::abs(pair_sums[static_cast<size_t>(r * kD4 + c)] - exact) < 1e-3);
+          }
+        if (columns) CHECK(pair_cols[kJ0] != 0.01f * static_cast<float>(kJ0 % 7));  // row 0 was added
+      }
+}
+
 TEST_CASE("fast attention: one query's row is bit for bit the row of P", "[fast_attention][row]") {
   IsaGuard guard;
   for (KernelIsa isa : runnable_isas()) {

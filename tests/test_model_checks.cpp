@@ -54,13 +54,18 @@ TEST_CASE("normalisation out of range and non-finite activations are errors, not
   g.patch_is_padding.assign(4, 0);
   CHECK_THROWS_WITH(forward(m, g, ForwardOptions{}), Catch::Contains("non-finite"));
   // One NaN pixel value, in the first patch or the last (whose q, k, v end the (N, 3D) block):
-  // NaN, not an infinity, in one token's row.
-  const VitModel fine = test::random_model(c, 5);
+  // NaN, not an infinity, in one token's row; D = 20 makes that block 5 x 60 = 300 floats, so the
+  // last row ends in the check's tail after its blocks of 8.
+  VitConfig narrow = test::small_config();
+  narrow.embed_dim = 20;
+  const VitModel fine = test::random_model(narrow, 5);
   for (int patch : {0, 3}) {
     PatchGrid nan_grid = g;
     nan_grid.patches(patch, 47) = std::numeric_limits<float>::quiet_NaN();
     CHECK_THROWS_WITH(forward(fine, nan_grid, ForwardOptions{}), Catch::Contains("non-finite"));
   }
+  PatchGrid finite_grid = g;  // the same model on finite pixels: no error
+  CHECK_NOTHROW(forward(fine, finite_grid, ForwardOptions{}));
 
   // Finite queries and keys, but a score scale so large that the scores overflow.
   const VitModel ok = test::random_model(test::small_config(), 5);

@@ -259,10 +259,15 @@ TEST_CASE("forward: the model's packed Linear weights are made once, reused, and
     if (!kernel_isa_supported(isa)) continue;
     INFO(kernel_isa_name(isa));
     set_kernel_isa(isa);
+    // Packed for `isa`, then for the default kernels, then for `isa` again: each time the copy
+    // for the kernels in use (a stale copy would still give right numbers, since
+    // linear_forward_packed then packs W itself, so the kernels are checked).
     VitModel cached = model_from_tensors(c, tensors, "cached");
-    (void)forward(cached, g, opt);  // packed for `isa`, then for the default kernels, then for `isa` again
+    (void)forward(cached, g, opt);
+    CHECK(cached.packed_cache->packed->kernels == &detail::active_gemm_kernels());
     set_kernel_isa(guard.saved);
     (void)forward(cached, g, opt);
+    CHECK(cached.packed_cache->packed->kernels == &detail::active_gemm_kernels());
     set_kernel_isa(isa);
     const std::vector<float> again = forward_floats(forward(cached, g, opt));
     CHECK(cached.packed_cache->packed->kernels == &detail::active_gemm_kernels());

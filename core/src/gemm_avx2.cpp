@@ -6,6 +6,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "avx2_math.hpp"  // exp8, gelu8, VITLENS_AVX2
 #include "vitlens/gemm.hpp"
@@ -41,11 +42,12 @@ VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const
   // instructions and the wait for B's next lines no longer take FMA slots. The same FMAs in the
   // same order as one step at a time, so the same bits.
   int64_t p = 0, q = 0;
+  // (The addresses are computed as integers: the last iteration's lie past the panel's end, where a
+  // prefetch is harmless but a pointer may not point.)
   for (; p + 4 <= kc; p += 4, q += 4 * a_ps, b += 4 * kNr) {
-    _mm_prefetch(reinterpret_cast<const char*>(b + 4 * kNr), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + 5 * kNr), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + 6 * kNr), _MM_HINT_T0);
-    _mm_prefetch(reinterpret_cast<const char*>(b + 7 * kNr), _MM_HINT_T0);
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(b) + 4 * kNr * sizeof(float);
+    for (int row = 0; row < 4; ++row)
+      _mm_prefetch(reinterpret_cast<const char*>(ahead + row * kNr * sizeof(float)), _MM_HINT_T0);
     VITLENS_TILE_STEP(q, b)
     VITLENS_TILE_STEP(q + a_ps, b + kNr)
     VITLENS_TILE_STEP(q + 2 * a_ps, b + 2 * kNr)

@@ -174,15 +174,9 @@ bool packed_for(const PackedModelWeights& packed, const VitModel& model, const d
   return true;
 }
 
-// The model's Linear weights packed for the active kernels: the cached copy when it was packed
-// for them, else packed now (and kept, unless the model has no cache: moved from).
-std::shared_ptr<const PackedModelWeights> packed_weights(const VitModel& model, int threads) {
-  const detail::GemmKernels* kernels = &detail::active_gemm_kernels();
-  if (model.packed_cache) {
-    std::lock_guard<std::mutex> lock(model.packed_cache->mutex);
-    const std::shared_ptr<const PackedModelWeights>& cached = model.packed_cache->packed;
-    if (cached && packed_for(*cached, model, kernels)) return cached;
-  }
+// Every block's four Linear weights packed for `kernels`.
+std::shared_ptr<const PackedModelWeights> pack_model(const VitModel& model, const detail::GemmKernels* kernels,
+                                                     int threads) {
   const VitConfig& cfg = model.config;
   const int dim = cfg.embed_dim, hidden = cfg.mlp_hidden();
   auto packed = std::make_shared<PackedModelWeights>();
@@ -196,11 +190,22 @@ std::shared_ptr<const PackedModelWeights> packed_weights(const VitModel& model, 
     pack_linear(b.fc1_w, hidden, dim, p[2], threads);
     pack_linear(b.fc2_w, dim, hidden, p[3], threads);
   }
-  if (model.packed_cache) {  // two forwards may both have packed: either copy is the same floats
-    std::lock_guard<std::mutex> lock(model.packed_cache->mutex);
-    model.packed_cache->packed = packed;
-  }
   return packed;
+}
+
+// The model's Linear weights packed for the active kernels: the cached copy when it was packed
+// for them, else packed now and kept (under the lock, so that forwards starting together make one
+// copy, not one each), or packed for this call alone when the model has no cache (moved from).
+std::shared_ptr<const PackedModelWeights> packed_weights(const VitModel& model, int threads) {
+  const detail::GemmKernels* kernels = &detail::active_gemm_kernels();
+  if (!model.packed_cache) return pack_model(model, kernels, threads);
+  std::lock_guard<std::mutex> lock(model.packed_cache->mutex);
+  std::shared_ptr<const PackedModelWeights>& cached = model.packed_cache->packed;
+  if (!cached || !packed_for(*cached, model, kernels)) {
+    cached.reset();  // the old copy goes now (or when the last forward using it ends), not after the new one is made
+    cached = pack_model(model, kernels, threads);
+  }
+  return cached;
 }
 
 // The MLP activation on rows [r0, r1), in place.

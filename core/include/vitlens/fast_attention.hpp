@@ -127,7 +127,8 @@ struct LeafKernels {
   // sum in double over float partial sums, or 0 when every s is -inf (the row is then zeroed).
   float (*softmax_row)(float* s, int end);
   // C for one or two rows r: sums[r][c] += sum over j in [j0, j1) of e_r[j] v_c[j] for `channels`
-  // channels (4, 8 or 12), at most 512 keys (float partial sums, then double); and when
+  // channels (4, 8 or 12), at most 512 keys, j0 and j1 multiples of 16 (whole panels; float partial
+  // sums, then double); two rows give the bits two calls of one row would; and when
   // block_sums is given, block_sums[j] += e_r[j] * weights[r] (the row's p_j = e_j / l added to the
   // block's column sums; weight 0 for a row that does not count). values: the first channel's
   // entry in the value panels; a panel (16 keys) is panel_stride floats long.

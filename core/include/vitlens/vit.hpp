@@ -127,10 +127,10 @@ struct PackedWeightCache {
 };
 
 // A loaded model: config plus weights viewing `storage`. Move-only, so the views stay valid.
-// The weights are never changed after loading (training writes a new model): forward() keeps
-// them packed in `packed_cache` (a second copy of the Linear weights, 12 D^2 floats a block:
-// +85 MB for ViT-S/16, +340 MB for ViT-B/16), which saved ViT-S/16 at 224 px the time of packing
-// them on every forward (README "Speed").
+// The weights must not change after loading (nothing does that: training makes a new model):
+// forward() keeps them packed in `packed_cache`, found again by their addresses and the kernels.
+// That is a second copy of the Linear weights, 12 D^2 floats a block at mlp_ratio 4 (+81 MiB for
+// ViT-S/16, +324 MiB for ViT-B/16), for not packing them on every forward (README "Speed").
 struct VitModel {
   VitConfig config;
   std::vector<float> storage;
@@ -138,7 +138,8 @@ struct VitModel {
   std::string source;  // the file it came from, for messages
   std::string format = "vitlens";  // the layout it was read from ("vitlens", "timm", "hf-vit", ...)
   std::vector<std::string> notes;  // what the loader inferred or assumed, one line each (vitlens info)
-  // Made on first use by forward(); null in a moved-from model (forward() then packs per call).
+  // Empty until the first forward() fills it; null in a moved-from model (forward() then packs
+  // for each call).
   std::unique_ptr<PackedWeightCache> packed_cache = std::make_unique<PackedWeightCache>();
 
   VitModel() = default;
