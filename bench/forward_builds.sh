@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# vitlens_bench's forward time of two builds (say main's and a branch's) on one model file,
+# interleaved in one run, so a before/after is measured under the same machine state.
+#
+#   bench/forward_builds.sh BUILD_A BUILD_B MODEL [--size S] [--threads T] [--runs N] [--rounds R]
+#
+# Each of R rounds (default 5) runs BUILD_A/bench/vitlens_bench, then BUILD_B's, with
+# `--model MODEL --size S --threads T --runs N --no-export --no-limits` (defaults: 224 px, 1 thread,
+# 11 runs), and prints both medians and their ratio A / B (above 1: B is faster); then the median
+# of the rounds' ratios and their range. On a shared VM one round can be 30 % off: read the median.
+set -euo pipefail
+usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+[[ $# -ge 3 ]] || usage
+A=$1 B=$2 MODEL=$3; shift 3
+SIZE=224 THREADS=1 RUNS=11 ROUNDS=5
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --size) SIZE=$2; shift 2 ;;
+    --threads) THREADS=$2; shift 2 ;;
+    --runs) RUNS=$2; shift 2 ;;
+    --rounds) ROUNDS=$2; shift 2 ;;
+    -h|--help) usage ;;
+    *) echo "forward_builds: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+for n in "$SIZE" "$THREADS" "$RUNS" "$ROUNDS"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || { echo "forward_builds: '$n' is not a positive integer" >&2; exit 2; }
+done
+for b in "$A" "$B"; do
+  [[ -x $b/bench/vitlens_bench ]] || { echo "forward_builds: $b/bench/vitlens_bench not found: build it first" >&2; exit 2; }
+done
+[[ -r $MODEL ]] || { echo "forward_builds: cannot read the model $MODEL" >&2; exit 2; }
+RATIOS=()
+for ((round = 1; round <= ROUNDS; round++)); do
+  ms=()
+  for b in "$A" "$B"; do
+    out=$("$b/bench/vitlens_bench" --json --model "$MODEL" --size "$SIZE" --threads "$THREADS" --runs "$RUNS" \
+      --no-export --no-limits --reference-max-tokens 0)
+    ms+=("$(python3 -c 'import json, sys; print(json.load(sys.stdin)["sizes"][0]["forward_ms"]["median"])' <<<"$out")")
+  done
+  ratio=$(python3 -c "print(f'{${ms[0]} / ${ms[1]}:.3f}')")
+  RATIOS+=("$ratio")
+  echo "round $round  threads $THREADS  A $A: ${ms[0]} ms  B $B: ${ms[1]} ms  A/B $ratio  (load $(cut -d' ' -f1 /proc/loadavg))"
+done
+python3 - "${RATIOS[@]}" <<'PY'
+import statistics, sys
+r = [float(x) for x in sys.argv[1:]]
+print(f"median A/B {statistics.median(r):.2f} over {len(r)} rounds (range {min(r):.2f} to {max(r):.2f})")
+PY
