@@ -300,8 +300,9 @@ void run_gemm(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmO
   const int units = (extent + unit - 1) / unit;
   const int workers = std::min(parts, units);
   // Up to four pieces per thread, taken in turn by whichever thread is free: with one piece each,
-  // a thread the VM slowed down made the other wait (a tenth of a 2-thread ViT-S/16 forward was
-  // spent waiting in run_tasks). A piece re-reads only A's rows, from L2.
+  // a thread the VM slowed down made the other wait (about a tenth of a 2-thread ViT-S/16
+  // forward's samples were in run_tasks, the pool's wait and the scheduler). The cost: each column
+  // piece reads all of A again (from L2), each row piece of an unpacked product packs all of B.
   const int pieces = workers > 1 ? std::min(units, 4 * workers) : 1;
   const int per_part = (units + pieces - 1) / pieces * unit;
   parts = (extent + per_part - 1) / per_part;

@@ -120,7 +120,8 @@ struct PackedModelWeights {
 };
 
 // The model's packed weights, made by its first forward() and replaced when kernel_isa() changes
-// (set_kernel_isa). The mutex guards only the pointer swap, so forwards on several threads share it.
+// (set_kernel_isa). The mutex is held while a copy is made, so forwards starting together on
+// several threads wait for one copy and share it; a forward keeps its copy alive while it runs.
 struct PackedWeightCache {
   std::mutex mutex;
   std::shared_ptr<const PackedModelWeights> packed;
