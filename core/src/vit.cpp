@@ -208,12 +208,17 @@ std::shared_ptr<const PackedModelWeights> packed_weights(const VitModel& model, 
   return cached;
 }
 
-// The MLP activation on rows [r0, r1), in place.
+// fc1's epilogue for the MLP activation: the exact GELU runs inside the product (gemm.hpp: the
+// same gelu kernel on the same sums, so the same bits as gelu_inplace after it), on its threads.
+LinearEpilogue fc1_epilogue(Activation act) {
+  return act == Activation::Gelu ? LinearEpilogue::Gelu : LinearEpilogue::Store;
+}
+
+// The MLP activation on rows [r0, r1), in place, after fc1_epilogue(act)'s product.
 void activation_rows(Activation act, MatRM& h, int r0, int r1) {
   auto rows = h.middleRows(r0, r1 - r0);
   switch (act) {
-    case Activation::Gelu:  // nn.GELU(): 0.5 x (1 + erf(x / sqrt 2)), vectorised (gemm.hpp)
-      if (r1 > r0) gelu_inplace(h.row(r0).data(), static_cast<int64_t>(r1 - r0) * h.cols());
+    case Activation::Gelu:  // nn.GELU(): done in fc1's epilogue
       break;
     case Activation::GeluTanh:  // nn.GELU(approximate='tanh'), HF gelu_new / gelu_pytorch_tanh
       rows = rows.unaryExpr([](float t) {
@@ -341,9 +346,6 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   // kept with it (vit.hpp VitModel::packed_cache), not packed again by every product of every
   // row chunk (13 times per layer at 3137 tokens).
   const std::shared_ptr<const PackedModelWeights> packed = packed_weights(model, options.threads);
-  // The MLP's exact GELU runs in fc1's epilogue (gemm.hpp: the same gelu kernel on the same sums,
-  // so the same bits as gelu_inplace after the product), on the product's threads.
-  const bool gelu_in_fc1 = cfg.act == Activation::Gelu;
   result.layers.resize(static_cast<size_t>(cfg.depth));
   for (int l = 0; l < cfg.depth; ++l) {
     const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
@@ -411,9 +413,8 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
       add_branch(x, projected, b.ls1, r0, r1);
       // x = x + self.ls2(fc2(act(fc1(norm2(x)))))
       layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
-      linear(normed, packed_fc1, b.fc1_b, hidden, r0, r1, inner,
-             gelu_in_fc1 ? LinearEpilogue::Gelu : LinearEpilogue::Store);
-      if (!gelu_in_fc1) activation_rows(cfg.act, hidden, r0, r1);
+      linear(normed, packed_fc1, b.fc1_b, hidden, r0, r1, inner, fc1_epilogue(cfg.act));
+      activation_rows(cfg.act, hidden, r0, r1);
       linear(hidden, packed_fc2, b.fc2_b, mlp_out, r0, r1, inner);
       add_branch(x, mlp_out, b.ls2, r0, r1);
     });
