@@ -247,6 +247,21 @@ TEST_CASE("gemm: the same bits for any thread count", "[gemm][threads]") {
           CHECK(std::memcmp(one.data(), many.data(), sizeof(float) * one.size()) == 0);
         }
       }
+      // Weight gradients dW (N, K) += dY^T X over M = 1000 rows: 144 x 48 (split by rows at
+      // multiples of the tile), 48 x 96 (by columns), 40 x 40 (fewer rows than a tile per thread).
+      for (const Shape& s : {Shape{1000, 144, 48}, Shape{1000, 48, 96}, Shape{1000, 40, 40}}) {
+        const std::vector<float> dy = random_floats(static_cast<size_t>(s.m * s.n), rng);
+        const std::vector<float> x = random_floats(static_cast<size_t>(s.m * s.k), rng);
+        const std::vector<float> start = random_floats(static_cast<size_t>(s.n * s.k), rng);
+        std::vector<float> one = start;
+        linear_backward_weight(dy.data(), s.n, s.m, s.n, x.data(), s.k, s.k, one.data(), nullptr, 1);
+        for (int threads : {2, 3, 5}) {
+          std::vector<float> many = start;
+          linear_backward_weight(dy.data(), s.n, s.m, s.n, x.data(), s.k, s.k, many.data(), nullptr, threads);
+          INFO("dW, threads " << threads << ", N " << s.n << ", K " << s.k);
+          CHECK(std::memcmp(one.data(), many.data(), sizeof(float) * one.size()) == 0);
+        }
+      }
     }
   }
 }

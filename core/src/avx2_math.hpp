@@ -37,6 +37,26 @@ VITLENS_AVX2 inline __m256 exp8(__m256 x) {
   return _mm256_and_ps(p, in_range);
 }
 
+// r[u][v] <- r[v][u]: the 8 x 8 square of floats in 8 registers transposed (pairs interleaved,
+// then quads, then the 128-bit halves exchanged).
+VITLENS_AVX2 inline void transpose8x8(__m256 r[8]) {
+  __m256 t[8], s[8];
+  for (int u = 0; u < 8; u += 2) {
+    t[u] = _mm256_unpacklo_ps(r[u], r[u + 1]);      // r_u0 r_w0 r_u1 r_w1 | r_u4 r_w4 r_u5 r_w5 (w = u + 1)
+    t[u + 1] = _mm256_unpackhi_ps(r[u], r[u + 1]);  // columns 2, 3 | 6, 7
+  }
+  for (int u = 0; u < 8; u += 4) {
+    s[u] = _mm256_shuffle_ps(t[u], t[u + 2], 0x44);      // column 0 of four rows | column 4
+    s[u + 1] = _mm256_shuffle_ps(t[u], t[u + 2], 0xEE);  // 1 | 5
+    s[u + 2] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0x44);  // 2 | 6
+    s[u + 3] = _mm256_shuffle_ps(t[u + 1], t[u + 3], 0xEE);  // 3 | 7
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(s[c], s[c + 4], 0x20);      // column c of rows 0-3, then of rows 4-7
+    r[c + 4] = _mm256_permute2f128_ps(s[c], s[c + 4], 0x31);  // column c + 4
+  }
+}
+
 // With a = |x| / sqrt 2: erfc(a) ~ poly e, poly = poly(t), t = 1 / (1 + kP a), e = exp(-a^2) =
 // exp(-x^2 / 2). erfc(a) / 2 is Phi(x) for x < 0 and 1 - Phi(x) for x >= 0.
 struct ErfcParts {

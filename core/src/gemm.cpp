@@ -296,14 +296,23 @@ void run_gemm(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmO
   const bool split_rows = m >= n;
   const int extent = split_rows ? m : n;
   int unit = split_rows ? kMc : kSplitCols;
-  if ((extent + unit - 1) / unit < parts) unit = split_rows ? kern.mr : kern.nr;
+  const int tile_unit = split_rows ? kern.mr : kern.nr;
+  if ((extent + unit - 1) / unit < parts) unit = tile_unit;
+  // Fewer than four whole units a thread (a weight gradient: 48 to 144 rows or columns): at
+  // multiples of the tile, or 144 rows would split 96 + 48 and 96 columns 64 + 32. (Not with B
+  // packed ahead, the inference forward, whose balance was measured with the units above.)
+  else if (!packed && extent < 4 * unit * parts) unit = tile_unit;
   const int units = (extent + unit - 1) / unit;
   const int workers = std::min(parts, units);
   // Up to four pieces per thread, taken in turn by whichever thread is free: with one piece each,
   // a thread the VM slowed down made the other wait (about a tenth of a 2-thread ViT-S/16
   // forward's samples were in run_tasks, the pool's wait and the scheduler). The cost: each column
-  // piece reads all of A again (from L2), each row piece of an unpacked product packs all of B.
-  const int pieces = workers > 1 ? std::min(units, 4 * workers) : 1;
+  // piece reads all of A again (from L2), each row piece of a product whose B is not packed ahead
+  // packs all of B itself. So such rows are cut finer than one piece per thread only while each
+  // piece keeps kMc rows: a weight gradient (48 to 144 rows, K = 6400) in 8 pieces of 6 rows
+  // packed its 1.2 MB X eight times, and ran slower on two threads than on one.
+  int pieces = workers > 1 ? std::min(units, 4 * workers) : 1;
+  if (split_rows && !packed) pieces = std::min(pieces, std::max(workers, extent / kMc));
   const int per_part = (units + pieces - 1) / pieces * unit;
   parts = (extent + per_part - 1) / per_part;
   run_tasks(parts, workers, [&](int t) {

@@ -505,14 +505,49 @@ void copy_padded(const T* src, int64_t ld, int rows, int cols, int cols_padded, 
     copy_short(src + i * ld, cols, out);
   }
 }
-// dst (cols, rows_padded) = src^T for src (rows, cols) with row stride ld, the padding zero.
+// dst (cols, rows_padded) = src^T for src (rows, cols) with row stride ld, the padding zero. The
+// AVX2 build's float version moves 8 x 8 squares through registers (transpose8x8): element by
+// element, reading down a column of k or v (one cache line per value, row stride 3D) took about a
+// tenth of the attention forward.
 template <class T>
 void copy_transposed_padded(const T* src, int64_t ld, int rows, int cols, int rows_padded, T* dst) {
-  for (int t = 0; t < cols; ++t) {
-    T* out = dst + static_cast<int64_t>(t) * rows_padded;
-    for (int j = 0; j < rows; ++j) out[j] = src[j * ld + t];
-    for (int j = rows; j < rows_padded; ++j) out[j] = T(0);
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+  if constexpr (std::is_same_v<T, float>) {
+    for (int j0 = 0; j0 < rows_padded; j0 += 8) {  // rows_padded: a multiple of kAttnWidth = 8
+      const int here = std::min(8, rows - j0);      // rows of src in this square (the rest are zero)
+      for (int t0 = 0; t0 < cols; t0 += 8) {
+        const int width = std::min(8, cols - t0);
+        const __m256i lanes = _mm256_cmpgt_epi32(_mm256_set1_epi32(width), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+        __m256 square[8];
+        for (int u = 0; u < 8; ++u)
+          square[u] = u < here ? _mm256_maskload_ps(src + (j0 + u) * ld + t0, lanes) : _mm256_setzero_ps();
+        detail::transpose8x8(square);
+        for (int u = 0; u < width; ++u) _mm256_storeu_ps(dst + static_cast<int64_t>(t0 + u) * rows_padded + j0, square[u]);
+      }
+    }
+    return;
   }
+#endif
+  for (int t = 0; t < cols; ++t) std::fill(dst + static_cast<int64_t>(t) * rows_padded + rows,
+                                           dst + static_cast<int64_t>(t + 1) * rows_padded, T(0));
+  for (int j = 0; j < rows; ++j)  // src's rows in order: each read once, front to back
+    for (int t = 0; t < cols; ++t) dst[static_cast<int64_t>(t) * rows_padded + j] = src[j * ld + t];
+}
+
+// row[j] = exp(row[j] - top) for a padded row (n a multiple of kAttnWidth, aligned): the AVX2
+// build's floats with avx2_math.hpp's exp8 (the viewer's softmax exp: within 1 ulp, and exactly 0
+// for -inf), the others with Eigen's vectorised exp on its all-packet path (the row is aligned).
+template <class T>
+void exp_shifted(T* row, int n, T top) {
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+  if constexpr (std::is_same_v<T, float>) {
+    const __m256 shift = _mm256_set1_ps(top);
+    for (int j0 = 0; j0 < n; j0 += 8) _mm256_store_ps(row + j0, detail::exp8(_mm256_sub_ps(_mm256_load_ps(row + j0), shift)));
+    return;
+  }
+#endif
+  Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Aligned32> e(row, n);
+  e = (e - top).exp();
 }
 
 }  // namespace
@@ -565,10 +600,10 @@ void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, i
         std::fill(p, p + N, T(0));
         continue;
       }
-      // exp over the whole padded row; masked and padded keys are then set to exactly 0 (Eigen's
-      // vectorised exp of -inf is tiny, not 0, but always finite, so times 0 is 0).
-      Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Aligned32> e(row, Np);
-      e = (e - top).exp();
+      // exp over the whole padded row; masked and padded keys are then set to exactly 0 (exp8 gives
+      // 0 for -inf; Eigen's vectorised exp, in the other builds, something tiny but finite, so
+      // times 0 is 0).
+      exp_shifted(row, Np, top);
       V sum_lanes = {};
       for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
         std::memcpy(&x, row + j0, sizeof x);
@@ -580,10 +615,15 @@ void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, i
       T sum = 0;
       for (int u = 0; u < kAttnWidth; ++u) sum += sum_lanes[u];
       const T inv_sum = T(1) / sum;
-      for (int j = 0; j < N; ++j) {  // (the padding stays 0)
-        const T weight = row[j] * inv_sum;
-        row[j] = weight;
-        p[j] = weight;
+      for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {  // (the padding stays 0)
+        std::memcpy(&x, row + j0, sizeof x);
+        x *= inv_sum;
+        std::memcpy(row + j0, &x, sizeof x);
+        if (j0 + kAttnWidth <= N) {
+          std::memcpy(p + j0, &x, sizeof x);
+        } else {
+          for (int u = 0; j0 + u < N; ++u) p[j0 + u] = x[u];
+        }
       }
     }
     // out = attn @ v, into head h's columns of ctx (row stride D)
