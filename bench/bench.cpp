@@ -85,9 +85,12 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Times step(run index) under the policy. Returns {"median", "min", "runs"}, in milliseconds.
+// Times step(run index) under the policy after one untimed step(0), as compare_peers.py's peers
+// get one: a model's first forward packs its Linear weights (vit.cpp's packed cache) and every
+// first call faults in fresh buffers. Returns {"median", "min", "runs"}, in milliseconds.
 template <class Step>
 json time_runs(const RunPolicy& policy, Step&& step) {
+  step(0);
   std::vector<double> samples;
   const auto start = std::chrono::steady_clock::now();
   while (static_cast<int>(samples.size()) < policy.max_runs) {
