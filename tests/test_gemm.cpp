@@ -248,7 +248,8 @@ TEST_CASE("gemm: the same bits for any thread count", "[gemm][threads]") {
         }
       }
       // Weight gradients dW (N, K) += dY^T X over M = 1000 rows: 144 x 48 (split by rows at
-      // multiples of the tile), 48 x 96 (by columns), 40 x 40 (fewer rows than a tile per thread).
+      // multiples of the tile), 48 x 96 (by columns at multiples of the tile), 40 x 40 (fewer rows
+      // than one 96-row block).
       for (const Shape& s : {Shape{1000, 144, 48}, Shape{1000, 48, 96}, Shape{1000, 40, 40}}) {
         const std::vector<float> dy = random_floats(static_cast<size_t>(s.m * s.n), rng);
         const std::vector<float> x = random_floats(static_cast<size_t>(s.m * s.k), rng);

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdio>
 #include <random>
 #include <vector>
@@ -191,4 +192,21 @@ TEST_CASE("train: attention forward and backward match a double reference, masks
     check_attention({2, 1, 8, 1}, portable);    // one token
     check_attention({1, 65, 64, 2}, portable);  // d = 32, N = 65
   }
+}
+
+TEST_CASE("train: a NaN key makes every query's weights NaN in both builds (never a finite map)", "[train][attention]") {
+  const int B = 1, N = 9, D = 8, H = 1;
+  std::vector<float> qkv(static_cast<size_t>(B) * N * 3 * D);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : qkv) v = normal(rng);
+  qkv[3 * 3 * D + D] = std::numeric_limits<float>::quiet_NaN();  // token 3's k, first value
+  for (bool portable : {false, true}) {
+    train::force_portable_train_ops(portable);
+    std::vector<float> probs(static_cast<size_t>(B) * H * N * N), ctx(static_cast<size_t>(B) * N * D);
+    train::attention_forward(qkv.data(), nullptr, B, N, D, H, 1.0f / std::sqrt(8.0f), probs.data(), ctx.data(), 1);
+    INFO((portable ? "portable" : train::train_ops_isa()) << " ops");
+    for (int i = 0; i < N; ++i) CHECK(std::isnan(probs[static_cast<size_t>(i) * N + 3]));
+  }
+  train::force_portable_train_ops(false);
 }

@@ -288,7 +288,8 @@ void run_gemm(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmO
   // Threads: only when each gets a few hundred thousand multiply-adds; rows when there are more
   // of them than columns, split at multiples of kMc, else columns at multiples of kSplitCols. When
   // that gives fewer pieces than threads (a weight gradient dW = dY^T X of a narrow layer: 48 or 96
-  // rows, thousands of K), at multiples of the tile instead. Where the splits fall changes no
+  // rows, thousands of K), at multiples of the tile instead; so too when B is not packed ahead and
+  // there are fewer than four such units per thread (below). Where the splits fall changes no
   // number: every output element is the same FMA chain in any tile.
   threads = resolve_threads(threads);
   const double work = static_cast<double>(m) * n * std::max(k, 1);

@@ -25,7 +25,7 @@
 #define VITLENS_TRAIN_ISA portable
 #define VITLENS_TRAIN_PORTABLE_BUILD 1
 #else
-#include "avx2_math.hpp"  // gelu8, gelu_slope8 (this build has -mavx2 -mfma)
+#include "avx2_math.hpp"  // gelu8, gelu_slope8, exp8, transpose8x8 (this build has -mavx2 -mfma)
 #endif
 
 namespace vitlens::train {
@@ -537,12 +537,18 @@ void copy_transposed_padded(const T* src, int64_t ld, int rows, int cols, int ro
 // row[j] = exp(row[j] - top) for a padded row (n a multiple of kAttnWidth, aligned): the AVX2
 // build's floats with avx2_math.hpp's exp8 (the viewer's softmax exp: within 1 ulp, and exactly 0
 // for -inf), the others with Eigen's vectorised exp on its all-packet path (the row is aligned).
+// A NaN stays NaN in both (exp8 alone would give 0), so a NaN score makes its whole row NaN in
+// every build rather than a finite map that hides it.
 template <class T>
 void exp_shifted(T* row, int n, T top) {
 #ifndef VITLENS_TRAIN_PORTABLE_BUILD
   if constexpr (std::is_same_v<T, float>) {
     const __m256 shift = _mm256_set1_ps(top);
-    for (int j0 = 0; j0 < n; j0 += 8) _mm256_store_ps(row + j0, detail::exp8(_mm256_sub_ps(_mm256_load_ps(row + j0), shift)));
+    for (int j0 = 0; j0 < n; j0 += 8) {
+      const __m256 x = _mm256_sub_ps(_mm256_load_ps(row + j0), shift);
+      const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
+      _mm256_store_ps(row + j0, _mm256_blendv_ps(detail::exp8(x), x, nan));
+    }
     return;
   }
 #endif
