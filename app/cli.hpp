@@ -55,7 +55,7 @@ struct TrainArgs {
   int batch = 128, epochs = 24;
   double lr = 2e-3, weight_decay = 0.05, warmup = 0.5, label_smoothing = 0.1, val_split = 0.1, drop_path = 0.0;
   uint64_t seed = 0;
-  int threads = 0, img_size = 32, limit = 0, stop_after = 0, crop_pad = 1, shards = 2;
+  int threads = 0, img_size = 32, limit = 0, stop_after = 0, crop_pad = 1, shards = 4;
   bool augment = true, quiet = false;
   // Masked patch prediction (--data photos[:DIR]).
   double mask_ratio = 0.75;

@@ -8,10 +8,13 @@
 #
 # OUT_DIR (default: a temporary folder, removed afterwards) keeps the run (checkpoint, log.jsonl) and
 # run.txt with this report. The machine should be otherwise idle: the load average is printed so a
-# reader can tell.
+# reader can tell. When BUILD_DIR has bench/vitlens_bench, a short probe of the machine's speed runs
+# before and after (FMA and 512^3 GEMM GFLOP/s, the card's 224 px forward on every core, about 15 s
+# each): the same build's epochs have taken 30 s on this project's VM at one hour and 41 s at
+# another, idle both times, and the probe tells such a phase from a change in vitlens.
 set -euo pipefail
 
-usage() { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 && $1 != -h && $1 != --help ]] || usage
 BUILD=$1; shift
 OUT=""
@@ -35,17 +38,38 @@ fi
 mkdir -p "$OUT"
 
 report() { echo "$*" | tee -a "$OUT/run.txt"; }
+# The machine's speed now: one line from vitlens_bench's JSON, or a note that there is no bench.
+probe() {
+  local bench=$BUILD/bench/vitlens_bench json
+  if [[ ! -x $bench ]]; then
+    echo "not run ($bench not built)"
+    return
+  fi
+  if ! json=$("$bench" --size 224 --threads 0 --runs 5 --budget 10 --no-export --reference-max-tokens 0 --json 2>/dev/null); then
+    echo "failed ($bench)"
+    return
+  fi
+  python3 -c '
+import json, sys
+d = json.loads(sys.argv[1])
+lim, fwd = d["limits"], d["sizes"][0]["forward_ms"]
+print("FMA %.1f GFLOP/s a core, GEMM 512^3 %.1f GFLOP/s on %d threads, card forward at 224 px %.1f ms (median of %d)"
+      % (lim["fma_gflops_per_core"], lim["gemm_512_gflops_all_threads"], d["threads"], fwd["median"], fwd["runs"]))
+' "$json"
+}
 : > "$OUT/run.txt"
 report "date (UTC):   $(date -u '+%Y-%m-%d %H:%M:%S')"
 report "machine:      $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ *//')"
 report "cpu flags:    $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|fma|avx512f' | tr '\n' ' ')"
 report "vitlens:      $("$VITLENS" --version 2>/dev/null || echo unknown), $VITLENS (source at $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown))"
 report "command:      vitlens train --data fashion-mnist --out $OUT --quiet $*"
+report "probe before: $(probe)"
 report "load before:  $(cut -d' ' -f1-3 /proc/loadavg)"
 start=$(date +%s.%N)
 "$VITLENS" train --data fashion-mnist --out "$OUT" --quiet "$@" > "$OUT/stdout.txt"
 end=$(date +%s.%N)
 report "load after:   $(cut -d' ' -f1-3 /proc/loadavg)"
+report "probe after:  $(probe)"
 report "wall time:    $(python3 -c "s = $end - $start; print(f'{s:.1f} s ({int(s // 60)} min {s % 60:.0f} s)')")"
 python3 - "$OUT/log.jsonl" <<'EOF' | tee -a "$OUT/run.txt"
 import json, sys

@@ -42,11 +42,12 @@ struct Recipe {
   // The batch is split into this many parts of (nearly) equal size; each part's forward and
   // backward run on their own, and the parts' gradients are summed in part order, weighted by
   // their share of the batch (PyTorch's gradient accumulation). On `shards` to 2 * `shards` - 1
-  // threads the parts run side by side, one thread each, with no synchronisation inside a step;
-  // otherwise one after the other on every thread. Same gradient as the whole batch up to float rounding;
+  // threads, or when `shards` is a multiple of the threads, the parts run side by side, one thread
+  // each (in waves), with no synchronisation inside a part; otherwise one after the other on every
+  // thread. Same gradient as the whole batch up to float rounding;
   // the numbers depend on this, never on `threads`. Checkpoints written before it existed
   // resume with 1 (the whole batch at once), as they were trained.
-  int shards = 2;
+  int shards = 4;
 
   nlohmann::json to_json() const;
   static Recipe from_json(const nlohmann::json& j);  // throws vitlens::Error on a bad key
