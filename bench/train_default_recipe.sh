@@ -55,7 +55,7 @@ d = json.loads(sys.argv[1])
 lim, fwd = d["limits"], d["sizes"][0]["forward_ms"]
 print("FMA %.1f GFLOP/s a core, GEMM 512^3 %.1f GFLOP/s on %d threads, card forward at 224 px %.1f ms (median of %d)"
       % (lim["fma_gflops_per_core"], lim["gemm_512_gflops_all_threads"], d["threads"], fwd["median"], fwd["runs"]))
-' "$json"
+' "$json" 2>/dev/null || echo "unreadable ($bench printed no JSON the script knows)"
 }
 : > "$OUT/run.txt"
 report "date (UTC):   $(date -u '+%Y-%m-%d %H:%M:%S')"
@@ -63,8 +63,8 @@ report "machine:      $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cu
 report "cpu flags:    $(grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -xE 'avx2|fma|avx512f' | tr '\n' ' ')"
 report "vitlens:      $("$VITLENS" --version 2>/dev/null || echo unknown), $VITLENS (source at $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null || echo unknown))"
 report "command:      vitlens train --data fashion-mnist --out $OUT --quiet $*"
-report "probe before: $(probe)"
 report "load before:  $(cut -d' ' -f1-3 /proc/loadavg)"
+report "probe before: $(probe)"
 start=$(date +%s.%N)
 "$VITLENS" train --data fashion-mnist --out "$OUT" --quiet "$@" > "$OUT/stdout.txt"
 end=$(date +%s.%N)

@@ -185,22 +185,30 @@ TEST_CASE("train: the same run for 1 and 2 threads", "[train][threads]") {
   // 2 parts: one after the other on 1 and 4 threads, side by side on 2 and 3.
   // 4 parts (the default): one after the other on 1 and 3 threads, in two waves of two on 2, side by side on 4.
   // 6 parts (of 5 or 6 images): waves on 2 and 3 threads, one after the other on 1 and 4.
+  // With drop path (each part draws its own images' masks) and 2 blocks, and the evaluation through
+  // the parts after training (the test images in parts of the same kind).
   for (int shards : {2, 4, 6}) {
     CAPTURE(shards);
     std::vector<std::vector<float>> params;
+    std::vector<double> losses;
     for (int threads : {1, 2, 3, 4}) {
       Recipe r;
       r.epochs = 1;
       r.batch = 32;
       r.threads = threads;
       r.shards = shards;
-      Trainer t(fm_config(), r, &train_set, nullptr);
+      r.drop_path = 0.3;
+      Trainer t(fm_config(2), r, &train_set, nullptr);
       while (!t.finished()) t.step();
       params.push_back(t.net().params);
+      losses.push_back(t.evaluate(train_set).loss);
     }
     CHECK(params[0] == params[1]);
     CHECK(params[0] == params[2]);
     CHECK(params[0] == params[3]);
+    CHECK(losses[0] == losses[1]);
+    CHECK(losses[0] == losses[2]);
+    CHECK(losses[0] == losses[3]);
   }
 }
 

@@ -228,7 +228,7 @@ TEST_CASE("mae: a short run on photos lowers the loss; resume is bit-exact; the 
   o.crops_per_photo = 64;  // 5 photos x 64 / 16 = 20 steps per epoch
   MaeTrainer full(c, r, o, &train_photos, &val_photos);
   REQUIRE(full.steps_per_epoch() == 20);
-  CHECK(r.shards == 2);
+  CHECK(r.shards == 4);
   CHECK(full.recipe().shards == 1);  // MAE runs each batch whole, and its checkpoints say so
   const double val_before = full.evaluate().loss;
   CHECK(full.evaluate().loss == val_before);  // fixed crops and masks
