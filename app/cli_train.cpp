@@ -458,8 +458,8 @@ void add_train_command(CLI::App& app, TrainArgs& a) {
   cmd->add_option("--shards", a.shards,
                   "Split each batch into N parts whose gradients are summed, weighted by size (gradient "
                   "accumulation). On N to 2N-1 threads, or when N is a multiple of the threads, the parts run side "
-                  "by side, one thread each (each thread takes the next part when done with one); otherwise one after another on every thread. The numbers "
-                  "depend on N (float rounding only), never on --threads")
+                  "by side, one thread each (each thread takes the next part when done with one); otherwise one "
+                  "after another on every thread. The numbers depend on N (float rounding only), never on --threads")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
   cmd->add_option("--label-smoothing", a.label_smoothing, "As torch.nn.CrossEntropyLoss(label_smoothing=...)")

@@ -183,8 +183,9 @@ TEST_CASE("train: resume after N steps reproduces the uninterrupted run bit for 
 TEST_CASE("train: the same run for 1 and 2 threads", "[train][threads]") {
   const ImageSet train_set = synthetic_set(96, 6);
   // 2 parts: one after the other on 1 and 4 threads, side by side on 2 and 3.
-  // 4 parts (the default): one after the other on 1 and 3 threads, in two waves of two on 2, side by side on 4.
-  // 6 parts (of 5 or 6 images): waves on 2 and 3 threads, one after the other on 1 and 4.
+  // 4 parts (the default): one after the other on 1 and 3 threads, side by side on 2 (each thread
+  // taking the next part when done with one) and on 4.
+  // 6 parts (of 5 or 6 images): side by side on 2 and 3 threads, one after the other on 1 and 4.
   // With drop path (each part draws its own images' masks) and 2 blocks, and the evaluation through
   // the parts after training (the test images in parts of the same kind).
   for (int shards : {2, 4, 6}) {

@@ -182,9 +182,9 @@ void Trainer::run_shards(int count, bool with_backward) {
   const int S = shard_count(count);
   while (static_cast<int>(replicas_.size()) < S - 1) replicas_.emplace_back(net_.config(), net_.num_classes());
   // Side by side, one thread each, when the threads are S to 2S - 1 (the parts need no
-  // synchronisation then), or when S is a multiple of the threads (each thread takes the next part when done with one:
-  // a part of fewer images keeps more of its activations in cache between its forward and its
-  // backward); otherwise one part after another, each on every thread, which wastes no core (ops
+  // synchronisation then), or when S is a multiple of the threads (each thread takes the next part
+  // when done with one: a part of fewer images keeps more of its activations in cache between its
+  // forward and its backward); otherwise one part after another, each on every thread, which wastes no core (ops
   // started from inside a pool task would run on threads of their own). Each part's numbers are
   // the same on one thread as on several, so this choice changes no number.
   const int threads = resolve_threads(recipe_.threads);

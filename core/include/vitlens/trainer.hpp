@@ -43,9 +43,9 @@ struct Recipe {
   // backward run on their own, and the parts' gradients are summed in part order, weighted by
   // their share of the batch (PyTorch's gradient accumulation). On `shards` to 2 * `shards` - 1
   // threads, or when `shards` is a multiple of the threads, the parts run side by side, one thread
-  // each (a thread takes the next part when done with one), with no synchronisation inside a part; otherwise one after the other on every
-  // thread. Same gradient as the whole batch up to float rounding;
-  // the numbers depend on this, never on `threads`. Checkpoints written before it existed
+  // each (a thread takes the next part when done with one), with no synchronisation inside a part;
+  // otherwise one after the other on every thread. Same gradient as the whole batch up to float
+  // rounding; the numbers depend on this, never on `threads`. Checkpoints written before it existed
   // resume with 1 (the whole batch at once), as they were trained.
   int shards = 4;
 
