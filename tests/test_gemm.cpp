@@ -85,10 +85,11 @@ struct Shape {
   int m, n, k;
 };
 
-// Odd sizes around the tiles (4/6/8 rows, 16/32 columns) and blocks (96 rows, 256 k, 1024 columns).
+// Odd sizes around the tiles (4/6/8 rows, 16/48 columns) and blocks (96 rows, 256 k, 960 columns).
 const Shape kShapes[] = {{1, 1, 1},    {1, 17, 3},   {5, 1, 7},     {7, 15, 9},   {13, 33, 48},
                          {97, 50, 255}, {100, 48, 257}, {6, 16, 256}, {37, 144, 48}, {260, 1030, 520},
-                         {3, 5, 0},    {193, 7, 31}, {8, 32, 600}};
+                         {3, 5, 0},    {193, 7, 31}, {8, 32, 600}, {9, 49, 20},  {17, 97, 300},
+                         {8, 48, 600}, {11, 961, 40}};
 
 }  // namespace
 

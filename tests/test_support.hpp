@@ -8,10 +8,36 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <vector>
+
 #include "vitlens/bundled.hpp"
+#include "vitlens/fast_attention.hpp"
 #include "vitlens/model_io.hpp"
+#include "vitlens/train_ops.hpp"
 
 namespace vitlens::test {
+
+// The instruction sets this CPU runs, portable first: the builds of the kernels and of the
+// training ops a test compares (set_kernel_isa() selects both, train_ops.hpp).
+inline std::vector<KernelIsa> isas_here() {
+  std::vector<KernelIsa> isas;
+  for (KernelIsa isa : {KernelIsa::Portable, KernelIsa::Avx2, KernelIsa::Avx512})
+    if (kernel_isa_supported(isa)) isas.push_back(isa);
+  return isas;
+}
+
+// Runs the kernels and training ops of `isa` for one scope; those in use before again on the way
+// out, also when a REQUIRE leaves early.
+struct UseIsa {
+  KernelIsa saved = kernel_isa();
+  explicit UseIsa(KernelIsa isa) {
+    train::force_portable_train_ops(false);
+    set_kernel_isa(isa);
+  }
+  ~UseIsa() { set_kernel_isa(saved); }
+  UseIsa(const UseIsa&) = delete;
+  UseIsa& operator=(const UseIsa&) = delete;
+};
 
 // Every tensor of the config filled with N(0, scale^2) (LayerNorm weights around 1), seeded.
 inline TensorMap random_tensors(const VitConfig& config, unsigned seed, float scale = 0.3f) {

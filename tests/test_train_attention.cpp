@@ -18,6 +18,7 @@
 #include <random>
 #include <vector>
 
+#include "test_support.hpp"
 #include "vitlens/train_ops.hpp"
 
 using namespace vitlens;
@@ -132,8 +133,8 @@ Result run(const AttentionCase& c, const std::vector<float>& qkv, const std::vec
   return r;
 }
 
-void check_attention(const AttentionCase& c, bool portable) {
-  train::force_portable_train_ops(portable);
+void check_attention(const AttentionCase& c, KernelIsa isa) {
+  const test::UseIsa use(isa);
   std::mt19937 rng(static_cast<unsigned>(c.N * 131 + c.D));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t rows = static_cast<size_t>(c.B) * c.N;
@@ -179,34 +180,33 @@ void check_attention(const AttentionCase& c, bool portable) {
     CHECK(again.ctx == got.ctx);
     CHECK(again.dqkv == got.dqkv);
   }
-  train::force_portable_train_ops(false);
 }
 
 }  // namespace
 
 TEST_CASE("train: attention forward and backward match a double reference, masks give exact zeros",
           "[train][attention]") {
-  for (bool portable : {false, true}) {
-    check_attention({3, 50, 48, 4}, portable);  // the default recipe's shape: N = 50, d = 12
-    check_attention({2, 13, 10, 2}, portable);  // d = 5, N = 13: no whole vector block anywhere
-    check_attention({2, 1, 8, 1}, portable);    // one token
-    check_attention({1, 65, 64, 2}, portable);  // d = 32, N = 65
+  for (KernelIsa isa : test::isas_here()) {
+    check_attention({3, 50, 48, 4}, isa);  // the default recipe's shape: N = 50, d = 12
+    check_attention({2, 13, 10, 2}, isa);  // d = 5, N = 13: no whole vector block anywhere
+    check_attention({2, 1, 8, 1}, isa);    // one token
+    check_attention({1, 65, 64, 2}, isa);  // d = 32, N = 65
+    check_attention({2, 17, 16, 1}, isa);  // d = 16, N = 17: one whole 16-wide block and one key
   }
 }
 
-TEST_CASE("train: a NaN key makes every query's weights NaN in both builds (never a finite map)", "[train][attention]") {
+TEST_CASE("train: a NaN key makes every query's weights NaN in every build (never a finite map)", "[train][attention]") {
   const int B = 1, N = 9, D = 8, H = 1;
   std::vector<float> qkv(static_cast<size_t>(B) * N * 3 * D);
   std::mt19937 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (float& v : qkv) v = normal(rng);
   qkv[3 * 3 * D + D] = std::numeric_limits<float>::quiet_NaN();  // token 3's k, first value
-  for (bool portable : {false, true}) {
-    train::force_portable_train_ops(portable);
+  for (KernelIsa isa : test::isas_here()) {
+    const test::UseIsa use(isa);
     std::vector<float> probs(static_cast<size_t>(B) * H * N * N), ctx(static_cast<size_t>(B) * N * D);
     train::attention_forward(qkv.data(), nullptr, B, N, D, H, 1.0f / std::sqrt(8.0f), probs.data(), ctx.data(), 1);
-    INFO((portable ? "portable" : train::train_ops_isa()) << " ops");
+    INFO(train::train_ops_isa() << " ops");
     for (int i = 0; i < N; ++i) CHECK(std::isnan(probs[static_cast<size_t>(i) * N + 3]));
   }
-  train::force_portable_train_ops(false);
 }

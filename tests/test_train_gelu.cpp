@@ -1,7 +1,8 @@
-// The training GELU (train_ops.hpp: gelu_forward / gelu_backward) on its own, for both builds of
-// the ops, against the formulas in double:
+// The training GELU (train_ops.hpp: gelu_forward / gelu_backward) on its own, for every build of
+// the ops the CPU runs (portable, AVX2, AVX-512), against the formulas in double:
 //   GELU(x) = x Phi(x) = 0.5 x (1 + erf(x / sqrt 2)),  GELU'(x) = Phi(x) + x exp(-x^2 / 2) / sqrt(2 pi).
-// The AVX2 build's float ops use a polynomial erfc (avx2_math.hpp, Abramowitz & Stegun 7.1.26) with
+// The vector builds' float ops use a polynomial erfc (avx2_math.hpp and its 16-lane copy
+// avx512_math.hpp, Abramowitz & Stegun 7.1.26) with
 // one exp for both terms of the derivative, the portable build Eigen's erf: each value must be within
 // 1e-6 of the formula (absolute, or relative where the value is above 1; for the backward, times
 // |dout|). Also: tails that fill no whole vector, in place (dinp == dout), the same bits at another
@@ -16,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "test_support.hpp"
 #include "vitlens/train_ops.hpp"
 
 using namespace vitlens;
@@ -37,17 +39,8 @@ std::vector<float> sweep() {
   return x;
 }
 
-// Selects the portable or the best build for one scope; the best again on the way out, also when a
-// REQUIRE leaves early.
-struct UseTrainOps {
-  explicit UseTrainOps(bool portable) { train::force_portable_train_ops(portable); }
-  ~UseTrainOps() { train::force_portable_train_ops(false); }
-};
-
-void check_gelu(bool portable) {
-  const UseTrainOps use(portable);
-  if (!portable && std::string(train::train_ops_isa()) != "avx2")
-    WARN("this CPU has no AVX2 + FMA: only the portable build of the ops is checked");
+void check_gelu(KernelIsa isa) {
+  const test::UseIsa use(isa);
   const std::vector<float> x = sweep();
   const int64_t n = static_cast<int64_t>(x.size());
   std::mt19937 rng(7);
@@ -98,9 +91,9 @@ void check_gelu(bool portable) {
     CHECK(d3[i] == dx[static_cast<size_t>(at + i)]);
   }
 
-  // The limits in the AVX2 build: GELU(-inf) = 0, GELU(+inf) = +inf, slopes 0 and 1 (Eigen's
+  // The limits in the vector builds: GELU(-inf) = 0, GELU(+inf) = +inf, slopes 0 and 1 (Eigen's
   // formulas give NaN there: -inf * 0 and inf * exp(-inf)).
-  if (std::string(train::train_ops_isa()) == "avx2") {
+  if (std::string(train::train_ops_isa()) != "portable") {
     const float inf = std::numeric_limits<float>::infinity();
     const float xi[2] = {-inf, inf}, gi[2] = {1.0f, 1.0f};
     float yi[2], di[2];
@@ -115,8 +108,9 @@ void check_gelu(bool portable) {
 
 }  // namespace
 
-TEST_CASE("train: GELU forward and backward within 1e-6 of the erf formulas, on both builds of the ops",
+TEST_CASE("train: GELU forward and backward within 1e-6 of the erf formulas, on every build of the ops",
           "[train][gelu]") {
-  check_gelu(false);
-  check_gelu(true);
+  const std::vector<KernelIsa> isas = test::isas_here();
+  if (isas.size() == 1) WARN("this CPU has no AVX2 + FMA: only the portable build of the ops is checked");
+  for (KernelIsa isa : isas) check_gelu(isa);
 }

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "test_support.hpp"
 #include "vitlens/model_io.hpp"
 #include "vitlens/safetensors.hpp"
 #include "vitlens/train_ops.hpp"
@@ -43,8 +44,8 @@ double max_norm_rel(const float* got, const std::vector<float>& ref) {
   return scale > 0.0 ? diff / scale : diff;
 }
 
-void check_case(const std::string& name, bool portable) {
-  train::force_portable_train_ops(portable);
+void check_case(const std::string& name, KernelIsa isa) {
+  const test::UseIsa use(isa);
   const SafetensorsFile file = read_safetensors(kTrainFixtures + name + ".safetensors");
   const VitConfig config = config_from_json(nlohmann::json::parse(file.metadata.at("config")), name);
   const int classes = std::stoi(file.metadata.at("num_classes"));
@@ -86,10 +87,9 @@ void check_case(const std::string& name, bool portable) {
   };
   for (const train::ParamEntry& e : net.layout().entries) compare(e.name, net.grads.data() + e.offset);
   compare("input", net.input_grad().data());
-  train::force_portable_train_ops(false);
   std::printf("gradients vs PyTorch, %s (%s ops): loss %.7f (ref %.7f), %zu parameter tensors + input, largest max-norm "
               "relative difference %.2e (%s)\n",
-              name.c_str(), portable ? "portable" : "best", loss, ref_loss, net.layout().entries.size(), worst, worst_name.c_str());
+              name.c_str(), train::train_ops_isa(), loss, ref_loss, net.layout().entries.size(), worst, worst_name.c_str());
 }
 
 // Central differences of the loss for every parameter (step 1e-6), against the gradients backward
@@ -118,20 +118,17 @@ std::pair<double, double> finite_difference_gap(train::VitNet<double>& net, cons
 
 TEST_CASE("train: every gradient matches PyTorch autograd (class token, padding mask, label smoothing)",
           "[train][grad]") {
-  check_case("grad_cls", false);
-  check_case("grad_cls", true);  // the SSE2 build, whatever the CPU
+  for (KernelIsa isa : test::isas_here()) check_case("grad_cls", isa);  // the SSE2 build too, whatever the CPU
 }
 
 TEST_CASE("train: every gradient matches PyTorch autograd (mean pooling, no qkv bias, padding mask)",
           "[train][grad]") {
-  check_case("grad_avg", false);
-  check_case("grad_avg", true);
+  for (KernelIsa isa : test::isas_here()) check_case("grad_avg", isa);
 }
 
 TEST_CASE("train: every gradient matches PyTorch autograd (drop path: timm's DropPath with fixed draws)",
           "[train][grad][droppath]") {
-  check_case("grad_droppath", false);
-  check_case("grad_droppath", true);
+  for (KernelIsa isa : test::isas_here()) check_case("grad_droppath", isa);
 }
 
 TEST_CASE("train: the same gradients for 1 and 2 threads", "[train][grad]") {
@@ -230,9 +227,9 @@ TEST_CASE("train: drop path's backward agrees with central finite differences in
   full.backward();
   CHECK(full_loss != loss);
   CHECK(full.grads != net.grads);
-  // Scales of 1 everywhere are the plain residual, bit for bit (float, both builds of the ops).
-  for (bool portable : {false, true}) {
-    train::force_portable_train_ops(portable);
+  // Scales of 1 everywhere are the plain residual, bit for bit (float, every build of the ops).
+  for (KernelIsa isa : test::isas_here()) {
+    const test::UseIsa use(isa);
     VitConfig cf = c;
     train::VitNet<float> a(cf, 3), b(cf, 3);
     for (size_t i = 0; i < a.params.size(); ++i) a.params[i] = b.params[i] = static_cast<float>(net.params[i]);
@@ -249,5 +246,4 @@ TEST_CASE("train: drop path's backward agrees with central finite differences in
     b.drop_scale.assign(5, 1.0f);
     CHECK_THROWS_WITH(b.forward(fimages.data(), labels.data(), nullptr, batch), Catch::Contains("drop_scale holds 5"));
   }
-  train::force_portable_train_ops(false);
 }

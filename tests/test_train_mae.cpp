@@ -45,8 +45,8 @@ double max_norm_rel(const float* got, const std::vector<float>& ref) {
   return scale > 0.0 ? diff / scale : diff;
 }
 
-void check_mae_fixture(bool portable) {
-  train::force_portable_train_ops(portable);
+void check_mae_fixture(KernelIsa isa) {
+  const test::UseIsa use(isa);
   const SafetensorsFile file = read_safetensors(kMaeFixture);
   const VitConfig config = config_from_json(nlohmann::json::parse(file.metadata.at("config")), "grad_mae");
   const train::MaeShape shape = train::MaeShape::from_json(nlohmann::json::parse(file.metadata.at("mae")));
@@ -79,10 +79,9 @@ void check_mae_fixture(bool portable) {
     CHECK(rel <= 1e-4);
     if (rel > worst) worst = rel, worst_name = e.name;
   }
-  train::force_portable_train_ops(false);
   std::printf("MAE gradients vs PyTorch (%s ops): loss %.7f (ref %.7f), %zu parameter tensors, largest max-norm relative "
               "difference %.2e (%s)\n",
-              portable ? "portable" : "best", loss, ref_loss, net.layout().entries.size(), worst, worst_name.c_str());
+              train::train_ops_isa(), loss, ref_loss, net.layout().entries.size(), worst, worst_name.c_str());
 }
 
 VitConfig tiny_config(int img, int dim, int heads, int depth) {
@@ -132,8 +131,7 @@ int count_lines(const std::string& text) {
 }  // namespace
 
 TEST_CASE("mae: every gradient matches PyTorch autograd on the same weights, batch and mask", "[train][mae][grad]") {
-  check_mae_fixture(false);
-  check_mae_fixture(true);
+  for (KernelIsa isa : test::isas_here()) check_mae_fixture(isa);
 }
 
 TEST_CASE("mae: backward agrees with central finite differences in double", "[train][mae][grad]") {

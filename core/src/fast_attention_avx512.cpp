@@ -4,7 +4,7 @@
 // instruction count of every phase.
 //
 // Index
-//   [SECTION] Vector helpers    exp, horizontal max / sums
+//   [SECTION] Vector helpers    horizontal max / sums (exp16: avx512_math.hpp)
 //   [SECTION] Phase A           scores of 4 query rows (or 1) against 32 keys at a time
 //   [SECTION] Phase B           softmax of one row in place
 //   [SECTION] Phase C           e v and the column sums
@@ -22,9 +22,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "avx512_math.hpp"  // exp16, VITLENS_AVX512
 #include "vitlens/fast_attention.hpp"
-
-#define VITLENS_AVX512 __attribute__((target("avx512f,avx2,fma")))
 
 namespace vitlens::detail {
 namespace {
@@ -33,24 +32,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kSumChunk = 128;  // keys per float partial sum of exps (8 terms per lane), then double
 
 // [SECTION] Vector helpers
-
-// fast_attention.hpp's fast_exp, 16 lanes. vscalefps multiplies by 2^n in one instruction, and
-// its zero-masking form gives 0 below kExpMin (and for -inf, where r would be NaN).
-VITLENS_AVX512 inline __m512 exp16(__m512 x) {
-  using namespace fast_exp;
-  const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_GE_OQ);
-  const __m512 n =
-      _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(kC6), r, _mm512_set1_ps(kC5));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  return _mm512_maskz_scalef_ps(in_range, p, n);
-}
 
 VITLENS_AVX512 inline __m256 upper_half(__m512 v) {
   return _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1));

@@ -75,12 +75,12 @@ namespace {
 using detail::GemmKernels;
 
 // Block sizes: a packed A block (kMc x kKc, 96 KB) stays in L2, one packed B micro-panel
-// (kKc x NR, 16 or 32 KB) in L1, the packed B block (kKc x kNc, 1 MB) in L2 / L3.
+// (kKc x NR, 16 or 48 KB) in L1, the packed B block (kKc x kNc, 0.94 MB) in L2 / L3.
 constexpr int kKc = 256;
 constexpr int kMc = 96;          // a multiple of every MR (4, 6, 8)
-constexpr int kNc = 1024;        // a multiple of every NR (16, 32)
-constexpr int kSplitCols = 32;   // column splits between threads: a multiple of every NR
-constexpr int kMaxTile = 8 * 32; // the largest MR * NR
+constexpr int kNc = 960;         // a multiple of every NR (16, 48)
+constexpr int kSplitCols = 48;   // column splits between threads: a multiple of every NR
+constexpr int kMaxTile = 8 * 48; // the largest MR * NR
 
 const GemmKernels& active_gemm() {
 #if defined(__x86_64__)

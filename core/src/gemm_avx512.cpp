@@ -1,4 +1,4 @@
-// AVX-512F kernels for gemm.hpp: the 8 x 32 SGEMM tile, exact GELU, LayerNorm rows. The same
+// AVX-512F kernels for gemm.hpp: the 8 x 48 SGEMM tile, exact GELU, LayerNorm rows. The same
 // steps as gemm_avx2.cpp at 16 lanes; target attributes keep the rest of the binary baseline.
 #if defined(__x86_64__)
 // GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own _mm512_undefined_*
@@ -11,79 +11,45 @@
 
 #include <cmath>
 
+#include "avx512_math.hpp"  // gelu16, VITLENS_AVX512
 #include "gemm_simd.hpp"
 #include "vitlens/fast_attention.hpp"
 #include "vitlens/gemm.hpp"
 
-#define VITLENS_AVX512 __attribute__((target("avx512f,avx2,fma")))
-
 namespace vitlens::detail {
 namespace {
 
-constexpr int kMr = 8, kNr = 32;  // 16 accumulators + 2 B vectors + 1 broadcast of 32 registers
-
-// fast_attention.hpp's fast_exp, 16 lanes; x <= 0 here. Below kExpMin the result is 0.
-VITLENS_AVX512 inline __m512 exp16(__m512 x) {
-  using namespace fast_exp;
-  const __mmask16 in_range = _mm512_cmp_ps_mask(x, _mm512_set1_ps(kExpMin), _CMP_GE_OQ);
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(kLog2e)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Hi), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(kLn2Lo), r);
-  __m512 p = _mm512_fmadd_ps(_mm512_set1_ps(kC6), r, _mm512_set1_ps(kC5));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC4));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC3));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(kC2));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-  const __m512i two_n = _mm512_slli_epi32(_mm512_cvtps_epi32(n), 23);
-  p = _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(p), two_n));
-  return _mm512_maskz_mov_ps(in_range, p);
-}
-
-// avx2_math.hpp's gelu8 at 16 lanes.
-VITLENS_AVX512 inline __m512 gelu16(__m512 x) {
-  using namespace gelu_erf;
-  const __m512 a = _mm512_castsi512_ps(_mm512_and_si512(
-      _mm512_castps_si512(_mm512_mul_ps(x, _mm512_set1_ps(kInvSqrt2))), _mm512_set1_epi32(0x7fffffff)));
-  const __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_fmadd_ps(_mm512_set1_ps(kP), a, _mm512_set1_ps(1.0f)));
-  __m512 poly = _mm512_fmadd_ps(_mm512_set1_ps(kA5), t, _mm512_set1_ps(kA4));
-  poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kA3));
-  poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kA2));
-  poly = _mm512_fmadd_ps(poly, t, _mm512_set1_ps(kA1));
-  poly = _mm512_mul_ps(poly, t);
-  const __m512 y = _mm512_mul_ps(poly, exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a))));
-  const __mmask16 nonzero = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_NEQ_UQ);
-  const __m512 half = _mm512_maskz_mov_ps(nonzero, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), y));
-  const __mmask16 positive = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
-  return _mm512_mask_blend_ps(positive, half, _mm512_sub_ps(x, half));
-}
+// 24 accumulators + 3 B vectors + 1 broadcast of 32 registers. 48 columns: every width of the
+// card's model (48, 96, 144) and of ViT-S and ViT-B (384, 768, 1152, 1536, 2304, 3072) is a whole
+// number of panels, where 32 left a padded edge tile on every product 48 or 144 wide.
+constexpr int kMr = 8, kNr = 48;
 
 VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, float* c,
                          int64_t ldc, bool load_c, const float* bias, bool gelu) {
   // Named accumulators, not an array: GCC 12 kept an array in memory (see gemm_avx2.cpp).
   const __m512 z = _mm512_setzero_ps();
-  __m512 c00 = z, c01 = z, c10 = z, c11 = z, c20 = z, c21 = z, c30 = z, c31 = z, c40 = z, c41 = z, c50 = z, c51 = z,
-         c60 = z, c61 = z, c70 = z, c71 = z;
+  __m512 c00 = z, c01 = z, c02 = z, c10 = z, c11 = z, c12 = z, c20 = z, c21 = z, c22 = z, c30 = z, c31 = z, c32 = z,
+         c40 = z, c41 = z, c42 = z, c50 = z, c51 = z, c52 = z, c60 = z, c61 = z, c62 = z, c70 = z, c71 = z, c72 = z;
   // Row r of A starts at a_r; element p at a_r + p * a_ps.
   const float *a0 = a, *a1 = a + 1 * a_rs, *a2 = a + 2 * a_rs, *a3 = a + 3 * a_rs, *a4 = a + 4 * a_rs,
               *a5 = a + 5 * a_rs, *a6 = a + 6 * a_rs, *a7 = a + 7 * a_rs;
   for (int64_t p = 0, q = 0; p < kc; ++p, q += a_ps, b += kNr) {
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32);
 #define VITLENS_TILE_ROW(r)                         \
   {                                                 \
     const __m512 ar = _mm512_set1_ps(a##r[q]);      \
     c##r##0 = _mm512_fmadd_ps(ar, b0, c##r##0);     \
     c##r##1 = _mm512_fmadd_ps(ar, b1, c##r##1);     \
+    c##r##2 = _mm512_fmadd_ps(ar, b2, c##r##2);     \
   }
     VITLENS_TILE_ROW(0) VITLENS_TILE_ROW(1) VITLENS_TILE_ROW(2) VITLENS_TILE_ROW(3) VITLENS_TILE_ROW(4)
     VITLENS_TILE_ROW(5) VITLENS_TILE_ROW(6) VITLENS_TILE_ROW(7)
 #undef VITLENS_TILE_ROW
   }
-  const __m512 acc[kMr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31},
-                              {c40, c41}, {c50, c51}, {c60, c61}, {c70, c71}};
+  const __m512 acc[kMr][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32},
+                              {c40, c41, c42}, {c50, c51, c52}, {c60, c61, c62}, {c70, c71, c72}};
   for (int r = 0; r < kMr; ++r)
-    for (int h = 0; h < 2; ++h) {
+    for (int h = 0; h < 3; ++h) {
       float* dst = c + r * ldc + 16 * h;
       __m512 v = acc[r][h];
       if (load_c) v = _mm512_add_ps(v, _mm512_loadu_ps(dst));

@@ -1,9 +1,10 @@
 // The training ops: forward and backward pairs (see train_ops.hpp for shapes and the legend).
 //
-// This file is compiled twice: as itself (namespace vitlens::train::portable, SSE2, any x86-64)
-// and through train_ops_avx2.cpp with -mavx2 -mfma (namespace ::avx2, Eigen's namespace renamed
-// so that no Eigen function compiled for AVX2 can stand in for the portable one at link time).
-// The public functions at the end pick one at run time.
+// This file is compiled three times: as itself (namespace vitlens::train::portable, SSE2, any
+// x86-64), through train_ops_avx2.cpp with -mavx2 -mfma (namespace ::avx2) and through
+// train_ops_avx512.cpp with -mavx512f (namespace ::avx512), Eigen's namespace renamed in the last
+// two so that no Eigen function compiled for AVX2 or AVX-512 can stand in for the portable one at
+// link time. The public functions at the end pick one at run time.
 #include "vitlens/train_ops.hpp"
 
 #include <algorithm>
@@ -20,12 +21,18 @@
 
 #include "vitlens/gemm.hpp"
 #include "vitlens/parallel.hpp"
+#ifndef VITLENS_TRAIN_ISA
+#include "vitlens/fast_attention.hpp"  // kernel_isa(): the run-time choice at the end
+#endif
 
 #ifndef VITLENS_TRAIN_ISA
 #define VITLENS_TRAIN_ISA portable
 #define VITLENS_TRAIN_PORTABLE_BUILD 1
 #else
 #include "avx2_math.hpp"  // gelu8, gelu_slope8, exp8, transpose8x8 (this build has -mavx2 -mfma)
+#ifdef VITLENS_TRAIN_AVX512
+#include "avx512_math.hpp"  // gelu16, gelu_slope16, exp16 (this build has -mavx512f)
+#endif
 #endif
 
 namespace vitlens::train {
@@ -321,7 +328,11 @@ void layernorm_backward(const T* dout, const T* inp, const T* w, const T* mean, 
 
 namespace {
 
+#ifdef VITLENS_TRAIN_AVX512
+constexpr int kAttnWidth = 16;  // columns per block: one AVX-512 register of floats
+#else
 constexpr int kAttnWidth = 8;  // columns per block: one AVX register of floats (two SSE registers)
+#endif
 
 int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -349,8 +360,9 @@ inline void store_lanes(T* p, const typename Lanes<T>::type& v) {
 // c (M, W) = a (M, K) @ b (K, W), with W a multiple of kAttnWidth, b and c contiguous rows of W
 // values, a read through strides (a(i, k) = a[i * a_row + k * a_col]: a transposed operand needs
 // no copy). Each c(i, w) is the chain acc = a(i, k) * b(k, w) + acc for k = 0, 1, ..., K - 1 from
-// acc = 0, the same in every kind of block below (4 rows x 2 blocks of columns, 4 x 1, 1 x 2,
-// 1 x 1). The 4 x 2 blocks keep 8 FMA chains in flight for 2 loads and 4 broadcasts per k. The
+// acc = 0, the same in every kind of block below (4 rows x 2 blocks of columns, 8 x 1, 4 x 1,
+// 1 x 2, 1 x 1). The 4 x 2 blocks keep 8 FMA chains in flight for 2 loads and 4 broadcasts per k,
+// as do the 8 x 1 blocks for 1 load and 8 broadcasts. The
 // accumulators are named variables, not arrays: g++ clears an array with `rep stos` on the stack.
 template <class T>
 void small_product(int M, int K, int W, const T* a, int64_t a_row, int64_t a_col, const T* b, T* c) {
@@ -405,6 +417,34 @@ void small_product(int M, int K, int W, const T* a, int64_t a_row, int64_t a_col
   }
   for (; w0 < W; w0 += kW) {
     int i = 0;
+    // 8 rows x 1 block where a single block of columns is left (W = 16 in the AVX-512 build: 4 rows
+    // would keep only 4 FMA chains in flight, fewer than the FMA latency needs).
+    for (; i + 8 <= M; i += 8) {
+      V c0 = {}, c1 = {}, c2 = {}, c3 = {}, c4 = {}, c5 = {}, c6 = {}, c7 = {};
+      const T* ai = a + i * a_row;
+      for (int k = 0; k < K; ++k) {
+        V bk;
+        load_lanes(bk, b + static_cast<int64_t>(k) * W + w0);
+        const T* aik = ai + k * a_col;
+        c0 = aik[0] * bk + c0;
+        c1 = aik[a_row] * bk + c1;
+        c2 = aik[2 * a_row] * bk + c2;
+        c3 = aik[3 * a_row] * bk + c3;
+        c4 = aik[4 * a_row] * bk + c4;
+        c5 = aik[5 * a_row] * bk + c5;
+        c6 = aik[6 * a_row] * bk + c6;
+        c7 = aik[7 * a_row] * bk + c7;
+      }
+      T* ci = c + static_cast<int64_t>(i) * W + w0;
+      store_lanes(ci, c0);
+      store_lanes(ci + W, c1);
+      store_lanes(ci + 2 * W, c2);
+      store_lanes(ci + 3 * W, c3);
+      store_lanes(ci + 4 * W, c4);
+      store_lanes(ci + 5 * W, c5);
+      store_lanes(ci + 6 * W, c6);
+      store_lanes(ci + 7 * W, c7);
+    }
     for (; i + 4 <= M; i += 4) {
       V c0 = {}, c1 = {}, c2 = {}, c3 = {};
       const T* ai = a + i * a_row;
@@ -435,18 +475,11 @@ void small_product(int M, int K, int W, const T* a, int64_t a_row, int64_t a_col
   }
 }
 
-// sum_j a_j b_j over padded rows (n a multiple of kAttnWidth), in kAttnWidth lanes added in a fixed order.
+// sum_j a_j b_j for j < n, in kLanes partial sums added in a fixed order (lane_sum). Reads a and b
+// only up to n: a may be a row of the caller's unpadded attention weights.
 template <class T>
-T padded_row_dot(const T* a, const T* b, int n) {
-  typename Lanes<T>::type part = {}, x, y;
-  for (int j0 = 0; j0 < n; j0 += kAttnWidth) {
-    std::memcpy(&x, a + j0, sizeof x);
-    std::memcpy(&y, b + j0, sizeof y);
-    part = x * y + part;
-  }
-  T total = 0;
-  for (int u = 0; u < kAttnWidth; ++u) total += part[u];
-  return total;
+T row_dot(const T* a, const T* b, int n) {
+  return lane_sum<T>(n, [&](int j) { return a[j] * b[j]; });
 }
 
 // Per-thread scratch for one (image, head), carved into 64-byte aligned pieces. Thread-local and
@@ -506,14 +539,14 @@ void copy_padded(const T* src, int64_t ld, int rows, int cols, int cols_padded, 
   }
 }
 // dst (cols, rows_padded) = src^T for src (rows, cols) with row stride ld, the padding zero. The
-// AVX2 build's float version moves 8 x 8 squares through registers (transpose8x8): element by
+// vector builds' float version moves 8 x 8 squares through registers (transpose8x8): element by
 // element, reading down a column of k or v (one cache line per value, row stride 3D) took about a
 // tenth of the attention forward.
 template <class T>
 void copy_transposed_padded(const T* src, int64_t ld, int rows, int cols, int rows_padded, T* dst) {
 #ifndef VITLENS_TRAIN_PORTABLE_BUILD
   if constexpr (std::is_same_v<T, float>) {
-    for (int j0 = 0; j0 < rows_padded; j0 += 8) {  // rows_padded: a multiple of kAttnWidth = 8
+    for (int j0 = 0; j0 < rows_padded; j0 += 8) {  // rows_padded: a multiple of kAttnWidth (8 or 16)
       const int here = std::min(8, rows - j0);      // rows of src in this square (the rest are zero)
       for (int t0 = 0; t0 < cols; t0 += 8) {
         const int width = std::min(8, cols - t0);
@@ -534,27 +567,165 @@ void copy_transposed_padded(const T* src, int64_t ld, int rows, int cols, int ro
     for (int t = 0; t < cols; ++t) dst[static_cast<int64_t>(t) * rows_padded + j] = src[j * ld + t];
 }
 
-// row[j] = exp(row[j] - top) for a padded row (n a multiple of kAttnWidth, aligned): the AVX2
-// build's floats with avx2_math.hpp's exp8 (the viewer's softmax exp: within 1 ulp, and exactly 0
-// for -inf), the others with Eigen's vectorised exp on its all-packet path (the row is aligned).
-// A NaN stays NaN in both (exp8 alone would give 0), so a NaN score makes its whole row NaN in
-// every build rather than a finite map that hides it.
+// row[j] = exp(row[j] - top) for a padded row (n a multiple of kAttnWidth, aligned) with Eigen's
+// vectorised exp on its all-packet path (the row is aligned).
 template <class T>
 void exp_shifted(T* row, int n, T top) {
-#ifndef VITLENS_TRAIN_PORTABLE_BUILD
-  if constexpr (std::is_same_v<T, float>) {
-    const __m256 shift = _mm256_set1_ps(top);
-    for (int j0 = 0; j0 < n; j0 += 8) {
-      const __m256 x = _mm256_sub_ps(_mm256_load_ps(row + j0), shift);
-      const __m256 nan = _mm256_cmp_ps(x, x, _CMP_UNORD_Q);
-      _mm256_store_ps(row + j0, _mm256_blendv_ps(detail::exp8(x), x, nan));
-    }
-    return;
-  }
-#endif
   Eigen::Map<Eigen::Array<T, Eigen::Dynamic, 1>, Eigen::Aligned32> e(row, n);
   e = (e - top).exp();
 }
+
+// The sum and the largest of a block's lanes: one after the other in lane order, and for the floats
+// of the vector builds as a tree (halves, then quarters, ...: also a fixed order, and a chain of 3
+// or 4 steps where lane by lane was 7 or 15; the max is exact in any order).
+template <class T>
+T lane_total(const typename Lanes<T>::type& v) {
+  T total = 0;
+  for (int u = 0; u < kAttnWidth; ++u) total += v[u];
+  return total;
+}
+template <class T>
+T lane_max(const typename Lanes<T>::type& v) {
+  T top = v[0];
+  for (int u = 1; u < kAttnWidth; ++u) top = std::max(top, v[u]);
+  return top;
+}
+
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+#ifdef VITLENS_TRAIN_AVX512
+using FloatBlock = __m512;
+#else
+using FloatBlock = __m256;
+#endif
+static_assert(sizeof(FloatBlock) == sizeof(Lanes<float>::type));
+
+inline FloatBlock as_block(const Lanes<float>::type& v) {
+  FloatBlock b;
+  std::memcpy(&b, &v, sizeof b);
+  return b;
+}
+
+template <>
+float lane_total<float>(const Lanes<float>::type& v) {
+#ifdef VITLENS_TRAIN_AVX512
+  return _mm512_reduce_add_ps(as_block(v));
+#else
+  const __m256 b = as_block(v);
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+#endif
+}
+template <>
+float lane_max<float>(const Lanes<float>::type& v) {
+#ifdef VITLENS_TRAIN_AVX512
+  return _mm512_reduce_max_ps(as_block(v));
+#else
+  const __m256 b = as_block(v);
+  __m128 s = _mm_max_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+#endif
+}
+
+// exp of every lane (x <= 0): exp16 / exp8 (the viewer's softmax exp: within 1 ulp, exactly 0 for
+// -inf), a NaN lane kept NaN (the exp alone would give 0).
+inline void exp_lanes(Lanes<float>::type& v) {
+  const FloatBlock x = as_block(v);
+#ifdef VITLENS_TRAIN_AVX512
+  const __m512 e = _mm512_mask_mov_ps(detail::exp16(x), _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), x);
+#else
+  const __m256 e = _mm256_blendv_ps(detail::exp8(x), x, _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
+#endif
+  std::memcpy(&v, &e, sizeof v);
+}
+#endif
+
+// One row of the attention softmax in place: row (Np, aligned) holds the scores q . k of one query,
+// bias (Np) is 0 for a key that may be attended to and -inf for a masked or padded one, keep (Np)
+// 1 or 0 alike. Leaves the weights softmax(score * scale + bias) in row (the padding 0) and in
+// p[0, N); a row whose keys are all masked is all 0, never NaN. A NaN score makes the whole row
+// NaN in every build rather than a finite map that hides it.
+template <class T>
+void softmax_row(T* row, const T* bias, const T* keep, int N, int Np, T scale, T* p) {
+  using V = typename Lanes<T>::type;
+  // x = score * scale, -inf where masked; its largest value (x > top: a NaN x leaves top as it was)
+  V top_lanes = V{} - std::numeric_limits<T>::infinity(), x, m;
+  for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
+    std::memcpy(&x, row + j0, sizeof x);
+    std::memcpy(&m, bias + j0, sizeof m);
+    x = x * scale + m;
+    std::memcpy(row + j0, &x, sizeof x);
+    top_lanes = x > top_lanes ? x : top_lanes;
+  }
+  const T top = lane_max<T>(top_lanes);
+  if (top == -std::numeric_limits<T>::infinity()) {  // every key masked
+    std::fill(row, row + Np, T(0));
+    std::fill(p, p + N, T(0));
+    return;
+  }
+  V sum_lanes = {};
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+  if constexpr (std::is_same_v<T, float>) {  // exp_lanes gives exactly 0 for -inf: no mask needed
+    for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
+      std::memcpy(&x, row + j0, sizeof x);
+      x -= top;
+      exp_lanes(x);
+      std::memcpy(row + j0, &x, sizeof x);
+      sum_lanes += x;
+    }
+  } else
+#endif
+  {
+    // exp over the whole padded row; masked and padded keys are then set to exactly 0 (Eigen's
+    // vectorised exp gives something tiny but finite for -inf, so times 0 is 0).
+    exp_shifted(row, Np, top);
+    for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
+      std::memcpy(&x, row + j0, sizeof x);
+      std::memcpy(&m, keep + j0, sizeof m);
+      x *= m;
+      std::memcpy(row + j0, &x, sizeof x);
+      sum_lanes += x;
+    }
+  }
+  const T inv_sum = T(1) / lane_total<T>(sum_lanes);
+  for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {  // (the padding stays 0)
+    std::memcpy(&x, row + j0, sizeof x);
+    x *= inv_sum;
+    std::memcpy(row + j0, &x, sizeof x);
+    if (j0 + kAttnWidth <= N) {
+      std::memcpy(p + j0, &x, sizeof x);
+    } else {
+      for (int u = 0; j0 + u < N; ++u) p[j0 + u] = x[u];
+    }
+  }
+}
+
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+// row_dot for the floats of the vector builds: FMA into one block of lanes, the last through masked
+// loads, the lanes' sum as a tree (lane_total).
+float row_dot(const float* a, const float* b, int n) {
+  int j0 = 0;
+#ifdef VITLENS_TRAIN_AVX512
+  __m512 part = _mm512_setzero_ps();
+  for (; j0 + 16 <= n; j0 += 16) part = _mm512_fmadd_ps(_mm512_loadu_ps(a + j0), _mm512_loadu_ps(b + j0), part);
+  if (j0 < n) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (n - j0)) - 1);
+    part = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(tail, a + j0), _mm512_maskz_loadu_ps(tail, b + j0), part);
+  }
+#else
+  __m256 part = _mm256_setzero_ps();
+  for (; j0 + 8 <= n; j0 += 8) part = _mm256_fmadd_ps(_mm256_loadu_ps(a + j0), _mm256_loadu_ps(b + j0), part);
+  if (j0 < n) {
+    const __m256i tail = _mm256_cmpgt_epi32(_mm256_set1_epi32(n - j0), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    part = _mm256_fmadd_ps(_mm256_maskload_ps(a + j0, tail), _mm256_maskload_ps(b + j0, tail), part);
+  }
+#endif
+  Lanes<float>::type lanes;
+  std::memcpy(&lanes, &part, sizeof lanes);
+  return lane_total<float>(lanes);
+}
+#endif
 
 }  // namespace
 
@@ -586,52 +757,9 @@ void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, i
     copy_padded(base + 2 * D + h * d, ld, N, d, dp, v);
     // s = q k^T, q read in place (row stride 3D)
     small_product(N, d, Np, base + h * d, ld, 1, kt, s);
-    using V = typename Lanes<T>::type;
-    for (int i = 0; i < N; ++i) {
-      T* row = s + static_cast<int64_t>(i) * Np;
-      T* p = probs + (static_cast<int64_t>(task) * N + i) * N;
-      // x = score * scale, -inf where masked; its largest value (lane-wise: the max is exact in any order)
-      V top_lanes = V{} - std::numeric_limits<T>::infinity(), x, m;
-      for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
-        std::memcpy(&x, row + j0, sizeof x);
-        std::memcpy(&m, bias + j0, sizeof m);
-        x = x * scale + m;
-        std::memcpy(row + j0, &x, sizeof x);
-        top_lanes = x > top_lanes ? x : top_lanes;
-      }
-      T top = top_lanes[0];
-      for (int u = 1; u < kAttnWidth; ++u) top = std::max(top, top_lanes[u]);
-      if (top == -std::numeric_limits<T>::infinity()) {  // every key masked: a zero row, never NaN
-        std::fill(row, row + Np, T(0));
-        std::fill(p, p + N, T(0));
-        continue;
-      }
-      // exp over the whole padded row; masked and padded keys are then set to exactly 0 (exp8 gives
-      // 0 for -inf; Eigen's vectorised exp, in the other builds, something tiny but finite, so
-      // times 0 is 0).
-      exp_shifted(row, Np, top);
-      V sum_lanes = {};
-      for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {
-        std::memcpy(&x, row + j0, sizeof x);
-        std::memcpy(&m, keep + j0, sizeof m);
-        x *= m;
-        std::memcpy(row + j0, &x, sizeof x);
-        sum_lanes += x;
-      }
-      T sum = 0;
-      for (int u = 0; u < kAttnWidth; ++u) sum += sum_lanes[u];
-      const T inv_sum = T(1) / sum;
-      for (int j0 = 0; j0 < Np; j0 += kAttnWidth) {  // (the padding stays 0)
-        std::memcpy(&x, row + j0, sizeof x);
-        x *= inv_sum;
-        std::memcpy(row + j0, &x, sizeof x);
-        if (j0 + kAttnWidth <= N) {
-          std::memcpy(p + j0, &x, sizeof x);
-        } else {
-          for (int u = 0; j0 + u < N; ++u) p[j0 + u] = x[u];
-        }
-      }
-    }
+    for (int i = 0; i < N; ++i)
+      softmax_row(s + static_cast<int64_t>(i) * Np, bias, keep, N, Np, scale,
+                  probs + (static_cast<int64_t>(task) * N + i) * N);
     // out = attn @ v, into head h's columns of ctx (row stride D)
     small_product(N, N, dp, s, Np, 1, v, out);
     T* ctx_b = ctx + static_cast<int64_t>(b) * N * D + h * d;
@@ -652,33 +780,32 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
     const int b = task / H, h = task % H;
     const T* base = qkv + static_cast<int64_t>(b) * N * ld;
     T* dbase = dqkv + static_cast<int64_t>(b) * N * ld;
-    T* q = attention_scratch<T>().reserve(4 * tall + wide + 2 * square);
+    T* q = attention_scratch<T>().reserve(4 * tall + wide + square);
     T* k = q + tall;
     T* g = k + tall;       // dout (N, dp)
     T* acc = g + tall;     // one of dq, dk, dv (N, dp)
     T* vt = acc + tall;    // v^T (d, Np)
-    T* p = vt + wide;      // attn (N, Np)
-    T* ds = p + square;    // dattn, then in place dscore (N, Np)
+    T* ds = vt + wide;     // dattn, then in place dscore (N, Np; columns N.. are never read)
+    const T* p = probs + static_cast<int64_t>(task) * N * N;  // attn (N, N), read in place
     copy_padded(base + h * d, ld, N, d, dp, q);
     copy_padded(base + D + h * d, ld, N, d, dp, k);
     copy_padded(dctx + static_cast<int64_t>(b) * N * D + h * d, static_cast<int64_t>(D), N, d, dp, g);
     copy_transposed_padded(base + 2 * D + h * d, ld, N, d, Np, vt);
-    copy_padded(probs + static_cast<int64_t>(task) * N * N, static_cast<int64_t>(N), N, N, Np, p);
     // (N, d) column block [col, col + d) of dqkv's rows = acc (written: train_ops_list.inc)
     auto write_to = [&](int col) {
       for (int i = 0; i < N; ++i) copy_short(acc + static_cast<int64_t>(i) * dp, d, dbase + i * ld + col);
     };
     // x = attn @ v:  dattn = dx @ v^T,  dv = attn^T @ dx  (attn^T read through strides)
     small_product(N, d, Np, g, dp, 1, vt, ds);
-    small_product(N, N, dp, p, 1, Np, g, acc);
+    small_product(N, N, dp, p, 1, N, g, acc);
     write_to(2 * D + h * d);
-    // softmax: dscore_ij = attn_ij (dattn_ij - sum_k attn_ik dattn_ik)  (masked or padded attn_ij = 0
-    // gives 0); score = (q @ k^T) * scale brings the factor scale.
+    // softmax: dscore_ij = attn_ij (dattn_ij - sum_k attn_ik dattn_ik)  (masked attn_ij = 0 gives
+    // 0); score = (q @ k^T) * scale brings the factor scale.
     for (int i = 0; i < N; ++i) {
-      const T* pi = p + static_cast<int64_t>(i) * Np;
+      const T* pi = p + static_cast<int64_t>(i) * N;
       T* gi = ds + static_cast<int64_t>(i) * Np;
-      const T dot = padded_row_dot(pi, gi, Np);
-      for (int j = 0; j < Np; ++j) gi[j] = pi[j] * (gi[j] - dot) * scale;
+      const T dot = row_dot(pi, gi, N);
+      for (int j = 0; j < N; ++j) gi[j] = pi[j] * (gi[j] - dot) * scale;
     }
     // dq = dscore @ k,  dk = dscore^T @ q
     small_product(N, N, dp, ds, Np, 1, k, acc);
@@ -691,8 +818,9 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
 // ---------------------------------------------------------------------------------------------
 // gelu: nn.GELU(approximate='none')
 
-// The float ops of the AVX2 build run avx2_math.hpp's vector GELU (the viewer's forward, within
-// 1e-6 of std::erf's formula) and its derivative, one exp for both terms. The other builds work on
+// The float ops of the vector builds run avx2_math.hpp's vector GELU (the viewer's forward, within
+// 1e-6 of std::erf's formula; avx512_math.hpp's 16-lane copy in the AVX-512 build, the same
+// values) and its derivative, one exp for both terms. The other builds work on
 // Eigen-owned scratch copies of each chunk: Eigen starts its vector loop where the data is aligned,
 // so on the caller's buffers the scalar (std::erf) / vector (polynomial erf) split, and with it the
 // last bits, would depend on the buffer's address. Both tails go through a padded vector for the
@@ -715,6 +843,22 @@ void map8(F f, const float* x, const float* g, int64_t count, float* out) {
     std::copy(px, px + (count - i), out + i);
   }
 }
+#ifdef VITLENS_TRAIN_AVX512
+// map8 at 16 lanes, the tail through masked loads and stores.
+template <class F>
+void map16(F f, const float* x, const float* g, int64_t count, float* out) {
+  int64_t i = 0;
+  for (; i + 16 <= count; i += 16) {
+    const __m512 v = f(_mm512_loadu_ps(x + i));
+    _mm512_storeu_ps(out + i, g ? _mm512_mul_ps(v, _mm512_loadu_ps(g + i)) : v);
+  }
+  if (i < count) {
+    const __mmask16 tail = static_cast<__mmask16>((1u << (count - i)) - 1);
+    const __m512 v = f(_mm512_maskz_loadu_ps(tail, x + i));
+    _mm512_mask_storeu_ps(out + i, tail, g ? _mm512_mul_ps(v, _mm512_maskz_loadu_ps(tail, g + i)) : v);
+  }
+}
+#endif
 #endif
 
 template <class T>
@@ -724,7 +868,11 @@ void gelu_forward(const T* inp, int64_t n, T* out, int threads) {
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
 #ifndef VITLENS_TRAIN_PORTABLE_BUILD
     if constexpr (std::is_same_v<T, float>) {
+#ifdef VITLENS_TRAIN_AVX512
+      map16([](__m512 x) { return detail::gelu16(x); }, inp + i0, nullptr, len, out + i0);
+#else
       map8([](__m256 x) { return detail::gelu8(x); }, inp + i0, nullptr, len, out + i0);
+#endif
       return;
     }
 #endif
@@ -742,7 +890,11 @@ void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads)
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
 #ifndef VITLENS_TRAIN_PORTABLE_BUILD
     if constexpr (std::is_same_v<T, float>) {  // written (train_ops_list.inc)
+#ifdef VITLENS_TRAIN_AVX512
+      map16([](__m512 x) { return detail::gelu_slope16(x); }, inp + i0, dout + i0, len, dinp + i0);
+#else
       map8([](__m256 x) { return detail::gelu_slope8(x); }, inp + i0, dout + i0, len, dinp + i0);
+#endif
       return;
     }
 #endif
@@ -893,9 +1045,12 @@ VITLENS_TRAIN_OPS(double)
 
 #ifdef VITLENS_TRAIN_PORTABLE_BUILD
 // ---------------------------------------------------------------------------------------------
-// Run-time choice between the two builds.
+// Run-time choice between the three builds.
 
 namespace avx2 {
+#include "vitlens/train_ops_list.inc"
+}
+namespace avx512 {
 #include "vitlens/train_ops_list.inc"
 }
 
@@ -903,24 +1058,48 @@ namespace {
 
 std::atomic<bool> g_force_portable{false};
 
-bool use_avx2() {
-  static const bool capable = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                              !(std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1');
-  return capable && !g_force_portable;
+enum class Build { Portable, Avx2, Avx512 };
+
+// The build of fast_attention.hpp's kernel_isa() (the best the CPU runs unless set_kernel_isa chose
+// another: AVX-512, AVX2 + FMA or portable); portable whatever the CPU with VITLENS_PORTABLE=1 in
+// the environment or after force_portable_train_ops(true).
+Build build() {
+  static const bool env_portable = std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1';
+  if (env_portable || g_force_portable) return Build::Portable;
+  switch (kernel_isa()) {
+    case KernelIsa::Avx512: return Build::Avx512;
+    case KernelIsa::Avx2: return Build::Avx2;
+    case KernelIsa::Portable: break;
+  }
+  return Build::Portable;
 }
 
 }  // namespace
 
-const char* train_ops_isa() { return use_avx2() ? "avx2" : "portable"; }
+const char* train_ops_isa() {
+  switch (build()) {
+    case Build::Avx512: return "avx512";
+    case Build::Avx2: return "avx2";
+    case Build::Portable: break;
+  }
+  return "portable";
+}
 void force_portable_train_ops(bool portable) { g_force_portable = portable; }
 
 #define VITLENS_DISPATCH(name, params, args) \
   template <class T>                        \
   void name params {                        \
-    if (use_avx2())                         \
-      avx2::name<T> args;                   \
-    else                                    \
-      portable::name<T> args;               \
+    switch (build()) {                      \
+      case Build::Avx512:                   \
+        avx512::name<T> args;               \
+        return;                             \
+      case Build::Avx2:                     \
+        avx2::name<T> args;                 \
+        return;                             \
+      case Build::Portable:                 \
+        break;                              \
+    }                                       \
+    portable::name<T> args;                 \
   }
 
 VITLENS_DISPATCH(patchify_forward, (const T* images, int B, int H, int W, int P, T* patches),
@@ -973,8 +1152,12 @@ VITLENS_DISPATCH(crossentropy_backward,
 
 template <class T>
 T crossentropy_forward(const T* logits, const int32_t* labels, int B, int C, T smoothing, T* probs) {
-  return use_avx2() ? avx2::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs)
-                    : portable::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs);
+  switch (build()) {
+    case Build::Avx512: return avx512::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs);
+    case Build::Avx2: return avx2::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs);
+    case Build::Portable: break;
+  }
+  return portable::crossentropy_forward<T>(logits, labels, B, C, smoothing, probs);
 }
 
 VITLENS_TRAIN_OPS(float)

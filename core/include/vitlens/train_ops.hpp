@@ -23,11 +23,14 @@ namespace vitlens::train {
 // must not depend on which thread runs it. The first exception is rethrown after every join.
 void parallel_for(int tasks, int threads, const std::function<void(int)>& task);
 
-// The instruction set the ops run with: "avx2" (AVX2 + FMA, when the CPU has them) or
-// "portable" (SSE2, any x86-64). The two differ in rounding (FMA) and in the float GELU's erf
-// (avx2_math.hpp's polynomial in the first, Eigen's in the second; both within 1e-6 of std::erf's
-// formula), not in the math; on one machine the numbers are always the same. force_portable_train_ops(true) selects the portable build
-// (tests compare both; VITLENS_PORTABLE=1 in the environment does the same).
+// The instruction set the ops run with, that of fast_attention.hpp's kernel_isa(): "avx512"
+// (AVX-512F: the attention blocks 16 floats wide), "avx2" (AVX2 + FMA) or "portable" (SSE2, any
+// x86-64). The builds differ in rounding (FMA, the order of the lanes' sums) and in the float
+// GELU's erf (avx2_math.hpp's polynomial in the vector builds, Eigen's in the portable one; all
+// within 1e-6 of std::erf's formula), not in the math; on one machine and instruction set the
+// numbers are always the same. force_portable_train_ops(true) selects the portable build whatever
+// kernel_isa() is (VITLENS_PORTABLE=1 in the environment does the same); set_kernel_isa() selects
+// the others (tests compare every build the CPU runs).
 const char* train_ops_isa();
 void force_portable_train_ops(bool portable);
 
