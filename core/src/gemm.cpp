@@ -300,8 +300,8 @@ void run_gemm(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmO
   const int tile_unit = split_rows ? kern.mr : kern.nr;
   if ((extent + unit - 1) / unit < parts) unit = tile_unit;
   // Fewer than four whole units a thread (a weight gradient: 48 to 144 rows or columns): at
-  // multiples of the tile, or 144 rows would split 96 + 48 and 96 columns 64 + 32. (Not with B
-  // packed ahead, the inference forward, whose balance was measured with the units above.)
+  // multiples of the tile, or 144 rows would split 96 + 48. (Not with B packed ahead, the
+  // inference forward, whose balance was measured with units of 96 rows and 32 columns.)
   else if (!packed && extent < 4 * unit * parts) unit = tile_unit;
   const int units = (extent + unit - 1) / unit;
   const int workers = std::min(parts, units);

@@ -337,10 +337,10 @@ constexpr int kAttnWidth = 8;  // columns per block: one AVX register of floats 
 int round_up(int n, int multiple) { return (n + multiple - 1) / multiple * multiple; }
 
 // One block of kAttnWidth values as a GCC/clang vector (one AVX register of floats, two of doubles;
-// two and four SSE registers in the portable build). Its arithmetic is the same in every lane, so
-// the numbers never depend on how a loop over blocks is split. `a * b + c` on blocks compiles to
-// one FMA (one rounding) in the AVX2 + FMA build with g++ 12 and clang 14 alike, to a multiply and
-// an add in the portable build.
+// one and two AVX-512 registers in the AVX-512 build; two and four SSE registers in the portable
+// build). Its arithmetic is the same in every lane, so the numbers never depend on how a loop over
+// blocks is split. `a * b + c` on blocks compiles to one FMA (one rounding) in the vector builds
+// with g++ 12 and clang 14 alike, to a multiply and an add in the portable build.
 template <class T>
 struct Lanes {
   typedef T type __attribute__((vector_size(kAttnWidth * sizeof(T))));
@@ -645,7 +645,8 @@ inline void exp_lanes(Lanes<float>::type& v) {
 // bias (Np) is 0 for a key that may be attended to and -inf for a masked or padded one, keep (Np)
 // 1 or 0 alike. Leaves the weights softmax(score * scale + bias) in row (the padding 0) and in
 // p[0, N); a row whose keys are all masked is all 0, never NaN. A NaN score makes the whole row
-// NaN in every build rather than a finite map that hides it.
+// NaN in every build rather than a finite map that hides it, unless it is the row's only unmasked
+// key (the max then ignores it and the row is taken for all masked: all 0).
 template <class T>
 void softmax_row(T* row, const T* bias, const T* keep, int N, int Np, T scale, T* p) {
   using V = typename Lanes<T>::type;
@@ -820,7 +821,8 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
 
 // The float ops of the vector builds run avx2_math.hpp's vector GELU (the viewer's forward, within
 // 1e-6 of std::erf's formula; avx512_math.hpp's 16-lane copy in the AVX-512 build, the same
-// values) and its derivative, one exp for both terms. The other builds work on
+// values but below about 1e-38, where exp16 rounds a subnormal correctly and exp8 does not) and
+// its derivative, one exp for both terms. The other builds work on
 // Eigen-owned scratch copies of each chunk: Eigen starts its vector loop where the data is aligned,
 // so on the caller's buffers the scalar (std::erf) / vector (polynomial erf) split, and with it the
 // last bits, would depend on the buffer's address. Both tails go through a padded vector for the
