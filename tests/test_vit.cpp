@@ -99,8 +99,13 @@ TEST_CASE("forward: stored rows, class-token rows and received maps match the fu
           const RowVecF col_mean = p.colwise().sum() / static_cast<float>(r.tokens);
           worst = std::max(worst, static_cast<double>((r.layers[l].received.row(h) - col_mean).cwiseAbs().maxCoeff()));
         }
+      // Two softmaxes of the same scores (the blocked kernel's fast_exp, within 1 ulp, and its
+      // blocked sums against Eigen's std::exp and sums) differ by a few ulp of the largest
+      // weights: ulp(1) = 1.2e-7. Measured: 8.9e-7 and 9.5e-7 (g++, AVX-512 kernels, both sections),
+      // 1.013e-6 (clang 14's ASan build, AVX-512), so 1e-6 was too tight; a mask or index error
+      // moves weights by 1e-3 and more.
       INFO("largest difference " << worst);
-      CHECK(worst < 1e-6);
+      CHECK(worst < 2e-6);
     }
   }
 }
