@@ -13,9 +13,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 #include <cstdio>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "test_support.hpp"
@@ -135,6 +137,12 @@ Result run(const AttentionCase& c, const std::vector<float>& qkv, const std::vec
 
 void check_attention(const AttentionCase& c, KernelIsa isa) {
   const test::UseIsa use(isa);
+  // set_kernel_isa selects the training ops' build too (unless VITLENS_PORTABLE=1 forces portable).
+  const bool env_portable = std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1';
+  const char* expected = env_portable || isa == KernelIsa::Portable ? "portable"
+                         : isa == KernelIsa::Avx2                   ? "avx2"
+                                                                    : "avx512";
+  REQUIRE(std::string(train::train_ops_isa()) == expected);
   std::mt19937 rng(static_cast<unsigned>(c.N * 131 + c.D));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t rows = static_cast<size_t>(c.B) * c.N;
