@@ -605,15 +605,22 @@ inline FloatBlock as_block(const Lanes<float>::type& v) {
   return b;
 }
 
+#ifndef VITLENS_TRAIN_AVX512
+// The 8 lanes folded 8 -> 4 -> 2 -> 1 by op (_mm_add_ps or _mm_max_ps), lane 0 the result.
+template <class Op>
+float fold8(__m256 b, Op op) {
+  __m128 s = op(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
+  s = op(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(op(s, _mm_movehdup_ps(s)));
+}
+#endif
+
 template <>
 float lane_total<float>(const Lanes<float>::type& v) {
 #ifdef VITLENS_TRAIN_AVX512
   return _mm512_reduce_add_ps(as_block(v));
 #else
-  const __m256 b = as_block(v);
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  return fold8(as_block(v), [](__m128 a, __m128 b) { return _mm_add_ps(a, b); });
 #endif
 }
 template <>
@@ -621,10 +628,7 @@ float lane_max<float>(const Lanes<float>::type& v) {
 #ifdef VITLENS_TRAIN_AVX512
   return _mm512_reduce_max_ps(as_block(v));
 #else
-  const __m256 b = as_block(v);
-  __m128 s = _mm_max_ps(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-  s = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(s, _mm_movehdup_ps(s)));
+  return fold8(as_block(v), [](__m128 a, __m128 b) { return _mm_max_ps(a, b); });
 #endif
 }
 
