@@ -1,5 +1,5 @@
 #pragma once
-// 8-lane AVX2 + FMA math shared by the vector kernels: exp (fast_exp.hpp's constants), exact
+// 8-lane AVX2 + FMA math shared by the vector kernels: lane sum and max, exp (fast_exp.hpp's constants), exact
 // GELU (gemm_simd.hpp's erfc form) and GELU's derivative. Included by fast_attention_avx2.cpp and
 // gemm_avx2.cpp (baseline x86-64 files: the target attribute makes these AVX2 code) and by the
 // AVX2 build of train_ops.cpp. Internal linkage: each file keeps its own copy.
@@ -15,6 +15,20 @@
 
 namespace vitlens::detail {
 namespace {
+
+// The 8 lanes of v folded 8 -> 4 -> 2 -> 1 by op (_mm_add_ps or _mm_max_ps); lane 0 is the result.
+template <class Op>
+VITLENS_AVX2 inline float fold8(__m256 v, Op op) {
+  __m128 s = op(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = op(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(op(s, _mm_movehdup_ps(s)));
+}
+VITLENS_AVX2 inline float sum8(__m256 v) {
+  return fold8(v, [](__m128 a, __m128 b) { return _mm_add_ps(a, b); });
+}
+VITLENS_AVX2 inline float max8(__m256 v) {
+  return fold8(v, [](__m128 a, __m128 b) { return _mm_max_ps(a, b); });
+}
 
 // fast_exp at 8 lanes: n = round(x log2 e), r = x - n ln 2, 2^n exp(r); x <= 0 here.
 VITLENS_AVX2 inline __m256 exp8(__m256 x) {

@@ -3,7 +3,7 @@
 // stays baseline x86-64; the dispatcher uses them only after __builtin_cpu_supports said yes.
 //
 // Index
-//   [SECTION] Vector helpers    exp, horizontal max / sums
+//   [SECTION] Vector helpers    horizontal sums (exp, max8: avx2_math.hpp)
 //   [SECTION] Phase A           scores of 4 query rows (or 1) against a panel of 16 keys
 //   [SECTION] Phase B           softmax of one row in place
 //   [SECTION] Phase C           e v and the column sums
@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <limits>
 
-#include "avx2_math.hpp"  // exp8, VITLENS_AVX2
+#include "avx2_math.hpp"  // exp8, max8, VITLENS_AVX2
 #include "vitlens/fast_attention.hpp"
 
 namespace vitlens::detail {
@@ -24,13 +24,6 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int kSumChunk = 64;  // keys per float partial sum of exps (8 terms per lane), then double
 
 // [SECTION] Vector helpers
-
-VITLENS_AVX2 inline float max_of(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
-  return _mm_cvtss_f32(m);
-}
 
 // sums[0..3] += the lane sums of a, b, c, d.
 VITLENS_AVX2 inline void add_sums_of_4(__m256 a, __m256 b, __m256 c, __m256 d, double* sums) {
@@ -132,7 +125,7 @@ VITLENS_AVX2 float softmax_row(float* s, int end) {
     m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + j));
     m1 = _mm256_max_ps(m1, _mm256_loadu_ps(s + j + 8));
   }
-  const float row_max = max_of(_mm256_max_ps(m0, m1));
+  const float row_max = max8(_mm256_max_ps(m0, m1));
   if (row_max == kNegInf) {
     std::fill(s, s + end, 0.0f);
     return 0.0f;

@@ -29,7 +29,7 @@
 #define VITLENS_TRAIN_ISA portable
 #define VITLENS_TRAIN_PORTABLE_BUILD 1
 #else
-#include "avx2_math.hpp"  // gelu8, gelu_slope8, exp8, transpose8x8 (this build has -mavx2 -mfma)
+#include "avx2_math.hpp"  // gelu8, gelu_slope8, exp8, transpose8x8, sum8, max8 (this build has -mavx2 -mfma)
 #ifdef VITLENS_TRAIN_AVX512
 #include "avx512_math.hpp"  // gelu16, gelu_slope16, exp16 (this build has -mavx512f)
 #endif
@@ -605,22 +605,12 @@ inline FloatBlock as_block(const Lanes<float>::type& v) {
   return b;
 }
 
-#ifndef VITLENS_TRAIN_AVX512
-// The 8 lanes folded 8 -> 4 -> 2 -> 1 by op (_mm_add_ps or _mm_max_ps), lane 0 the result.
-template <class Op>
-float fold8(__m256 b, Op op) {
-  __m128 s = op(_mm256_castps256_ps128(b), _mm256_extractf128_ps(b, 1));
-  s = op(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(op(s, _mm_movehdup_ps(s)));
-}
-#endif
-
 template <>
 float lane_total<float>(const Lanes<float>::type& v) {
 #ifdef VITLENS_TRAIN_AVX512
   return _mm512_reduce_add_ps(as_block(v));
 #else
-  return fold8(as_block(v), [](__m128 a, __m128 b) { return _mm_add_ps(a, b); });
+  return detail::sum8(as_block(v));
 #endif
 }
 template <>
@@ -628,7 +618,7 @@ float lane_max<float>(const Lanes<float>::type& v) {
 #ifdef VITLENS_TRAIN_AVX512
   return _mm512_reduce_max_ps(as_block(v));
 #else
-  return fold8(as_block(v), [](__m128 a, __m128 b) { return _mm_max_ps(a, b); });
+  return detail::max8(as_block(v));
 #endif
 }
 
