@@ -6,6 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -14,6 +15,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -149,11 +151,33 @@ Child reap(pid_t pid, const std::string& err_path) {
   return c;
 }
 
+// Runs vitlens through vitlens_peak_rss (tests/peak_rss.cpp), so that max_rss_kb is vitlens' own
+// peak: a child spawned from this process would report this process's peak as its floor.
 Child run_vitlens(const std::vector<std::string>& args) {
   static const std::string dir = test::temp_dir("hostile-run");
-  std::vector<std::string> all = {VITLENS_BINARY};
+  const std::string rss_path = dir + "/rss";
+  std::remove(rss_path.c_str());
+  std::vector<std::string> all = {VITLENS_PEAK_RSS_BINARY, rss_path, VITLENS_BINARY};
   all.insert(all.end(), args.begin(), args.end());
-  return reap(spawn(all, dir + "/err"), dir + "/err");
+  Child c = reap(spawn(all, dir + "/err"), dir + "/err");
+  const std::string rss = slurp(rss_path);
+  INFO("vitlens_peak_rss wrote '" << rss << "'; stderr: " << c.err);
+  REQUIRE(!rss.empty());
+  c.max_rss_kb = std::stol(rss);
+  return c;
+}
+
+// Raises this process's own peak RSS to at least `mb` MB (touched, then unmapped): a measurement
+// of a child that inherited this process's peak would then fail the checks below.
+void raise_own_peak_rss(size_t mb) {
+  const size_t bytes = mb << 20;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(p != MAP_FAILED);
+  std::memset(p, 1, bytes);
+  munmap(p, bytes);
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  REQUIRE(self.ru_maxrss >= static_cast<long>(mb << 10));
 }
 
 struct Setup {
@@ -283,8 +307,9 @@ TEST_CASE("decompression bombs are refused from the header, before any decoding"
   CHECK_THROWS_WITH(load_image_rgb(dir + "/bomb.jpg"), Catch::Contains("declares 60000x60000"));
 
   // End to end: one line, and the process never grows by the decoded size (peak RSS of the
-  // child; decoding the first bomb alone would take 2.7 GB).
+  // child; decoding the first bomb alone would take 2.7 GB), even when this process peaked higher.
   Setup s;
+  raise_own_peak_rss(512);
   const Child c = run_vitlens({"export", dir + "/bomb.png", "--model", s.model, "--out", dir});
   CHECK(c.code == 1);
   CHECK(c.err == "vitlens: " + dir + "/bomb.png: PNG image declares 30000x30000 pixels (900 megapixels), more than "
@@ -395,10 +420,16 @@ TEST_CASE("raw export is streamed: the same bytes as the whole array, without a 
   cv::randu(big, 0, 255);
   REQUIRE(cv::imwrite(s.dir + "/big.png", big));
   const double npy_mb = 2.0 * 4 * 1445.0 * 1445.0 * 4 / (1 << 20);
+  raise_own_peak_rss(1024);  // each child's own peak, not this process's (run_vitlens)
   const Child plain = run_vitlens({"export", s.dir + "/big.png", "--model", s.model, "--out", s.dir, "--size", "0", "-q"});
   const Child raw = run_vitlens({"export", s.dir + "/big.png", "--model", s.model, "--out", s.dir, "--size", "0", "-q", "--raw"});
   REQUIRE(plain.code == 0);
   REQUIRE(raw.code == 0);
+  // The peaks are the children's own: below this process's 1 GB (ASan's build included), and with
+  // --raw above the maps the forward keeps for it (without --raw it keeps none: 75 MiB in all).
+  CHECK(plain.max_rss_kb < 800 * 1024);
+  CHECK(raw.max_rss_kb < 800 * 1024);
+  CHECK(raw.max_rss_kb / 1024.0 > npy_mb);
   const double extra_mb = static_cast<double>(raw.max_rss_kb - plain.max_rss_kb) / 1024.0;
   WARN("peak RSS without --raw " << plain.max_rss_kb / 1024 << " MiB, with --raw " << raw.max_rss_kb / 1024
                                  << " MiB; the weights are " << npy_mb << " MiB");

@@ -218,3 +218,35 @@ TEST_CASE("train: a NaN key makes every query's weights NaN in every build (neve
     for (int i = 0; i < N; ++i) CHECK(std::isnan(probs[static_cast<size_t>(i) * N + 3]));
   }
 }
+
+TEST_CASE("train: force_portable_train_ops runs the portable build whatever kernel_isa() is", "[train][attention]") {
+  const KernelIsa widest = test::isas_here().back();
+  const test::UseIsa use(widest);
+  if (std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1')
+    REQUIRE(std::string(train::train_ops_isa()) == "portable");
+  const AttentionCase c{2, 13, 10, 2};
+  std::mt19937 rng(11);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> qkv(static_cast<size_t>(c.B) * c.N * 3 * c.D);
+  for (float& v : qkv) v = normal(rng);
+  const float scale = 1.0f / std::sqrt(5.0f);
+  auto run = [&] {
+    std::vector<float> probs(static_cast<size_t>(c.B) * c.H * c.N * c.N), ctx(static_cast<size_t>(c.B) * c.N * c.D);
+    train::attention_forward(qkv.data(), nullptr, c.B, c.N, c.D, c.H, scale, probs.data(), ctx.data(), 1);
+    probs.insert(probs.end(), ctx.begin(), ctx.end());
+    return probs;
+  };
+  std::vector<float> portable;
+  {
+    const test::UseIsa plain(KernelIsa::Portable);
+    portable = run();
+  }
+  train::force_portable_train_ops(true);
+  CHECK(std::string(train::train_ops_isa()) == "portable");
+  CHECK(kernel_isa() == widest);  // the inference kernels keep theirs
+  const std::vector<float> forced = run();
+  train::force_portable_train_ops(false);
+  CHECK(forced == portable);  // the same build, so the same bits
+  if (widest != KernelIsa::Portable && !(std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1'))
+    CHECK(std::string(train::train_ops_isa()) != "portable");
+}
