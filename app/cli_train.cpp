@@ -17,6 +17,7 @@
 #include "vitlens/files.hpp"
 #include "vitlens/mae_train.hpp"
 #include "vitlens/safetensors.hpp"
+#include "vitlens/train_ops.hpp"
 #include "vitlens/trainer.hpp"
 
 namespace vitlens::cli {
@@ -184,6 +185,20 @@ void append_log(const std::string& path, const nlohmann::json& record) {
   if (!out) throw Error(path + ": cannot append to the training log");
 }
 
+// Records which build of the training ops this run uses (train_ops.hpp: AVX-512, AVX2 + FMA or
+// portable; they differ in the last bits), and says so in one line when a resumed run was trained
+// with another: the result is then not bit for bit the uninterrupted run.
+void record_training_ops(nlohmann::json& record, bool resumed) {
+  const std::string now = train::train_ops_isa();
+  if (resumed && record.contains("training_ops") && record["training_ops"].is_string() &&
+      record["training_ops"].get<std::string>() != now)
+    std::fprintf(stderr,
+                 "vitlens: warning: this run was trained with the %s training ops and continues with the %s ones "
+                 "(another CPU, or VITLENS_PORTABLE): it will not be bit for bit the uninterrupted run\n",
+                 record["training_ops"].get<std::string>().c_str(), now.c_str());
+  record["training_ops"] = now;
+}
+
 void check_args(const TrainArgs& a, CLI::App* cmd) {
   auto bad = [](const std::string& s) { throw UsageError(s); };
   if (a.data.empty())
@@ -327,6 +342,7 @@ int run_train_mae(TrainArgs& a) {
   nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
   record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's
   record.erase("train_loss_first_step");
+  record_training_ops(record, !a.resume.empty());
   record["objective"] = "mae";
   record["data"] = a.data;
   record["photo_dir"] = dir;
@@ -614,6 +630,7 @@ int run_train(TrainArgs& a) {
   nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
   record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's
   record.erase("train_loss_first_step");
+  record_training_ops(record, !a.resume.empty());
   record["data"] = a.data;
   record["limit"] = a.limit;
   record["val_split"] = a.val_split;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -73,9 +74,11 @@ std::string slurp(const std::string& path) {
   return s.str();
 }
 
-Run run_vitlens(const std::string& args) {
+// Runs the real binary; `env` (NAME=VALUE ...) is added to its environment.
+Run run_vitlens(const std::string& args, const std::string& env = "") {
   static const std::string dir = test::temp_dir("train-cli");
-  const std::string cmd = std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir + "/err </dev/null";
+  const std::string cmd = "env " + env + " " + std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir +
+                          "/err </dev/null";
   const int status = std::system(cmd.c_str());
   Run r;
   r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
@@ -507,4 +510,42 @@ TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --st
   CHECK(load_model(dir + "/a/last.safetensors").config.name == "relabelled");
   CHECK(load_model(dir + "/a/last.safetensors").config.description == "new words");
   CHECK(nlohmann::json::parse(fr.metadata.at("training")).at("test_accuracy") == record.at("test_accuracy"));
+}
+
+TEST_CASE("train CLI: the record names the training ops' build, and resuming with another build warns",
+          "[train][cli]") {
+  REQUIRE(have_fashion_mnist());
+  const std::string dir = test::temp_dir("train-ops");
+  const std::string common = " --data fashion-mnist --limit 128 --depth 1 --embed-dim 8 --heads 2 --batch 32 "
+                             "--epochs 1 --threads 1 --quiet";
+  auto ops_of = [&](const std::string& path) {
+    return nlohmann::json::parse(read_safetensors(path).metadata.at("training")).at("training_ops").get<std::string>();
+  };
+  // VITLENS_PORTABLE=1 runs the portable build whatever the CPU.
+  Run p = run_vitlens("train" + common + " --out " + dir + "/p --stop-after 2", "VITLENS_PORTABLE=1");
+  INFO(p.err);
+  REQUIRE(p.code == 0);
+  CHECK(ops_of(dir + "/p/last.safetensors") == "portable");
+  // Resumed with the build this CPU picks: recorded, and a warning when it is another.
+  const bool env_portable = std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1';
+  const KernelIsa widest = test::isas_here().back();
+  const std::string here = env_portable || widest == KernelIsa::Portable ? "portable"
+                           : widest == KernelIsa::Avx2                   ? "avx2"
+                                                                         : "avx512";
+  const std::string resume = "train --data fashion-mnist --quiet --stop-after 1 --resume " + dir + "/p/last.safetensors";
+  Run r = run_vitlens(resume);
+  INFO(r.err);
+  REQUIRE(r.code == 0);
+  CHECK(ops_of(dir + "/p/last.safetensors") == here);
+  if (here != "portable")
+    CHECK(r.err == "vitlens: warning: this run was trained with the portable training ops and continues with the " +
+                       here + " ones (another CPU, or VITLENS_PORTABLE): it will not be bit for bit the uninterrupted run\n");
+  else
+    CHECK(r.err.empty());
+  // Resumed again with the same build: nothing to warn about.
+  Run again = run_vitlens(resume);
+  INFO(again.err);
+  REQUIRE(again.code == 0);
+  CHECK(again.err.empty());
+  CHECK(ops_of(dir + "/p/last.safetensors") == here);
 }

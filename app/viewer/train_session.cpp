@@ -29,6 +29,7 @@
 #include "vitlens/mae_train.hpp"
 #include "vitlens/maps.hpp"
 #include "vitlens/model_io.hpp"
+#include "vitlens/train_ops.hpp"
 #include "vitlens/trainer.hpp"
 
 namespace vitlens::viewer {
@@ -619,6 +620,7 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
     record["val_split"] = val_split_of(s);
     record["img_size"] = image_side(s);
     record["eval_set"] = data.eval_name;
+    record["training_ops"] = train::train_ops_isa();  // as `vitlens train` records it
     if (is_photo_data(s.data)) {  // the record `vitlens train --data photos` writes
       trainer.mae = std::make_unique<MaeTrainer>(config, recipe_of(s), mae_options_of(s), &data.photos.train,
                                                  data.eval_count > 0 ? &data.photos.val : nullptr);
