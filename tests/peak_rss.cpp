@@ -46,6 +46,8 @@ int main(int argc, char** argv) {
     return 127;
   }
   if (WIFSIGNALED(status)) {  // the same end as PROGRAM's, so the caller's wait sees the signal
+    const rlimit no_core{0, 0};  // PROGRAM's core dump (if any) is the one to keep
+    setrlimit(RLIMIT_CORE, &no_core);
     std::signal(WTERMSIG(status), SIG_DFL);
     std::raise(WTERMSIG(status));
     return 128 + WTERMSIG(status);

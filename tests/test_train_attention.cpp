@@ -241,11 +241,16 @@ TEST_CASE("train: force_portable_train_ops runs the portable build whatever kern
     const test::UseIsa plain(KernelIsa::Portable);
     portable = run();
   }
-  train::force_portable_train_ops(true);
-  CHECK(std::string(train::train_ops_isa()) == "portable");
-  CHECK(kernel_isa() == widest);  // the inference kernels keep theirs
-  const std::vector<float> forced = run();
-  train::force_portable_train_ops(false);
+  std::vector<float> forced;
+  {
+    struct Forced {  // off again on the way out, also when a check throws
+      Forced() { train::force_portable_train_ops(true); }
+      ~Forced() { train::force_portable_train_ops(false); }
+    } force;
+    CHECK(std::string(train::train_ops_isa()) == "portable");
+    CHECK(kernel_isa() == widest);  // the inference kernels keep theirs
+    forced = run();
+  }
   CHECK(forced == portable);  // the same build, so the same bits
   if (widest != KernelIsa::Portable && !(std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1'))
     CHECK(std::string(train::train_ops_isa()) != "portable");
