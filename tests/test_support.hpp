@@ -26,6 +26,18 @@ inline std::vector<KernelIsa> isas_here() {
   return isas;
 }
 
+// Whether VITLENS_PORTABLE=1 in the environment forces the portable training ops (train_ops.hpp).
+inline bool env_forces_portable() {
+  const char* v = std::getenv("VITLENS_PORTABLE");
+  return v && *v == '1';
+}
+
+// train_ops_isa()'s name for the build set_kernel_isa(isa) selects, VITLENS_PORTABLE=1 included.
+inline std::string train_ops_name(KernelIsa isa) {
+  if (env_forces_portable() || isa == KernelIsa::Portable) return "portable";
+  return isa == KernelIsa::Avx2 ? "avx2" : "avx512";
+}
+
 // Runs the kernels and training ops of `isa` for one scope; those in use before again on the way
 // out, also when a REQUIRE leaves early.
 struct UseIsa {

@@ -138,11 +138,7 @@ Result run(const AttentionCase& c, const std::vector<float>& qkv, const std::vec
 void check_attention(const AttentionCase& c, KernelIsa isa) {
   const test::UseIsa use(isa);
   // set_kernel_isa selects the training ops' build too (unless VITLENS_PORTABLE=1 forces portable).
-  const bool env_portable = std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1';
-  const char* expected = env_portable || isa == KernelIsa::Portable ? "portable"
-                         : isa == KernelIsa::Avx2                   ? "avx2"
-                                                                    : "avx512";
-  REQUIRE(std::string(train::train_ops_isa()) == expected);
+  REQUIRE(train::train_ops_isa() == test::train_ops_name(isa));
   std::mt19937 rng(static_cast<unsigned>(c.N * 131 + c.D));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   const size_t rows = static_cast<size_t>(c.B) * c.N;
@@ -222,8 +218,7 @@ TEST_CASE("train: a NaN key makes every query's weights NaN in every build (neve
 TEST_CASE("train: force_portable_train_ops runs the portable build whatever kernel_isa() is", "[train][attention]") {
   const KernelIsa widest = test::isas_here().back();
   const test::UseIsa use(widest);
-  if (std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1')
-    REQUIRE(std::string(train::train_ops_isa()) == "portable");
+  REQUIRE(train::train_ops_isa() == test::train_ops_name(widest));
   const AttentionCase c{2, 13, 10, 2};
   std::mt19937 rng(11);
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -252,6 +247,5 @@ TEST_CASE("train: force_portable_train_ops runs the portable build whatever kern
     forced = run();
   }
   CHECK(forced == portable);  // the same build, so the same bits
-  if (widest != KernelIsa::Portable && !(std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1'))
-    CHECK(std::string(train::train_ops_isa()) != "portable");
+  CHECK(train::train_ops_isa() == test::train_ops_name(widest));  // the widest build again
 }

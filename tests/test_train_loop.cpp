@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <sstream>
 
@@ -527,11 +526,7 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   REQUIRE(p.code == 0);
   CHECK(ops_of(dir + "/p/last.safetensors") == "portable");
   // Resumed with the build this CPU picks: recorded, and a warning when it is another.
-  const bool env_portable = std::getenv("VITLENS_PORTABLE") && *std::getenv("VITLENS_PORTABLE") == '1';
-  const KernelIsa widest = test::isas_here().back();
-  const std::string here = env_portable || widest == KernelIsa::Portable ? "portable"
-                           : widest == KernelIsa::Avx2                   ? "avx2"
-                                                                         : "avx512";
+  const std::string here = test::train_ops_name(test::isas_here().back());
   const std::string resume = "train --data fashion-mnist --quiet --stop-after 1 --resume " + dir + "/p/last.safetensors";
   Run r = run_vitlens(resume);
   INFO(r.err);
