@@ -159,6 +159,52 @@ void linear_forward(const T* inp, const T* w, const T* b, int R, int I, int O, T
   });
 }
 
+// db[0, n) += the sums over the R rows of dout (R, O) of its columns [o0, o0 + n), n <= kBiasChunk:
+// each the same sum in row order (from 0, one add per row), whichever chunk or vector lane it falls
+// in. Four blocks of 16 features are summed in registers (an array of partial sums went through the
+// stack on every row: a store and a reload in each add's chain); a last block of fewer than 16
+// columns is read through a zero-padded copy.
+namespace {
+constexpr int kBiasChunk = 64;
+void add_column_sums(const float* dout, int R, int O, int o0, int n, float* db) {
+  typedef float Block __attribute__((vector_size(16 * sizeof(float))));
+  const int blocks = (n + 15) / 16;
+  const auto load = [&](Block& v, const float* p, int block) {
+    const int m = std::min(16, n - 16 * block);
+    if (m == 16) {
+      std::memcpy(&v, p + 16 * block, sizeof v);
+    } else {
+      v = Block{};
+      std::memcpy(&v, p + 16 * block, static_cast<size_t>(m) * sizeof(float));
+    }
+  };
+  Block s0 = {}, s1 = {}, s2 = {}, s3 = {}, x;
+  for (int r = 0; r < R; ++r) {
+    const float* row = dout + static_cast<int64_t>(r) * O + o0;
+    load(x, row, 0);
+    s0 += x;
+    if (blocks > 1) {
+      load(x, row, 1);
+      s1 += x;
+    }
+    if (blocks > 2) {
+      load(x, row, 2);
+      s2 += x;
+    }
+    if (blocks > 3) {
+      load(x, row, 3);
+      s3 += x;
+    }
+  }
+  float sums[kBiasChunk];
+  std::memcpy(sums, &s0, sizeof s0);
+  std::memcpy(sums + 16, &s1, sizeof s1);
+  std::memcpy(sums + 32, &s2, sizeof s2);
+  std::memcpy(sums + 48, &s3, sizeof s3);
+  for (int k = 0; k < n; ++k) db[k] += sums[k];
+}
+}  // namespace
+
 template <class T>
 void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db,
                      int threads, bool write_dinp) {
@@ -171,19 +217,11 @@ void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int 
     // dw (O, I) += dout^T (O, R) @ inp (R, I): element (i, p) of dout^T is dout[p * O + i].
     detail::gemm_with(kern, O, I, R, GemmOperand{dout, 1, O}, GemmOperand{inp, I, 1}, dw, I, nullptr,
                       LinearEpilogue::Accumulate, threads);
-    if (db) {
-      // Row after row: each db[o] is the same sum in row order, however the loop is vectorised and
-      // whichever thread sums its chunk of features.
-      parallel_for(chunks_of(O, kFeatureChunk), threads, [&](int t) {
-        const int o0 = t * kFeatureChunk, n = std::min(O, o0 + kFeatureChunk) - o0;
-        float acc[kFeatureChunk] = {};
-        for (int r = 0; r < R; ++r) {
-          const float* row = dout + static_cast<int64_t>(r) * O + o0;
-          for (int k = 0; k < n; ++k) acc[k] += row[k];
-        }
-        for (int k = 0; k < n; ++k) db[o0 + k] += acc[k];
+    if (db)
+      parallel_for(chunks_of(O, kBiasChunk), threads, [&](int t) {
+        const int o0 = t * kBiasChunk;
+        add_column_sums(dout, R, O, o0, std::min(O, o0 + kBiasChunk) - o0, db + o0);
       });
-    }
     return;
   }
   ConstMap<T> weight(w, O, I);
@@ -319,10 +357,11 @@ void layernorm_backward(const T* dout, const T* inp, const T* w, const T* mean, 
 // with masked keys set to -inf before the softmax (vitlens' KeyMask: padding patches).
 //
 // The products are tiny (N = 50 tokens, d = 12 per head in the default recipe): a general GEMM
-// (Eigen's or ours) spends more on packing and edge tiles than on the arithmetic, so each (image,
-// head) copies k^T, v, ... once into a small local buffer whose rows are padded with zeros to a
-// multiple of kAttnWidth, and small_product runs over those rows in whole blocks of kAttnWidth
-// columns: no packing, no remainder loop, no alignment peel. Every output element is one chain of
+// (Eigen's or ours) spends more on packing and edge tiles than on the arithmetic, so small_product
+// runs over the rows of its operands in blocks of kAttnWidth columns, reading q, k, v and dout and
+// writing ctx and dq, dk, dv in place (a head's d columns: one masked block in the AVX-512 build);
+// only k^T and v^T are copied, into a small local buffer whose rows are padded with zeros to a
+// multiple of kAttnWidth. No packing, no alignment peel. Every output element is one chain of
 // multiply-adds in a fixed order (see small_product), so the numbers depend neither on the thread
 // count nor on where the buffers are.
 
@@ -357,122 +396,194 @@ inline void store_lanes(T* p, const typename Lanes<T>::type& v) {
   std::memcpy(p, &v, sizeof v);
 }
 
-// c (M, W) = a (M, K) @ b (K, W), with W a multiple of kAttnWidth, b and c contiguous rows of W
-// values, a read through strides (a(i, k) = a[i * a_row + k * a_col]: a transposed operand needs
-// no copy). Each c(i, w) is the chain acc = a(i, k) * b(k, w) + acc for k = 0, 1, ..., K - 1 from
-// acc = 0, the same in every kind of block below (4 rows x 2 blocks of columns, 8 x 1, 4 x 1,
-// 1 x 2, 1 x 1). The 4 x 2 blocks keep 8 FMA chains in flight for 2 loads and 4 broadcasts per k,
-// as do the 8 x 1 blocks for 1 load and 8 broadcasts. The
-// accumulators are named variables, not arrays: g++ clears an array with `rep stos` on the stack.
+// Loads and stores of one block of a row of b or c in small_product: all kAttnWidth lanes
+// (FullIO), or only the first n (PartIO: the lanes past n load as 0 and are never stored), so b and
+// c may be a head's d columns inside the rows of qkv, ctx or dqkv, read and written in place with
+// nothing past them touched.
 template <class T>
-void small_product(int M, int K, int W, const T* a, int64_t a_row, int64_t a_col, const T* b, T* c) {
+struct FullIO {
+  void load(typename Lanes<T>::type& v, const T* p) const { load_lanes(v, p); }
+  void store(T* p, const typename Lanes<T>::type& v) const { store_lanes(p, v); }
+};
+template <class T>
+struct PartIO {
+  explicit PartIO(int lanes) : n(lanes) {}  // 0 < lanes < kAttnWidth
+  void load(typename Lanes<T>::type& v, const T* p) const {
+    v = typename Lanes<T>::type{};
+    std::memcpy(&v, p, static_cast<size_t>(n) * sizeof(T));
+  }
+  void store(T* p, const typename Lanes<T>::type& v) const { std::memcpy(p, &v, static_cast<size_t>(n) * sizeof(T)); }
+  int n;
+};
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+// The vector builds' floats: one masked load or store.
+template <>
+struct PartIO<float> {
+  explicit PartIO(int lanes)
+#ifdef VITLENS_TRAIN_AVX512
+      : mask(static_cast<__mmask16>((1u << lanes) - 1)) {
+  }
+  void load(Lanes<float>::type& v, const float* p) const {
+    const __m512 x = _mm512_maskz_loadu_ps(mask, p);
+    std::memcpy(&v, &x, sizeof v);
+  }
+  void store(float* p, const Lanes<float>::type& v) const {
+    __m512 x;
+    std::memcpy(&x, &v, sizeof x);
+    _mm512_mask_storeu_ps(p, mask, x);
+  }
+  __mmask16 mask;
+#else
+      : mask(_mm256_cmpgt_epi32(_mm256_set1_epi32(lanes), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))) {
+  }
+  void load(Lanes<float>::type& v, const float* p) const {
+    const __m256 x = _mm256_maskload_ps(p, mask);
+    std::memcpy(&v, &x, sizeof v);
+  }
+  void store(float* p, const Lanes<float>::type& v) const {
+    __m256 x;
+    std::memcpy(&x, &v, sizeof x);
+    _mm256_maskstore_ps(p, mask, x);
+  }
+  __m256i mask;
+#endif
+};
+#endif
+
+// c (M, 2 kAttnWidth) = a (M, K) @ b (K, 2 kAttnWidth), b's rows b_row apart, c's c_row, a read
+// through strides (a(i, k) = a[i * a_row + k * a_col]: a transposed operand needs no copy). Each
+// c(i, w) is the chain acc = a(i, k) * b(k, w) + acc for k = 0, 1, ..., K - 1 from acc = 0, the
+// same in every kind of block here and in product_block (4 rows x 2 blocks of columns, 1 x 2;
+// 8 x 1, 4 x 1, 1 x 1). The 4 x 2 blocks keep 8 FMA chains in flight for 2 loads and 4 broadcasts
+// per k, as do product_block's 8 x 1 blocks for 1 load and 8 broadcasts. The accumulators are
+// named variables, not arrays: g++ clears an array with `rep stos` on the stack.
+template <class T>
+void product_two_blocks(int M, int K, const T* a, int64_t a_row, int64_t a_col, const T* b, int64_t b_row, T* c,
+                        int64_t c_row) {
   using V = typename Lanes<T>::type;
   constexpr int kW = kAttnWidth;
+  int i = 0;
+  for (; i + 4 <= M; i += 4) {
+    V c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
+    const T* ai = a + i * a_row;
+    for (int k = 0; k < K; ++k) {
+      const T* bk = b + k * b_row;
+      V b0, b1;
+      load_lanes(b0, bk);
+      load_lanes(b1, bk + kW);
+      const T* aik = ai + k * a_col;
+      const T x0 = aik[0], x1 = aik[a_row], x2 = aik[2 * a_row], x3 = aik[3 * a_row];
+      c00 = x0 * b0 + c00;
+      c01 = x0 * b1 + c01;
+      c10 = x1 * b0 + c10;
+      c11 = x1 * b1 + c11;
+      c20 = x2 * b0 + c20;
+      c21 = x2 * b1 + c21;
+      c30 = x3 * b0 + c30;
+      c31 = x3 * b1 + c31;
+    }
+    T* ci = c + i * c_row;
+    store_lanes(ci, c00);
+    store_lanes(ci + kW, c01);
+    store_lanes(ci + c_row, c10);
+    store_lanes(ci + c_row + kW, c11);
+    store_lanes(ci + 2 * c_row, c20);
+    store_lanes(ci + 2 * c_row + kW, c21);
+    store_lanes(ci + 3 * c_row, c30);
+    store_lanes(ci + 3 * c_row + kW, c31);
+  }
+  for (; i < M; ++i) {
+    V c0 = {}, c1 = {};
+    for (int k = 0; k < K; ++k) {
+      const T* bk = b + k * b_row;
+      const T x = a[i * a_row + k * a_col];
+      V b0, b1;
+      load_lanes(b0, bk);
+      load_lanes(b1, bk + kW);
+      c0 = x * b0 + c0;
+      c1 = x * b1 + c1;
+    }
+    store_lanes(c + i * c_row, c0);
+    store_lanes(c + i * c_row + kW, c1);
+  }
+}
+
+// c (M, kAttnWidth) = a (M, K) @ b (K, kAttnWidth) as product_two_blocks, b's and c's blocks
+// through io (FullIO, or PartIO for a last block of fewer columns). 8 rows at a time where a single
+// block of columns is left (4 rows would keep only 4 FMA chains in flight, fewer than the FMA
+// latency needs).
+template <class T, class IO>
+void product_block(int M, int K, const T* a, int64_t a_row, int64_t a_col, const T* b, int64_t b_row, T* c,
+                   int64_t c_row, const IO& io) {
+  using V = typename Lanes<T>::type;
+  int i = 0;
+  for (; i + 8 <= M; i += 8) {
+    V c0 = {}, c1 = {}, c2 = {}, c3 = {}, c4 = {}, c5 = {}, c6 = {}, c7 = {};
+    const T* ai = a + i * a_row;
+    for (int k = 0; k < K; ++k) {
+      V bk;
+      io.load(bk, b + k * b_row);
+      const T* aik = ai + k * a_col;
+      c0 = aik[0] * bk + c0;
+      c1 = aik[a_row] * bk + c1;
+      c2 = aik[2 * a_row] * bk + c2;
+      c3 = aik[3 * a_row] * bk + c3;
+      c4 = aik[4 * a_row] * bk + c4;
+      c5 = aik[5 * a_row] * bk + c5;
+      c6 = aik[6 * a_row] * bk + c6;
+      c7 = aik[7 * a_row] * bk + c7;
+    }
+    T* ci = c + i * c_row;
+    io.store(ci, c0);
+    io.store(ci + c_row, c1);
+    io.store(ci + 2 * c_row, c2);
+    io.store(ci + 3 * c_row, c3);
+    io.store(ci + 4 * c_row, c4);
+    io.store(ci + 5 * c_row, c5);
+    io.store(ci + 6 * c_row, c6);
+    io.store(ci + 7 * c_row, c7);
+  }
+  for (; i + 4 <= M; i += 4) {
+    V c0 = {}, c1 = {}, c2 = {}, c3 = {};
+    const T* ai = a + i * a_row;
+    for (int k = 0; k < K; ++k) {
+      V bk;
+      io.load(bk, b + k * b_row);
+      const T* aik = ai + k * a_col;
+      c0 = aik[0] * bk + c0;
+      c1 = aik[a_row] * bk + c1;
+      c2 = aik[2 * a_row] * bk + c2;
+      c3 = aik[3 * a_row] * bk + c3;
+    }
+    T* ci = c + i * c_row;
+    io.store(ci, c0);
+    io.store(ci + c_row, c1);
+    io.store(ci + 2 * c_row, c2);
+    io.store(ci + 3 * c_row, c3);
+  }
+  for (; i < M; ++i) {
+    V c0 = {};
+    for (int k = 0; k < K; ++k) {
+      V bk;
+      io.load(bk, b + k * b_row);
+      c0 = a[i * a_row + k * a_col] * bk + c0;
+    }
+    io.store(c + i * c_row, c0);
+  }
+}
+
+// c (M, W) = a (M, K) @ b (K, W) for any W: b's rows b_row apart, c's c_row apart (a head's d
+// columns of qkv or dqkv, or a padded local buffer), a read through strides (product_two_blocks).
+// Pairs of whole blocks of columns, then a whole block, then the rest through masked loads and
+// stores; every c(i, w) is the same chain whichever kind of block it falls in.
+template <class T>
+void small_product(int M, int K, int W, const T* a, int64_t a_row, int64_t a_col, const T* b, int64_t b_row, T* c,
+                   int64_t c_row) {
+  constexpr int kW = kAttnWidth;
   int w0 = 0;
-  for (; w0 + 2 * kW <= W; w0 += 2 * kW) {
-    int i = 0;
-    for (; i + 4 <= M; i += 4) {
-      V c00 = {}, c01 = {}, c10 = {}, c11 = {}, c20 = {}, c21 = {}, c30 = {}, c31 = {};
-      const T* ai = a + i * a_row;
-      for (int k = 0; k < K; ++k) {
-        const T* bk = b + static_cast<int64_t>(k) * W + w0;
-        V b0, b1;
-        load_lanes(b0, bk);
-        load_lanes(b1, bk + kW);
-        const T* aik = ai + k * a_col;
-        const T x0 = aik[0], x1 = aik[a_row], x2 = aik[2 * a_row], x3 = aik[3 * a_row];
-        c00 = x0 * b0 + c00;
-        c01 = x0 * b1 + c01;
-        c10 = x1 * b0 + c10;
-        c11 = x1 * b1 + c11;
-        c20 = x2 * b0 + c20;
-        c21 = x2 * b1 + c21;
-        c30 = x3 * b0 + c30;
-        c31 = x3 * b1 + c31;
-      }
-      T* ci = c + static_cast<int64_t>(i) * W + w0;
-      store_lanes(ci, c00);
-      store_lanes(ci + kW, c01);
-      store_lanes(ci + W, c10);
-      store_lanes(ci + W + kW, c11);
-      store_lanes(ci + 2 * W, c20);
-      store_lanes(ci + 2 * W + kW, c21);
-      store_lanes(ci + 3 * W, c30);
-      store_lanes(ci + 3 * W + kW, c31);
-    }
-    for (; i < M; ++i) {
-      V c0 = {}, c1 = {};
-      for (int k = 0; k < K; ++k) {
-        const T* bk = b + static_cast<int64_t>(k) * W + w0;
-        const T x = a[i * a_row + k * a_col];
-        V b0, b1;
-        load_lanes(b0, bk);
-        load_lanes(b1, bk + kW);
-        c0 = x * b0 + c0;
-        c1 = x * b1 + c1;
-      }
-      store_lanes(c + static_cast<int64_t>(i) * W + w0, c0);
-      store_lanes(c + static_cast<int64_t>(i) * W + w0 + kW, c1);
-    }
-  }
-  for (; w0 < W; w0 += kW) {
-    int i = 0;
-    // 8 rows x 1 block where a single block of columns is left (W = 16 in the AVX-512 build: 4 rows
-    // would keep only 4 FMA chains in flight, fewer than the FMA latency needs).
-    for (; i + 8 <= M; i += 8) {
-      V c0 = {}, c1 = {}, c2 = {}, c3 = {}, c4 = {}, c5 = {}, c6 = {}, c7 = {};
-      const T* ai = a + i * a_row;
-      for (int k = 0; k < K; ++k) {
-        V bk;
-        load_lanes(bk, b + static_cast<int64_t>(k) * W + w0);
-        const T* aik = ai + k * a_col;
-        c0 = aik[0] * bk + c0;
-        c1 = aik[a_row] * bk + c1;
-        c2 = aik[2 * a_row] * bk + c2;
-        c3 = aik[3 * a_row] * bk + c3;
-        c4 = aik[4 * a_row] * bk + c4;
-        c5 = aik[5 * a_row] * bk + c5;
-        c6 = aik[6 * a_row] * bk + c6;
-        c7 = aik[7 * a_row] * bk + c7;
-      }
-      T* ci = c + static_cast<int64_t>(i) * W + w0;
-      store_lanes(ci, c0);
-      store_lanes(ci + W, c1);
-      store_lanes(ci + 2 * W, c2);
-      store_lanes(ci + 3 * W, c3);
-      store_lanes(ci + 4 * W, c4);
-      store_lanes(ci + 5 * W, c5);
-      store_lanes(ci + 6 * W, c6);
-      store_lanes(ci + 7 * W, c7);
-    }
-    for (; i + 4 <= M; i += 4) {
-      V c0 = {}, c1 = {}, c2 = {}, c3 = {};
-      const T* ai = a + i * a_row;
-      for (int k = 0; k < K; ++k) {
-        V bk;
-        load_lanes(bk, b + static_cast<int64_t>(k) * W + w0);
-        const T* aik = ai + k * a_col;
-        c0 = aik[0] * bk + c0;
-        c1 = aik[a_row] * bk + c1;
-        c2 = aik[2 * a_row] * bk + c2;
-        c3 = aik[3 * a_row] * bk + c3;
-      }
-      T* ci = c + static_cast<int64_t>(i) * W + w0;
-      store_lanes(ci, c0);
-      store_lanes(ci + W, c1);
-      store_lanes(ci + 2 * W, c2);
-      store_lanes(ci + 3 * W, c3);
-    }
-    for (; i < M; ++i) {
-      V c0 = {};
-      for (int k = 0; k < K; ++k) {
-        V bk;
-        load_lanes(bk, b + static_cast<int64_t>(k) * W + w0);
-        c0 = a[i * a_row + k * a_col] * bk + c0;
-      }
-      store_lanes(c + static_cast<int64_t>(i) * W + w0, c0);
-    }
-  }
+  for (; w0 + 2 * kW <= W; w0 += 2 * kW) product_two_blocks(M, K, a, a_row, a_col, b + w0, b_row, c + w0, c_row);
+  for (; w0 + kW <= W; w0 += kW) product_block(M, K, a, a_row, a_col, b + w0, b_row, c + w0, c_row, FullIO<T>{});
+  if (w0 < W) product_block(M, K, a, a_row, a_col, b + w0, b_row, c + w0, c_row, PartIO<T>(W - w0));
 }
 
 // sum_j a_j b_j for j < n, in kLanes partial sums added in a fixed order (lane_sum). Reads a and b
@@ -511,33 +622,6 @@ AttentionScratch<T>& attention_scratch() {
   return scratch;
 }
 
-// dst[0, n) = src[0, n) for a short n (a head's d = 12 values, a row of N = 50 weights) in
-// fixed-size pieces: a plain loop or std::copy becomes a call to memmove per row (the compiler's
-// memcpy idiom), which costs more than such a copy.
-template <class T>
-inline void copy_short(const T* src, int n, T* dst) {
-  int t = 0;
-  for (; t + 8 <= n; t += 8) std::memcpy(dst + t, src + t, 8 * sizeof(T));
-  if (t + 4 <= n) {
-    std::memcpy(dst + t, src + t, 4 * sizeof(T));
-    t += 4;
-  }
-  if (t + 2 <= n) {
-    std::memcpy(dst + t, src + t, 2 * sizeof(T));
-    t += 2;
-  }
-  if (t < n) dst[t] = src[t];
-}
-// dst (rows, cols_padded) = src (rows, cols) read with row stride ld, the padding zero (the last
-// block is cleared first, then the row copied over it).
-template <class T>
-void copy_padded(const T* src, int64_t ld, int rows, int cols, int cols_padded, T* dst) {
-  for (int i = 0; i < rows; ++i) {
-    T* out = dst + static_cast<int64_t>(i) * cols_padded;
-    store_lanes(out + cols_padded - kAttnWidth, typename Lanes<T>::type{});
-    copy_short(src + i * ld, cols, out);
-  }
-}
 // dst (cols, rows_padded) = src^T for src (rows, cols) with row stride ld, the padding zero. The
 // vector builds' float version moves 8 x 8 squares through registers (transpose8x8): element by
 // element, reading down a column of k or v (one cache line per value, row stride 3D) took about a
@@ -727,21 +811,18 @@ float row_dot(const float* a, const float* b, int n) {
 template <class T>
 void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, int D, int H, T scale, T* probs,
                        T* ctx, int threads) {
-  const int d = D / H, Np = round_up(N, kAttnWidth), dp = round_up(d, kAttnWidth);
+  const int d = D / H, Np = round_up(N, kAttnWidth);
   const int64_t ld = 3 * static_cast<int64_t>(D);
   using Scratch = AttentionScratch<T>;
   const size_t kt_size = Scratch::piece(static_cast<size_t>(d) * Np);
-  const size_t v_size = Scratch::piece(static_cast<size_t>(N) * dp);
   const size_t s_size = Scratch::piece(static_cast<size_t>(N) * Np), mask_size = Scratch::piece(Np);
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
     const T* base = qkv + static_cast<int64_t>(b) * N * ld;  // row i: [q | k | v] of token i
     const uint8_t* allowed = key_allowed ? key_allowed + static_cast<int64_t>(b) * N : nullptr;
-    T* kt = attention_scratch<T>().reserve(kt_size + v_size + s_size + v_size + 2 * mask_size);
-    T* v = kt + kt_size;    // (N, dp)
-    T* s = v + v_size;      // (N, Np): the scores, then in place the weights
-    T* out = s + s_size;    // (N, dp)
-    T* bias = out + v_size;      // (Np): 0 for a key that may be attended to, -inf for a masked or padded one
+    T* kt = attention_scratch<T>().reserve(kt_size + s_size + 2 * mask_size);
+    T* s = kt + kt_size;         // (N, Np): the scores, then in place the weights
+    T* bias = s + s_size;        // (Np): 0 for a key that may be attended to, -inf for a masked or padded one
     T* keep = bias + mask_size;  // (Np): 1 for a key that may be attended to, else 0
     for (int j = 0; j < Np; ++j) {
       const bool on = j < N && (!allowed || allowed[j]);
@@ -749,51 +830,41 @@ void attention_forward(const T* qkv, const uint8_t* key_allowed, int B, int N, i
       keep[j] = on ? T(1) : T(0);
     }
     copy_transposed_padded(base + D + h * d, ld, N, d, Np, kt);  // k^T (d, Np)
-    copy_padded(base + 2 * D + h * d, ld, N, d, dp, v);
     // s = q k^T, q read in place (row stride 3D)
-    small_product(N, d, Np, base + h * d, ld, 1, kt, s);
+    small_product(N, d, Np, base + h * d, ld, 1, kt, Np, s, Np);
     for (int i = 0; i < N; ++i)
       softmax_row(s + static_cast<int64_t>(i) * Np, bias, keep, N, Np, scale,
                   probs + (static_cast<int64_t>(task) * N + i) * N);
-    // out = attn @ v, into head h's columns of ctx (row stride D)
-    small_product(N, N, dp, s, Np, 1, v, out);
-    T* ctx_b = ctx + static_cast<int64_t>(b) * N * D + h * d;
-    for (int i = 0; i < N; ++i) copy_short(out + static_cast<int64_t>(i) * dp, d, ctx_b + i * D);
+    // out = attn @ v, v read in place, into head h's columns of ctx (row stride D)
+    small_product(N, N, d, s, Np, 1, base + 2 * D + h * d, ld, ctx + static_cast<int64_t>(b) * N * D + h * d,
+                  static_cast<int64_t>(D));
   });
 }
 
 template <class T>
 void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int N, int D, int H, T scale, T* dqkv,
                         int threads) {
-  const int d = D / H, Np = round_up(N, kAttnWidth), dp = round_up(d, kAttnWidth);
+  const int d = D / H, Np = round_up(N, kAttnWidth);
   const int64_t ld = 3 * static_cast<int64_t>(D);
   using Scratch = AttentionScratch<T>;
-  const size_t tall = Scratch::piece(static_cast<size_t>(N) * dp);   // (N, dp)
   const size_t wide = Scratch::piece(static_cast<size_t>(d) * Np);   // (d, Np)
   const size_t square = Scratch::piece(static_cast<size_t>(N) * Np);  // (N, Np)
   parallel_for(B * H, threads, [&](int task) {
     const int b = task / H, h = task % H;
     const T* base = qkv + static_cast<int64_t>(b) * N * ld;
     T* dbase = dqkv + static_cast<int64_t>(b) * N * ld;
-    T* q = attention_scratch<T>().reserve(4 * tall + wide + square);
-    T* k = q + tall;
-    T* g = k + tall;       // dout (N, dp)
-    T* acc = g + tall;     // one of dq, dk, dv (N, dp)
-    T* vt = acc + tall;    // v^T (d, Np)
-    T* ds = vt + wide;     // dattn, then in place dscore (N, Np; columns N.. are never read)
+    const T* q = base + h * d;  // q, k, v and dout (N, d) read in place (row strides 3D, 3D, 3D, D)
+    const T* k = base + D + h * d;
+    const T* g = dctx + static_cast<int64_t>(b) * N * D + h * d;
+    T* vt = attention_scratch<T>().reserve(wide + square);  // v^T (d, Np)
+    T* ds = vt + wide;  // dattn, then in place dscore (N, Np; columns N.. are never read)
     const T* p = probs + static_cast<int64_t>(task) * N * N;  // attn (N, N), read in place
-    copy_padded(base + h * d, ld, N, d, dp, q);
-    copy_padded(base + D + h * d, ld, N, d, dp, k);
-    copy_padded(dctx + static_cast<int64_t>(b) * N * D + h * d, static_cast<int64_t>(D), N, d, dp, g);
     copy_transposed_padded(base + 2 * D + h * d, ld, N, d, Np, vt);
-    // (N, d) column block [col, col + d) of dqkv's rows = acc (written: train_ops_list.inc)
-    auto write_to = [&](int col) {
-      for (int i = 0; i < N; ++i) copy_short(acc + static_cast<int64_t>(i) * dp, d, dbase + i * ld + col);
-    };
+    // dq, dk, dv are written straight into their (N, d) column blocks of dqkv's rows (written:
+    // train_ops_list.inc).
     // x = attn @ v:  dattn = dx @ v^T,  dv = attn^T @ dx  (attn^T read through strides)
-    small_product(N, d, Np, g, dp, 1, vt, ds);
-    small_product(N, N, dp, p, 1, N, g, acc);
-    write_to(2 * D + h * d);
+    small_product(N, d, Np, g, static_cast<int64_t>(D), 1, vt, Np, ds, Np);
+    small_product(N, N, d, p, 1, N, g, static_cast<int64_t>(D), dbase + 2 * D + h * d, ld);
     // softmax: dscore_ij = attn_ij (dattn_ij - sum_k attn_ik dattn_ik)  (masked attn_ij = 0 gives
     // 0); score = (q @ k^T) * scale brings the factor scale.
     for (int i = 0; i < N; ++i) {
@@ -803,10 +874,8 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
       for (int j = 0; j < N; ++j) gi[j] = pi[j] * (gi[j] - dot) * scale;
     }
     // dq = dscore @ k,  dk = dscore^T @ q
-    small_product(N, N, dp, ds, Np, 1, k, acc);
-    write_to(h * d);
-    small_product(N, N, dp, ds, 1, Np, q, acc);
-    write_to(D + h * d);
+    small_product(N, N, d, ds, Np, 1, k, ld, dbase + h * d, ld);
+    small_product(N, N, d, ds, 1, Np, q, ld, dbase + D + h * d, ld);
   });
 }
 
