@@ -31,10 +31,10 @@ float gelu_scalar(float x) {
   return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
 }
 
-void portable_tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, float* c, int64_t ldc,
-                   bool load_c, const float* bias, bool gelu) {
+void portable_tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
+                   int64_t ldc, bool load_c, const float* bias, bool gelu) {
   float acc[kPortableMr][kPortableNr] = {};
-  for (int p = 0; p < kc; ++p, a += a_ps, b += kPortableNr)
+  for (int p = 0; p < kc; ++p, a += a_ps, b += b_rs)
     for (int r = 0; r < kPortableMr; ++r)
       for (int j = 0; j < kPortableNr; ++j) acc[r][j] += a[r * a_rs] * b[j];
   for (int r = 0; r < kPortableMr; ++r) {
@@ -224,10 +224,10 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
     const bool first = kb == 0, last = kb == k_blocks - 1;
     for (int jc = j0; jc < j1; jc += kNc) {
       const int nc = std::min(kNc, j1 - jc);
-      // B of exactly NR contiguous columns (X of a weight gradient dW = dY^T X, or W of dX = dY W,
-      // with 48 features for the 48-wide tile) is its own panel: read in place. Packing X took about
-      // a twentieth of a training step.
-      const bool b_in_place = !packed && b.col_stride == 1 && b.row_stride == nr && nc == nr;
+      // A row-major B whose columns here are whole panels (X of a weight gradient dW = dY^T X, W
+      // of dX = dY W, with 48 or 96 features for the 48-wide tile) is read in place, its rows
+      // b.row_stride apart. Packing X took about a twentieth of a training step.
+      const bool b_in_place = !packed && b.col_stride == 1 && nc % nr == 0;
       if (!packed && !b_in_place) pack_b(b, p0, kc, jc, nc, nr, &kern != &detail::kPortableGemm, buffers.b.data());
       for (int ic = i0; ic < i1; ic += kMc) {
         const int mc = std::min(kMc, i1 - ic);
@@ -235,8 +235,9 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
         if (full_rows < mc) pack_a(a, ic + full_rows, mc - full_rows, p0, kc, mr, buffers.a.data());
         for (int jr = 0; jr < nc; jr += nr) {
           const float* b_panel = packed       ? packed->panels.data() + packed_panel_offset(p0, kc, jc + jr, packed->n, nr)
-                                 : b_in_place ? b.data + static_cast<int64_t>(p0) * nr + jc
+                                 : b_in_place ? b.data + static_cast<int64_t>(p0) * b.row_stride + jc + jr
                                               : buffers.b.data() + static_cast<int64_t>(jr) * kc;
+          const int64_t b_rs = b_in_place ? b.row_stride : nr;
           const float* tile_bias = last && bias_padded ? bias_padded + jc + jr : nullptr;
           const int cols = std::min(nr, nc - jr);
           for (int ir = 0; ir < mc; ir += mr) {
@@ -248,14 +249,14 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
             const bool load_c = !first || accumulate;
             const int rows = std::min(mr, mc - ir);
             if (rows == mr && cols == nr) {
-              kern.tile(kc, a_tile, a_rs, a_ps, b_panel, ct, ldc, load_c, tile_bias, last && gelu);
+              kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, ct, ldc, load_c, tile_bias, last && gelu);
               continue;
             }
             // Edge tile: the same kernel on a padded copy, so these elements round as any other.
             float pad[kMaxTile] = {};
             if (load_c)
               for (int r = 0; r < rows; ++r) std::memcpy(pad + r * nr, ct + r * ldc, sizeof(float) * static_cast<size_t>(cols));
-            kern.tile(kc, a_tile, a_rs, a_ps, b_panel, pad, nr, load_c, tile_bias, last && gelu);
+            kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, pad, nr, load_c, tile_bias, last && gelu);
             for (int r = 0; r < rows; ++r) std::memcpy(ct + r * ldc, pad + r * nr, sizeof(float) * static_cast<size_t>(cols));
           }
         }

@@ -16,8 +16,8 @@ namespace {
 
 constexpr int kMr = 6, kNr = 16;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
 
-VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, float* c, int64_t ldc,
-                       bool load_c, const float* bias, bool gelu) {
+VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
+                       int64_t ldc, bool load_c, const float* bias, bool gelu) {
   // Twelve named accumulators, not an array: with an array, GCC 12 kept it in memory and stored
   // every accumulator on every step of k (the epilogue's loop indexes it), which halved the speed.
   const __m256 z = _mm256_setzero_ps();
@@ -38,22 +38,22 @@ VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const
     VITLENS_TILE_ROW(0, q) VITLENS_TILE_ROW(1, q) VITLENS_TILE_ROW(2, q) VITLENS_TILE_ROW(3, q) \
     VITLENS_TILE_ROW(4, q) VITLENS_TILE_ROW(5, q)                                                \
   }
-  // Four steps per iteration, with B's panel fetched 256 bytes (four rows) ahead: the loop's own
-  // instructions and the wait for B's next lines no longer take FMA slots. The same FMAs in the
-  // same order as one step at a time, so the same bits.
+  // Four steps per iteration, with B's next four rows fetched ahead: the loop's own instructions
+  // and the wait for B's next lines no longer take FMA slots. The same FMAs in the same order as
+  // one step at a time, so the same bits.
   int64_t p = 0, q = 0;
   // (The addresses are computed as integers: the last iteration's lie past the panel's end, where a
   // prefetch is harmless but a pointer may not point.)
-  for (; p + 4 <= kc; p += 4, q += 4 * a_ps, b += 4 * kNr) {
-    const uintptr_t ahead = reinterpret_cast<uintptr_t>(b) + 4 * kNr * sizeof(float);
-    for (int row = 0; row < 4; ++row)
-      _mm_prefetch(reinterpret_cast<const char*>(ahead + row * kNr * sizeof(float)), _MM_HINT_T0);
+  const uintptr_t row_bytes = static_cast<uintptr_t>(b_rs) * sizeof(float);
+  for (; p + 4 <= kc; p += 4, q += 4 * a_ps, b += 4 * b_rs) {
+    const uintptr_t ahead = reinterpret_cast<uintptr_t>(b) + 4 * row_bytes;
+    for (int row = 0; row < 4; ++row) _mm_prefetch(reinterpret_cast<const char*>(ahead + row * row_bytes), _MM_HINT_T0);
     VITLENS_TILE_STEP(q, b)
-    VITLENS_TILE_STEP(q + a_ps, b + kNr)
-    VITLENS_TILE_STEP(q + 2 * a_ps, b + 2 * kNr)
-    VITLENS_TILE_STEP(q + 3 * a_ps, b + 3 * kNr)
+    VITLENS_TILE_STEP(q + a_ps, b + b_rs)
+    VITLENS_TILE_STEP(q + 2 * a_ps, b + 2 * b_rs)
+    VITLENS_TILE_STEP(q + 3 * a_ps, b + 3 * b_rs)
   }
-  for (; p < kc; ++p, q += a_ps, b += kNr) VITLENS_TILE_STEP(q, b)
+  for (; p < kc; ++p, q += a_ps, b += b_rs) VITLENS_TILE_STEP(q, b)
 #undef VITLENS_TILE_STEP
 #undef VITLENS_TILE_ROW
   const __m256 acc[kMr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};

@@ -24,7 +24,7 @@ namespace {
 // number of panels, where 32 left a padded edge tile on every product 48 or 144 wide.
 constexpr int kMr = 8, kNr = 48;
 
-VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, float* c,
+VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
                          int64_t ldc, bool load_c, const float* bias, bool gelu) {
   // Named accumulators, not an array: GCC 12 kept an array in memory (see gemm_avx2.cpp).
   const __m512 z = _mm512_setzero_ps();
@@ -33,7 +33,7 @@ VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, con
   // Row r of A starts at a_r; element p at a_r + p * a_ps.
   const float *a0 = a, *a1 = a + 1 * a_rs, *a2 = a + 2 * a_rs, *a3 = a + 3 * a_rs, *a4 = a + 4 * a_rs,
               *a5 = a + 5 * a_rs, *a6 = a + 6 * a_rs, *a7 = a + 7 * a_rs;
-  for (int64_t p = 0, q = 0; p < kc; ++p, q += a_ps, b += kNr) {
+  for (int64_t p = 0, q = 0; p < kc; ++p, q += a_ps, b += b_rs) {
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32);
 #define VITLENS_TILE_ROW(r)                         \
   {                                                 \

@@ -90,10 +90,11 @@ struct GemmKernels {
   // c (MR, NR) with row stride ldc = [c +] A (MR, kc) b_panel (kc, NR) [+ bias (NR)] [GELU], where
   // A's element (r, p) is a[r * a_rs + p * a_ps]: a packed panel (a_rs = 1, a_ps = MR), MR whole
   // rows of a row-major matrix read in place (a_rs = its row stride, a_ps = 1), or MR columns of
-  // a row-major matrix read in place as A's rows (a_rs = 1, a_ps = its row stride).
-  // The k products are one FMA chain per element in p order, the same for either layout of A.
-  void (*tile)(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b_panel, float* c, int64_t ldc,
-               bool load_c, const float* bias, bool gelu);
+  // a row-major matrix read in place as A's rows (a_rs = 1, a_ps = its row stride); b_panel's rows
+  // are b_rs apart (NR for a packed panel, the row stride of a row-major B read in place).
+  // The k products are one FMA chain per element in p order, the same for either layout of A or B.
+  void (*tile)(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b_panel, int64_t b_rs, float* c,
+               int64_t ldc, bool load_c, const float* bias, bool gelu);
   void (*gelu)(float* x, int64_t count);
   void (*layer_norm_row)(const float* x, int dim, const float* weight, const float* bias, float eps, float* out);
 };
