@@ -463,7 +463,7 @@ void layernorm_forward(const T* inp, const T* w, const T* b, T eps, int R, int D
     }
     for (int r = r0; r < r1; ++r) {
       const T* x = inp + static_cast<int64_t>(r) * D;
-      // Statistics in double even for float: D values of similar size, cheap and stable.
+      // Statistics in double (the float rows above do the same): D values of similar size.
       const double m = lane_sum<double>(D, [&](int i) { return static_cast<double>(x[i]); }) / D;
       const double v = lane_sum<double>(D, [&](int i) {
                          const double t = static_cast<double>(x[i]) - m;
@@ -981,9 +981,10 @@ float row_dot(const float* a, const float* b, int n) {
 
 // Asks for the cache lines of p[0, count) a share at a time: share `part` of `parts`. The
 // attention tasks run over images in order and read their operands from activations written long
-// before (the backward) or by the product just before (the forward), megabytes away: fetched on
-// demand, a row at a time, about a third of the attention's time went in waiting for them. Each
-// task asks for its share of the next image's, into the L2 cache (a hint: never changes a number).
+// before (the backward) or by the product just before (the forward), megabytes away, as 48-byte
+// head slices of 576-byte rows, a stride the hardware prefetcher does not follow: fetched on demand
+// they cost about a fifth of the attention's time (microbenchmark, cold buffers). Each task asks
+// for its share of the next image's, into the L2 cache (a hint: never changes a number).
 template <class T>
 void prefetch_share(const T* p, int64_t count, int part, int parts) {
   const int64_t bytes = count * static_cast<int64_t>(sizeof(T));
@@ -1046,7 +1047,7 @@ void attention_backward(const T* dctx, const T* qkv, const T* probs, int B, int 
     T* vt = attention_scratch<T>().reserve(wide + square);  // v^T (d, Np)
     T* ds = vt + wide;  // dattn, then in place dscore (N, Np; columns N.. are never read)
     const T* p = probs + static_cast<int64_t>(task) * N * N;  // attn (N, N), read in place
-    if (b + 1 < B) {  // and a share of the next image's q, k, v and dout
+    if (b + 1 < B) {  // a share of the next image's q, k, v and dout
       prefetch_share(base + N * ld, N * ld, h, H);
       prefetch_share(dctx + static_cast<int64_t>(b + 1) * N * D, static_cast<int64_t>(N) * D, h, H);
     }
