@@ -91,9 +91,8 @@ VITLENS_AVX2 inline ErfcParts erfc_parts8(__m256 x) {
 }
 
 // GELU(x) = x Phi(x): x - x y / 2 for x >= 0 and x y / 2 below, y = erfc(a) (no cancellation on
-// either side).
-VITLENS_AVX2 inline __m256 gelu8(__m256 x) {
-  const ErfcParts p = erfc_parts8(x);
+// either side). gelu8_from: on erfc_parts8(x), shared with the slope.
+VITLENS_AVX2 inline __m256 gelu8_from(__m256 x, const ErfcParts& p) {
   const __m256 y = _mm256_mul_ps(p.poly, p.e);
   // y = 0 (|x| beyond ~13, or infinite): the half product is exactly 0, even for x = +-inf.
   const __m256 half = _mm256_and_ps(_mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), x), y),
@@ -101,12 +100,12 @@ VITLENS_AVX2 inline __m256 gelu8(__m256 x) {
   const __m256 positive = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
   return _mm256_blendv_ps(half, _mm256_sub_ps(x, half), positive);
 }
+VITLENS_AVX2 inline __m256 gelu8(__m256 x) { return gelu8_from(x, erfc_parts8(x)); }
 
 // GELU'(x) = Phi(x) + x phi(x), phi(x) = e / sqrt(2 pi): one exp for both terms. Where e = 0
 // (|x| beyond ~13, or infinite) the second term is exactly 0 (x e would be inf * 0 at +-inf).
-VITLENS_AVX2 inline __m256 gelu_slope8(__m256 x) {
+VITLENS_AVX2 inline __m256 gelu_slope8_from(__m256 x, const ErfcParts& p) {
   constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
-  const ErfcParts p = erfc_parts8(x);
   const __m256 half_erfc = _mm256_mul_ps(_mm256_set1_ps(0.5f), _mm256_mul_ps(p.poly, p.e));
   const __m256 positive = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_GE_OQ);
   const __m256 cdf = _mm256_blendv_ps(half_erfc, _mm256_sub_ps(_mm256_set1_ps(1.0f), half_erfc), positive);
@@ -114,6 +113,7 @@ VITLENS_AVX2 inline __m256 gelu_slope8(__m256 x) {
                                        _mm256_cmp_ps(p.e, _mm256_setzero_ps(), _CMP_NEQ_UQ));
   return _mm256_add_ps(cdf, density);
 }
+VITLENS_AVX2 inline __m256 gelu_slope8(__m256 x) { return gelu_slope8_from(x, erfc_parts8(x)); }
 
 }  // namespace
 }  // namespace vitlens::detail

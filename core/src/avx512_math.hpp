@@ -57,20 +57,19 @@ VITLENS_AVX512 inline ErfcParts16 erfc_parts16(__m512 x) {
   return {poly, exp16(_mm512_sub_ps(_mm512_setzero_ps(), _mm512_mul_ps(a, a)))};
 }
 
-// avx2_math.hpp's gelu8 at 16 lanes.
-VITLENS_AVX512 inline __m512 gelu16(__m512 x) {
-  const ErfcParts16 p = erfc_parts16(x);
+// avx2_math.hpp's gelu8 at 16 lanes (gelu16_from: on erfc_parts16(x), shared with the slope).
+VITLENS_AVX512 inline __m512 gelu16_from(__m512 x, const ErfcParts16& p) {
   const __m512 y = _mm512_mul_ps(p.poly, p.e);
   const __mmask16 nonzero = _mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_NEQ_UQ);
   const __m512 half = _mm512_maskz_mov_ps(nonzero, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), x), y));
   const __mmask16 positive = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
   return _mm512_mask_blend_ps(positive, half, _mm512_sub_ps(x, half));
 }
+VITLENS_AVX512 inline __m512 gelu16(__m512 x) { return gelu16_from(x, erfc_parts16(x)); }
 
 // avx2_math.hpp's gelu_slope8 at 16 lanes: Phi(x) + x phi(x), one exp for both terms.
-VITLENS_AVX512 inline __m512 gelu_slope16(__m512 x) {
+VITLENS_AVX512 inline __m512 gelu_slope16_from(__m512 x, const ErfcParts16& p) {
   constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
-  const ErfcParts16 p = erfc_parts16(x);
   const __m512 half_erfc = _mm512_mul_ps(_mm512_set1_ps(0.5f), _mm512_mul_ps(p.poly, p.e));
   const __mmask16 positive = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_GE_OQ);
   const __m512 cdf = _mm512_mask_blend_ps(positive, half_erfc, _mm512_sub_ps(_mm512_set1_ps(1.0f), half_erfc));
@@ -78,6 +77,7 @@ VITLENS_AVX512 inline __m512 gelu_slope16(__m512 x) {
   const __m512 density = _mm512_maskz_mov_ps(e_nonzero, _mm512_mul_ps(_mm512_mul_ps(x, _mm512_set1_ps(kInvSqrt2Pi)), p.e));
   return _mm512_add_ps(cdf, density);
 }
+VITLENS_AVX512 inline __m512 gelu_slope16(__m512 x) { return gelu_slope16_from(x, erfc_parts16(x)); }
 
 }  // namespace
 }  // namespace vitlens::detail

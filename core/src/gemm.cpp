@@ -31,22 +31,36 @@ float gelu_scalar(float x) {
   return 0.5f * x * (1.0f + std::erf(x * 0.70710678118654752f));
 }
 
+// GELU'(x) = Phi(x) + x phi(x) with std::erf and std::exp; the limits 0 and 1 at -inf and +inf.
+float gelu_slope_scalar(float x) {
+  if (std::isinf(x)) return x > 0.0f ? 1.0f : 0.0f;
+  return 0.5f * (1.0f + std::erf(x * 0.70710678118654752f)) + x * 0.39894228040143267794f * std::exp(-0.5f * x * x);
+}
+
 void portable_tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
-                   int64_t ldc, bool load_c, const float* bias, bool gelu) {
+                   int64_t ldc, const TileEpilogue& e) {
   float acc[kPortableMr][kPortableNr] = {};
   for (int p = 0; p < kc; ++p, a += a_ps, b += b_rs)
     for (int r = 0; r < kPortableMr; ++r)
       for (int j = 0; j < kPortableNr; ++j) acc[r][j] += a[r * a_rs] * b[j];
-  for (int r = 0; r < kPortableMr; ++r) {
-    float* row = c + r * ldc;
+  for (int r = 0; r < kPortableMr; ++r)
     for (int j = 0; j < kPortableNr; ++j) {
+      const int64_t at = r * ldc + j;
       float v = acc[r][j];
-      if (load_c) v += row[j];
-      if (bias) v += bias[j];
-      if (gelu) v = gelu_scalar(v);
-      row[j] = v;
+      if (e.load_c) v += c[at];
+      if (e.bias) v += e.bias[j];
+      if (e.residual) v = e.residual[at] + v;
+      switch (e.act) {
+        case TileAct::None: break;
+        case TileAct::Gelu: v = gelu_scalar(v); break;
+        case TileAct::GeluAndSlope:
+          e.slope_out[at] = gelu_slope_scalar(v);
+          v = gelu_scalar(v);
+          break;
+        case TileAct::Scale: v = e.scale[at] * v; break;
+      }
+      c[at] = v;
     }
-  }
 }
 
 void portable_gelu(float* x, int64_t count) {
@@ -72,6 +86,7 @@ const GemmKernels kPortableGemm{kPortableMr, kPortableNr, portable_tile, portabl
 
 namespace {
 
+using detail::GemmExtras;
 using detail::GemmKernels;
 
 // Block sizes: a packed A block (kMc x kKc, 96 KB) stays in L2, one packed B micro-panel
@@ -204,7 +219,7 @@ int64_t packed_panel_offset(int p0, int kc, int j, int n, int nr) {
 // in the same order, so the same bits.
 void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, const GemmOperand& a,
                 const GemmOperand& b, const PackedLinear* packed, float* c, int64_t ldc, bool accumulate,
-                const float* bias_padded, bool gelu, PackBuffers& buffers) {
+                const float* bias_padded, bool gelu, const GemmExtras& extras, PackBuffers& buffers) {
   const int mr = kern.mr, nr = kern.nr;
   // Only as much as this product needs (a training step makes hundreds of small products: zeroing
   // a full 1 MB block each time cost more than the arithmetic); the buffers only ever grow.
@@ -245,19 +260,44 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
             const float* a_tile = in_place ? a.data + static_cast<int64_t>(ic + ir) * a.row_stride + p0 * a.col_stride
                                            : buffers.a.data() + static_cast<int64_t>(ir - full_rows) * kc;
             const int64_t a_rs = in_place ? a.row_stride : 1, a_ps = in_place ? a.col_stride : mr;
-            float* ct = c + (ic + ir) * ldc + jc + jr;
-            const bool load_c = !first || accumulate;
+            const int64_t at = (ic + ir) * ldc + jc + jr;  // the tile's first element in C and the extras
+            detail::TileEpilogue e;
+            e.load_c = !first || accumulate;
+            e.bias = tile_bias;
+            if (last) {
+              e.residual = extras.residual ? extras.residual + at : nullptr;
+              e.act = gelu && extras.gelu_slope_out ? detail::TileAct::GeluAndSlope
+                      : gelu                        ? detail::TileAct::Gelu
+                      : extras.scale                ? detail::TileAct::Scale
+                                                    : detail::TileAct::None;
+              e.slope_out = extras.gelu_slope_out ? extras.gelu_slope_out + at : nullptr;
+              e.scale = extras.scale ? extras.scale + at : nullptr;
+            }
             const int rows = std::min(mr, mc - ir);
             if (rows == mr && cols == nr) {
-              kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, ct, ldc, load_c, tile_bias, last && gelu);
+              kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, c + at, ldc, e);
               continue;
             }
-            // Edge tile: the same kernel on a padded copy, so these elements round as any other.
-            float pad[kMaxTile] = {};
-            if (load_c)
-              for (int r = 0; r < rows; ++r) std::memcpy(pad + r * nr, ct + r * ldc, sizeof(float) * static_cast<size_t>(cols));
-            kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, pad, nr, load_c, tile_bias, last && gelu);
-            for (int r = 0; r < rows; ++r) std::memcpy(ct + r * ldc, pad + r * nr, sizeof(float) * static_cast<size_t>(cols));
+            // Edge tile: the same kernel on padded copies, so these elements round as any other.
+            // (The extras' pads are cleared only when used: a forward's last row panel passes here.)
+            float pad[kMaxTile] = {}, pad_residual[kMaxTile], pad_slope[kMaxTile], pad_scale[kMaxTile];
+            if (e.residual) std::fill(pad_residual, pad_residual + kMaxTile, 0.0f);
+            if (e.scale) std::fill(pad_scale, pad_scale + kMaxTile, 0.0f);
+            const size_t row_bytes = sizeof(float) * static_cast<size_t>(cols);
+            for (int r = 0; r < rows; ++r) {
+              if (e.load_c) std::memcpy(pad + r * nr, c + at + r * ldc, row_bytes);
+              if (e.residual) std::memcpy(pad_residual + r * nr, e.residual + r * ldc, row_bytes);
+              if (e.scale) std::memcpy(pad_scale + r * nr, e.scale + r * ldc, row_bytes);
+            }
+            float* slope_dst = e.slope_out;
+            if (e.residual) e.residual = pad_residual;
+            if (e.scale) e.scale = pad_scale;
+            if (e.slope_out) e.slope_out = pad_slope;
+            kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, pad, nr, e);
+            for (int r = 0; r < rows; ++r) {
+              std::memcpy(c + at + r * ldc, pad + r * nr, row_bytes);
+              if (slope_dst) std::memcpy(slope_dst + r * ldc, pad_slope + r * nr, row_bytes);
+            }
           }
         }
       }
@@ -280,8 +320,13 @@ namespace {
 
 // gemm_with's body; B's panels come from `packed` when it is not null (then B is its W^T).
 void run_gemm(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmOperand b, const PackedLinear* packed,
-              float* c, int64_t ldc, const float* bias, LinearEpilogue epilogue, int threads) {
+              float* c, int64_t ldc, const float* bias, LinearEpilogue epilogue, int threads,
+              const GemmExtras& extras = {}) {
   if (m < 0 || n < 0 || k < 0) throw Error("gemm: negative size");
+  if (epilogue == LinearEpilogue::Accumulate && (extras.residual || extras.gelu_slope_out || extras.scale))
+    throw Error("gemm: a residual, GELU slope or scale matrix with the Accumulate epilogue");
+  if (extras.gelu_slope_out && epilogue != LinearEpilogue::Gelu) throw Error("gemm: a GELU slope without GELU");
+  if (extras.scale && epilogue != LinearEpilogue::Store) throw Error("gemm: a scale matrix needs the Store epilogue");
   if (m == 0 || n == 0) return;
   const bool accumulate = epilogue == LinearEpilogue::Accumulate, gelu = epilogue == LinearEpilogue::Gelu;
   std::vector<float> bias_padded;
@@ -325,16 +370,16 @@ void run_gemm(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmO
   run_tasks(parts, workers, [&](int t) {
     thread_local PackBuffers buffers;  // kept by each thread between products
     const int lo = t * per_part, hi = std::min(extent, lo + per_part);
-    if (split_rows) gemm_block(kern, lo, hi, 0, n, k, a, b, packed, c, ldc, accumulate, bp, gelu, buffers);
-    else gemm_block(kern, 0, m, lo, hi, k, a, b, packed, c, ldc, accumulate, bp, gelu, buffers);
+    if (split_rows) gemm_block(kern, lo, hi, 0, n, k, a, b, packed, c, ldc, accumulate, bp, gelu, extras, buffers);
+    else gemm_block(kern, 0, m, lo, hi, k, a, b, packed, c, ldc, accumulate, bp, gelu, extras, buffers);
   });
 }
 
 }  // namespace
 
 void detail::gemm_with(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmOperand b, float* c,
-                       int64_t ldc, const float* bias, LinearEpilogue epilogue, int threads) {
-  run_gemm(kern, m, n, k, a, b, nullptr, c, ldc, bias, epilogue, threads);
+                       int64_t ldc, const float* bias, LinearEpilogue epilogue, int threads, const GemmExtras& extras) {
+  run_gemm(kern, m, n, k, a, b, nullptr, c, ldc, bias, epilogue, threads, extras);
 }
 
 void linear_forward(const float* x, int64_t ldx, int m, int k, const float* w, int n, const float* b, float* y,

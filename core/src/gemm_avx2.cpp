@@ -17,7 +17,7 @@ namespace {
 constexpr int kMr = 6, kNr = 16;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
 
 VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
-                       int64_t ldc, bool load_c, const float* bias, bool gelu) {
+                       int64_t ldc, const TileEpilogue& e) {
   // Twelve named accumulators, not an array: with an array, GCC 12 kept it in memory and stored
   // every accumulator on every step of k (the epilogue's loop indexes it), which halved the speed.
   const __m256 z = _mm256_setzero_ps();
@@ -59,12 +59,23 @@ VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const
   const __m256 acc[kMr][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
   for (int r = 0; r < kMr; ++r)
     for (int h = 0; h < 2; ++h) {
-      float* dst = c + r * ldc + 8 * h;
+      const int64_t at = r * ldc + 8 * h;
       __m256 v = acc[r][h];
-      if (load_c) v = _mm256_add_ps(v, _mm256_loadu_ps(dst));
-      if (bias) v = _mm256_add_ps(v, _mm256_loadu_ps(bias + 8 * h));
-      if (gelu) v = gelu8(v);
-      _mm256_storeu_ps(dst, v);
+      if (e.load_c) v = _mm256_add_ps(v, _mm256_loadu_ps(c + at));
+      if (e.bias) v = _mm256_add_ps(v, _mm256_loadu_ps(e.bias + 8 * h));
+      if (e.residual) v = _mm256_add_ps(_mm256_loadu_ps(e.residual + at), v);
+      switch (e.act) {
+        case TileAct::None: break;
+        case TileAct::Gelu: v = gelu8(v); break;
+        case TileAct::GeluAndSlope: {
+          const ErfcParts parts = erfc_parts8(v);
+          _mm256_storeu_ps(e.slope_out + at, gelu_slope8_from(v, parts));
+          v = gelu8_from(v, parts);
+          break;
+        }
+        case TileAct::Scale: v = _mm256_mul_ps(_mm256_loadu_ps(e.scale + at), v); break;
+      }
+      _mm256_storeu_ps(c + at, v);
     }
 }
 

@@ -25,7 +25,7 @@ namespace {
 constexpr int kMr = 8, kNr = 48;
 
 VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
-                         int64_t ldc, bool load_c, const float* bias, bool gelu) {
+                         int64_t ldc, const TileEpilogue& e) {
   // Named accumulators, not an array: GCC 12 kept an array in memory (see gemm_avx2.cpp).
   const __m512 z = _mm512_setzero_ps();
   __m512 c00 = z, c01 = z, c02 = z, c10 = z, c11 = z, c12 = z, c20 = z, c21 = z, c22 = z, c30 = z, c31 = z, c32 = z,
@@ -50,12 +50,23 @@ VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, con
                               {c40, c41, c42}, {c50, c51, c52}, {c60, c61, c62}, {c70, c71, c72}};
   for (int r = 0; r < kMr; ++r)
     for (int h = 0; h < 3; ++h) {
-      float* dst = c + r * ldc + 16 * h;
+      const int64_t at = r * ldc + 16 * h;
       __m512 v = acc[r][h];
-      if (load_c) v = _mm512_add_ps(v, _mm512_loadu_ps(dst));
-      if (bias) v = _mm512_add_ps(v, _mm512_loadu_ps(bias + 16 * h));
-      if (gelu) v = gelu16(v);
-      _mm512_storeu_ps(dst, v);
+      if (e.load_c) v = _mm512_add_ps(v, _mm512_loadu_ps(c + at));
+      if (e.bias) v = _mm512_add_ps(v, _mm512_loadu_ps(e.bias + 16 * h));
+      if (e.residual) v = _mm512_add_ps(_mm512_loadu_ps(e.residual + at), v);
+      switch (e.act) {
+        case TileAct::None: break;
+        case TileAct::Gelu: v = gelu16(v); break;
+        case TileAct::GeluAndSlope: {
+          const ErfcParts16 parts = erfc_parts16(v);
+          _mm512_storeu_ps(e.slope_out + at, gelu_slope16_from(v, parts));
+          v = gelu16_from(v, parts);
+          break;
+        }
+        case TileAct::Scale: v = _mm512_mul_ps(_mm512_loadu_ps(e.scale + at), v); break;
+      }
+      _mm512_storeu_ps(c + at, v);
     }
 }
 

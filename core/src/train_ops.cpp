@@ -1139,10 +1139,25 @@ void gelu_forward(const T* inp, int64_t n, T* out, int threads) {
   });
 }
 
+namespace {
+// d/dx [x Phi(x)] = Phi(x) + x phi(x) for len values, on an Eigen-owned copy (see above).
 template <class T>
-void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads) {
+Eigen::Array<T, Eigen::Dynamic, 1> gelu_slope_values(const T* inp, int64_t len) {
   const T inv_sqrt2 = static_cast<T>(0.70710678118654752440);
   const T inv_sqrt_2pi = static_cast<T>(0.39894228040143267794);
+  const Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp, len);
+  return T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
+}
+// out = gelu_slope_values(inp, len); out may be inp.
+template <class T>
+void gelu_slope_chunk(const T* inp, int64_t len, T* out) {
+  const Eigen::Array<T, Eigen::Dynamic, 1> slope = gelu_slope_values(inp, len);
+  for (int64_t i = 0; i < len; ++i) out[i] = slope[i];
+}
+}  // namespace
+
+template <class T>
+void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads) {
   parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
     const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
 #ifndef VITLENS_TRAIN_PORTABLE_BUILD
@@ -1155,10 +1170,7 @@ void gelu_backward(const T* dout, const T* inp, int64_t n, T* dinp, int threads)
       return;
     }
 #endif
-    const Eigen::Array<T, Eigen::Dynamic, 1> x = ConstArrayMap<T>(inp + i0, len);
-    // d/dx [x Phi(x)] = Phi(x) + x phi(x)
-    Eigen::Array<T, Eigen::Dynamic, 1> slope =
-        T(0.5) * (T(1) + (x * inv_sqrt2).erf()) + x * inv_sqrt_2pi * (T(-0.5) * x.square()).exp();
+    Eigen::Array<T, Eigen::Dynamic, 1> slope = gelu_slope_values(inp + i0, len);
     slope *= Eigen::Array<T, Eigen::Dynamic, 1>(ConstArrayMap<T>(dout + i0, len));
     for (int64_t i = 0; i < len; ++i) dinp[i0 + i] = slope[i];  // written (train_ops_list.inc)
   });
@@ -1173,6 +1185,68 @@ void residual_forward(const T* a, const T* b, int64_t n, T* out, int threads) {
     const int64_t i0 = c * kElementChunk, i1 = std::min(n, i0 + kElementChunk);
     for (int64_t i = i0; i < i1; ++i) out[i] = a[i] + b[i];
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// fused linears: fc1 + GELU, GELU' + fc2's input gradient, proj / fc2 + residual. The float ops
+// run the products' tile epilogues (gemm.hpp's GemmExtras: GELU and GELU' are the kernels' own,
+// those of gelu_forward / gelu_backward above in the vector builds); the portable build's GELU
+// (Eigen's erf) and the double ops run the separate ops.
+
+template <class T>
+void linear_gelu_forward(const T* inp, const T* w, const T* b, int R, int I, int O, T* out, T* slope, int threads) {
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+  if constexpr (std::is_same_v<T, float>) {
+    detail::GemmExtras extras;
+    extras.gelu_slope_out = slope;
+    detail::gemm_with(train_gemm(), R, O, I, GemmOperand{inp, I, 1}, GemmOperand{w, 1, I}, out, O, b,
+                      LinearEpilogue::Gelu, threads, extras);
+    return;
+  }
+#endif
+  const int64_t n = static_cast<int64_t>(R) * O;
+  linear_forward(inp, w, b, R, I, O, slope, threads);  // the pre-activation, then its slope in place
+  gelu_forward(slope, n, out, threads);
+  parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
+    const int64_t i0 = c * kElementChunk, len = std::min(n, i0 + kElementChunk) - i0;
+    gelu_slope_chunk(slope + i0, len, slope + i0);
+  });
+}
+
+template <class T>
+void linear_gelu_backward(const T* dout, const T* inp, const T* slope, const T* w, int R, int I, int O, T* dpre,
+                          T* dw, T* db, int threads) {
+#ifndef VITLENS_TRAIN_PORTABLE_BUILD
+  if constexpr (std::is_same_v<T, float>) {
+    // dpre (R, I) = slope * (dout (R, O) @ w (O, I))
+    detail::GemmExtras extras;
+    extras.scale = slope;
+    detail::gemm_with(train_gemm(), R, I, O, GemmOperand{dout, O, 1}, GemmOperand{w, I, 1}, dpre, I, nullptr,
+                      LinearEpilogue::Store, threads, extras);  // written (train_ops_list.inc)
+    linear_backward(dout, inp, w, R, I, O, static_cast<T*>(nullptr), dw, db, threads);
+    return;
+  }
+#endif
+  linear_backward(dout, inp, w, R, I, O, dpre, dw, db, threads, true);
+  const int64_t n = static_cast<int64_t>(R) * I;
+  parallel_for(chunks_of(n, kElementChunk), threads, [&](int c) {
+    const int64_t i0 = c * kElementChunk, i1 = std::min(n, i0 + kElementChunk);
+    for (int64_t i = i0; i < i1; ++i) dpre[i] = slope[i] * dpre[i];  // written (train_ops_list.inc)
+  });
+}
+
+template <class T>
+void linear_residual_forward(const T* inp, const T* w, const T* b, const T* res, int R, int I, int O, T* out,
+                             int threads) {
+  if constexpr (std::is_same_v<T, float>) {
+    detail::GemmExtras extras;
+    extras.residual = res;
+    detail::gemm_with(train_gemm(), R, O, I, GemmOperand{inp, I, 1}, GemmOperand{w, 1, I}, out, O, b,
+                      LinearEpilogue::Store, threads, extras);
+    return;
+  }
+  linear_forward(inp, w, b, R, I, O, out, threads);
+  residual_forward(res, out, static_cast<int64_t>(R) * O, out, threads);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1288,6 +1362,9 @@ void crossentropy_backward(const T* probs, const int32_t* labels, int B, int C, 
   template void gelu_forward<T>(const T*, int64_t, T*, int);                                                    \
   template void gelu_backward<T>(const T*, const T*, int64_t, T*, int);                                         \
   template void residual_forward<T>(const T*, const T*, int64_t, T*, int);                                      \
+  template void linear_gelu_forward<T>(const T*, const T*, const T*, int, int, int, T*, T*, int);               \
+  template void linear_gelu_backward<T>(const T*, const T*, const T*, const T*, int, int, int, T*, T*, T*, int); \
+  template void linear_residual_forward<T>(const T*, const T*, const T*, const T*, int, int, int, T*, int);     \
   template void drop_path_forward<T>(const T*, const T*, const T*, int, int64_t, T*, int);                     \
   template void drop_path_backward<T>(const T*, const T*, int, int64_t, T*, int);                               \
   template void pool_forward<T>(const T*, int, int, int, bool, T*);                                             \
@@ -1391,6 +1468,16 @@ VITLENS_DISPATCH(attention_backward,
 VITLENS_DISPATCH(gelu_forward, (const T* inp, int64_t n, T* out, int threads), (inp, n, out, threads))
 VITLENS_DISPATCH(gelu_backward, (const T* dout, const T* inp, int64_t n, T* dinp, int threads),
                  (dout, inp, n, dinp, threads))
+VITLENS_DISPATCH(linear_gelu_forward,
+                 (const T* inp, const T* w, const T* b, int R, int I, int O, T* out, T* slope, int threads),
+                 (inp, w, b, R, I, O, out, slope, threads))
+VITLENS_DISPATCH(linear_gelu_backward,
+                 (const T* dout, const T* inp, const T* slope, const T* w, int R, int I, int O, T* dpre, T* dw,
+                  T* db, int threads),
+                 (dout, inp, slope, w, R, I, O, dpre, dw, db, threads))
+VITLENS_DISPATCH(linear_residual_forward,
+                 (const T* inp, const T* w, const T* b, const T* res, int R, int I, int O, T* out, int threads),
+                 (inp, w, b, res, R, I, O, out, threads))
 VITLENS_DISPATCH(residual_forward, (const T* a, const T* b, int64_t n, T* out, int threads),
                  (a, b, n, out, threads))
 VITLENS_DISPATCH(drop_path_forward,

@@ -89,20 +89,17 @@ void BlockStack<T>::allocate(int B, int N) {
   qkv.assign(Ls * R * 3 * Ds, 0);
   probs.assign(Ls * static_cast<size_t>(B) * Hs * Ns * Ns, 0);
   ctx.assign(Ls * R * Ds, 0);
-  attn_proj.assign(Ls * R * Ds, 0);
   mid.assign(Ls * R * Ds, 0);
   ln2.assign(Ls * R * Ds, 0);
   ln2_mean.assign(Ls * R, 0);
   ln2_rstd.assign(Ls * R, 0);
-  fc1.assign(Ls * R * Hms, 0);
+  gelu_slope.assign(Ls * R * Hms, 0);
   gelu.assign(Ls * R * Hms, 0);
-  mlp.assign(Ls * R * Ds, 0);
   d_resid.assign(R * Ds, 0);
   d_ln.assign(R * Ds, 0);
   d_qkv.assign(R * 3 * Ds, 0);
   d_ctx.assign(R * Ds, 0);
   d_hidden.assign(R * Hms, 0);
-  d_gelu.assign(R * Hms, 0);
 }
 
 template <class T>
@@ -110,6 +107,7 @@ void BlockStack<T>::forward(const T* w, const uint8_t* mask, int threads) {
   const int B = batch, N = tokens, R = B * N;
   const T scale = T(1) / std::sqrt(static_cast<T>(D / H));
   const size_t RD = static_cast<size_t>(R) * D;
+  if (drop_scale) branch_out.resize(RD);
   for (int l = 0; l < L; ++l) {
     const BlockOffsets& o = offsets[static_cast<size_t>(l)];
     const T* x = resid.data() + l * RD;
@@ -117,30 +115,34 @@ void BlockStack<T>::forward(const T* w, const uint8_t* mask, int threads) {
     T* qkv_l = qkv.data() + l * RD * 3;
     T* probs_l = probs.data() + static_cast<size_t>(l) * B * H * N * N;
     T* ctx_l = ctx.data() + l * RD;
-    T* proj_l = attn_proj.data() + l * RD;
     T* mid_l = mid.data() + l * RD;
     T* ln2_l = ln2.data() + l * RD;
-    T* fc1_l = fc1.data() + static_cast<size_t>(l) * R * Hm;
+    T* slope_l = gelu_slope.data() + static_cast<size_t>(l) * R * Hm;
     T* gelu_l = gelu.data() + static_cast<size_t>(l) * R * Hm;
-    T* mlp_l = mlp.data() + l * RD;
     // x = x + self.attn(self.norm1(x))
     layernorm_forward(x, w + o.norm1_w, w + o.norm1_b, eps, R, D, ln1_l, ln1_mean.data() + l * R,
                       ln1_rstd.data() + l * R, threads);
     linear_forward(ln1_l, w + o.qkv_w, qkv_bias ? w + o.qkv_b : nullptr, R, D, 3 * D, qkv_l, threads);
     attention_forward(qkv_l, mask, B, N, D, H, scale, probs_l, ctx_l, threads);
-    linear_forward(ctx_l, w + o.proj_w, w + o.proj_b, R, D, D, proj_l, threads);
+    // The residual add is the product's epilogue; with drop path the branch goes through `branch_out`.
     const int64_t M = static_cast<int64_t>(N) * D;
-    if (drop_scale) drop_path_forward(x, proj_l, drop_scale + (2 * l) * B, B, M, mid_l, threads);
-    else residual_forward(x, proj_l, static_cast<int64_t>(RD), mid_l, threads);
+    if (drop_scale) {
+      linear_forward(ctx_l, w + o.proj_w, w + o.proj_b, R, D, D, branch_out.data(), threads);
+      drop_path_forward(x, branch_out.data(), drop_scale + (2 * l) * B, B, M, mid_l, threads);
+    } else {
+      linear_residual_forward(ctx_l, w + o.proj_w, w + o.proj_b, x, R, D, D, mid_l, threads);
+    }
     // x = x + self.mlp(self.norm2(x))
     layernorm_forward(mid_l, w + o.norm2_w, w + o.norm2_b, eps, R, D, ln2_l, ln2_mean.data() + l * R,
                       ln2_rstd.data() + l * R, threads);
-    linear_forward(ln2_l, w + o.fc1_w, w + o.fc1_b, R, D, Hm, fc1_l, threads);
-    gelu_forward(fc1_l, static_cast<int64_t>(R) * Hm, gelu_l, threads);
-    linear_forward(gelu_l, w + o.fc2_w, w + o.fc2_b, R, Hm, D, mlp_l, threads);
+    linear_gelu_forward(ln2_l, w + o.fc1_w, w + o.fc1_b, R, D, Hm, gelu_l, slope_l, threads);
     T* next = resid.data() + (l + 1) * RD;
-    if (drop_scale) drop_path_forward(mid_l, mlp_l, drop_scale + (2 * l + 1) * B, B, M, next, threads);
-    else residual_forward(mid_l, mlp_l, static_cast<int64_t>(RD), next, threads);
+    if (drop_scale) {
+      linear_forward(gelu_l, w + o.fc2_w, w + o.fc2_b, R, Hm, D, branch_out.data(), threads);
+      drop_path_forward(mid_l, branch_out.data(), drop_scale + (2 * l + 1) * B, B, M, next, threads);
+    } else {
+      linear_residual_forward(gelu_l, w + o.fc2_w, w + o.fc2_b, mid_l, R, Hm, D, next, threads);
+    }
   }
 }
 
@@ -168,15 +170,14 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
     const T* ctx_l = ctx.data() + l * RD;
     const T* mid_l = mid.data() + l * RD;
     const T* ln2_l = ln2.data() + l * RD;
-    const T* fc1_l = fc1.data() + static_cast<size_t>(l) * R * Hm;
+    const T* slope_l = gelu_slope.data() + static_cast<size_t>(l) * R * Hm;
     const T* gelu_l = gelu.data() + static_cast<size_t>(l) * R * Hm;
     // d_resid holds d loss / d resid[l+1], resid[l+1] = mid + mlp: mid's gradient is that plus the
     // MLP branch's. The branch reads d_resid (fc2's backward) before norm2's backward adds its
     // share, so the sum builds up in d_resid itself (llm.c's residual_backward without a copy).
     // mlp branch: fc2(GELU(fc1(norm2(mid))))
-    linear_backward(branch_grad(2 * l + 1), gelu_l, w + o.fc2_w, R, Hm, D, d_gelu.data(), g + o.fc2_w, g + o.fc2_b,
-                    threads, true);
-    gelu_backward(d_gelu.data(), fc1_l, static_cast<int64_t>(R) * Hm, d_hidden.data(), threads);  // writes d_hidden
+    linear_gelu_backward(branch_grad(2 * l + 1), gelu_l, slope_l, w + o.fc2_w, R, Hm, D, d_hidden.data(), g + o.fc2_w,
+                         g + o.fc2_b, threads);  // writes d_hidden
     linear_backward(d_hidden.data(), ln2_l, w + o.fc1_w, R, D, Hm, d_ln.data(), g + o.fc1_w, g + o.fc1_b, threads,
                     true);
     layernorm_backward(d_ln.data(), mid_l, w + o.norm2_w, ln2_mean.data() + l * R, ln2_rstd.data() + l * R, R, D,

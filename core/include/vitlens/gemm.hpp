@@ -84,17 +84,35 @@ void layer_norm_rows(const float* x, int64_t ldx, int rows, int dim, const float
 
 namespace detail {
 
+// What a tile does with its sums v = A b_panel (gemm.cpp fills it per tile; the matrices are at
+// the tile's first element, their rows ldc apart as c's):
+//   v = v + c (load_c), v = v + bias (bias not null), v = residual + v (residual not null), then
+//   c = v (None), c = GELU(v) (Gelu), c = GELU(v) and slope_out = GELU'(v) (GeluAndSlope: a
+//   training forward keeps the slope its backward needs, from the same erfc and exp), or
+//   c = scale * v (Scale: the backward's input gradient of the Linear before that GELU).
+// GELU and GELU' = Phi(x) + x phi(x) are the kernels' own (gelu below; avx*_math.hpp's gelu_slope
+// in the vector ones), so a fused epilogue gives the bits of separate passes in the vector builds.
+enum class TileAct { None, Gelu, GeluAndSlope, Scale };
+struct TileEpilogue {
+  bool load_c = false;
+  const float* bias = nullptr;      // (NR)
+  const float* residual = nullptr;  // (MR, NR)
+  TileAct act = TileAct::None;
+  float* slope_out = nullptr;       // (MR, NR), GeluAndSlope
+  const float* scale = nullptr;     // (MR, NR), Scale
+};
+
 // What each instruction set provides (gemm.cpp runs the blocking, packing and threads).
 struct GemmKernels {
   int mr, nr;  // register tile: MR rows x NR columns
-  // c (MR, NR) with row stride ldc = [c +] A (MR, kc) b_panel (kc, NR) [+ bias (NR)] [GELU], where
+  // c (MR, NR) with row stride ldc = the epilogue e of A (MR, kc) b_panel (kc, NR), where
   // A's element (r, p) is a[r * a_rs + p * a_ps]: a packed panel (a_rs = 1, a_ps = MR), MR whole
   // rows of a row-major matrix read in place (a_rs = its row stride, a_ps = 1), or MR columns of
   // a row-major matrix read in place as A's rows (a_rs = 1, a_ps = its row stride); b_panel's rows
   // are b_rs apart (NR for a packed panel, the row stride of a row-major B read in place).
   // The k products are one FMA chain per element in p order, the same for either layout of A or B.
   void (*tile)(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b_panel, int64_t b_rs, float* c,
-               int64_t ldc, bool load_c, const float* bias, bool gelu);
+               int64_t ldc, const TileEpilogue& e);
   void (*gelu)(float* x, int64_t count);
   void (*layer_norm_row)(const float* x, int dim, const float* weight, const float* bias, float eps, float* out);
 };
@@ -111,10 +129,20 @@ void pack_wt_squares_avx2(const float* w, int64_t ldw, int kc8, int nr, float* d
 // The kernels kernel_isa() selects (what gemm() and the functions above run).
 const GemmKernels& active_gemm_kernels();
 
+// Matrices (M, N) with C's row stride that a LinearEpilogue::Store or Gelu product also reads or
+// writes (TileEpilogue): C = residual + (A B + bias), saving a pass over both; with Gelu,
+// gelu_slope_out = GELU'(A B + bias) besides C = GELU(A B + bias); C = scale * (A B + bias)
+// (Store only).
+struct GemmExtras {
+  const float* residual = nullptr;
+  float* gelu_slope_out = nullptr;
+  const float* scale = nullptr;
+};
+
 // gemm() on the given kernels instead of kernel_isa()'s: the training ops' portable build runs
 // kPortableGemm whatever the CPU (train_ops.hpp), so its numbers match its name.
 void gemm_with(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmOperand b, float* c, int64_t ldc,
-               const float* bias, LinearEpilogue epilogue, int threads);
+               const float* bias, LinearEpilogue epilogue, int threads, const GemmExtras& extras = {});
 
 }  // namespace detail
 }  // namespace vitlens

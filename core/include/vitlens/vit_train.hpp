@@ -68,15 +68,16 @@ struct BlockStack {
   std::vector<T> qkv;          // (L, B*N, 3D)
   std::vector<T> probs;        // (L, B, H, N, N) attention weights
   std::vector<T> ctx;          // (L, B*N, D) attention output before proj
-  std::vector<T> attn_proj;    // (L, B*N, D) proj(ctx)
   std::vector<T> mid;          // (L, B*N, D) residual after attention
   std::vector<T> ln2, ln2_mean, ln2_rstd;  // (L, B*N, D), (L, B*N), (L, B*N)
-  std::vector<T> fc1;          // (L, B*N, Hm) before GELU
+  std::vector<T> gelu_slope;   // (L, B*N, Hm) GELU'(fc1 output): all the backward needs of it
   std::vector<T> gelu;         // (L, B*N, Hm)
-  std::vector<T> mlp;          // (L, B*N, D) fc2 output
   // Backward scratch, one layer's shapes; d_resid (B*N, D) is the stack's gradient in and out.
-  std::vector<T> d_resid, d_ln, d_qkv, d_ctx, d_hidden, d_gelu;
+  std::vector<T> d_resid, d_ln, d_qkv, d_ctx, d_hidden;
   std::vector<T> d_branch;     // (B*N, D) a dropped-path branch's output gradient; empty without drop_scale
+  // (B*N, D) a dropped-path branch's output (proj or fc2) before drop_path_forward, one layer at a
+  // time; empty without drop_scale (otherwise the products add the residual in their epilogue).
+  std::vector<T> branch_out;
 
   void allocate(int B, int N);                 // no-op when (B, N) is unchanged
   T* input() { return resid.data(); }          // (B*N, D) rows of layer 0
