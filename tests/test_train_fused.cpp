@@ -1,0 +1,137 @@
+// The fused training ops (train_ops_list.inc: linear_gelu_forward, linear_gelu_backward,
+// linear_residual_forward) against the separate ops they stand for, on every build of the ops the
+// CPU runs: the same bits, since the product's epilogue (gemm.hpp's TileEpilogue) runs the same
+// GELU, GELU' and adds as gelu_forward, gelu_backward and residual_forward. Shapes with rows and
+// columns that fill no whole tile (edge tiles go through gemm.cpp's padded copies), 1 and 2
+// threads, and gradients accumulated onto what dw and db already hold.
+#include <catch2/catch.hpp>
+
+#include <random>
+#include <vector>
+
+#include "test_support.hpp"
+#include "vitlens/gemm.hpp"
+#include "vitlens/train_ops.hpp"
+
+using namespace vitlens;
+
+namespace {
+
+std::vector<float> gaussian(size_t n, unsigned seed, float scale) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+void check_fused(KernelIsa isa, int R, int I, int O, int threads) {
+  INFO("build " << test::train_ops_name(isa) << ", R " << R << ", I " << I << ", O " << O << ", threads "
+                << threads);
+  const test::UseIsa use(isa);
+  const size_t RI = static_cast<size_t>(R) * I, RO = static_cast<size_t>(R) * O, OI = static_cast<size_t>(O) * I;
+  // Pre-activations around +-3 reach both GELU branches (x < 0 and x >= 0) and its tails.
+  const std::vector<float> inp = gaussian(RI, 1, 1.0f), w = gaussian(OI, 2, 0.7f), b = gaussian(O, 3, 0.5f);
+
+  // fc1 + GELU: out = GELU(pre), slope = GELU'(pre) against linear_forward, gelu_forward and
+  // gelu_backward with dout = 1 (slope * 1 is the slope itself).
+  std::vector<float> out(RO), slope(RO), pre(RO), out_ref(RO), slope_ref(RO);
+  train::linear_gelu_forward(inp.data(), w.data(), b.data(), R, I, O, out.data(), slope.data(), threads);
+  train::linear_forward(inp.data(), w.data(), b.data(), R, I, O, pre.data(), threads);
+  train::gelu_forward(pre.data(), static_cast<int64_t>(RO), out_ref.data(), threads);
+  const std::vector<float> ones(RO, 1.0f);
+  train::gelu_backward(ones.data(), pre.data(), static_cast<int64_t>(RO), slope_ref.data(), threads);
+  CHECK(out == out_ref);
+  CHECK(slope == slope_ref);
+  // Not a degenerate case: both branches of GELU were hit (but in a single value).
+  int negative = 0, positive = 0;
+  for (float x : pre) (x < 0 ? negative : positive) += 1;
+  if (RO > 1) {
+    CHECK(negative > 0);
+    CHECK(positive > 0);
+  }
+
+  // fc2's backward after that GELU: dpre = (dout @ w2) * slope, dw2 and db2 accumulated, against
+  // linear_backward (write_dinp) then gelu_backward on pre.
+  const int O2 = I;  // fc2: O inputs (the GELU's width), O2 outputs
+  const std::vector<float> w2 = gaussian(static_cast<size_t>(O2) * O, 4, 0.6f);
+  const std::vector<float> dout = gaussian(static_cast<size_t>(R) * O2, 5, 1.0f);
+  std::vector<float> dw = gaussian(static_cast<size_t>(O2) * O, 6, 0.1f), db = gaussian(O2, 7, 0.1f);
+  std::vector<float> dw_ref = dw, db_ref = db;
+  std::vector<float> dpre(RO, 123.0f), dgelu(RO), dpre_ref(RO);
+  train::linear_gelu_backward(dout.data(), out.data(), slope.data(), w2.data(), R, O, O2, dpre.data(), dw.data(),
+                              db.data(), threads);
+  train::linear_backward(dout.data(), out.data(), w2.data(), R, O, O2, dgelu.data(), dw_ref.data(), db_ref.data(),
+                         threads, true);
+  train::gelu_backward(dgelu.data(), pre.data(), static_cast<int64_t>(RO), dpre_ref.data(), threads);
+  CHECK(dpre == dpre_ref);
+  CHECK(dw == dw_ref);
+  CHECK(db == db_ref);
+
+  // proj / fc2 + residual: out = res + (inp @ w^T + b) against linear_forward then residual_forward.
+  const std::vector<float> res = gaussian(RO, 8, 1.0f);
+  std::vector<float> sum(RO), branch(RO), sum_ref(RO);
+  train::linear_residual_forward(inp.data(), w.data(), b.data(), res.data(), R, I, O, sum.data(), threads);
+  train::linear_forward(inp.data(), w.data(), b.data(), R, I, O, branch.data(), threads);
+  train::residual_forward(res.data(), branch.data(), static_cast<int64_t>(RO), sum_ref.data(), threads);
+  CHECK(sum == sum_ref);
+}
+
+// The double ops (the finite-difference check's) run the separate ops; the float fused ops must
+// agree with them to float rounding.
+void check_against_double(int R, int I, int O) {
+  INFO("R " << R << ", I " << I << ", O " << O);
+  const size_t RI = static_cast<size_t>(R) * I, RO = static_cast<size_t>(R) * O, OI = static_cast<size_t>(O) * I;
+  const std::vector<float> inp = gaussian(RI, 11, 1.0f), w = gaussian(OI, 12, 0.7f), b = gaussian(O, 13, 0.5f);
+  const std::vector<double> inp_d(inp.begin(), inp.end()), w_d(w.begin(), w.end()), b_d(b.begin(), b.end());
+  std::vector<float> out(RO), slope(RO);
+  std::vector<double> out_d(RO), slope_d(RO);
+  train::linear_gelu_forward(inp.data(), w.data(), b.data(), R, I, O, out.data(), slope.data(), 1);
+  train::linear_gelu_forward(inp_d.data(), w_d.data(), b_d.data(), R, I, O, out_d.data(), slope_d.data(), 1);
+  for (size_t i = 0; i < RO; ++i) {
+    REQUIRE(out[i] == Approx(out_d[i]).margin(1e-5).epsilon(1e-5));
+    REQUIRE(slope[i] == Approx(slope_d[i]).margin(1e-5).epsilon(1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train: fused fc1 + GELU, GELU' + fc2 backward and Linear + residual give the separate ops' bits",
+          "[train][fused]") {
+  for (KernelIsa isa : test::isas_here())
+    for (int threads : {1, 2}) {
+      check_fused(isa, 64, 48, 96, threads);   // whole tiles (the card's MLP at 64 rows)
+      check_fused(isa, 37, 5, 20, threads);    // edge tiles in rows and columns
+      check_fused(isa, 300, 12, 144, threads); // more rows than one block, 144 = 3 AVX-512 panels
+      check_fused(isa, 1, 3, 1, threads);
+    }
+}
+
+TEST_CASE("train: fused ops in float agree with the double ops", "[train][fused]") {
+  for (KernelIsa isa : test::isas_here()) {
+    const test::UseIsa use(isa);
+    check_against_double(37, 5, 20);
+    check_against_double(64, 48, 96);
+  }
+}
+
+TEST_CASE("gemm: epilogue matrices that do not fit the epilogue are refused", "[gemm][fused]") {
+  const std::vector<float> a(4 * 3, 1.0f), b(3 * 2, 1.0f), extra(4 * 2, 1.0f);
+  std::vector<float> c(4 * 2, 0.0f);
+  const detail::GemmKernels& kern = detail::active_gemm_kernels();
+  const GemmOperand A{a.data(), 3, 1}, B{b.data(), 2, 1};
+  detail::GemmExtras residual, slope, scale;
+  residual.residual = extra.data();
+  slope.gelu_slope_out = c.data();
+  scale.scale = extra.data();
+  CHECK_THROWS_WITH(
+      detail::gemm_with(kern, 4, 2, 3, A, B, c.data(), 2, nullptr, LinearEpilogue::Accumulate, 1, residual),
+      Catch::Contains("Accumulate"));
+  CHECK_THROWS_WITH(detail::gemm_with(kern, 4, 2, 3, A, B, c.data(), 2, nullptr, LinearEpilogue::Store, 1, slope),
+                    Catch::Contains("GELU slope without GELU"));
+  CHECK_THROWS_WITH(detail::gemm_with(kern, 4, 2, 3, A, B, c.data(), 2, nullptr, LinearEpilogue::Gelu, 1, scale),
+                    Catch::Contains("scale matrix needs the Store"));
+  // Store with a residual: C = residual + A B, each element 1 + 3.
+  detail::gemm_with(kern, 4, 2, 3, A, B, c.data(), 2, nullptr, LinearEpilogue::Store, 1, residual);
+  CHECK(c == std::vector<float>(4 * 2, 4.0f));
+}
