@@ -11,9 +11,12 @@
 # over N per-step timings after 3 untimed steps). Both include batch assembly and augmentation.
 # Each of R rounds (default 3) runs vitlens, then PyTorch, and the medians over the rounds are
 # compared: on a virtual machine one run of either can be 30 % off. The machine should be idle.
+# A separate OpenBLAS under PyTorch (Debian's 1.13) runs one thread (train_pytorch.py --blas-threads:
+# with its default of one per core it spun against PyTorch's own threads, and used both cores in a
+# 1-thread run).
 set -euo pipefail
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 1 ]] || usage
 BUILD=$1; shift
 PY=/work/venv/bin/python
