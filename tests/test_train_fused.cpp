@@ -135,3 +135,52 @@ TEST_CASE("gemm: epilogue matrices that do not fit the epilogue are refused", "[
   detail::gemm_with(kern, 4, 2, 3, A, B, c.data(), 2, nullptr, LinearEpilogue::Store, 1, residual);
   CHECK(c == std::vector<float>(4 * 2, 4.0f));
 }
+
+namespace {
+
+// linear_backward's db (the row sums of dout^T, taken by the weight gradient's tiles) against
+// sums in double, accumulated onto what db held, and the same bits for 1 and 2 threads.
+void check_bias_sums(KernelIsa isa, int R, int I, int O) {
+  INFO("build " << test::train_ops_name(isa) << ", R " << R << ", I " << I << ", O " << O);
+  const test::UseIsa use(isa);
+  const std::vector<float> dout = gaussian(static_cast<size_t>(R) * O, 21, 1.0f);
+  const std::vector<float> inp = gaussian(static_cast<size_t>(R) * I, 22, 1.0f);
+  const std::vector<float> w = gaussian(static_cast<size_t>(O) * I, 23, 0.5f);
+  const std::vector<float> db0 = gaussian(O, 24, 1.0f);
+  std::vector<float> db1 = db0, db2 = db0, dw1(static_cast<size_t>(O) * I), dw2 = dw1;
+  train::linear_backward(dout.data(), inp.data(), w.data(), R, I, O, static_cast<float*>(nullptr), dw1.data(),
+                         db1.data(), 1);
+  train::linear_backward(dout.data(), inp.data(), w.data(), R, I, O, static_cast<float*>(nullptr), dw2.data(),
+                         db2.data(), 2);
+  CHECK(db1 == db2);
+  CHECK(dw1 == dw2);
+  for (int o = 0; o < O; ++o) {
+    double sum = db0[static_cast<size_t>(o)];
+    for (int r = 0; r < R; ++r) sum += dout[static_cast<size_t>(r) * O + o];
+    REQUIRE(db1[static_cast<size_t>(o)] == Approx(sum).margin(1e-4).epsilon(1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("train: a Linear's bias gradient from the weight gradient's tiles, any shape, 1 and 2 threads",
+          "[train][fused]") {
+  for (KernelIsa isa : test::isas_here()) {
+    check_bias_sums(isa, 6400, 48, 144);  // qkv: rows of dout^T split between threads
+    check_bias_sums(isa, 6400, 96, 48);   // fc2: columns split, only the first columns' tiles sum
+    check_bias_sums(isa, 300, 5, 20);     // edge panels of rows (20 = 2 x 8 + 4, 3 x 6 + 2), two k blocks
+    check_bias_sums(isa, 1, 3, 7);
+  }
+  // No columns of C (I = 0): no tiles, the sums all the same.
+  const std::vector<float> a = {1, 2, 3, 4, 5, 6};  // dY (3, 2): A = dY^T (2, 3)
+  std::vector<float> sums = {10, 20};
+  detail::GemmExtras extras;
+  extras.a_row_sums = sums.data();
+  float c = 0.0f;
+  detail::gemm_with(detail::active_gemm_kernels(), 2, 0, 3, GemmOperand{a.data(), 1, 2}, GemmOperand{&c, 0, 1}, &c,
+                    0, nullptr, LinearEpilogue::Accumulate, 1, extras);
+  CHECK(sums == std::vector<float>{10 + 1 + 3 + 5, 20 + 2 + 4 + 6});
+  CHECK_THROWS_WITH(detail::gemm_with(detail::active_gemm_kernels(), 2, 1, 3, GemmOperand{a.data(), 3, 1},
+                                      GemmOperand{a.data(), 1, 1}, &c, 1, nullptr, LinearEpilogue::Store, 1, extras),
+                    Catch::Contains("row sums"));
+}

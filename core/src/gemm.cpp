@@ -39,10 +39,15 @@ float gelu_slope_scalar(float x) {
 
 void portable_tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
                    int64_t ldc, const TileEpilogue& e) {
-  float acc[kPortableMr][kPortableNr] = {};
-  for (int p = 0; p < kc; ++p, a += a_ps, b += b_rs)
+  float acc[kPortableMr][kPortableNr] = {}, row_sums[kPortableMr] = {};
+  for (int p = 0; p < kc; ++p, a += a_ps, b += b_rs) {
+    if (e.a_row_sums)
+      for (int r = 0; r < kPortableMr; ++r) row_sums[r] += a[r * a_rs];
     for (int r = 0; r < kPortableMr; ++r)
       for (int j = 0; j < kPortableNr; ++j) acc[r][j] += a[r * a_rs] * b[j];
+  }
+  if (e.a_row_sums)
+    for (int r = 0; r < kPortableMr; ++r) e.a_row_sums[r] += row_sums[r];
   for (int r = 0; r < kPortableMr; ++r)
     for (int j = 0; j < kPortableNr; ++j) {
       const int64_t at = r * ldc + j;
@@ -96,6 +101,7 @@ constexpr int kMc = 96;          // a multiple of every MR (4, 6, 8)
 constexpr int kNc = 960;         // a multiple of every NR (16, 48)
 constexpr int kSplitCols = 48;   // column splits between threads: a multiple of every NR
 constexpr int kMaxTile = 8 * 48; // the largest MR * NR
+constexpr int kMaxMr = 8;        // the largest MR
 
 const GemmKernels& active_gemm() {
 #if defined(__x86_64__)
@@ -274,6 +280,10 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
               e.scale = extras.scale ? extras.scale + at : nullptr;
             }
             const int rows = std::min(mr, mc - ir);
+            // A's row sums from the tiles of C's first columns only (each row once per k block).
+            const bool row_sums = extras.a_row_sums && jc + jr == 0;
+            float sums_pad[kMaxMr] = {};
+            if (row_sums) e.a_row_sums = rows == mr ? extras.a_row_sums + ic + ir : sums_pad;
             if (rows == mr && cols == nr) {
               kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, c + at, ldc, e);
               continue;
@@ -298,6 +308,8 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
               std::memcpy(c + at + r * ldc, pad + r * nr, row_bytes);
               if (slope_dst) std::memcpy(slope_dst + r * ldc, pad_slope + r * nr, row_bytes);
             }
+            if (row_sums && rows < mr)  // the padded panel's sums (0 + each sum: the same bits)
+              for (int r = 0; r < rows; ++r) extras.a_row_sums[ic + ir + r] += sums_pad[r];
           }
         }
       }
@@ -327,7 +339,13 @@ void run_gemm(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmO
     throw Error("gemm: a residual, GELU slope or scale matrix with the Accumulate epilogue");
   if (extras.gelu_slope_out && epilogue != LinearEpilogue::Gelu) throw Error("gemm: a GELU slope without GELU");
   if (extras.scale && epilogue != LinearEpilogue::Store) throw Error("gemm: a scale matrix needs the Store epilogue");
-  if (m == 0 || n == 0) return;
+  if (extras.a_row_sums && a.row_stride != 1) throw Error("gemm: A's row sums need A's column elements adjacent");
+  if (m == 0 || n == 0) {  // no tiles; A's row sums still wanted (C has no columns)
+    if (extras.a_row_sums)
+      for (int i = 0; i < m; ++i)
+        for (int p = 0; p < k; ++p) extras.a_row_sums[i] += a.data[i + p * a.col_stride];
+    return;
+  }
   const bool accumulate = epilogue == LinearEpilogue::Accumulate, gelu = epilogue == LinearEpilogue::Gelu;
   std::vector<float> bias_padded;
   if (bias) {

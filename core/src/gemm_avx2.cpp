@@ -16,8 +16,11 @@ namespace {
 
 constexpr int kMr = 6, kNr = 16;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
 
-VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
-                       int64_t ldc, const TileEpilogue& e) {
+// kRowSums: also the sums of A's 6 rows (a_rs = 1: adjacent; a masked load, so nothing past the
+// 6th is read), one vector add per step of k.
+template <bool kRowSums>
+VITLENS_AVX2 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs,
+                                   float* c, int64_t ldc, const TileEpilogue& e) {
   // Twelve named accumulators, not an array: with an array, GCC 12 kept it in memory and stored
   // every accumulator on every step of k (the epilogue's loop indexes it), which halved the speed.
   const __m256 z = _mm256_setzero_ps();
@@ -32,8 +35,11 @@ VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const
     c##r##0 = _mm256_fmadd_ps(ar, b0, c##r##0);       \
     c##r##1 = _mm256_fmadd_ps(ar, b1, c##r##1);       \
   }
+  const __m256i six = _mm256_setr_epi32(-1, -1, -1, -1, -1, -1, 0, 0);
+  __m256 row_sums = _mm256_setzero_ps();
 #define VITLENS_TILE_STEP(q, bp)                                                                 \
   {                                                                                              \
+    if constexpr (kRowSums) row_sums = _mm256_add_ps(row_sums, _mm256_maskload_ps(a + (q), six)); \
     const __m256 b0 = _mm256_loadu_ps(bp), b1 = _mm256_loadu_ps((bp) + 8);                       \
     VITLENS_TILE_ROW(0, q) VITLENS_TILE_ROW(1, q) VITLENS_TILE_ROW(2, q) VITLENS_TILE_ROW(3, q) \
     VITLENS_TILE_ROW(4, q) VITLENS_TILE_ROW(5, q)                                                \
@@ -77,6 +83,17 @@ VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const
       }
       _mm256_storeu_ps(c + at, v);
     }
+  if constexpr (kRowSums) {
+    float sums[8];
+    _mm256_storeu_ps(sums, row_sums);
+    for (int r = 0; r < kMr; ++r) e.a_row_sums[r] += sums[r];
+  }
+}
+
+VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
+                       int64_t ldc, const TileEpilogue& e) {
+  if (e.a_row_sums) tile_body<true>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
+  else tile_body<false>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
 }
 
 VITLENS_AVX2 void gelu(float* x, int64_t count) {

@@ -24,8 +24,10 @@ namespace {
 // number of panels, where 32 left a padded edge tile on every product 48 or 144 wide.
 constexpr int kMr = 8, kNr = 48;
 
-VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
-                         int64_t ldc, const TileEpilogue& e) {
+// kRowSums: also the sums of A's 8 rows (a_rs = 1: adjacent), one vector add per step of k.
+template <bool kRowSums>
+VITLENS_AVX512 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b,
+                                     int64_t b_rs, float* c, int64_t ldc, const TileEpilogue& e) {
   // Named accumulators, not an array: GCC 12 kept an array in memory (see gemm_avx2.cpp).
   const __m512 z = _mm512_setzero_ps();
   __m512 c00 = z, c01 = z, c02 = z, c10 = z, c11 = z, c12 = z, c20 = z, c21 = z, c22 = z, c30 = z, c31 = z, c32 = z,
@@ -33,7 +35,9 @@ VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, con
   // Row r of A starts at a_r; element p at a_r + p * a_ps.
   const float *a0 = a, *a1 = a + 1 * a_rs, *a2 = a + 2 * a_rs, *a3 = a + 3 * a_rs, *a4 = a + 4 * a_rs,
               *a5 = a + 5 * a_rs, *a6 = a + 6 * a_rs, *a7 = a + 7 * a_rs;
+  __m256 row_sums = _mm256_setzero_ps();
   for (int64_t p = 0, q = 0; p < kc; ++p, q += a_ps, b += b_rs) {
+    if constexpr (kRowSums) row_sums = _mm256_add_ps(row_sums, _mm256_loadu_ps(a + q));
     const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32);
 #define VITLENS_TILE_ROW(r)                         \
   {                                                 \
@@ -68,6 +72,13 @@ VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, con
       }
       _mm512_storeu_ps(c + at, v);
     }
+  if constexpr (kRowSums) _mm256_storeu_ps(e.a_row_sums, _mm256_add_ps(_mm256_loadu_ps(e.a_row_sums), row_sums));
+}
+
+VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
+                         int64_t ldc, const TileEpilogue& e) {
+  if (e.a_row_sums) tile_body<true>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
+  else tile_body<false>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
 }
 
 VITLENS_AVX512 void gelu(float* x, int64_t count) {

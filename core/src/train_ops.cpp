@@ -159,51 +159,6 @@ void linear_forward(const T* inp, const T* w, const T* b, int R, int I, int O, T
   });
 }
 
-// db[0, n) += the sums over the R rows of dout (R, O) of its columns [o0, o0 + n), n <= kBiasChunk:
-// each the same sum in row order (from 0, one add per row), whichever chunk or vector lane it falls
-// in. Four blocks of 16 features are summed in registers (an array of partial sums went through the
-// stack on every row: a store and a reload in each add's chain); a last block of fewer than 16
-// columns is read through a zero-padded copy.
-namespace {
-constexpr int kBiasChunk = 64;
-void add_column_sums(const float* dout, int R, int O, int o0, int n, float* db) {
-  typedef float Block __attribute__((vector_size(16 * sizeof(float))));
-  const int blocks = (n + 15) / 16;
-  const auto load = [&](Block& v, const float* p, int block) {
-    const int m = std::min(16, n - 16 * block);
-    if (m == 16) {
-      std::memcpy(&v, p + 16 * block, sizeof v);
-    } else {
-      v = Block{};
-      std::memcpy(&v, p + 16 * block, static_cast<size_t>(m) * sizeof(float));
-    }
-  };
-  Block s0 = {}, s1 = {}, s2 = {}, s3 = {}, x;
-  for (int r = 0; r < R; ++r) {
-    const float* row = dout + static_cast<int64_t>(r) * O + o0;
-    load(x, row, 0);
-    s0 += x;
-    if (blocks > 1) {
-      load(x, row, 1);
-      s1 += x;
-    }
-    if (blocks > 2) {
-      load(x, row, 2);
-      s2 += x;
-    }
-    if (blocks > 3) {
-      load(x, row, 3);
-      s3 += x;
-    }
-  }
-  float sums[kBiasChunk];
-  std::memcpy(sums, &s0, sizeof s0);
-  std::memcpy(sums + 16, &s1, sizeof s1);
-  std::memcpy(sums + 32, &s2, sizeof s2);
-  std::memcpy(sums + 48, &s3, sizeof s3);
-  for (int k = 0; k < n; ++k) db[k] += sums[k];
-}
-}  // namespace
 
 template <class T>
 void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int O, T* dinp, T* dw, T* db,
@@ -214,14 +169,13 @@ void linear_backward(const T* dout, const T* inp, const T* w, int R, int I, int 
     if (dinp)
       detail::gemm_with(kern, R, I, O, GemmOperand{dout, O, 1}, GemmOperand{w, I, 1}, dinp, I, nullptr,
                         write_dinp ? LinearEpilogue::Store : LinearEpilogue::Accumulate, threads);
-    // dw (O, I) += dout^T (O, R) @ inp (R, I): element (i, p) of dout^T is dout[p * O + i].
+    // dw (O, I) += dout^T (O, R) @ inp (R, I): element (i, p) of dout^T is dout[p * O + i]; and
+    // db (O) += the row sums of dout^T, taken by the tiles that read it (a separate pass over dout
+    // cost more than a hundredth of a training step).
+    detail::GemmExtras extras;
+    extras.a_row_sums = db;
     detail::gemm_with(kern, O, I, R, GemmOperand{dout, 1, O}, GemmOperand{inp, I, 1}, dw, I, nullptr,
-                      LinearEpilogue::Accumulate, threads);
-    if (db)
-      parallel_for(chunks_of(O, kBiasChunk), threads, [&](int t) {
-        const int o0 = t * kBiasChunk;
-        add_column_sums(dout, R, O, o0, std::min(O, o0 + kBiasChunk) - o0, db + o0);
-      });
+                      LinearEpilogue::Accumulate, threads, extras);
     return;
   }
   ConstMap<T> weight(w, O, I);

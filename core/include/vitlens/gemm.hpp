@@ -90,6 +90,9 @@ namespace detail {
 //   c = v (None), c = GELU(v) (Gelu), c = GELU(v) and slope_out = GELU'(v) (GeluAndSlope: a
 //   training forward keeps the slope its backward needs, from the same erfc and exp), or
 //   c = scale * v (Scale: the backward's input gradient of the Linear before that GELU).
+// And a_row_sums (MR, not null) += the sums over this kc of A's rows, one chain per row in p order,
+// for A in a layout whose MR rows are adjacent (a_rs = 1: a packed panel, or dY^T read in place):
+// a weight gradient's bias gradient, from the A the tile reads anyway.
 // GELU and GELU' = Phi(x) + x phi(x) are the kernels' own (gelu below; avx*_math.hpp's gelu_slope
 // in the vector ones), so a fused epilogue gives the bits of separate passes in the vector builds.
 enum class TileAct { None, Gelu, GeluAndSlope, Scale };
@@ -100,6 +103,7 @@ struct TileEpilogue {
   TileAct act = TileAct::None;
   float* slope_out = nullptr;       // (MR, NR), GeluAndSlope
   const float* scale = nullptr;     // (MR, NR), Scale
+  float* a_row_sums = nullptr;      // (MR)
 };
 
 // What each instruction set provides (gemm.cpp runs the blocking, packing and threads).
@@ -132,11 +136,14 @@ const GemmKernels& active_gemm_kernels();
 // Matrices (M, N) with C's row stride that a LinearEpilogue::Store or Gelu product also reads or
 // writes (TileEpilogue): C = residual + (A B + bias), saving a pass over both; with Gelu,
 // gelu_slope_out = GELU'(A B + bias) besides C = GELU(A B + bias); C = scale * (A B + bias)
-// (Store only).
+// (Store only). And with any epilogue, a_row_sums (M) += the sums of A's rows over K, for an A
+// whose column elements are adjacent (row_stride 1: dY^T of a weight gradient, whose row sums are
+// the bias gradient), each a chain in k order per block of 256 k, the blocks' sums added in order.
 struct GemmExtras {
   const float* residual = nullptr;
   float* gelu_slope_out = nullptr;
   const float* scale = nullptr;
+  float* a_row_sums = nullptr;
 };
 
 // gemm() on the given kernels instead of kernel_isa()'s: the training ops' portable build runs
