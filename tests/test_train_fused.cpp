@@ -6,6 +6,7 @@
 // threads, and gradients accumulated onto what dw and db already hold.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <random>
 #include <vector>
 
@@ -103,6 +104,8 @@ TEST_CASE("train: fused fc1 + GELU, GELU' + fc2 backward and Linear + residual g
       check_fused(isa, 64, 48, 96, threads);   // whole tiles (the card's MLP at 64 rows)
       check_fused(isa, 37, 5, 20, threads);    // edge tiles in rows and columns
       check_fused(isa, 300, 12, 144, threads); // more rows than one block, 144 = 3 AVX-512 panels
+      check_fused(isa, 40, 300, 20, threads);  // K = 300 both ways: the epilogue after the last k block
+      check_fused(isa, 64, 300, 48, threads);  // the same with enough work to split between threads
       check_fused(isa, 1, 3, 1, threads);
     }
 }
@@ -131,6 +134,10 @@ TEST_CASE("gemm: epilogue matrices that do not fit the epilogue are refused", "[
                     Catch::Contains("GELU slope without GELU"));
   CHECK_THROWS_WITH(detail::gemm_with(kern, 4, 2, 3, A, B, c.data(), 2, nullptr, LinearEpilogue::Gelu, 1, scale),
                     Catch::Contains("scale matrix needs the Store"));
+  detail::GemmExtras aliased;
+  aliased.residual = c.data();
+  CHECK_THROWS_WITH(detail::gemm_with(kern, 4, 2, 3, A, B, c.data(), 2, nullptr, LinearEpilogue::Store, 1, aliased),
+                    Catch::Contains("C itself"));
   // Store with a residual: C = residual + A B, each element 1 + 3.
   detail::gemm_with(kern, 4, 2, 3, A, B, c.data(), 2, nullptr, LinearEpilogue::Store, 1, residual);
   CHECK(c == std::vector<float>(4 * 2, 4.0f));
@@ -183,4 +190,55 @@ TEST_CASE("train: a Linear's bias gradient from the weight gradient's tiles, any
   CHECK_THROWS_WITH(detail::gemm_with(detail::active_gemm_kernels(), 2, 1, 3, GemmOperand{a.data(), 3, 1},
                                       GemmOperand{a.data(), 1, 1}, &c, 1, nullptr, LinearEpilogue::Store, 1, extras),
                     Catch::Contains("row sums"));
+}
+
+namespace {
+
+double phi_cdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
+
+// Each kernel set's epilogues on their own (the portable set's too, which the training ops'
+// portable build does not run for GELU): C = GELU(res + A B + b) with slope_out = GELU'(...), and
+// C = scale * (A B + b), against double loops, with K = 300 (two k blocks) and edge tiles.
+void check_epilogues(const detail::GemmKernels& kern, const char* name) {
+  INFO("kernels " << name);
+  const int M = 37, N = 53, K = 300;
+  const std::vector<float> a = gaussian(static_cast<size_t>(M) * K, 31, 0.1f);
+  const std::vector<float> b = gaussian(static_cast<size_t>(K) * N, 32, 0.2f);
+  const std::vector<float> bias = gaussian(N, 33, 0.5f), res = gaussian(static_cast<size_t>(M) * N, 34, 1.0f);
+  const std::vector<float> scale = gaussian(static_cast<size_t>(M) * N, 35, 1.0f);
+  std::vector<double> v(static_cast<size_t>(M) * N);
+  for (int i = 0; i < M; ++i)
+    for (int j = 0; j < N; ++j) {
+      double sum = bias[static_cast<size_t>(j)];
+      for (int p = 0; p < K; ++p)
+        sum += static_cast<double>(a[static_cast<size_t>(i) * K + p]) * b[static_cast<size_t>(p) * N + j];
+      v[static_cast<size_t>(i) * N + j] = sum;
+    }
+  const GemmOperand A{a.data(), K, 1}, B{b.data(), N, 1};
+  std::vector<float> c(static_cast<size_t>(M) * N), slope(c.size()), scaled(c.size());
+  detail::GemmExtras gelu_extras, scale_extras;
+  gelu_extras.residual = res.data();
+  gelu_extras.gelu_slope_out = slope.data();
+  scale_extras.scale = scale.data();
+  detail::gemm_with(kern, M, N, K, A, B, c.data(), N, bias.data(), LinearEpilogue::Gelu, 2, gelu_extras);
+  detail::gemm_with(kern, M, N, K, A, B, scaled.data(), N, bias.data(), LinearEpilogue::Store, 2, scale_extras);
+  for (size_t i = 0; i < c.size(); ++i) {
+    const double x = res[i] + v[i];
+    const double gelu = x * phi_cdf(x);
+    const double gelu_slope = phi_cdf(x) + x * std::exp(-0.5 * x * x) / std::sqrt(2.0 * M_PI);
+    REQUIRE(c[i] == Approx(gelu).margin(1e-5).epsilon(1e-5));
+    REQUIRE(slope[i] == Approx(gelu_slope).margin(1e-5).epsilon(1e-5));
+    REQUIRE(scaled[i] == Approx(scale[i] * v[i]).margin(1e-5).epsilon(1e-5));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("gemm: the residual, GELU-and-slope and scale epilogues of every kernel set against double loops",
+          "[gemm][fused]") {
+  check_epilogues(detail::kPortableGemm, "portable");
+#if defined(__x86_64__)
+  if (kernel_isa_supported(KernelIsa::Avx2)) check_epilogues(detail::kAvx2Gemm, "avx2");
+  if (kernel_isa_supported(KernelIsa::Avx512)) check_epilogues(detail::kAvx512Gemm, "avx512");
+#endif
 }

@@ -340,6 +340,9 @@ void run_gemm(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmO
   if (extras.gelu_slope_out && epilogue != LinearEpilogue::Gelu) throw Error("gemm: a GELU slope without GELU");
   if (extras.scale && epilogue != LinearEpilogue::Store) throw Error("gemm: a scale matrix needs the Store epilogue");
   if (extras.a_row_sums && a.row_stride != 1) throw Error("gemm: A's row sums need A's column elements adjacent");
+  if ((extras.residual && extras.residual == c) || (extras.scale && extras.scale == c) ||
+      (extras.gelu_slope_out && extras.gelu_slope_out == c))
+    throw Error("gemm: an epilogue matrix is C itself");
   if (m == 0 || n == 0) {  // no tiles; A's row sums still wanted (C has no columns)
     if (extras.a_row_sums)
       for (int i = 0; i < m; ++i)

@@ -151,8 +151,8 @@ void BlockStack<T>::backward(const T* w, T* g, int threads) {
   const int B = batch, N = tokens, R = B * N;
   const T scale = T(1) / std::sqrt(static_cast<T>(D / H));
   const size_t RD = static_cast<size_t>(R) * D;
-  // Every scratch gradient below has one producer, which writes it (write_dinp = true, and the two
-  // ops that always write): no buffer is cleared per block.
+  // Every scratch gradient below has one producer, which writes it (write_dinp = true, and
+  // linear_gelu_backward and attention_backward, which always write): no buffer is cleared per block.
   // With drop path each branch reads d_branch = scale * d_resid instead of d_resid itself.
   const int64_t M = static_cast<int64_t>(N) * D;
   if (drop_scale) d_branch.resize(RD);

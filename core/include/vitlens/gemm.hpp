@@ -134,11 +134,13 @@ void pack_wt_squares_avx2(const float* w, int64_t ldw, int kc8, int nr, float* d
 const GemmKernels& active_gemm_kernels();
 
 // Matrices (M, N) with C's row stride that a LinearEpilogue::Store or Gelu product also reads or
-// writes (TileEpilogue): C = residual + (A B + bias), saving a pass over both; with Gelu,
-// gelu_slope_out = GELU'(A B + bias) besides C = GELU(A B + bias); C = scale * (A B + bias)
-// (Store only). And with any epilogue, a_row_sums (M) += the sums of A's rows over K, for an A
-// whose column elements are adjacent (row_stride 1: dY^T of a weight gradient, whose row sums are
-// the bias gradient), each a chain in k order per block of 256 k, the blocks' sums added in order.
+// writes (TileEpilogue), in this order: v = A B + bias, v = residual + v (saving a pass over both),
+// then with Gelu C = GELU(v) and gelu_slope_out = GELU'(v), with Store and scale C = scale * v, else
+// C = v. None of them may be C itself (refused): where K > 256, C holds partial sums before the
+// last block reads them. And with any epilogue, a_row_sums (M) += the sums of A's rows over K, for
+// an A whose column elements are adjacent (row_stride 1: dY^T of a weight gradient, whose row sums
+// are the bias gradient), each a chain in k order per block of 256 k, the blocks' sums added in
+// order (one chain when C has no columns).
 struct GemmExtras {
   const float* residual = nullptr;
   float* gelu_slope_out = nullptr;

@@ -2,10 +2,10 @@
 // Forward and backward of every operation of the ViT, side by side in the manner of llm.c's
 // train_gpt2.c: `op_forward` computes and caches what the backward needs, `op_backward` is next to
 // it and ACCUMULATES (+=) into the gradient buffers, so a tensor used twice (the residual stream)
-// simply receives two contributions. Two exceptions write their output instead (gelu_backward's
-// dinp, attention_backward's dqkv): each feeds exactly one consumer, and clearing them every step
-// cost more than it was worth. Each op is templated on the scalar: float for training,
-// double for the finite-difference check (tests/test_train_grad.cpp).
+// simply receives two contributions. Some write their output instead (linear_gelu_backward's dpre,
+// attention_backward's dqkv, gelu_backward's dinp, drop_path_backward's dbranch): each feeds exactly
+// one consumer, and clearing it every step cost more than it was worth. Each op is templated on
+// the scalar: float for training, double for the finite-difference check (tests/test_train_grad.cpp).
 //
 // Dimension legend (on top of eigen.hpp's): B = images in the batch, Np = patches per image,
 // N = prefix + Np tokens per image, R = B * N token rows, K = 3 P P values per patch, C = classes,
