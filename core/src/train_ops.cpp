@@ -141,12 +141,20 @@ void patchify_backward(const T* dpatches, int B, int H, int W, int P, T* dimages
 // ---------------------------------------------------------------------------------------------
 // linear: nn.Linear, out = inp @ w^T + b, as whole (rows, features) GEMMs per row chunk.
 
+namespace {
+// The float forward product on the SGEMM, with the tiles' epilogue: out (R, O) = inp (R, I) @ B + b,
+// B (I, O) = w^T (element (p, j) of B is w[j * I + p]), then what `epilogue` and `extras` ask for.
+void linear_forward_product(const float* inp, const float* w, const float* b, int R, int I, int O, float* out,
+                            LinearEpilogue epilogue, const detail::GemmExtras& extras, int threads) {
+  detail::gemm_with(train_gemm(), R, O, I, GemmOperand{inp, I, 1}, GemmOperand{w, 1, I}, out, O, b, epilogue,
+                    threads, extras);
+}
+}  // namespace
+
 template <class T>
 void linear_forward(const T* inp, const T* w, const T* b, int R, int I, int O, T* out, int threads) {
   if constexpr (std::is_same_v<T, float>) {
-    // out (R, O) = inp (R, I) @ B, B (I, O) = w^T: element (p, j) of B is w[j * I + p].
-    detail::gemm_with(train_gemm(), R, O, I, GemmOperand{inp, I, 1}, GemmOperand{w, 1, I}, out, O, b,
-                      LinearEpilogue::Store, threads);
+    linear_forward_product(inp, w, b, R, I, O, out, LinearEpilogue::Store, {}, threads);
     return;
   }
   ConstMap<T> weight(w, O, I);
@@ -1153,8 +1161,7 @@ void linear_gelu_forward(const T* inp, const T* w, const T* b, int R, int I, int
   if constexpr (std::is_same_v<T, float>) {
     detail::GemmExtras extras;
     extras.gelu_slope_out = slope;
-    detail::gemm_with(train_gemm(), R, O, I, GemmOperand{inp, I, 1}, GemmOperand{w, 1, I}, out, O, b,
-                      LinearEpilogue::Gelu, threads, extras);
+    linear_forward_product(inp, w, b, R, I, O, out, LinearEpilogue::Gelu, extras, threads);
     return;
   }
 #endif
@@ -1195,8 +1202,7 @@ void linear_residual_forward(const T* inp, const T* w, const T* b, const T* res,
   if constexpr (std::is_same_v<T, float>) {
     detail::GemmExtras extras;
     extras.residual = res;
-    detail::gemm_with(train_gemm(), R, O, I, GemmOperand{inp, I, 1}, GemmOperand{w, 1, I}, out, O, b,
-                      LinearEpilogue::Store, threads, extras);
+    linear_forward_product(inp, w, b, R, I, O, out, LinearEpilogue::Store, extras, threads);
     return;
   }
   linear_forward(inp, w, b, R, I, O, out, threads);
