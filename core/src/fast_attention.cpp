@@ -16,11 +16,11 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <system_error>
 #include <thread>
 #include <vector>
 
 #include "vitlens/error.hpp"
+#include "vitlens/parallel.hpp"
 
 namespace vitlens {
 
@@ -306,8 +306,11 @@ constexpr int kBlockFloats = 128 * 1024;  // 512 KB
 // column sums have their own buffer, and the groups are added in order at the end, so the
 // received sums are the same whichever thread ran which group.
 constexpr int kRowGroups = 8;
-// Below this many scores (N * N * H) one thread is faster than starting others.
-constexpr double kMinScoresPerThread = 1 << 18;
+// Below this many scores (N * N * H) per thread, one thread. The helpers come from the worker pool
+// (parallel.hpp), already started and usually still spinning from the product before; when each
+// call started its own threads this was 1 << 18, so ViT-S/16 at 224 px (197 tokens, 6 heads: 233 k
+// scores) ran its attention on one of two cores.
+constexpr double kMinScoresPerThread = 1 << 14;
 constexpr auto kProgressInterval = std::chrono::milliseconds(20);
 
 int rows_per_block(int ld) { return std::clamp(kBlockFloats / ld / 4 * 4, 4, kMaxRows); }
@@ -383,7 +386,7 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
   const int units = heads * groups;  // (head, row group) pairs, each with its own column sums
   std::vector<double> group_sums(static_cast<size_t>(units) * ld, 0.0);
 
-  int workers = threads > 0 ? threads : static_cast<int>(std::thread::hardware_concurrency());
+  int workers = resolve_threads(threads);
   workers = std::clamp(workers, 1, units);
   if (static_cast<double>(n) * n * heads < kMinScoresPerThread * workers) workers = 1;
   struct Scratch {
@@ -400,8 +403,11 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
   std::atomic<long> blocks_done{0};
   std::atomic<bool> stop{false};
   const double total_blocks = static_cast<double>(blocks) * heads;
-  auto work = [&](int worker) {
-    Scratch& mine = scratch[static_cast<size_t>(worker)];
+  const std::thread::id caller = std::this_thread::get_id();
+  std::atomic<bool> reported{false};  // the caller has called progress
+  auto work = [&](int slot) {
+    Scratch& mine = scratch[static_cast<size_t>(slot)];
+    const bool reporter = progress && std::this_thread::get_id() == caller;
     auto last_report = std::chrono::steady_clock::now() - kProgressInterval;  // first report after one block
     for (int unit = next_unit++; unit < units && !stop; unit = next_unit++) {
       const int h = unit / groups, group = unit % groups;
@@ -439,10 +445,11 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
           for (int r = 0; r < job.rows; ++r) copy_row(r, out.probs[h] + static_cast<size_t>(r0 + r) * n);
 
         const long done = ++blocks_done;
-        if (worker == 0 && progress) {
+        if (reporter) {
           const auto now = std::chrono::steady_clock::now();
           if (now - last_report >= kProgressInterval) {
             last_report = now;
+            reported = true;
             if (!progress(static_cast<float>(done / total_blocks))) stop = true;
           }
         }
@@ -450,22 +457,19 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
     }
   };
 
-  std::vector<std::thread> helpers;
-  for (int w = 1; w < workers; ++w) {
+  // One task per scratch slot, each taking units until none are left; run_tasks rethrows what a
+  // task threw (the progress callback) once the others have stopped at their next block.
+  run_tasks(workers, workers, [&](int slot) {
     try {
-      helpers.emplace_back(work, w);
-    } catch (const std::system_error&) {
-      break;  // no more threads: the ones running (and this one) share the units
+      work(slot);
+    } catch (...) {
+      stop = true;
+      throw;
     }
-  }
-  try {
-    work(0);
-  } catch (...) {  // the progress callback threw: stop the helpers before passing it on
-    stop = true;
-    for (std::thread& t : helpers) t.join();
-    throw;
-  }
-  for (std::thread& t : helpers) t.join();
+  });
+  // Progress is reported on the calling thread only; if it ran no block (the pool's workers took
+  // every unit first), report once now, so that a caller cancelling at its first report still can.
+  if (progress && !stop && !reported && !progress(1.0f)) stop = true;
   if (stop) return false;
 
   for (int h = 0; h < heads; ++h)
