@@ -209,7 +209,7 @@ void pack_b(const GemmOperand& b, int p0, int kc, int j0, int nc, int nr, bool a
 // [SECTION] One thread's product
 
 struct PackBuffers {
-  std::vector<float> a, b;
+  detail::AlignedFloats a, b;
 };
 
 // Where block kb's panel of columns [j, j + NR) starts in PackedLinear::panels: the blocks before

@@ -10,6 +10,7 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstdint>
 
 #include "avx512_math.hpp"  // gelu16, VITLENS_AVX512
 #include "gemm_simd.hpp"
@@ -36,9 +37,11 @@ VITLENS_AVX512 inline void tile_body(int kc, const float* a, int64_t a_rs, int64
   const float *a0 = a, *a1 = a + 1 * a_rs, *a2 = a + 2 * a_rs, *a3 = a + 3 * a_rs, *a4 = a + 4 * a_rs,
               *a5 = a + 5 * a_rs, *a6 = a + 6 * a_rs, *a7 = a + 7 * a_rs;
   __m256 row_sums = _mm256_setzero_ps();
-  for (int64_t p = 0, q = 0; p < kc; ++p, q += a_ps, b += b_rs) {
-    if constexpr (kRowSums) row_sums = _mm256_add_ps(row_sums, _mm256_loadu_ps(a + q));
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32);
+  // One step of k: B's row p (three vectors) times the 8 rows' element p. Four steps per pass,
+  // each first asking for B's row kPrefetchRows ahead (three cache lines), then the steps left:
+  // on an Intel Xeon (two 512-bit FMA units) the plain one-step loop ran the tile at about 75 % of
+  // the FMA limit, this one at about 85 % (bench/README.md, "The SGEMM tile on an Intel Xeon").
+  // Every accumulator is still one FMA chain in p order: the same bits.
 #define VITLENS_TILE_ROW(r)                         \
   {                                                 \
     const __m512 ar = _mm512_set1_ps(a##r[q]);      \
@@ -46,10 +49,30 @@ VITLENS_AVX512 inline void tile_body(int kc, const float* a, int64_t a_rs, int64
     c##r##1 = _mm512_fmadd_ps(ar, b1, c##r##1);     \
     c##r##2 = _mm512_fmadd_ps(ar, b2, c##r##2);     \
   }
-    VITLENS_TILE_ROW(0) VITLENS_TILE_ROW(1) VITLENS_TILE_ROW(2) VITLENS_TILE_ROW(3) VITLENS_TILE_ROW(4)
-    VITLENS_TILE_ROW(5) VITLENS_TILE_ROW(6) VITLENS_TILE_ROW(7)
-#undef VITLENS_TILE_ROW
+#define VITLENS_TILE_STEP                                                                                 \
+  {                                                                                                       \
+    if constexpr (kRowSums) row_sums = _mm256_add_ps(row_sums, _mm256_loadu_ps(a + q));                   \
+    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16), b2 = _mm512_loadu_ps(b + 32);     \
+    VITLENS_TILE_ROW(0) VITLENS_TILE_ROW(1) VITLENS_TILE_ROW(2) VITLENS_TILE_ROW(3) VITLENS_TILE_ROW(4)   \
+    VITLENS_TILE_ROW(5) VITLENS_TILE_ROW(6) VITLENS_TILE_ROW(7)                                           \
   }
+  constexpr int kPrefetchRows = 16;
+  int64_t p = 0, q = 0;
+  for (; p + 4 <= kc; p += 4) {
+#pragma GCC unroll 4
+    for (int u = 0; u < 4; ++u, q += a_ps, b += b_rs) {
+      // An address (perhaps past B's end: a prefetch never faults), not a pointer into B.
+      const char* ahead = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(b) +
+                                                        static_cast<uintptr_t>(kPrefetchRows * b_rs) * sizeof(float));
+      _mm_prefetch(ahead, _MM_HINT_T0);
+      _mm_prefetch(ahead + 64, _MM_HINT_T0);
+      _mm_prefetch(ahead + 128, _MM_HINT_T0);
+      VITLENS_TILE_STEP
+    }
+  }
+  for (; p < kc; ++p, q += a_ps, b += b_rs) VITLENS_TILE_STEP
+#undef VITLENS_TILE_STEP
+#undef VITLENS_TILE_ROW
   const __m512 acc[kMr][3] = {{c00, c01, c02}, {c10, c11, c12}, {c20, c21, c22}, {c30, c31, c32},
                               {c40, c41, c42}, {c50, c51, c52}, {c60, c61, c62}, {c70, c71, c72}};
   for (int r = 0; r < kMr; ++r)

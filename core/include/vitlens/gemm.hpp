@@ -15,13 +15,33 @@
 //
 // Shapes: M = rows (tokens), K = inputs, N = outputs; a Linear's W is (N, K) row-major, as PyTorch
 // stores nn.Linear.weight. Leading dimensions (ld*) are row strides in floats.
+#include <cstddef>
 #include <cstdint>
+#include <new>
 #include <vector>
 
 namespace vitlens {
 namespace detail {
 struct GemmKernels;
-}
+
+// Memory on 64-byte boundaries for the packed panels: a panel row of the AVX-512 tile (48 floats)
+// is then three whole cache lines, where std::vector's 16-byte alignment split every 64-byte load
+// of B over two lines (about 8 % of the product's time on an Intel Xeon with two 512-bit FMA
+// units; bench/README.md, "The SGEMM tile on an Intel Xeon").
+template <typename T>
+struct CacheAligned {
+  using value_type = T;
+  static constexpr std::align_val_t kAlign{64};
+  CacheAligned() = default;
+  template <typename U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t count) { return static_cast<T*>(::operator new(count * sizeof(T), kAlign)); }
+  void deallocate(T* p, size_t) { ::operator delete(p, kAlign); }
+  friend bool operator==(const CacheAligned&, const CacheAligned&) { return true; }
+  friend bool operator!=(const CacheAligned&, const CacheAligned&) { return false; }
+};
+using AlignedFloats = std::vector<float, CacheAligned<float>>;
+}  // namespace detail
 
 // What happens to Y after the product.
 enum class LinearEpilogue {
@@ -44,7 +64,7 @@ struct PackedLinear {
   const float* w = nullptr;  // (N, K) row-major, the source
   int n = 0, k = 0;          // N = outputs, K = inputs
   const detail::GemmKernels* kernels = nullptr;  // packed for these (null: never packed)
-  std::vector<float> panels;  // (ceil(K / 256) blocks, ceil(N / NR) panels, kc, NR); only grows
+  detail::AlignedFloats panels;  // (ceil(K / 256) blocks, ceil(N / NR) panels, kc, NR); only grows
 };
 
 // Packs W (N, K) into `packed` for the active kernels, reusing its memory; threads <= 0: one per core.
