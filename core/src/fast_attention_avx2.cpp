@@ -4,7 +4,7 @@
 //
 // Index
 //   [SECTION] Vector helpers    horizontal sums (exp, max8: avx2_math.hpp)
-//   [SECTION] Phase A           scores of 4 query rows (or 1) against a panel of 16 keys
+//   [SECTION] Phase A           scores of 4 or 6 query rows (or 1) against a panel of 16 keys
 //   [SECTION] Phase B           softmax of one row in place
 //   [SECTION] Phase C           e v and the column sums
 //   [SECTION] Table
@@ -75,6 +75,41 @@ VITLENS_AVX2 void scores_4rows(const float* const q[4], const float* key_panels,
     _mm256_storeu_ps(s[2] + j + 8, finish_scores<kBias>(a21, vscale, b1));
     _mm256_storeu_ps(s[3] + j, finish_scores<kBias>(a30, vscale, b0));
     _mm256_storeu_ps(s[3] + j + 8, finish_scores<kBias>(a31, vscale, b1));
+  }
+}
+
+// Six query rows and one panel per step: 12 accumulators, 2 key vectors and 1 broadcast fill the 16
+// registers. The 8 chains of scores_4rows can at best just cover the FMA latency (4 cycles on 2
+// units, as on AMD Zen 3); these 12 leave slack (phase A 1.03x to 1.11x on Zen 3: bench/README.md,
+// "The AVX2 attention's phases A and C"). The same chain per score as scores_4rows.
+template <bool kBias>
+VITLENS_AVX2 void scores_6rows(const float* const q[6], const float* key_panels, int d, float scale,
+                               const float* bias, float* const s[6], int j0, int j1) {
+  const __m256 vscale = _mm256_set1_ps(scale);
+  const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3], *q4 = q[4], *q5 = q[5];
+  for (int j = j0; j < j1; j += 16) {
+    const __m256 z = _mm256_setzero_ps();
+    __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;
+    const float* k = key_panels + (j / 16) * 16 * d;
+    for (int c = 0; c < d; ++c, k += 16) {
+      const __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8);
+#define VITLENS_SCORE_ROW(r)                   \
+  {                                            \
+    const __m256 b = _mm256_broadcast_ss(q##r + c); \
+    a##r##0 = _mm256_fmadd_ps(b, k0, a##r##0); \
+    a##r##1 = _mm256_fmadd_ps(b, k1, a##r##1); \
+  }
+      VITLENS_SCORE_ROW(0) VITLENS_SCORE_ROW(1) VITLENS_SCORE_ROW(2) VITLENS_SCORE_ROW(3) VITLENS_SCORE_ROW(4)
+      VITLENS_SCORE_ROW(5)
+#undef VITLENS_SCORE_ROW
+    }
+    const float* b0 = kBias ? bias + j : nullptr;
+    const float* b1 = kBias ? bias + j + 8 : nullptr;
+    const __m256 acc[6][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}, {a40, a41}, {a50, a51}};
+    for (int r = 0; r < 6; ++r) {
+      _mm256_storeu_ps(s[r] + j, finish_scores<kBias>(acc[r][0], vscale, b0));
+      _mm256_storeu_ps(s[r] + j + 8, finish_scores<kBias>(acc[r][1], vscale, b1));
+    }
   }
 }
 
@@ -207,7 +242,11 @@ VITLENS_AVX2 void weighted_values_2rows(const float* e0, const float* e1, const 
       const __m256 x0 = _mm256_loadu_ps(e0 + j + half), x1 = _mm256_loadu_ps(e1 + j + half);
 #pragma GCC unroll 6
       for (int c = 0; c < C; ++c) {
-        const __m256 vc = _mm256_loadu_ps(v + 16 * c);
+        __m256 vc = _mm256_loadu_ps(v + 16 * c);
+        // Keep the loaded vector in a register: GCC 12 otherwise folds the load into both FMAs
+        // (two loads of each value vector, 14 loads for 12 FMAs at C = 6, more than the two
+        // 256-bit loads a cycle of AMD Zen 3 feed). The empty asm changes nothing else.
+        __asm__("" : "+x"(vc));
         a[c] = _mm256_fmadd_ps(x0, vc, a[c]);
         b[c] = _mm256_fmadd_ps(x1, vc, b[c]);
       }
@@ -273,6 +312,12 @@ VITLENS_AVX2 void scores_4rows_avx2(const float* const q[4], const float* key_pa
   else scores_4rows<false>(q, key_panels, d, scale, nullptr, s, j0, j1);
 }
 
+VITLENS_AVX2 void scores_6rows_avx2(const float* const q[6], const float* key_panels, int d, float scale,
+                                    const float* bias, float* const s[6], int j0, int j1) {
+  if (bias) scores_6rows<true>(q, key_panels, d, scale, bias, s, j0, j1);
+  else scores_6rows<false>(q, key_panels, d, scale, nullptr, s, j0, j1);
+}
+
 VITLENS_AVX2 void scores_1row_avx2(const float* q, const float* key_panels, int d, float scale, const float* bias,
                                    float* s, int end) {
   if (bias) scores_1row<true>(q, key_panels, d, scale, bias, s, end);
@@ -294,7 +339,7 @@ VITLENS_AVX2 void exp_array_avx2(const float* x, float* out, int count) {
 
 // [SECTION] Table
 
-const LeafKernels kAvx2Kernels = {scores_4rows_avx2, scores_1row_avx2,  softmax_row,
+const LeafKernels kAvx2Kernels = {scores_4rows_avx2,    scores_6rows_avx2, scores_1row_avx2, softmax_row,
                                   weighted_values_avx2, flush_column_sums, exp_array_avx2};
 
 }  // namespace vitlens::detail

@@ -17,10 +17,16 @@ namespace {
 constexpr int kMr = 6, kNr = 16;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
 
 // kRowSums: also the sums of A's 6 rows (a_rs = 1: adjacent; a masked load, so nothing past the
-// 6th is read), one vector add per step of k.
-template <bool kRowSums>
-VITLENS_AVX2 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs,
-                                   float* c, int64_t ldc, const TileEpilogue& e) {
+// 6th is read), one vector add per step of k. kAps, kBrs: A's and B's steps of k fixed at compile
+// time (0: a_ps and b_rs at run time). The forward's layout (A's rows in place, a_ps = 1; B packed,
+// b_rs = 16) then addresses every load at a constant offset from 6 row pointers and one panel
+// pointer; with both steps at run time GCC 12 ran out of registers for the 4 unrolled steps'
+// addresses and reloaded them from the stack inside the loop (1.01x to 1.12x per ViT-S/16 product
+// on AMD Zen 3: bench/README.md, "... the AVX2 tile's fixed steps").
+template <bool kRowSums, int64_t kAps, int64_t kBrs>
+VITLENS_AVX2 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t a_ps_in, const float* b,
+                                   int64_t b_rs_in, float* c, int64_t ldc, const TileEpilogue& e) {
+  const int64_t a_ps = kAps ? kAps : a_ps_in, b_rs = kBrs ? kBrs : b_rs_in;
   // Twelve named accumulators, not an array: with an array, GCC 12 kept it in memory and stored
   // every accumulator on every step of k (the epilogue's loop indexes it), which halved the speed.
   const __m256 z = _mm256_setzero_ps();
@@ -92,8 +98,9 @@ VITLENS_AVX2 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t
 
 VITLENS_AVX2 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
                        int64_t ldc, const TileEpilogue& e) {
-  if (e.a_row_sums) tile_body<true>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
-  else tile_body<false>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
+  if (e.a_row_sums) tile_body<true, 0, 0>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);  // A adjacent rows (a_rs = 1)
+  else if (a_ps == 1 && b_rs == kNr) tile_body<false, 1, kNr>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
+  else tile_body<false, 0, 0>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
 }
 
 VITLENS_AVX2 void gelu(float* x, int64_t count) {

@@ -40,7 +40,7 @@ VITLENS_AVX512 inline void tile_body(int kc, const float* a, int64_t a_rs, int64
   // One step of k: B's row p (three vectors) times the 8 rows' element p. Four steps per pass,
   // each first asking for B's row kPrefetchRows ahead (three cache lines), then the steps left:
   // on an Intel Xeon (two 512-bit FMA units) the plain one-step loop ran the tile at about 75 % of
-  // the FMA limit, this one at about 85 % (bench/README.md, "The SGEMM tile on an Intel Xeon").
+  // the FMA limit, this one at about 82 % (bench/README.md, "The SGEMM tile on an Intel Xeon").
   // Every accumulator is still one FMA chain in p order: the same bits.
 #define VITLENS_TILE_ROW(r)                         \
   {                                                 \

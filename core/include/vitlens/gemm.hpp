@@ -26,7 +26,7 @@ struct GemmKernels;
 
 // Memory on 64-byte boundaries for the packed panels: a panel row of the AVX-512 tile (48 floats)
 // is then three whole cache lines, where std::vector's 16-byte alignment split every 64-byte load
-// of B over two lines (about 8 % of the product's time on an Intel Xeon with two 512-bit FMA
+// of B over two lines (about 10 % of the tile's time on an Intel Xeon with two 512-bit FMA
 // units; bench/README.md, "The SGEMM tile on an Intel Xeon").
 template <typename T>
 struct CacheAligned {
