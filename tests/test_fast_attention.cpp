@@ -201,7 +201,7 @@ TEST_CASE("fast attention: random inputs, block and chunk edges, odd head sizes"
   for (KernelIsa isa : runnable_isas()) {
     set_kernel_isa(isa);
     // (N, H, d) around the edges of 16-key vectors, 4- and 16-row blocks and 512-key chunks, and
-    // last blocks of 5, 7, 11 and 13 rows (phase A's groups of 6 and 4 rows, and its spare rows).
+    // last blocks of 5, 7, 11 and 13 rows (a last group of 4 rows with 3, 1, 1 and 3 spare ones).
     for (auto [n, heads, d] : std::vector<std::array<int, 3>>{{1, 1, 12}, {2, 4, 12}, {15, 1, 12}, {16, 2, 12},
                                                                 {17, 4, 12}, {21, 2, 12}, {23, 1, 12}, {27, 2, 12},
                                                                 {29, 1, 7}, {63, 1, 5}, {65, 2, 8}, {257, 4, 12},
@@ -410,7 +410,7 @@ TEST_CASE("fast attention: one query's row is bit for bit the row of P", "[fast_
         REQUIRE(panels.cols() == aligned_keys(n) * d);
         std::vector<float> row(static_cast<size_t>(n));
         for (int h = 0; h < heads; ++h)
-          for (int query : {0, 1, 5, 6, 11, 12, 15, 16, 17, 400, n - 1}) {  // 6-row and 4-row groups of A
+          for (int query : {0, 1, 5, 6, 11, 12, 15, 16, 17, 400, n - 1}) {  // every place in a group of 4
             INFO("head " << h << " query " << query << (mask.causal ? " causal" : ""));
             attention_row_fast(x.qkv.row(query).data() + h * d, panels.row(h).data(), n, d, 0.25f, mask, query,
                                row.data());

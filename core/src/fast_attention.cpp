@@ -98,9 +98,6 @@ namespace {
 
 constexpr int kKeyChunk = 512;  // keys per pass of phases A and C: d * 512 floats of k or v (24 KB at d = 12) in L1
 constexpr int kMaxRows = 16;    // query rows per block
-// Score rows past a block's end that phase A may write: a group of 4 starting at most 1 row before
-// the end (6 are taken only while more than 4 are left).
-constexpr int kSpareRows = 3;
 
 // One block of query rows of one head.
 struct BlockJob {
@@ -116,7 +113,7 @@ struct BlockJob {
   int rows;               // 1 .. kMaxRows
   int first_query;        // token index of row 0
   const uint8_t* counts;  // (rows) 1 = summed into column_sums, or null: all
-  float* scores;          // (rows + kSpareRows, ld) scratch; on return the rows' e over [0, key_end)
+  float* scores;          // (rows rounded up to 4, ld) scratch; on return the rows' e over [0, key_end)
   double* context_sums;   // (rows, d4) scratch
   float* block_sums;      // (ld) scratch, zero on entry and on return
   float* context;         // row r's output: context + r * context_stride, d values
@@ -133,22 +130,18 @@ void attention_block(const detail::LeafKernels& kernels, BlockJob& job) {
   job.key_end = job.causal ? std::min(job.first_query + rows, job.tokens) : job.tokens;
   const int end = aligned_keys(job.key_end);
 
-  // A: scores, six rows at a time while more than four are left (when the kernels have it), then
-  // four (rows past the block's end repeat row 0 into spare scratch: kSpareRows), key chunk by key
-  // chunk so a chunk of k serves every row from L1.
+  // A: scores, four rows at a time (rows past the block's end repeat row 0 into spare scratch),
+  // key chunk by key chunk so a chunk of k serves every row from L1.
   for (int j0 = 0; j0 < end; j0 += kKeyChunk) {
     const int j1 = std::min(j0 + kKeyChunk, end);
-    for (int r = 0; r < rows;) {
-      const int group = kernels.scores_6rows && rows - r > 4 ? 6 : 4;
-      const float* q[6];
-      float* s[6];
-      for (int i = 0; i < group; ++i) {
+    for (int r = 0; r < rows; r += 4) {
+      const float* q[4];
+      float* s[4];
+      for (int i = 0; i < 4; ++i) {
         q[i] = job.queries + (r + i < rows ? r + i : 0) * job.query_stride;
         s[i] = job.scores + (r + i) * ld;
       }
-      if (group == 6) kernels.scores_6rows(q, job.keys, job.head_dim, job.scale, job.key_bias, s, j0, j1);
-      else kernels.scores_4rows(q, job.keys, job.head_dim, job.scale, job.key_bias, s, j0, j1);
-      r += group;
+      kernels.scores_4rows(q, job.keys, job.head_dim, job.scale, job.key_bias, s, j0, j1);
     }
   }
   // B: mask the keys past the causal diagonal and past N, then each row's softmax.
@@ -297,7 +290,7 @@ void exp_array(const float* x, float* out, int count) {
 
 }  // namespace
 
-const LeafKernels kPortableKernels = {scores_4rows,    nullptr,           scores_1row, softmax_row,
+const LeafKernels kPortableKernels = {scores_4rows,    scores_1row,       softmax_row,
                                       weighted_values, flush_column_sums, exp_array};
 
 }  // namespace detail
@@ -402,7 +395,7 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
   };
   std::vector<Scratch> scratch;
   for (int w = 0; w < workers; ++w)
-    scratch.push_back({AlignedFloats(static_cast<size_t>(block_rows + kSpareRows) * ld),
+    scratch.push_back({AlignedFloats(static_cast<size_t>(block_rows + 3) / 4 * 4 * ld),
                        AlignedFloats(static_cast<size_t>(ld)), std::vector<double>(static_cast<size_t>(block_rows) * d4)});
 
   const bool causal = in.mask && in.mask->causal;

@@ -4,7 +4,7 @@
 //
 // Index
 //   [SECTION] Vector helpers    horizontal sums (exp, max8: avx2_math.hpp)
-//   [SECTION] Phase A           scores of 4 or 6 query rows (or 1) against a panel of 16 keys
+//   [SECTION] Phase A           scores of 4 query rows (or 1) against a panel of 16 keys
 //   [SECTION] Phase B           softmax of one row in place
 //   [SECTION] Phase C           e v and the column sums
 //   [SECTION] Table
@@ -42,74 +42,38 @@ VITLENS_AVX2 inline __m256 finish_scores(__m256 a, __m256 vscale, const float* b
 
 // Four query rows and one panel (16 keys) per step: each key vector loaded serves 4 rows (8
 // accumulators). Every score is the FMA chain over c = 0 .. d-1 in order, as in scores_1row, so a
-// row alone (the attention_row path) gets bit-identical scores.
+// row alone (the attention_row path) gets bit-identical scores. The row pointers are taken out of
+// q and s once, before the loops (1.07x and 1.11x phase A against indexing them inside, on AMD
+// Zen 3; six rows at a time with 12 accumulators measured the same as this: bench/README.md, "The
+// AVX2 attention's phases A and C").
 template <bool kBias>
 VITLENS_AVX2 void scores_4rows(const float* const q[4], const float* key_panels, int d, float scale,
                                const float* bias, float* const s[4], int j0, int j1) {
   const __m256 vscale = _mm256_set1_ps(scale);
-  for (int j = j0; j < j1; j += 16) {
-    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a10 = a00, a11 = a00, a20 = a00, a21 = a00, a30 = a00, a31 = a00;
-    const float* k = key_panels + (j / 16) * 16 * d;
-    for (int c = 0; c < d; ++c, k += 16) {
-      const __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8);
-      __m256 b = _mm256_broadcast_ss(q[0] + c);
-      a00 = _mm256_fmadd_ps(b, k0, a00);
-      a01 = _mm256_fmadd_ps(b, k1, a01);
-      b = _mm256_broadcast_ss(q[1] + c);
-      a10 = _mm256_fmadd_ps(b, k0, a10);
-      a11 = _mm256_fmadd_ps(b, k1, a11);
-      b = _mm256_broadcast_ss(q[2] + c);
-      a20 = _mm256_fmadd_ps(b, k0, a20);
-      a21 = _mm256_fmadd_ps(b, k1, a21);
-      b = _mm256_broadcast_ss(q[3] + c);
-      a30 = _mm256_fmadd_ps(b, k0, a30);
-      a31 = _mm256_fmadd_ps(b, k1, a31);
-    }
-    const float* b0 = kBias ? bias + j : nullptr;
-    const float* b1 = kBias ? bias + j + 8 : nullptr;
-    _mm256_storeu_ps(s[0] + j, finish_scores<kBias>(a00, vscale, b0));
-    _mm256_storeu_ps(s[0] + j + 8, finish_scores<kBias>(a01, vscale, b1));
-    _mm256_storeu_ps(s[1] + j, finish_scores<kBias>(a10, vscale, b0));
-    _mm256_storeu_ps(s[1] + j + 8, finish_scores<kBias>(a11, vscale, b1));
-    _mm256_storeu_ps(s[2] + j, finish_scores<kBias>(a20, vscale, b0));
-    _mm256_storeu_ps(s[2] + j + 8, finish_scores<kBias>(a21, vscale, b1));
-    _mm256_storeu_ps(s[3] + j, finish_scores<kBias>(a30, vscale, b0));
-    _mm256_storeu_ps(s[3] + j + 8, finish_scores<kBias>(a31, vscale, b1));
-  }
-}
-
-// Six query rows and one panel per step: 12 accumulators, 2 key vectors and 1 broadcast fill the 16
-// registers. The 8 chains of scores_4rows can at best just cover the FMA latency (4 cycles on 2
-// units, as on AMD Zen 3); these 12 leave slack (phase A 1.03x to 1.11x on Zen 3: bench/README.md,
-// "The AVX2 attention's phases A and C"). The same chain per score as scores_4rows.
-template <bool kBias>
-VITLENS_AVX2 void scores_6rows(const float* const q[6], const float* key_panels, int d, float scale,
-                               const float* bias, float* const s[6], int j0, int j1) {
-  const __m256 vscale = _mm256_set1_ps(scale);
-  const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3], *q4 = q[4], *q5 = q[5];
+  const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
+  float *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
   for (int j = j0; j < j1; j += 16) {
     const __m256 z = _mm256_setzero_ps();
-    __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z, a40 = z, a41 = z, a50 = z, a51 = z;
+    __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
     const float* k = key_panels + (j / 16) * 16 * d;
     for (int c = 0; c < d; ++c, k += 16) {
       const __m256 k0 = _mm256_loadu_ps(k), k1 = _mm256_loadu_ps(k + 8);
-#define VITLENS_SCORE_ROW(r)                   \
-  {                                            \
+#define VITLENS_SCORE_ROW(r)                        \
+  {                                                 \
     const __m256 b = _mm256_broadcast_ss(q##r + c); \
-    a##r##0 = _mm256_fmadd_ps(b, k0, a##r##0); \
-    a##r##1 = _mm256_fmadd_ps(b, k1, a##r##1); \
+    a##r##0 = _mm256_fmadd_ps(b, k0, a##r##0);      \
+    a##r##1 = _mm256_fmadd_ps(b, k1, a##r##1);      \
   }
-      VITLENS_SCORE_ROW(0) VITLENS_SCORE_ROW(1) VITLENS_SCORE_ROW(2) VITLENS_SCORE_ROW(3) VITLENS_SCORE_ROW(4)
-      VITLENS_SCORE_ROW(5)
+      VITLENS_SCORE_ROW(0) VITLENS_SCORE_ROW(1) VITLENS_SCORE_ROW(2) VITLENS_SCORE_ROW(3)
 #undef VITLENS_SCORE_ROW
     }
     const float* b0 = kBias ? bias + j : nullptr;
     const float* b1 = kBias ? bias + j + 8 : nullptr;
-    const __m256 acc[6][2] = {{a00, a01}, {a10, a11}, {a20, a21}, {a30, a31}, {a40, a41}, {a50, a51}};
-    for (int r = 0; r < 6; ++r) {
-      _mm256_storeu_ps(s[r] + j, finish_scores<kBias>(acc[r][0], vscale, b0));
-      _mm256_storeu_ps(s[r] + j + 8, finish_scores<kBias>(acc[r][1], vscale, b1));
-    }
+#define VITLENS_STORE_ROW(r)                                                   \
+  _mm256_storeu_ps(s##r + j, finish_scores<kBias>(a##r##0, vscale, b0));       \
+  _mm256_storeu_ps(s##r + j + 8, finish_scores<kBias>(a##r##1, vscale, b1));
+    VITLENS_STORE_ROW(0) VITLENS_STORE_ROW(1) VITLENS_STORE_ROW(2) VITLENS_STORE_ROW(3)
+#undef VITLENS_STORE_ROW
   }
 }
 
@@ -312,12 +276,6 @@ VITLENS_AVX2 void scores_4rows_avx2(const float* const q[4], const float* key_pa
   else scores_4rows<false>(q, key_panels, d, scale, nullptr, s, j0, j1);
 }
 
-VITLENS_AVX2 void scores_6rows_avx2(const float* const q[6], const float* key_panels, int d, float scale,
-                                    const float* bias, float* const s[6], int j0, int j1) {
-  if (bias) scores_6rows<true>(q, key_panels, d, scale, bias, s, j0, j1);
-  else scores_6rows<false>(q, key_panels, d, scale, nullptr, s, j0, j1);
-}
-
 VITLENS_AVX2 void scores_1row_avx2(const float* q, const float* key_panels, int d, float scale, const float* bias,
                                    float* s, int end) {
   if (bias) scores_1row<true>(q, key_panels, d, scale, bias, s, end);
@@ -339,7 +297,7 @@ VITLENS_AVX2 void exp_array_avx2(const float* x, float* out, int count) {
 
 // [SECTION] Table
 
-const LeafKernels kAvx2Kernels = {scores_4rows_avx2,    scores_6rows_avx2, scores_1row_avx2, softmax_row,
+const LeafKernels kAvx2Kernels = {scores_4rows_avx2, scores_1row_avx2,  softmax_row,
                                   weighted_values_avx2, flush_column_sums, exp_array_avx2};
 
 }  // namespace vitlens::detail

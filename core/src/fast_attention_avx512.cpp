@@ -269,8 +269,8 @@ VITLENS_AVX512 void exp_array_avx512(const float* x, float* out, int count) {
 
 // [SECTION] Table
 
-const LeafKernels kAvx512Kernels = {scores_4rows_avx512,    nullptr,           scores_1row_avx512, softmax_row,
-                                    weighted_values_avx512, flush_column_sums, exp_array_avx512};
+const LeafKernels kAvx512Kernels = {scores_4rows_avx512, scores_1row_avx512, softmax_row, weighted_values_avx512,
+                                    flush_column_sums,   exp_array_avx512};
 
 }  // namespace vitlens::detail
 

@@ -120,11 +120,6 @@ struct LeafKernels {
   // in scores_1row.
   void (*scores_4rows)(const float* const q[4], const float* key_panels, int d, float scale, const float* bias,
                        float* const s[4], int j0, int j1);
-  // A for 6 query rows, as scores_4rows (the same bits for each row), or null: where 8
-  // accumulators barely cover the FMA latency (AVX2 + FMA: 4 cycles on 2 units), 12 leave slack.
-  // attention_block then takes the rows 6 at a time while more than 4 are left.
-  void (*scores_6rows)(const float* const q[6], const float* key_panels, int d, float scale, const float* bias,
-                       float* const s[6], int j0, int j1);
   // A for one row over [0, end): bit-identical to a row of scores_4rows.
   void (*scores_1row)(const float* q, const float* key_panels, int d, float scale, const float* bias, float* s,
                       int end);
