@@ -43,7 +43,7 @@ VITLENS_AVX2 inline __m256 finish_scores(__m256 a, __m256 vscale, const float* b
 // Four query rows and one panel (16 keys) per step: each key vector loaded serves 4 rows (8
 // accumulators). Every score is the FMA chain over c = 0 .. d-1 in order, as in scores_1row, so a
 // row alone (the attention_row path) gets bit-identical scores. The row pointers are taken out of
-// q and s once, before the loops (1.07x and 1.11x phase A against indexing them inside, on AMD
+// q and s once, before the loops (1.13x to 1.20x phase A against indexing them inside, on AMD
 // Zen 3; six rows at a time with 12 accumulators measured the same as this: bench/README.md, "The
 // AVX2 attention's phases A and C").
 template <bool kBias>
