@@ -26,9 +26,14 @@ namespace {
 constexpr int kMr = 8, kNr = 48;
 
 // kRowSums: also the sums of A's 8 rows (a_rs = 1: adjacent), one vector add per step of k.
-template <bool kRowSums>
-VITLENS_AVX512 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b,
-                                     int64_t b_rs, float* c, int64_t ldc, const TileEpilogue& e) {
+// kAps, kBrs: A's and B's steps of k fixed at compile time (0: a_ps and b_rs at run time), as in
+// gemm_avx2.cpp: the forward's layout (a_ps = 1, B packed with b_rs = 48) then addresses every
+// load at a constant offset from 8 row pointers and one panel pointer (bench/README.md, "The
+// AVX-512 attention and tile on an Intel Xeon with AMX").
+template <bool kRowSums, int64_t kAps, int64_t kBrs>
+VITLENS_AVX512 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t a_ps_in, const float* b,
+                                     int64_t b_rs_in, float* c, int64_t ldc, const TileEpilogue& e) {
+  const int64_t a_ps = kAps ? kAps : a_ps_in, b_rs = kBrs ? kBrs : b_rs_in;
   // Named accumulators, not an array: GCC 12 kept an array in memory (see gemm_avx2.cpp).
   const __m512 z = _mm512_setzero_ps();
   __m512 c00 = z, c01 = z, c02 = z, c10 = z, c11 = z, c12 = z, c20 = z, c21 = z, c22 = z, c30 = z, c31 = z, c32 = z,
@@ -100,8 +105,9 @@ VITLENS_AVX512 inline void tile_body(int kc, const float* a, int64_t a_rs, int64
 
 VITLENS_AVX512 void tile(int kc, const float* a, int64_t a_rs, int64_t a_ps, const float* b, int64_t b_rs, float* c,
                          int64_t ldc, const TileEpilogue& e) {
-  if (e.a_row_sums) tile_body<true>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
-  else tile_body<false>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
+  if (e.a_row_sums) tile_body<true, 0, 0>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);  // A adjacent rows (a_rs = 1)
+  else if (a_ps == 1 && b_rs == kNr) tile_body<false, 1, kNr>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
+  else tile_body<false, 0, 0>(kc, a, a_rs, a_ps, b, b_rs, c, ldc, e);
 }
 
 VITLENS_AVX512 void gelu(float* x, int64_t count) {
