@@ -421,6 +421,76 @@ TEST_CASE("fast attention: one query's row is bit for bit the row of P", "[fast_
   }
 }
 
+TEST_CASE("fast attention: phase A's row maxima stop at N, where the padding keys' scores of 0 start",
+          "[fast_attention][row]") {
+  // The leaf kernel directly: every score negative, so a maximum that took in a padding key (its
+  // zero key panel scores 0) would be 0. max_end at every lane of 64-, 32- and 16-key steps, keys
+  // in two chunks as the blocks pass them; the maximum must be the stored scores' over [0, N).
+  std::vector<std::pair<const char*, const detail::LeafKernels*>> tables = {{"portable", &detail::kPortableKernels}};
+#if defined(__x86_64__)
+  if (kernel_isa_supported(KernelIsa::Avx2)) tables.push_back({"avx2", &detail::kAvx2Kernels});
+  if (kernel_isa_supported(KernelIsa::Avx512)) tables.push_back({"avx512", &detail::kAvx512Kernels});
+#endif
+  constexpr int kD = 12, kMaxN = 130;
+  std::mt19937 rng(31);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  std::vector<float> q(4 * kD);
+  for (float& x : q) x = -1.0f - unit(rng);
+  for (const auto& [name, kernels] : tables)
+    for (int n = 1; n <= kMaxN; ++n) {
+      INFO(name << ", N " << n);
+      const int ld = aligned_keys(n);
+      std::vector<float> keys(static_cast<size_t>(ld) * kD, 0.0f);  // zero past N, as pack_panels leaves them
+      for (int j = 0; j < n; ++j)
+        for (int c = 0; c < kD; ++c) keys[static_cast<size_t>((j / 16) * 16 * kD + 16 * c + j % 16)] = 0.5f + unit(rng);
+      std::vector<float> scores(4 * static_cast<size_t>(ld), 1.0f);
+      const float* qs[4] = {q.data(), q.data() + kD, q.data() + 2 * kD, q.data() + 3 * kD};
+      float* ss[4] = {scores.data(), scores.data() + ld, scores.data() + 2 * ld, scores.data() + 3 * ld};
+      float row_max[4];
+      std::fill(row_max, row_max + 4, -std::numeric_limits<float>::infinity());
+      const int split = std::min(ld, 64);  // two chunks: [0, split) and [split, ld)
+      kernels->scores_4rows(qs, keys.data(), kD, 0.25f, nullptr, ss, 0, split, n, row_max);
+      if (split < ld) kernels->scores_4rows(qs, keys.data(), kD, 0.25f, nullptr, ss, split, ld, n, row_max);
+      for (int i = 0; i < 4; ++i) {
+        if (n < ld) CHECK(ss[i][ld - 1] == 0.0f);  // a padding key's score
+        const float expected = *std::max_element(ss[i], ss[i] + n);
+        CHECK(expected < 0.0f);
+        CHECK(row_max[i] == expected);
+      }
+    }
+}
+
+TEST_CASE("fast attention: every score far below 0, N not a multiple of 16", "[fast_attention][row]") {
+  // Queries -(1 + |q|) * 10 against keys 1 + |k|: scores about -100 +- 12, so exp(s - 0) would
+  // underflow if phase A's row maximum took in a padding key's score of 0. Blocks against the
+  // reference and the exact oracle, and rows bit for bit against attention_row.
+  IsaGuard guard;
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    for (int n : {21, 40, 553, 777}) {
+      DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n) {
+        const int heads = 2, d = 12;
+        Heads x = random_heads(n, heads, d, 41 + static_cast<unsigned>(n));
+        x.qkv.leftCols(heads * d) = -(x.qkv.leftCols(heads * d).array().abs() + 1.0f) * 10.0f;
+        x.qkv.middleCols(heads * d, heads * d) = x.qkv.middleCols(heads * d, heads * d).array().abs() + 1.0f;
+        const FastResult fast = run_fast(x, 0.25f, KeyMask{}, {});
+        REQUIRE(fast.finished);
+        CHECK(fast.probs[0].maxCoeff() > 0.0f);
+        check_differences(compare(x, 0.25f, KeyMask{}, {}, fast), 1e-4);  // scores of ~100: as large logits
+        const MatRM panels = key_panels(x.qkv.data() + heads * d, 3 * heads * d, n, heads, d);
+        std::vector<float> row(static_cast<size_t>(n));
+        for (int h = 0; h < heads; ++h)
+          for (int query : {0, 3, n / 2, n - 1}) {
+            INFO("head " << h << " query " << query);
+            attention_row_fast(x.qkv.row(query).data() + h * d, panels.row(h).data(), n, d, 0.25f, KeyMask{}, query,
+                               row.data());
+            CHECK(ConstMapRM(row.data(), 1, n) == fast.probs[static_cast<size_t>(h)].row(query));
+          }
+      }
+    }
+  }
+}
+
 TEST_CASE("fast attention: cancelling through progress, inconsistent inputs", "[fast_attention]") {
   const Heads x = random_heads(300, 2, 12, 1);
   MatRM context(300, 24), sums(2, 300);

@@ -131,7 +131,11 @@ void attention_block(const detail::LeafKernels& kernels, BlockJob& job) {
   const int end = aligned_keys(job.key_end);
 
   // A: scores, four rows at a time (rows past the block's end repeat row 0 into spare scratch),
-  // key chunk by key chunk so a chunk of k serves every row from L1.
+  // key chunk by key chunk so a chunk of k serves every row from L1. Without causality every row's
+  // keys end at N, and phase A also finds each row's max over them for phase B.
+  float row_max[kMaxRows];
+  std::fill(row_max, row_max + kMaxRows, kNegInf);
+  float* maxima = job.causal ? nullptr : row_max;
   for (int j0 = 0; j0 < end; j0 += kKeyChunk) {
     const int j1 = std::min(j0 + kKeyChunk, end);
     for (int r = 0; r < rows; r += 4) {
@@ -141,7 +145,8 @@ void attention_block(const detail::LeafKernels& kernels, BlockJob& job) {
         q[i] = job.queries + (r + i < rows ? r + i : 0) * job.query_stride;
         s[i] = job.scores + (r + i) * ld;
       }
-      kernels.scores_4rows(q, job.keys, job.head_dim, job.scale, job.key_bias, s, j0, j1);
+      kernels.scores_4rows(q, job.keys, job.head_dim, job.scale, job.key_bias, s, j0, j1, job.tokens,
+                           maxima ? maxima + r : nullptr);
     }
   }
   // B: mask the keys past the causal diagonal and past N, then each row's softmax.
@@ -149,7 +154,7 @@ void attention_block(const detail::LeafKernels& kernels, BlockJob& job) {
     float* s = job.scores + r * ld;
     const int limit = job.causal ? std::min(job.first_query + r + 1, job.tokens) : job.tokens;
     std::fill(s + limit, s + end, kNegInf);
-    job.inv[r] = kernels.softmax_row(s, end);
+    job.inv[r] = kernels.softmax_row(s, end, maxima ? maxima + r : nullptr);
   }
   // C: e v into double sums per row and channel, 12 channels per call, rows in pairs, key chunk by
   // key chunk so a chunk of v serves every row from L1. The first channel group also adds the
@@ -231,17 +236,23 @@ void scores_range(const float* q, const float* key_panels, int d, float scale, c
 }
 
 void scores_4rows(const float* const q[4], const float* key_panels, int d, float scale, const float* bias,
-                  float* const s[4], int j0, int j1) {
-  for (int i = 0; i < 4; ++i) scores_range(q[i], key_panels, d, scale, bias, s[i], j0, j1);
+                  float* const s[4], int j0, int j1, int max_end, float* row_max) {
+  for (int i = 0; i < 4; ++i) {
+    scores_range(q[i], key_panels, d, scale, bias, s[i], j0, j1);
+    if (row_max)
+      for (int j = j0; j < std::min(j1, max_end); ++j) row_max[i] = std::max(row_max[i], s[i][j]);
+  }
 }
 
 void scores_1row(const float* q, const float* key_panels, int d, float scale, const float* bias, float* s, int end) {
   scores_range(q, key_panels, d, scale, bias, s, 0, end);
 }
 
-float softmax_row(float* s, int end) {
+float softmax_row(float* s, int end, const float* known_max) {
   float row_max = kNegInf;
-  for (int j = 0; j < end; ++j) row_max = std::max(row_max, s[j]);
+  if (known_max) row_max = *known_max;
+  else
+    for (int j = 0; j < end; ++j) row_max = std::max(row_max, s[j]);
   if (row_max == kNegInf) {
     std::fill(s, s + end, 0.0f);
     return 0.0f;
@@ -504,7 +515,7 @@ void attention_row_fast(const float* q, const float* panels, int tokens, int hea
   const int end = aligned_keys(limit);
   kernels.scores_1row(q, panels, head_dim, scale, key_mask ? key_bias.data() : nullptr, scores.data(), end);
   std::fill(scores.data() + limit, scores.data() + end, kNegInf);
-  const float inv = kernels.softmax_row(scores.data(), end);
+  const float inv = kernels.softmax_row(scores.data(), end, nullptr);
   for (int j = 0; j < limit; ++j) out[j] = scores[static_cast<size_t>(j)] * inv;
   std::fill(out + limit, out + tokens, 0.0f);
 }

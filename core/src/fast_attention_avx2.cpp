@@ -42,16 +42,28 @@ VITLENS_AVX2 inline __m256 finish_scores(__m256 a, __m256 vscale, const float* b
 
 // Four query rows and one panel (16 keys) per step: each key vector loaded serves 4 rows (8
 // accumulators). Every score is the FMA chain over c = 0 .. d-1 in order, as in scores_1row, so a
-// row alone (the attention_row path) gets bit-identical scores. The row pointers are taken out of
+// row alone (the attention_row path) gets bit-identical scores. With kMax, each stored score below
+// max_end also goes into its row's running maximum (row_max), so phase B need not read the row
+// once more for it. The row pointers are taken out of
 // q and s once, before the loops (1.13x to 1.20x phase A against indexing them inside, on AMD
 // Zen 3; six rows at a time with 12 accumulators measured the same as this: bench/README.md, "The
 // AVX2 attention's phases A and C").
-template <bool kBias>
+// m = max(m, v) over v's first `valid` lanes (all 8 when valid >= 8, none when valid <= 0).
+VITLENS_AVX2 inline __m256 max_of_valid(__m256 m, __m256 v, int valid) {
+  if (valid >= 8) return _mm256_max_ps(m, v);
+  if (valid <= 0) return m;
+  const __m256 keep = _mm256_castsi256_ps(
+      _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)));
+  return _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(kNegInf), v, keep));
+}
+
+template <bool kBias, bool kMax>
 VITLENS_AVX2 void scores_4rows(const float* const q[4], const float* key_panels, int d, float scale,
-                               const float* bias, float* const s[4], int j0, int j1) {
+                               const float* bias, float* const s[4], int j0, int j1, int max_end, float* row_max) {
   const __m256 vscale = _mm256_set1_ps(scale);
   const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
   float *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
+  __m256 m0 = _mm256_set1_ps(kNegInf), m1 = m0, m2 = m0, m3 = m0;
   for (int j = j0; j < j1; j += 16) {
     const __m256 z = _mm256_setzero_ps();
     __m256 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
@@ -69,11 +81,25 @@ VITLENS_AVX2 void scores_4rows(const float* const q[4], const float* key_panels,
     }
     const float* b0 = kBias ? bias + j : nullptr;
     const float* b1 = kBias ? bias + j + 8 : nullptr;
-#define VITLENS_STORE_ROW(r)                                                   \
-  _mm256_storeu_ps(s##r + j, finish_scores<kBias>(a##r##0, vscale, b0));       \
-  _mm256_storeu_ps(s##r + j + 8, finish_scores<kBias>(a##r##1, vscale, b1));
+#define VITLENS_STORE_ROW(r)                                                 \
+  {                                                                          \
+    const __m256 v0 = finish_scores<kBias>(a##r##0, vscale, b0);             \
+    const __m256 v1 = finish_scores<kBias>(a##r##1, vscale, b1);             \
+    _mm256_storeu_ps(s##r + j, v0);                                          \
+    _mm256_storeu_ps(s##r + j + 8, v1);                                      \
+    if constexpr (kMax) {                                                    \
+      m##r = max_of_valid(m##r, v0, max_end - j);                            \
+      m##r = max_of_valid(m##r, v1, max_end - j - 8);                        \
+    }                                                                        \
+  }
     VITLENS_STORE_ROW(0) VITLENS_STORE_ROW(1) VITLENS_STORE_ROW(2) VITLENS_STORE_ROW(3)
 #undef VITLENS_STORE_ROW
+  }
+  if constexpr (kMax) {
+    row_max[0] = std::max(row_max[0], max8(m0));
+    row_max[1] = std::max(row_max[1], max8(m1));
+    row_max[2] = std::max(row_max[2], max8(m2));
+    row_max[3] = std::max(row_max[3], max8(m3));
   }
 }
 
@@ -115,16 +141,21 @@ VITLENS_AVX2 void scores_1row(const float* q, const float* key_panels, int d, fl
 
 // [SECTION] Phase B
 
-// Row of scores over [0, end), end a multiple of 16: e = exp(s - max) in place. Returns 1 / sum e
+// Row of scores over [0, end), end a multiple of 16: e = exp(s - max) in place, the max given
+// (known_max: phase A's) or found here. Returns 1 / sum e
 // as the reference computes it (float(1.0 / double sum)), or 0 for a row with every key masked,
 // which is then all zero. The sum: float lanes over 64 keys, then double.
-VITLENS_AVX2 float softmax_row(float* s, int end) {
+VITLENS_AVX2 float row_max_of(const float* s, int end) {
   __m256 m0 = _mm256_set1_ps(kNegInf), m1 = m0;
   for (int j = 0; j < end; j += 16) {
     m0 = _mm256_max_ps(m0, _mm256_loadu_ps(s + j));
     m1 = _mm256_max_ps(m1, _mm256_loadu_ps(s + j + 8));
   }
-  const float row_max = max8(_mm256_max_ps(m0, m1));
+  return max8(_mm256_max_ps(m0, m1));
+}
+
+VITLENS_AVX2 float softmax_row(float* s, int end, const float* known_max) {
+  const float row_max = known_max ? *known_max : row_max_of(s, end);
   if (row_max == kNegInf) {
     std::fill(s, s + end, 0.0f);
     return 0.0f;
@@ -271,9 +302,15 @@ VITLENS_AVX2 void flush_column_sums(float* block_sums, int end, double* column_s
 }
 
 VITLENS_AVX2 void scores_4rows_avx2(const float* const q[4], const float* key_panels, int d, float scale,
-                                    const float* bias, float* const s[4], int j0, int j1) {
-  if (bias) scores_4rows<true>(q, key_panels, d, scale, bias, s, j0, j1);
-  else scores_4rows<false>(q, key_panels, d, scale, nullptr, s, j0, j1);
+                                    const float* bias, float* const s[4], int j0, int j1, int max_end,
+                                    float* row_max) {
+  if (row_max) {
+    if (bias) scores_4rows<true, true>(q, key_panels, d, scale, bias, s, j0, j1, max_end, row_max);
+    else scores_4rows<false, true>(q, key_panels, d, scale, nullptr, s, j0, j1, max_end, row_max);
+  } else {
+    if (bias) scores_4rows<true, false>(q, key_panels, d, scale, bias, s, j0, j1, 0, nullptr);
+    else scores_4rows<false, false>(q, key_panels, d, scale, nullptr, s, j0, j1, 0, nullptr);
+  }
 }
 
 VITLENS_AVX2 void scores_1row_avx2(const float* q, const float* key_panels, int d, float scale, const float* bias,

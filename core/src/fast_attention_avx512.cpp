@@ -57,20 +57,61 @@ VITLENS_AVX512 inline __m512 finish_scores(__m512 a, __m512 vscale, const float*
   else return _mm512_mul_ps(a, vscale);
 }
 
-// Four query rows, 32 keys (two panels) per step with 8 accumulators, then a 16-key step if one is
-// left. Every score is the FMA chain over c = 0 .. d-1 in order, as in scores_1row. The row
-// pointers are taken out of q and s once, before the loops, as in the AVX2 kernel (there 1.13x to
-// 1.20x phase A on AMD Zen 3; here: bench/README.md, "The AVX-512 attention and tile on an Intel
-// Xeon with AMX").
-template <bool kBias>
+// m = max(m, v) over v's first `valid` lanes (all 16 when valid >= 16, none when valid <= 0).
+VITLENS_AVX512 inline __m512 max_of_valid(__m512 m, __m512 v, int valid) {
+  if (valid >= 16) return _mm512_max_ps(m, v);
+  if (valid <= 0) return m;
+  return _mm512_mask_max_ps(m, static_cast<__mmask16>((1u << valid) - 1u), m, v);
+}
+
+// Four query rows, 64 keys (four panels) per step with 16 accumulators, then 32 and 16 keys as
+// left. 16 FMA chains hide the FMA latency with room to spare; 8 (32 keys) are exactly latency x
+// throughput on two 512-bit FMA units. Every score is the FMA chain over c = 0 .. d-1 in order, as
+// in scores_1row. The row pointers are taken out of q and s once, before the loops. With kMax,
+// each stored score below max_end also goes into its row's running maximum (row_max), so phase B
+// need not read the row once more for it. (bench/README.md, "The AVX-512 attention and tile on
+// an Intel Xeon with AMX".)
+template <bool kBias, bool kMax>
 VITLENS_AVX512 void scores_4rows(const float* const q[4], const float* key_panels, int d, float scale,
-                                 const float* bias, float* const s[4], int j0, int j1) {
+                                 const float* bias, float* const s[4], int j0, int j1, int max_end, float* row_max) {
   const __m512 vscale = _mm512_set1_ps(scale);
   const float *q0 = q[0], *q1 = q[1], *q2 = q[2], *q3 = q[3];
   float *s0 = s[0], *s1 = s[1], *s2 = s[2], *s3 = s[3];
+  __m512 m0 = _mm512_set1_ps(kNegInf), m1 = m0, m2 = m0, m3 = m0;
   const int panel = 16 * d;
+  // Score vector h (16 keys from j + 16 h) of row r: finish, store, and take into the maximum.
+#define VITLENS_STORE(r, h, acc)                                                                 \
+  {                                                                                              \
+    const __m512 v = finish_scores<kBias>(acc, vscale, kBias ? bias + j + 16 * (h) : nullptr);   \
+    _mm512_storeu_ps(s##r + j + 16 * (h), v);                                                     \
+    if constexpr (kMax) m##r = max_of_valid(m##r, v, max_end - j - 16 * (h));                    \
+  }
   int j = j0;
-  for (; j + 32 <= j1; j += 32) {
+  for (; j + 64 <= j1; j += 64) {
+    const __m512 z = _mm512_setzero_ps();
+    __m512 a00 = z, a01 = z, a02 = z, a03 = z, a10 = z, a11 = z, a12 = z, a13 = z, a20 = z, a21 = z, a22 = z,
+           a23 = z, a30 = z, a31 = z, a32 = z, a33 = z;
+    const float* k = key_panels + (j / 16) * panel;
+    for (int c = 0; c < d; ++c, k += 16) {
+      const __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + panel), k2 = _mm512_loadu_ps(k + 2 * panel),
+                   k3 = _mm512_loadu_ps(k + 3 * panel);
+#define VITLENS_SCORE_ROW(r)                   \
+  {                                            \
+    const __m512 b = _mm512_set1_ps(q##r[c]);  \
+    a##r##0 = _mm512_fmadd_ps(b, k0, a##r##0); \
+    a##r##1 = _mm512_fmadd_ps(b, k1, a##r##1); \
+    a##r##2 = _mm512_fmadd_ps(b, k2, a##r##2); \
+    a##r##3 = _mm512_fmadd_ps(b, k3, a##r##3); \
+  }
+      VITLENS_SCORE_ROW(0) VITLENS_SCORE_ROW(1) VITLENS_SCORE_ROW(2) VITLENS_SCORE_ROW(3)
+#undef VITLENS_SCORE_ROW
+    }
+#define VITLENS_STORE_ROW(r) \
+  VITLENS_STORE(r, 0, a##r##0) VITLENS_STORE(r, 1, a##r##1) VITLENS_STORE(r, 2, a##r##2) VITLENS_STORE(r, 3, a##r##3)
+    VITLENS_STORE_ROW(0) VITLENS_STORE_ROW(1) VITLENS_STORE_ROW(2) VITLENS_STORE_ROW(3)
+#undef VITLENS_STORE_ROW
+  }
+  if (j + 32 <= j1) {
     const __m512 z = _mm512_setzero_ps();
     __m512 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
     const float* k = key_panels + (j / 16) * panel;
@@ -85,13 +126,10 @@ VITLENS_AVX512 void scores_4rows(const float* const q[4], const float* key_panel
       VITLENS_SCORE_ROW(0) VITLENS_SCORE_ROW(1) VITLENS_SCORE_ROW(2) VITLENS_SCORE_ROW(3)
 #undef VITLENS_SCORE_ROW
     }
-    const float* b0 = kBias ? bias + j : nullptr;
-    const float* b1 = kBias ? bias + j + 16 : nullptr;
-#define VITLENS_STORE_ROW(r)                                               \
-  _mm512_storeu_ps(s##r + j, finish_scores<kBias>(a##r##0, vscale, b0));   \
-  _mm512_storeu_ps(s##r + j + 16, finish_scores<kBias>(a##r##1, vscale, b1));
+#define VITLENS_STORE_ROW(r) VITLENS_STORE(r, 0, a##r##0) VITLENS_STORE(r, 1, a##r##1)
     VITLENS_STORE_ROW(0) VITLENS_STORE_ROW(1) VITLENS_STORE_ROW(2) VITLENS_STORE_ROW(3)
 #undef VITLENS_STORE_ROW
+    j += 32;
   }
   if (j < j1) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
@@ -103,11 +141,14 @@ VITLENS_AVX512 void scores_4rows(const float* const q[4], const float* key_panel
       a2 = _mm512_fmadd_ps(_mm512_set1_ps(q2[c]), k0, a2);
       a3 = _mm512_fmadd_ps(_mm512_set1_ps(q3[c]), k0, a3);
     }
-    const float* b0 = kBias ? bias + j : nullptr;
-    _mm512_storeu_ps(s0 + j, finish_scores<kBias>(a0, vscale, b0));
-    _mm512_storeu_ps(s1 + j, finish_scores<kBias>(a1, vscale, b0));
-    _mm512_storeu_ps(s2 + j, finish_scores<kBias>(a2, vscale, b0));
-    _mm512_storeu_ps(s3 + j, finish_scores<kBias>(a3, vscale, b0));
+    VITLENS_STORE(0, 0, a0) VITLENS_STORE(1, 0, a1) VITLENS_STORE(2, 0, a2) VITLENS_STORE(3, 0, a3)
+  }
+#undef VITLENS_STORE
+  if constexpr (kMax) {
+    row_max[0] = std::max(row_max[0], _mm512_reduce_max_ps(m0));
+    row_max[1] = std::max(row_max[1], _mm512_reduce_max_ps(m1));
+    row_max[2] = std::max(row_max[2], _mm512_reduce_max_ps(m2));
+    row_max[3] = std::max(row_max[3], _mm512_reduce_max_ps(m3));
   }
 }
 
@@ -144,9 +185,9 @@ VITLENS_AVX512 void scores_1row(const float* q, const float* key_panels, int d, 
 
 // [SECTION] Phase B
 
-// As the AVX2 softmax_row: e = exp(s - max) in place over [0, end); returns float(1.0 / sum), or 0
-// for a row with every key masked (then all zero).
-VITLENS_AVX512 float softmax_row(float* s, int end) {
+// As the AVX2 softmax_row: e = exp(s - max) in place over [0, end), the max given (known_max) or
+// found here; returns float(1.0 / sum), or 0 for a row with every key masked (then all zero).
+VITLENS_AVX512 float row_max_of(const float* s, int end) {
   __m512 m0 = _mm512_set1_ps(kNegInf), m1 = m0;
   int j = 0;
   for (; j + 32 <= end; j += 32) {
@@ -154,7 +195,11 @@ VITLENS_AVX512 float softmax_row(float* s, int end) {
     m1 = _mm512_max_ps(m1, _mm512_loadu_ps(s + j + 16));
   }
   if (j < end) m0 = _mm512_max_ps(m0, _mm512_loadu_ps(s + j));
-  const float row_max = _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+  return _mm512_reduce_max_ps(_mm512_max_ps(m0, m1));
+}
+
+VITLENS_AVX512 float softmax_row(float* s, int end, const float* known_max) {
+  const float row_max = known_max ? *known_max : row_max_of(s, end);
   if (row_max == kNegInf) {
     std::fill(s, s + end, 0.0f);
     return 0.0f;
@@ -249,9 +294,15 @@ VITLENS_AVX512 void flush_column_sums(float* block_sums, int end, double* column
 }
 
 VITLENS_AVX512 void scores_4rows_avx512(const float* const q[4], const float* key_panels, int d, float scale,
-                                        const float* bias, float* const s[4], int j0, int j1) {
-  if (bias) scores_4rows<true>(q, key_panels, d, scale, bias, s, j0, j1);
-  else scores_4rows<false>(q, key_panels, d, scale, nullptr, s, j0, j1);
+                                        const float* bias, float* const s[4], int j0, int j1, int max_end,
+                                        float* row_max) {
+  if (row_max) {
+    if (bias) scores_4rows<true, true>(q, key_panels, d, scale, bias, s, j0, j1, max_end, row_max);
+    else scores_4rows<false, true>(q, key_panels, d, scale, nullptr, s, j0, j1, max_end, row_max);
+  } else {
+    if (bias) scores_4rows<true, false>(q, key_panels, d, scale, bias, s, j0, j1, 0, nullptr);
+    else scores_4rows<false, false>(q, key_panels, d, scale, nullptr, s, j0, j1, 0, nullptr);
+  }
 }
 
 VITLENS_AVX512 void scores_1row_avx512(const float* q, const float* key_panels, int d, float scale, const float* bias,

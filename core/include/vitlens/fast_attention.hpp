@@ -117,15 +117,17 @@ namespace detail {
 struct LeafKernels {
   // A: s_i[j] = scale * q_i . k_j (+ bias[j]) for 4 query rows, keys [j0, j1) (multiples of 16),
   // from one head's key panels. Each score is the chain of products over c = 0 .. d-1 in order, as
-  // in scores_1row.
+  // in scores_1row. With row_max (4 floats), also row_max[i] = max(row_max[i], s_i[j] for j in
+  // [j0, min(j1, max_end))); with null, max_end is unused.
   void (*scores_4rows)(const float* const q[4], const float* key_panels, int d, float scale, const float* bias,
-                       float* const s[4], int j0, int j1);
+                       float* const s[4], int j0, int j1, int max_end, float* row_max);
   // A for one row over [0, end): bit-identical to a row of scores_4rows.
   void (*scores_1row)(const float* q, const float* key_panels, int d, float scale, const float* bias, float* s,
                       int end);
   // B: e = exp(s - max s) in place over [0, end) (a multiple of 16); returns float(1 / sum e) with the
   // sum in double over float partial sums, or 0 when every s is -inf (the row is then zeroed).
-  float (*softmax_row)(float* s, int end);
+  // known_max: max s over [0, end) when the caller has it (phase A's), or null to find it here.
+  float (*softmax_row)(float* s, int end, const float* known_max);
   // C for one or two rows r: sums[r][c] += sum over j in [j0, j1) of e_r[j] v_c[j] for `channels`
   // channels (4, 8 or 12), at most 512 keys, j0 and j1 multiples of 16 (whole panels; float partial
   // sums, then double); two rows give the bits two calls of one row would; and when
