@@ -64,8 +64,8 @@ VITLENS_AVX512 inline __m512 max_of_valid(__m512 m, __m512 v, int valid) {
   return _mm512_mask_max_ps(m, static_cast<__mmask16>((1u << valid) - 1u), m, v);
 }
 
-// Four query rows, 64 keys (four panels) per step with 16 accumulators, then 32 and 16 keys as
-// left. 16 FMA chains hide the FMA latency with room to spare; 8 (32 keys) are exactly latency x
+// Four query rows, 64 keys (four panels) per step with 16 accumulators, then a panel at a time.
+// 16 FMA chains hide the FMA latency with room to spare; 8 (32 keys) are exactly latency x
 // throughput on two 512-bit FMA units. Every score is the FMA chain over c = 0 .. d-1 in order, as
 // in scores_1row. The row pointers are taken out of q and s once, before the loops. With kMax,
 // each stored score below max_end also goes into its row's running maximum (row_max), so phase B
@@ -111,27 +111,7 @@ VITLENS_AVX512 void scores_4rows(const float* const q[4], const float* key_panel
     VITLENS_STORE_ROW(0) VITLENS_STORE_ROW(1) VITLENS_STORE_ROW(2) VITLENS_STORE_ROW(3)
 #undef VITLENS_STORE_ROW
   }
-  if (j + 32 <= j1) {
-    const __m512 z = _mm512_setzero_ps();
-    __m512 a00 = z, a01 = z, a10 = z, a11 = z, a20 = z, a21 = z, a30 = z, a31 = z;
-    const float* k = key_panels + (j / 16) * panel;
-    for (int c = 0; c < d; ++c, k += 16) {
-      const __m512 k0 = _mm512_loadu_ps(k), k1 = _mm512_loadu_ps(k + panel);
-#define VITLENS_SCORE_ROW(r)                   \
-  {                                            \
-    const __m512 b = _mm512_set1_ps(q##r[c]);  \
-    a##r##0 = _mm512_fmadd_ps(b, k0, a##r##0); \
-    a##r##1 = _mm512_fmadd_ps(b, k1, a##r##1); \
-  }
-      VITLENS_SCORE_ROW(0) VITLENS_SCORE_ROW(1) VITLENS_SCORE_ROW(2) VITLENS_SCORE_ROW(3)
-#undef VITLENS_SCORE_ROW
-    }
-#define VITLENS_STORE_ROW(r) VITLENS_STORE(r, 0, a##r##0) VITLENS_STORE(r, 1, a##r##1)
-    VITLENS_STORE_ROW(0) VITLENS_STORE_ROW(1) VITLENS_STORE_ROW(2) VITLENS_STORE_ROW(3)
-#undef VITLENS_STORE_ROW
-    j += 32;
-  }
-  if (j < j1) {
+  for (; j < j1; j += 16) {  // at most three panels left (only a row's last key chunk has them)
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     const float* k = key_panels + (j / 16) * panel;
     for (int c = 0; c < d; ++c, k += 16) {
