@@ -5,6 +5,7 @@
 #include "cli.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/memory.hpp"
 #ifdef VITLENS_HAS_VIEWER
 #include "viewer/viewer.hpp"
 #endif
@@ -84,6 +85,8 @@ int run_view(const ViewArgs& args) {
 
 int main(int argc, char** argv) {
   using namespace vitlens::cli;
+  // The viewer runs a forward for every image and setting; the pages of the last one are reused.
+  vitlens::keep_freed_memory();
   CLI::App app{"vitlens " VITLENS_VERSION ": see, per head, where a Vision Transformer looks in an image.\n"
                "Computes a ViT's attention on your images and draws each head's map as a heatmap."};
   app.set_version_flag("--version", std::string("vitlens ") + VITLENS_VERSION);

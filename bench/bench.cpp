@@ -13,8 +13,9 @@
 // and, unless --no-limits, the machine's limits (bench/limits.cpp: FMA GFLOP/s and exps per ns of
 // one core at the vector width in use, GEMM GFLOP/s) with each forward and attention time as a
 // fraction of its floor: the time the machine would need at those limits for the multiply-adds
-// and exps the step does (Linear layers 2 N D (3D + D + 2 Hm) + patches, attention 4 N^2 d H
-// flops and N^2 H exps), spread over the threads.
+// and exps the step does (Linear layers 2 N D (3D + D + 2 Hm) per block + patches, attention
+// 4 N^2 d H flops and N^2 H exps per block; the forward's floor counts every block), spread over
+// the threads.
 // The weights are random: the kernels have no data-dependent branches, so timing does not care.
 //
 // Usage: vitlens_bench [--size S ...] [--json] [--isa auto|portable|avx2|avx512] [--threads T]
@@ -49,6 +50,7 @@
 #include "vitlens/fast_attention.hpp"
 #include "vitlens/bundled.hpp"
 #include "vitlens/layer_grid.hpp"
+#include "vitlens/memory.hpp"
 #include "vitlens/model_io.hpp"
 #include "vitlens/rollout.hpp"
 #include "limits.hpp"
@@ -167,10 +169,15 @@ json bench_size(const BenchArgs& args, int img) {
     // The work of one forward, for the floors (module comment).
     const VitConfig& c = model.config;
     const double tokens = result.tokens, patches = tokens - c.prefix_tokens(), d_model = c.embed_dim;
-    r["linear_gflop"] = 2.0 * tokens * d_model * (4.0 * d_model + 2.0 * c.mlp_hidden()) * 1e-9 +
+    // Every layer's Linear layers and the patch embedding; attention for one layer (as attention_ms).
+    r["depth"] = c.depth;
+    r["linear_gflop"] = c.depth * 2.0 * tokens * d_model * (4.0 * d_model + 2.0 * c.mlp_hidden()) * 1e-9 +
                         2.0 * patches * c.patch_values() * d_model * 1e-9;
     r["attention_gflop"] = 4.0 * tokens * tokens * c.head_dim() * c.num_heads * 1e-9;
     r["attention_gexps"] = tokens * tokens * c.num_heads * 1e-9;
+    r["model"] = "P=" + std::to_string(c.patch_size) + " D=" + std::to_string(c.embed_dim) +
+                 " H=" + std::to_string(c.num_heads) + " d=" + std::to_string(c.head_dim()) + ", " +
+                 std::to_string(c.depth) + (c.depth == 1 ? " block" : " blocks");
   }
 
   // The per-query map for all heads, for queries spread over the image.
@@ -358,7 +365,10 @@ std::string cell(const json& r, const char* key) {
 }
 
 void print_table(const json& report) {
-  std::printf("vitlens_bench: P=4 D=48 H=4 d=12, 1 block; kernels %s, %d threads; %s\n",
+  std::string model = "P=4 D=48 H=4 d=12, 1 block";
+  for (const json& r : report["sizes"])
+    if (r.contains("model")) model = r["model"].get<std::string>();
+  std::printf("vitlens_bench: %s; kernels %s, %d threads; %s\n", model.c_str(),
               report["isa"].get<std::string>().c_str(), report["threads"].get<int>(),
               report["cpu"].get<std::string>().c_str());
   std::printf("medians in ms; reference = the plain scaled_dot_product_attention on the same q, k, v; "
@@ -405,6 +415,8 @@ void print_table(const json& report) {
 // [SECTION] Main
 
 int main(int argc, char** argv) {
+  // As the vitlens executable does (app/main.cpp): repeated forwards reuse the pages they freed.
+  const bool freed_memory_kept = keep_freed_memory();
   BenchArgs args;
   CLI::App app{"vitlens_bench: timings of vitlens' attention for the default model shape (P=4, D=48, H=4)"};
   app.add_option("--size", args.sizes, "image sizes in pixels (square; multiples of 4)")->check(CLI::Range(4, 4096));
@@ -479,6 +491,7 @@ int main(int argc, char** argv) {
   report["isa"] = kernel_isa_name(kernel_isa());
   report["threads"] = args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
   report["cpu"] = cpu_name();
+  report["freed_memory_kept"] = freed_memory_kept;
   report["load_average_before"] = load_average();
   if (!args.no_limits) {
     const bench::MachineLimits lim = bench::measure_limits(args.threads);
@@ -506,7 +519,8 @@ int main(int argc, char** argv) {
     for (json& r : report["sizes"]) {
       if (r.contains("error")) continue;
       const double attention_floor = r["attention_gflop"].get<double>() / fma * 1e3 + r["attention_gexps"].get<double>() / exps * 1e3;
-      const double forward_floor = attention_floor + r["linear_gflop"].get<double>() / fma * 1e3;
+      const double forward_floor =
+          r["depth"].get<double>() * attention_floor + r["linear_gflop"].get<double>() / fma * 1e3;
       r["attention_floor_ms"] = attention_floor;
       r["forward_floor_ms"] = forward_floor;
       r["attention_fraction_of_floor"] = attention_floor / r["attention_ms"]["median"].get<double>();

@@ -367,3 +367,40 @@ TEST_CASE("layer norm rows: against double loops, offsets, in place", "[gemm][la
     }
   }
 }
+
+TEST_CASE("gemm: a row's bits do not depend on whether it falls in a full or an edge row panel", "[gemm]") {
+  // The forward's products have 197 rows: 24 whole row panels of 8 and an edge of 5, which the
+  // AVX-512 tile computes on a copy padded with zero rows. Row i of X W^T must be the same FMA
+  // chain there as in a whole panel: run the same rows as the last rows of a product (an edge of
+  // 1 to 7 rows with the 8-row tile; the other tiles, of 6 and 4 rows, cut elsewhere) and inside a
+  // product whose panels are whole, and compare the bits.
+  IsaGuard guard;
+  std::mt19937 rng(31);
+  for (KernelIsa isa : runnable_isas()) {
+    set_kernel_isa(isa);
+    DYNAMIC_SECTION(kernel_isa_name(isa)) {
+      for (const int k : {48, 384, 600}) {  // one k block, one and a half, more than two
+        const int n = 96;
+        const std::vector<float> w = random_floats(static_cast<size_t>(n) * k, rng);
+        const std::vector<float> b = random_floats(static_cast<size_t>(n), rng);
+        PackedLinear packed;
+        pack_linear(w.data(), n, k, packed);
+        for (const int edge : {1, 3, 5, 7}) {
+          // Rows [0, 16 + edge) end in an edge of `edge` rows; rows [8, 24) are two whole panels.
+          const std::vector<float> x = random_floats(static_cast<size_t>(24) * k, rng);
+          const int m = 16 + edge;
+          std::vector<float> tail(static_cast<size_t>(m) * n), head(static_cast<size_t>(16) * n);
+          for (const LinearEpilogue epilogue : {LinearEpilogue::Store, LinearEpilogue::Gelu}) {
+            linear_forward_packed(x.data(), k, m, packed, b.data(), tail.data(), n, epilogue);
+            // Row 16 + e of the first product is row 8 + e of the second.
+            linear_forward_packed(x.data() + static_cast<size_t>(8) * k, k, 16, packed, b.data(), head.data(), n,
+                                  epilogue);
+            INFO("K " << k << ", edge " << edge << ", epilogue " << static_cast<int>(epilogue));
+            CHECK(std::memcmp(tail.data() + static_cast<size_t>(16) * n, head.data() + static_cast<size_t>(8) * n,
+                              sizeof(float) * static_cast<size_t>(edge) * n) == 0);
+          }
+        }
+      }
+    }
+  }
+}

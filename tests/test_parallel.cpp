@@ -1,8 +1,12 @@
 // The worker pool behind every parallel loop (core/include/vitlens/parallel.hpp): each task runs
 // exactly once for any thread count, the first exception reaches the caller after all tasks are
-// done or skipped, and calls from inside a task or from two threads at once neither deadlock nor
-// lose tasks.
+// done or skipped, calls from inside a task or from two threads at once neither deadlock nor
+// lose tasks, and a child made by fork() after the pool started still runs on several threads.
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
 #include <stdexcept>
 #include <thread>
 #include <vector>
@@ -72,4 +76,29 @@ TEST_CASE("run_tasks inside a task and from two threads at once", "[parallel]") 
   other.join();
   CHECK(a.load() == 300L * 45);
   CHECK(b.load() == 300L * 45);
+}
+
+TEST_CASE("run_tasks in a child made by fork() after the pool started runs on two threads", "[parallel]") {
+  // The pool now has a worker (vitlens_bench measures the machine's limits this way before it
+  // forks a child per image size).
+  run_tasks(4, 2, [](int) {});
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    // Task 0 waits (up to 10 s) until task 1 has started: only another thread can start it, since
+    // this one is inside task 0. With the parent's pool kept, both ran here, one after the other.
+    std::atomic<int> started{0};
+    std::thread::id ids[2];
+    run_tasks(2, 2, [&](int i) {
+      ids[i] = std::this_thread::get_id();
+      ++started;
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (started.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+    });
+    _exit(started.load() == 2 && ids[0] != ids[1] ? 0 : 1);  // no Catch2 teardown in the child
+  }
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  INFO("the child's exit status " << status << " (0: its two tasks ran on two threads at once)");
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
 }

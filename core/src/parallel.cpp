@@ -16,6 +16,8 @@
 #include <thread>
 #include <vector>
 
+#include <pthread.h>
+
 namespace vitlens {
 
 namespace {
@@ -164,10 +166,28 @@ class Pool {
   std::condition_variable wake_;
 };
 
-// Never destroyed: its workers wait for work until the process ends.
+// This process's pool, made on first use; never destroyed: its workers wait for work until the
+// process ends.
+//
+// A child made by fork() has only the thread that forked. The parent's pool there would count
+// workers that do not exist, hand them no task, and every run_tasks would run on the calling
+// thread alone: vitlens_bench, which measures the machine's limits (on the pool) before it forks a
+// child for each size, timed its "2 threads" on one core that way. So the child drops the
+// parent's pool (leaked: its std::thread objects name threads that are not there, and destroying
+// a joinable one ends the process) and makes its own on first use.
+std::atomic<Pool*> g_pool{nullptr};
+
+void drop_pool_in_child() { g_pool.store(nullptr); }
+
 Pool& pool() {
-  static Pool* const the_pool = new Pool;
-  return *the_pool;
+  static const bool registered = pthread_atfork(nullptr, nullptr, drop_pool_in_child) == 0;
+  (void)registered;  // without the handler a forked child runs its tasks on one thread, as before
+  Pool* current = g_pool.load();
+  if (current) return *current;
+  auto* made = new Pool;
+  if (g_pool.compare_exchange_strong(current, made)) return *made;
+  delete made;  // another thread made the pool first (a new pool has no threads yet)
+  return *current;
 }
 
 }  // namespace
