@@ -170,14 +170,12 @@ json bench_size(const BenchArgs& args, int img) {
     const VitConfig& c = model.config;
     const double tokens = result.tokens, patches = tokens - c.prefix_tokens(), d_model = c.embed_dim;
     // Every layer's Linear layers and the patch embedding; attention for one layer (as attention_ms).
-    r["depth"] = c.depth;
+    r["model"] = {{"patch_size", c.patch_size}, {"embed_dim", c.embed_dim}, {"num_heads", c.num_heads},
+                  {"head_dim", c.head_dim()}, {"depth", c.depth}};
     r["linear_gflop"] = c.depth * 2.0 * tokens * d_model * (4.0 * d_model + 2.0 * c.mlp_hidden()) * 1e-9 +
                         2.0 * patches * c.patch_values() * d_model * 1e-9;
     r["attention_gflop"] = 4.0 * tokens * tokens * c.head_dim() * c.num_heads * 1e-9;
     r["attention_gexps"] = tokens * tokens * c.num_heads * 1e-9;
-    r["model"] = "P=" + std::to_string(c.patch_size) + " D=" + std::to_string(c.embed_dim) +
-                 " H=" + std::to_string(c.num_heads) + " d=" + std::to_string(c.head_dim()) + ", " +
-                 std::to_string(c.depth) + (c.depth == 1 ? " block" : " blocks");
   }
 
   // The per-query map for all heads, for queries spread over the image.
@@ -365,10 +363,11 @@ std::string cell(const json& r, const char* key) {
 }
 
 void print_table(const json& report) {
-  std::string model = "P=4 D=48 H=4 d=12, 1 block";
-  for (const json& r : report["sizes"])
-    if (r.contains("model")) model = r["model"].get<std::string>();
-  std::printf("vitlens_bench: %s; kernels %s, %d threads; %s\n", model.c_str(),
+  const json& m = report["model"];
+  const int depth = m["depth"].get<int>();
+  std::printf("vitlens_bench: P=%d D=%d H=%d d=%d, %d %s; kernels %s, %d threads; %s\n", m["patch_size"].get<int>(),
+              m["embed_dim"].get<int>(), m["num_heads"].get<int>(), m["head_dim"].get<int>(), depth,
+              depth == 1 ? "block" : "blocks",
               report["isa"].get<std::string>().c_str(), report["threads"].get<int>(),
               report["cpu"].get<std::string>().c_str());
   std::printf("medians in ms; reference = the plain scaled_dot_product_attention on the same q, k, v; "
@@ -418,7 +417,8 @@ int main(int argc, char** argv) {
   // As the vitlens executable does (app/main.cpp): repeated forwards reuse the pages they freed.
   const bool freed_memory_kept = keep_freed_memory();
   BenchArgs args;
-  CLI::App app{"vitlens_bench: timings of vitlens' attention for the default model shape (P=4, D=48, H=4)"};
+  CLI::App app{"vitlens_bench: timings of vitlens' attention for the default model shape (P=4, D=48, H=4), or for "
+               "--model's"};
   app.add_option("--size", args.sizes, "image sizes in pixels (square; multiples of 4)")->check(CLI::Range(4, 4096));
   app.add_flag("--json", args.json_output, "print one JSON object instead of the table");
   app.add_option("--isa", args.isa, "kernels: auto (the best this CPU runs), portable, avx2 or avx512")
@@ -510,6 +510,11 @@ int main(int argc, char** argv) {
     if (!args.json_output) std::fprintf(stderr, "vitlens_bench: %d px done\n", s);
   }
   report["load_average_after"] = load_average();
+  for (const json& r : report["sizes"])  // the model the sizes timed (--model's, or the default shape's)
+    if (r.contains("model")) {
+      report["model"] = r["model"];
+      break;
+    }
   if (report.contains("limits")) {
     // Floors in ms at the measured limits, all threads busy; fraction = floor / median.
     const json& lim = report["limits"];
@@ -520,7 +525,7 @@ int main(int argc, char** argv) {
       if (r.contains("error")) continue;
       const double attention_floor = r["attention_gflop"].get<double>() / fma * 1e3 + r["attention_gexps"].get<double>() / exps * 1e3;
       const double forward_floor =
-          r["depth"].get<double>() * attention_floor + r["linear_gflop"].get<double>() / fma * 1e3;
+          r["model"]["depth"].get<double>() * attention_floor + r["linear_gflop"].get<double>() / fma * 1e3;
       r["attention_floor_ms"] = attention_floor;
       r["forward_floor_ms"] = forward_floor;
       r["attention_fraction_of_floor"] = attention_floor / r["attention_ms"]["median"].get<double>();

@@ -78,24 +78,34 @@ TEST_CASE("run_tasks inside a task and from two threads at once", "[parallel]") 
   CHECK(b.load() == 300L * 45);
 }
 
+namespace {
+
+// Runs two tasks on two threads, task 0 waiting (up to 10 s) until task 1 has started: only another
+// thread can start it, since this one is inside task 0. True when they ran on two threads at once.
+bool two_tasks_at_once() {
+  std::atomic<int> started{0};
+  std::thread::id ids[2];
+  run_tasks(2, 2, [&](int i) {
+    ids[i] = std::this_thread::get_id();
+    ++started;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (started.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
+  });
+  return started.load() == 2 && ids[0] != ids[1];
+}
+
+}  // namespace
+
 TEST_CASE("run_tasks in a child made by fork() after the pool started runs on two threads", "[parallel]") {
-  // The pool now has a worker (vitlens_bench measures the machine's limits this way before it
-  // forks a child per image size).
-  run_tasks(4, 2, [](int) {});
+  // The pool's worker has started and run a task (vitlens_bench measures the machine's limits on
+  // the pool before it forks a child per image size); it is waiting for work when the fork comes.
+  REQUIRE(two_tasks_at_once());
   const pid_t pid = fork();
   REQUIRE(pid >= 0);
   if (pid == 0) {
-    // Task 0 waits (up to 10 s) until task 1 has started: only another thread can start it, since
-    // this one is inside task 0. With the parent's pool kept, both ran here, one after the other.
-    std::atomic<int> started{0};
-    std::thread::id ids[2];
-    run_tasks(2, 2, [&](int i) {
-      ids[i] = std::this_thread::get_id();
-      ++started;
-      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-      while (started.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::yield();
-    });
-    _exit(started.load() == 2 && ids[0] != ids[1] ? 0 : 1);  // no Catch2 teardown in the child
+    alarm(60);  // a child that hangs ends with SIGALRM: a failure below, not a stuck test
+    // With the parent's pool kept, both tasks ran on this thread, one after the other.
+    _exit(two_tasks_at_once() ? 0 : 1);  // no Catch2 teardown in the child
   }
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);

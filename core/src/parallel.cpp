@@ -78,6 +78,8 @@ void run_on_new_threads(int tasks, int workers, const std::function<void(int)>& 
 
 class Pool {
  public:
+  Pool* orphaned = nullptr;  // the pool set aside before this one in a forked child (below)
+
   // false when the pool is in use (by another thread, or by the task calling this).
   bool try_run(int tasks, int workers, const std::function<void(int)>& task) {
     if (t_inside_pool_job) return false;
@@ -172,16 +174,26 @@ class Pool {
 // A child made by fork() has only the thread that forked. The parent's pool there would count
 // workers that do not exist, hand them no task, and every run_tasks would run on the calling
 // thread alone: vitlens_bench, which measures the machine's limits (on the pool) before it forks a
-// child for each size, timed its "2 threads" on one core that way. So the child drops the
-// parent's pool (leaked: its std::thread objects name threads that are not there, and destroying
-// a joinable one ends the process) and makes its own on first use.
+// child for each size, timed its "2 threads" on one core that way. So the child sets the parent's
+// pool aside and makes its own on first use. The old one is kept, reachable from g_orphaned (a
+// list through Pool::orphaned, no allocation in the fork handler), never destroyed: its
+// std::thread objects name threads that are not there, and destroying a joinable one ends the
+// process. A fork from inside a task (parallel.hpp) is not supported.
 std::atomic<Pool*> g_pool{nullptr};
+Pool* g_orphaned = nullptr;
 
-void drop_pool_in_child() { g_pool.store(nullptr); }
+void set_pool_aside_in_child() {
+  Pool* parents = g_pool.exchange(nullptr);
+  if (!parents) return;
+  parents->orphaned = g_orphaned;
+  g_orphaned = parents;
+}
+
+// Registered before main() runs, on one thread; without it a forked child would run its tasks on
+// one thread, as before.
+[[maybe_unused]] const bool g_fork_handler = pthread_atfork(nullptr, nullptr, set_pool_aside_in_child) == 0;
 
 Pool& pool() {
-  static const bool registered = pthread_atfork(nullptr, nullptr, drop_pool_in_child) == 0;
-  (void)registered;  // without the handler a forked child runs its tasks on one thread, as before
   Pool* current = g_pool.load();
   if (current) return *current;
   auto* made = new Pool;

@@ -11,6 +11,9 @@
 //
 // Calls from inside a task, or while another thread is using the pool, still run in parallel, on
 // threads started for that call (the way every loop ran before the pool), never deadlock.
+//
+// A child made by fork() starts a pool of its own on its first run_tasks. Do not fork from inside
+// a task: the child would wait for workers that are not there.
 #include <functional>
 
 namespace vitlens {
