@@ -169,9 +169,9 @@ json bench_size(const BenchArgs& args, int img) {
     // The work of one forward, for the floors (module comment).
     const VitConfig& c = model.config;
     const double tokens = result.tokens, patches = tokens - c.prefix_tokens(), d_model = c.embed_dim;
-    // Every layer's Linear layers and the patch embedding; attention for one layer (as attention_ms).
     r["model"] = {{"patch_size", c.patch_size}, {"embed_dim", c.embed_dim}, {"num_heads", c.num_heads},
                   {"head_dim", c.head_dim()}, {"depth", c.depth}};
+    // Every layer's Linear layers and the patch embedding; attention for one layer (as attention_ms).
     r["linear_gflop"] = c.depth * 2.0 * tokens * d_model * (4.0 * d_model + 2.0 * c.mlp_hidden()) * 1e-9 +
                         2.0 * patches * c.patch_values() * d_model * 1e-9;
     r["attention_gflop"] = 4.0 * tokens * tokens * c.head_dim() * c.num_heads * 1e-9;
