@@ -12,6 +12,7 @@
 #include "vitlens/export_layers.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/image.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "vitlens/model_io.hpp"
 
 namespace vitlens::cli {
@@ -19,7 +20,7 @@ namespace vitlens::cli {
 void add_export_command(CLI::App& app, ExportArgs& args) {
   CLI::App* cmd = app.add_subcommand("export", "Write per-head attention heatmaps, a montage and a JSON sidecar for each image");
   cmd->add_option("IMAGE", args.images, "Image files (PNG, JPEG, BMP, TIFF, WebP, ...)")->required();
-  cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  cmd->add_option("--model,-m", args.model, kModelOptionHelp);
   add_heads_option(cmd, args.heads);
   cmd->add_option("--out,-o", args.settings.out_dir,
                   "Folder to write into; created (with its parents) when missing")
@@ -174,7 +175,7 @@ int run_export(ExportArgs& args) {
   s.style.upsample = args.upsample == "bilinear" ? Upsample::Bilinear : Upsample::Nearest;
   if (!parse_normalize_name(args.normalize, s.normalize)) throw UsageError("unknown --normalize " + args.normalize);
 
-  const std::string model_path = args.model.empty() ? default_model_path() : args.model;
+  const std::string model_path = resolve_model(args.model);
   LoadOptions load;
   load.heads = args.heads;
   const VitModel model = load_model(model_path, load);

@@ -1,15 +1,16 @@
 // `vitlens info`: what a model file holds.
+#include <algorithm>
 #include <cstdio>
 
 #include "cli.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "vitlens/model_io.hpp"
 
 namespace vitlens::cli {
 
 void add_info_command(CLI::App& app, InfoArgs& args) {
   CLI::App* cmd = app.add_subcommand("info", "Print a model's configuration, parameter count and head descriptions");
-  cmd->add_option("--model,-m", args.model,
-                  "Model file (.safetensors: vitlens, timm or Hugging Face layout); default: the bundled hand-designed model");
+  cmd->add_option("--model,-m", args.model, kModelOptionHelp);
   add_heads_option(cmd, args.heads);
 }
 
@@ -21,7 +22,7 @@ void add_heads_option(CLI::App* cmd, int& heads) {
 }
 
 int run_info(const InfoArgs& args) {
-  const std::string path = args.model.empty() ? default_model_path() : args.model;
+  const std::string path = resolve_model(args.model);
   LoadOptions load;
   load.heads = args.heads;
   const VitModel model = load_model(path, load);
@@ -58,6 +59,22 @@ int run_info(const InfoArgs& args) {
       for (size_t h = 0; h < c.head_descriptions[l].size(); ++h)
         std::printf("layer %zu head %zu: %s\n", l, h, c.head_descriptions[l][h].c_str());
   }
+  return kExitOk;
+}
+
+CLI::App* add_models_command(CLI::App& app) {
+  return app.add_subcommand("models", "List the bundled models, one line each: the name for --model, the shape, what it "
+                                      "learned and how well it measured");
+}
+
+int run_models() {
+  const std::vector<BundledModelEntry> models = list_bundled_models();
+  std::printf("Bundled models in %s (give the name to --model):\n", bundled_models_dir().c_str());
+  if (models.empty()) throw Error("no bundled models in " + bundled_models_dir() + " (set VITLENS_ASSETS to the assets folder)");
+  size_t width = 0;
+  for (const BundledModelEntry& m : models) width = std::max(width, m.name.size());
+  for (const BundledModelEntry& m : models)
+    std::printf("  %-*s  %s\n", static_cast<int>(width), m.name.c_str(), bundled_model_summary(m).c_str());
   return kExitOk;
 }
 

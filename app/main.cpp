@@ -3,6 +3,7 @@
 #include <iostream>
 
 #include "cli.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/memory.hpp"
@@ -48,7 +49,7 @@ struct ViewArgs {
 void add_view_command(CLI::App& app, ViewArgs& args) {
   CLI::App* cmd = app.add_subcommand("view", "Open the desktop viewer: every head's attention map over an image, live");
   cmd->add_option("IMAGE", args.image, "Image file; default: the bundled demo image");
-  cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  cmd->add_option("--model,-m", args.model, kModelOptionHelp);
   add_heads_option(cmd, args.heads);
   cmd->add_option("--screenshot", args.screenshot,
                   "Write the window as PNG once everything is drawn, then exit (settings are not read or saved)");
@@ -68,7 +69,7 @@ int run_view(const ViewArgs& args) {
 #ifdef VITLENS_HAS_VIEWER
   vitlens::viewer::ViewerArgs viewer;
   viewer.image = args.image;
-  viewer.model = args.model;
+  viewer.model = resolve_model(args.model);
   viewer.screenshot = args.screenshot;
   viewer.script = args.script;
   viewer.frames = args.frames;
@@ -88,7 +89,8 @@ int main(int argc, char** argv) {
   // The viewer runs a forward for every image and setting; the pages of the last one are reused.
   vitlens::keep_freed_memory();
   CLI::App app{"vitlens " VITLENS_VERSION ": see, per head, where a Vision Transformer looks in an image.\n"
-               "Computes a ViT's attention on your images and draws each head's map as a heatmap."};
+               "Computes a ViT's attention on your images and draws each head's map as a heatmap.",
+               "vitlens"};  // named, so --help says "vitlens" whatever path it was run by (the README quotes it)
   app.set_version_flag("--version", std::string("vitlens ") + VITLENS_VERSION);
   app.require_subcommand(0, 1);
   ExportArgs export_args;
@@ -99,6 +101,7 @@ int main(int argc, char** argv) {
   add_info_command(app, info_args);
   add_view_command(app, view_args);
   add_train_command(app, train_args);
+  const CLI::App* models_command = add_models_command(app);
 #ifdef VITLENS_HAS_VIEWER
   app.footer("Run 'vitlens COMMAND --help' for a command's options; 'vitlens' alone opens the viewer on the bundled "
              "demo image and model.");
@@ -126,6 +129,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("info")) return run_info(info_args);
     if (app.got_subcommand("view")) return run_view(view_args);
     if (app.got_subcommand("train")) return run_train(train_args);
+    if (models_command->parsed()) return run_models();
 #ifdef VITLENS_HAS_VIEWER
     if (argc == 1) return run_view(view_args);  // plain `vitlens`: the viewer on the bundled files
 #endif

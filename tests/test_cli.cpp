@@ -526,3 +526,24 @@ TEST_CASE("cli: a GIF is refused with the formats that work", "[cli][errors]") {
   CHECK(text.code == 1);
   CHECK_THAT(text.err, Catch::Contains("vitlens reads PNG, JPEG"));
 }
+
+TEST_CASE("cli: bundled models by name: models, export, info, a bad name", "[cli][names]") {
+  Run m = run("models");
+  INFO(m.err);
+  CHECK(m.code == 0);
+  CHECK(lines(m.out) == 5);  // the folder, then one line a model
+  for (const char* name : {"\n  designed ", "\n  random ", "\n  fashion-mnist ", "\n  mae-photos "})
+    CHECK_THAT(m.out, Catch::Contains(name));
+  const std::string dir = test::temp_dir("cli-names");
+  Run e = run("export " + default_image_path() + " --model fashion-mnist --out " + dir + " --quiet");
+  INFO(e.err);
+  CHECK(e.code == 0);
+  CHECK(exists(dir + "/vitlens-demo_montage.png"));
+  Run i = run("info --model mae-photos");
+  CHECK(i.code == 0);
+  CHECK_THAT(i.out, Catch::Contains("vitlens-mae-photos.safetensors"));
+  Run bad = run("view --model no-such-model");
+  CHECK(bad.code == 1);
+  CHECK(lines(bad.err) == 1);
+  CHECK_THAT(bad.err, Catch::Contains("no such file, and no bundled model has this name: designed, fashion-mnist"));
+}

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "controller.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/model_io.hpp"
 
@@ -86,7 +87,7 @@ std::string apply_train_command(App& app, const ScriptCommand& c) {
   const auto& a = c.args;
   if (c.verb == "model-menu") {
     for (const BundledModel& m : bundled_models(bundled_models_folder())) {
-      if (m.name == a[0] || std::filesystem::path(m.path).stem().string() == a[0]) {
+      if (m.name == a[0] || std::filesystem::path(m.path).stem().string() == a[0] || bundled_model_name(m.path) == a[0]) {
         app.requests.open_model = m.path;
         return "";
       }

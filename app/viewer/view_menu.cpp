@@ -2,6 +2,7 @@
 #include <imgui.h>
 
 #include "views.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "widgets.hpp"
 
 namespace vitlens::viewer {
@@ -59,8 +60,11 @@ void DrawModelMenu(App& app) {
     const BundledModel& m = listed[i];
     ImGui::PushID(static_cast<int>(i));
     const bool current = app.doc.model && app.doc.model->model.config.name == m.name;
-    if (ImGui::MenuItem(m.name.c_str(), nullptr, current, m.error.empty())) app.requests.open_model = m.path;
-    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", m.error.empty() ? m.description.c_str() : m.error.c_str());
+    // Listed by the name --model takes (designed, fashion-mnist, ...); the file's own name in the tooltip.
+    const std::string label = bundled_model_name(m.path).empty() ? m.name : bundled_model_name(m.path);
+    if (ImGui::MenuItem(label.c_str(), nullptr, current, m.error.empty())) app.requests.open_model = m.path;
+    if (ImGui::IsItemHovered())
+      ImGui::SetTooltip("%s\n%s", m.name.c_str(), m.error.empty() ? m.description.c_str() : m.error.c_str());
     ImGui::PopID();
   }
   ImGui::EndMenu();

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -381,17 +382,21 @@ void save_model(const std::string& path, const VitConfig& config, const TensorMa
 
 std::string assets_dir() {
   if (const char* env = std::getenv("VITLENS_ASSETS"); env && *env) return env;
-#ifdef VITLENS_SOURCE_ASSETS
-  if (path_exists(VITLENS_SOURCE_ASSETS)) return VITLENS_SOURCE_ASSETS;
-#endif
+  // Beside the executable first, so an installed vitlens (bin/ and share/vitlens/ under one
+  // prefix, wherever the prefix is moved) uses its own assets from any working directory, even
+  // when the source tree it was built from is still there.
   char exe[4096];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {
     std::string dir(exe, static_cast<size_t>(n));
     dir = dir.substr(0, dir.find_last_of('/'));
-    for (const char* rel : {"/assets", "/../assets", "/../share/vitlens/assets"})
-      if (path_exists(dir + rel)) return dir + rel;
+    for (const std::string& rel : {std::string("/") + VITLENS_INSTALL_DATA_FROM_BIN, std::string("/assets")})
+      if (path_exists(dir + rel + "/models")) return std::filesystem::path(dir + rel).lexically_normal().string();
   }
+  // A binary in the build tree: the source tree's assets (compiled in).
+#ifdef VITLENS_SOURCE_ASSETS
+  if (path_exists(VITLENS_SOURCE_ASSETS)) return VITLENS_SOURCE_ASSETS;
+#endif
   return "assets";
 }
 

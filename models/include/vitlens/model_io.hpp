@@ -65,8 +65,9 @@ void save_model(const std::string& path, const VitConfig& config, const TensorMa
 // The expected tensor shapes for a config (name -> shape), optional tensors excluded.
 std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConfig& config);
 
-// Where the bundled assets live: $VITLENS_ASSETS if set, else the source tree's assets/ folder
-// (compiled in), else assets/ beside the executable's folder.
+// Where the bundled assets (models/, images/) live: $VITLENS_ASSETS if set, else the installed
+// share/vitlens beside the executable's bin/ (or an assets/ folder beside the executable), else
+// the source tree's assets/ folder (compiled in, for a binary run from the build tree).
 std::string assets_dir();
 std::string default_model_path();  // assets_dir()/models/vitlens-designed.safetensors
 std::string random_model_path();   // assets_dir()/models/vitlens-random.safetensors
