@@ -7,7 +7,9 @@
 
 #include <unistd.h>
 
+#include "controller.hpp"
 #include "test_support.hpp"
+#include "train_panel.hpp"
 #include "vitlens/bundled_models.hpp"
 #include "vitlens/error.hpp"
 
@@ -63,5 +65,17 @@ TEST_CASE("bundled models: each summary is the file's shape and measured result"
       CHECK(line == "depth 4, 4 heads, patch 4, 28x28; classifier trained on fashion-mnist (10 classes), 90.28 % test accuracy");
     if (m.name == "mae-photos")
       CHECK(line == "depth 4, 4 heads, patch 4, 64x64; masked patch prediction (MAE) on 82 photos, validation loss 0.744");
+  }
+}
+
+TEST_CASE("bundled models: the viewer's model-menu command takes the same names", "[bundled][names]") {
+  viewer::App app;
+  viewer::ScriptCommand c;
+  c.verb = "model-menu";
+  for (const BundledModelEntry& m : list_bundled_models()) {
+    c.args = {m.name};
+    INFO(m.name);
+    CHECK(viewer::apply_train_command(app, c) == "");
+    CHECK(app.requests.open_model == m.path);
   }
 }
