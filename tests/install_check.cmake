@@ -1,27 +1,48 @@
-# ctest install_runs_from_anywhere: `cmake --install` into a fresh prefix, then the installed
-# vitlens, run from a folder outside the source and build trees, must find its own assets under
-# PREFIX/share/vitlens (not the source tree it was built from), name its bundled models, print its
-# version and export with a bundled model given by name.
-#   cmake -DBUILD_DIR=... -DPREFIX=... -DWORK=... -DVERSION=... -P install_check.cmake
-foreach(var BUILD_DIR PREFIX WORK VERSION)
+# ctest install_runs_from_anywhere (MODE install) and deb_package_runs (MODE deb): vitlens installed
+# by `cmake --install` into a fresh prefix, or the Debian package `cpack -G DEB` makes unpacked with
+# dpkg-deb (its prefix is /usr); then the installed vitlens, run from a folder outside the source
+# and build trees, must find its own assets under PREFIX/share/vitlens (not the source tree it was
+# built from), name its bundled models, print its version and export with a bundled model given by
+# name.
+#   cmake -DMODE=install|deb -DBUILD_DIR=... -DROOT=... -DWORK=... -DVERSION=... -P install_check.cmake
+foreach(var MODE BUILD_DIR ROOT WORK VERSION)
   if(NOT DEFINED ${var})
     message(FATAL_ERROR "install_check.cmake: -D${var}= is required")
   endif()
 endforeach()
 # Only this test's own folders are cleared.
-file(REMOVE_RECURSE ${PREFIX} ${WORK})
-file(MAKE_DIRECTORY ${WORK})
+file(REMOVE_RECURSE ${ROOT} ${WORK})
+file(MAKE_DIRECTORY ${ROOT} ${WORK})
 set(ENV{VITLENS_ASSETS} "")
 
-execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX}
-                RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
-if(NOT rc EQUAL 0)
-  message(FATAL_ERROR "cmake --install failed (${rc}): ${out}${err}")
+function(run what)
+  execute_process(COMMAND ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+  if(NOT rc EQUAL 0)
+    message(FATAL_ERROR "${what} failed (${rc}): ${out}${err}")
+  endif()
+endfunction()
+
+if(MODE STREQUAL "install")
+  set(PREFIX ${ROOT})
+  run("cmake --install" ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${PREFIX})
+elseif(MODE STREQUAL "deb")
+  set(PREFIX ${ROOT}/root/usr)
+  run("cpack -G DEB" ${CMAKE_CPACK_COMMAND} -G DEB --config ${BUILD_DIR}/CPackConfig.cmake -B ${ROOT}/package)
+  file(GLOB debs ${ROOT}/package/vitlens_${VERSION}_*.deb)
+  list(LENGTH debs count)
+  if(NOT count EQUAL 1)
+    message(FATAL_ERROR "cpack made ${count} packages named vitlens_${VERSION}_*.deb in ${ROOT}/package, not one")
+  endif()
+  run("dpkg-deb --field" dpkg-deb --field ${debs} Depends)
+  run("dpkg-deb -x" dpkg-deb -x ${debs} ${ROOT}/root)
+else()
+  message(FATAL_ERROR "install_check.cmake: MODE is install or deb, not '${MODE}'")
 endif()
+
 foreach(f bin/vitlens share/vitlens/models/vitlens-designed.safetensors share/vitlens/images/vitlens-demo.png
           share/applications/vitlens.desktop share/pixmaps/vitlens.png)
   if(NOT EXISTS ${PREFIX}/${f})
-    message(FATAL_ERROR "cmake --install did not install ${f}")
+    message(FATAL_ERROR "${MODE}: ${f} was not installed")
   endif()
 endforeach()
 
