@@ -542,7 +542,7 @@ TEST_CASE("cli: bundled models by name: models, export, info, a bad name", "[cli
   Run i = run("info --model mae-photos");
   CHECK(i.code == 0);
   CHECK_THAT(i.out, Catch::Contains("vitlens-mae-photos.safetensors"));
-  Run bad = run("view --model no-such-model");
+  Run bad = run("export " + default_image_path() + " --model no-such-model --out " + dir);
   CHECK(bad.code == 1);
   CHECK(lines(bad.err) == 1);
   CHECK_THAT(bad.err, Catch::Contains("no such file, and no bundled model has this name: designed, fashion-mnist"));
