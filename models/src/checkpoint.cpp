@@ -97,6 +97,8 @@ void check_moments(const train::ParamLayout& layout, const std::vector<float>& m
   const bool ratio_bounded = b1 * b1 < b2;  // otherwise the sum above grows without bound
   const double c = ratio_bounded ? std::sqrt((1 - b1) * (1 - b1) / ((1 - b2) * (1 - b1 * b1 / b2))) * 1.01 : 0.0;
   const double clip = recipe.clip_norm > 0.0 ? recipe.clip_norm * 1.01 : 0.0;
+  std::ostringstream clip_text;
+  clip_text << recipe.clip_norm;
   for (const train::ParamEntry& e : layout.entries)
     for (size_t i = 0; i < e.size; ++i) {
       const double mi = m[e.offset + i], vi = v[e.offset + i];
@@ -108,9 +110,9 @@ void check_moments(const train::ParamLayout& layout, const std::vector<float>& m
       };
       if (vi < 0.0) refuse("adam_v.", vi, "but Adam's second moment is never negative");
       if (clip > 0.0 && vi > clip * clip)
-        refuse("adam_v.", vi, "above the square of the clipping norm " + std::to_string(recipe.clip_norm));
+        refuse("adam_v.", vi, "above the square of the gradient clipping norm " + clip_text.str());
       if (clip > 0.0 && std::fabs(mi) > clip)
-        refuse("adam_m.", mi, "beyond the clipping norm " + std::to_string(recipe.clip_norm));
+        refuse("adam_m.", mi, "beyond the gradient clipping norm " + clip_text.str());
       if (ratio_bounded && std::fabs(mi) > c * std::sqrt(vi) + 1e-12) {
         std::ostringstream why;
         why << "more than Adam's first moment can be beside its second moment " << vi << " (at most " << c / 1.01
