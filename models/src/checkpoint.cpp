@@ -199,9 +199,11 @@ void write_checkpoint(const std::string& model_path, const VitConfig& config, co
   bool committed = false;
   try {
     FileGroup group(folder_of(model_path));
-    for (const auto& [path, bytes] : {std::pair<std::string, const std::string*>{model_path, &model_bytes},
-                                      {checkpoint_state_path(model_path), &state_bytes}})
-      group.add_stream(file_name_of(path), [&](FileSink& sink) { sink.write(bytes->data(), bytes->size()); });
+    for (const auto& file : {std::pair<std::string, const std::string*>{model_path, &model_bytes},
+                             {checkpoint_state_path(model_path), &state_bytes}}) {
+      const std::string& bytes = *file.second;
+      group.add_stream(file_name_of(file.first), [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+    }
     try {
       group.commit();
     } catch (const Error&) {
