@@ -230,6 +230,35 @@ TEST_CASE("checkpoint: saving into a missing folder is one line and writes nothi
   }
 }
 
+TEST_CASE("checkpoint: names that only look like ours are never moved or removed", "[checkpoint][atomic]") {
+  const ImageSet data = noise_set(16);
+  const std::string dir = test::temp_dir("ckpt-lookalike");
+  const std::string path = dir + "/last.safetensors";
+  // A folder and a file named like a commit folder but not in its exact form, with a file the
+  // user keeps there; a stale temporary of a process that is gone is ours and goes.
+  const std::vector<std::string> kept = {".vitlens-group-notours", ".vitlens-group-0123456789abcdef-12-abcde",
+                                         ".vitlens-groupie"};
+  REQUIRE(::mkdir((dir + "/" + kept[0]).c_str(), 0755) == 0);
+  test::spit(dir + "/" + kept[0] + "/last.safetensors", "the user's own file");
+  test::spit(dir + "/" + kept[1], "not ours");
+  test::spit(dir + "/" + kept[2], "not ours");
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  test::spit(dir + "/.vitlens-tmp-" + std::to_string(gone) + "-Ab12Cd", "a temporary of ours");
+  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  t.step();
+  save_checkpoint(t, path, {{"data", "noise"}});
+  CHECK(load_checkpoint(path).position.step == 1);
+  std::vector<std::string> hidden;
+  for (const std::string& e : entries(dir))
+    if (e[0] == '.') hidden.push_back(e);
+  std::vector<std::string> expect = kept;
+  std::sort(expect.begin(), expect.end());
+  CHECK(hidden == expect);
+  CHECK(slurp(dir + "/" + kept[0] + "/last.safetensors") == "the user's own file");
+}
+
 // ---- damaged states ----
 namespace {
 

@@ -451,11 +451,19 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
 // =============================================================================================
 // A committed group's folder holds its files under their final names; each rename moves one into
 // place, so running finish_group again after an interruption moves exactly the rest.
+// Exactly the names FileGroup::commit makes: the prefix, then unique_id's "<16 hex digits>-<pid>-
+// <6 letters or digits>"; anything else (a user's file that merely starts alike) is not ours.
 bool is_group_name(const std::string& name) {
   const size_t prefix = sizeof kGroupPrefix - 1;
-  if (name.compare(0, prefix, kGroupPrefix) != 0 || name.size() == prefix) return false;
-  for (size_t i = prefix; i < name.size(); ++i)
-    if (!std::isalnum(static_cast<unsigned char>(name[i])) && name[i] != '-') return false;
+  if (name.compare(0, prefix, kGroupPrefix) != 0) return false;
+  const std::string id = name.substr(prefix);
+  const size_t dash = id.find('-', 17);
+  if (id.size() < 26 || id[16] != '-' || dash == std::string::npos || dash == 17 || id.size() != dash + 7) return false;
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    const bool ok = i < 16 ? std::isxdigit(c) != 0 : i == 16 || i == dash ? true : i < dash ? std::isdigit(c) != 0 : std::isalnum(c) != 0;
+    if (!ok) return false;
+  }
   return true;
 }
 
@@ -482,8 +490,11 @@ void finish_group(int dir_fd, const std::string& dir, const std::string& group_n
 // fixed-width hex), so that the newest files end up in place. Called with the folder locked.
 int finish_groups(int dir_fd, const std::string& dir) {
   std::vector<std::string> groups;
-  for (const std::string& name : list_names(dir_fd))
-    if (is_group_name(name)) groups.push_back(name);
+  for (const std::string& name : list_names(dir_fd)) {
+    struct stat st {};
+    if (is_group_name(name) && ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+      groups.push_back(name);
+  }
   std::sort(groups.begin(), groups.end());
   for (const std::string& name : groups) finish_group(dir_fd, dir, name);
   return static_cast<int>(groups.size());
