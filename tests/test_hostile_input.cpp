@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 
+#include "process_support.hpp"
 #include "test_support.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/export.hpp"
@@ -32,39 +33,17 @@
 #include "vitlens/image_probe.hpp"
 #include "vitlens/safetensors.hpp"
 
-extern char** environ;
-
 using namespace vitlens;
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
-
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (const dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-int hidden_entries(const std::string& dir) {
-  int n = 0;
-  for (const std::string& e : entries(dir)) n += e[0] == '.';
-  return n;
-}
+using test::Child;
+using test::entries;
+using test::hidden_entries;
+using test::reap;
+using test::slurp;
+using test::spawn;
+using test::spit;
 
 // ---- PNG made by hand: the bomb ----
 uint32_t crc32_of(const std::string& bytes) {  // the PNG / zlib CRC-32 (polynomial 0xEDB88320)
@@ -101,54 +80,6 @@ std::string bomb_png(uint32_t width, uint32_t height, int depth, int color_type,
   z += static_cast<char>((~raw.size() >> 8) & 0xff);
   z += raw;
   return std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) + png_chunk("IDAT", z) + png_chunk("IEND", "");
-}
-
-// ---- child processes ----
-struct Child {
-  int code = -1, signal = 0;
-  long max_rss_kb = 0;
-  std::string err;
-};
-
-pid_t spawn(const std::vector<std::string>& args, const std::string& err_path) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t files;
-  posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&files, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  // The default action for the signals the test sends, whatever the test runner ignores.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGTERM);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &files, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&files);
-  posix_spawnattr_destroy(&attr);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
-Child reap(pid_t pid, const std::string& err_path) {
-  int status = 0;
-  rusage usage {};
-  REQUIRE(::wait4(pid, &status, 0, &usage) == pid);
-  Child c;
-  if (WIFEXITED(status)) c.code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
-  c.max_rss_kb = usage.ru_maxrss;
-  c.err = slurp(err_path);
-  return c;
 }
 
 // Runs vitlens through vitlens_peak_rss (tests/peak_rss.cpp), so that max_rss_kb is vitlens' own

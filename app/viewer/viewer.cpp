@@ -62,7 +62,8 @@ ScriptRunner BuildScript(const ViewerArgs& args) {
 
 // [SECTION] GLFW callbacks
 
-// Ctrl+C or a TERM signal closes the window the normal way, so the settings are saved.
+// Ctrl+C, a TERM signal or a HUP (the terminal closed) closes the window the normal way, so the
+// settings are saved.
 volatile std::sig_atomic_t g_stop_requested = 0;
 void OnStopSignal(int) { g_stop_requested = 1; }
 
@@ -227,6 +228,7 @@ int run_viewer(const ViewerArgs& args) {
   DumpState dump;
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
+  std::signal(SIGHUP, OnStopSignal);
   while (!glfwWindowShouldClose(window) && !g_stop_requested) {
     // Poll and handle events. Never spin: while the worker runs, wake often enough to show its
     // progress and result promptly, and leave the CPU to it; idle, wait for input.
@@ -279,6 +281,7 @@ int run_viewer(const ViewerArgs& args) {
   // Cleanup
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGHUP, SIG_DFL);
   std::string failure = app.script.error;
   if (failure.empty() && automated && !app.doc.ready() && !g_stop_requested)
     failure = "nothing to show: " + (app.last_load_error.empty() ? std::string("no image or model") : app.last_load_error);

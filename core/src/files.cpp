@@ -6,15 +6,19 @@
 //   [SECTION] Failure injection
 //   [SECTION] Writing one file through a descriptor
 //   [SECTION] Folder lock, commit and tidy
+//   [SECTION] File groups: commit and completion
 //   [SECTION] Public functions
+//   [SECTION] File groups
 #include "vitlens/files.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <climits>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <mutex>
@@ -41,6 +45,7 @@ namespace {
 
 const char kTempPrefix[] = ".vitlens-tmp-";  // + <pid>-XXXXXX
 const char kSetPrefix[] = ".vitlens-set-";   // + <set id>
+const char kGroupPrefix[] = ".vitlens-group-";  // + <time>-<pid>-<random>: a committed FileGroup
 const char kRecordFile[] = ".record";        // inside a commit folder: the record, moved last
 const char kNameFile[] = ".name";            // inside a commit folder: the record's final name
 const char kReplacesFile[] = ".replaces";    // inside a commit folder: the set id of the record it replaces
@@ -199,12 +204,17 @@ class CriticalSection {
 // [SECTION] Failure injection
 // =============================================================================================
 std::atomic<long> g_fail_countdown{0};
+std::atomic<int> g_fail_signal{0};
 
-// True for the operation the test asked to fail (counting down from fail_file_operation's n).
+// True for the operation the test asked to fail (counting down from fail_file_operation's n); with
+// a signal asked for, the process raises it there instead.
 bool injected_failure() {
   long v = g_fail_countdown.load();
   while (v > 0)
-    if (g_fail_countdown.compare_exchange_weak(v, v - 1)) return v == 1;
+    if (g_fail_countdown.compare_exchange_weak(v, v - 1)) {
+      if (v == 1 && g_fail_signal.load() != 0) ::raise(g_fail_signal.load());
+      return v == 1;
+    }
   return false;
 }
 
@@ -264,6 +274,18 @@ void fill_and_close(int fd, const std::string& what, const std::function<void(Fi
   if (::close(fd) != 0) {
     const int err = errno;
     throw Error(what + ": close failed (" + errno_text(err) + ")");
+  }
+}
+
+// Creates `path` (a new file in a private folder) and fills it; a failed write removes it.
+void write_new_file(const std::string& path, const std::string& what, const std::function<void(FileSink&)>& fill) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(what + ": cannot create (" + errno_text(errno) + ")");
+  try {
+    fill_and_close(fd, what, fill);
+  } catch (const Error&) {
+    ::unlink(path.c_str());
+    throw;
   }
 }
 
@@ -424,6 +446,60 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
   ::fsync(dir_fd);
 }
 
+// =============================================================================================
+// [SECTION] File groups: commit and completion
+// =============================================================================================
+// A committed group's folder holds its files under their final names; each rename moves one into
+// place, so running finish_group again after an interruption moves exactly the rest.
+// Exactly the names FileGroup::commit makes: the prefix, then unique_id's "<16 hex digits>-<pid>-
+// <6 letters or digits>"; anything else (a user's file that merely starts alike) is not ours.
+bool is_group_name(const std::string& name) {
+  const size_t prefix = sizeof kGroupPrefix - 1;
+  if (name.compare(0, prefix, kGroupPrefix) != 0) return false;
+  const std::string id = name.substr(prefix);
+  const size_t dash = id.find('-', 17);
+  if (id.size() < 26 || id[16] != '-' || dash == std::string::npos || dash == 17 || id.size() != dash + 7) return false;
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    const bool ok = i < 16 ? std::isxdigit(c) != 0 : i == 16 || i == dash ? true : i < dash ? std::isdigit(c) != 0 : std::isalnum(c) != 0;
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Moves the files of the committed group `group_name` into the folder, then removes the group's
+// folder. Called with the folder locked.
+void finish_group(int dir_fd, const std::string& dir, const std::string& group_name) {
+  const int group_fd = ::openat(dir_fd, group_name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (group_fd < 0) throw Error(dir + "/" + group_name + ": cannot open (" + errno_text(errno) + ")");
+  std::vector<std::string> names = list_names(group_fd);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names)
+    if (rename_at(group_fd, name.c_str(), dir_fd, name.c_str()) != 0) {
+      const int err = errno;
+      ::close(group_fd);
+      throw Error(dir + "/" + name + ": moving it into place from " + group_name + " failed (" + errno_text(err) + ")");
+    }
+  ::close(group_fd);
+  // An emptied group folder left behind (a failure or a kill here) is removed by the next call.
+  if (!injected_failure()) ::unlinkat(dir_fd, group_name.c_str(), AT_REMOVEDIR);
+  ::fsync(dir_fd);
+}
+
+// Every committed group in the folder, oldest first (their names begin with the commit time, in
+// fixed-width hex), so that the newest files end up in place. Called with the folder locked.
+int finish_groups(int dir_fd, const std::string& dir) {
+  std::vector<std::string> groups;
+  for (const std::string& name : list_names(dir_fd)) {
+    struct stat st {};
+    if (is_group_name(name) && ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) == 0 && S_ISDIR(st.st_mode))
+      groups.push_back(name);
+  }
+  std::sort(groups.begin(), groups.end());
+  for (const std::string& name : groups) finish_group(dir_fd, dir, name);
+  return static_cast<int>(groups.size());
+}
+
 bool is_temp_name(const std::string& name, long& pid) {
   const size_t prefix = sizeof kTempPrefix - 1;
   if (name.compare(0, prefix, kTempPrefix) != 0) return false;
@@ -447,7 +523,7 @@ bool is_set_name(const std::string& name) {
 
 // With the folder locked: completes interrupted commits, removes stale temporaries.
 int tidy_locked(int dir_fd, const std::string& dir) {
-  int done = 0;
+  int done = finish_groups(dir_fd, dir);
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   for (const std::string& name : list_names(dir_fd)) {
     long pid = 0;
@@ -472,6 +548,30 @@ std::string temp_template(const std::string& dir) {
   return dir + "/" + kTempPrefix + std::to_string(::getpid()) + "-XXXXXX";
 }
 
+// A private folder in `dir` (a temporary, registered for the signal cleanup in `slot`); returns
+// its name.
+std::string make_private_folder(const std::string& dir, int& slot, const std::string& what) {
+  std::string tmpl = temp_template(dir);
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  {
+    const CriticalSection created_and_registered;
+    if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for " + what + " (" + errno_text(errno) + ")");
+    slot = register_temp(name.data());
+  }
+  return base_name(name.data());
+}
+
+// Unique per process and call: "<nanoseconds since the epoch, 16 hex digits>-<pid>-<the private
+// folder's random part>"; the fixed-width time first sorts names by age.
+std::string unique_id(const std::string& private_name) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count();
+  char time_hex[17];
+  std::snprintf(time_hex, sizeof time_hex, "%016llx", static_cast<unsigned long long>(ns));
+  return std::string(time_hex) + "-" + std::to_string(::getpid()) + "-" + private_name.substr(private_name.size() - 6);
+}
+
 }  // namespace
 
 // =============================================================================================
@@ -492,7 +592,10 @@ void install_cleanup_handlers() {
   });
 }
 
-void testing::fail_file_operation(long n) { g_fail_countdown.store(n); }
+void testing::fail_file_operation(long n, int signal) {
+  g_fail_signal.store(signal);
+  g_fail_countdown.store(n);
+}
 
 void require_writable_dir(const std::string& dir) {
   struct stat st {};
@@ -556,23 +659,9 @@ static bool first_set_in(const std::string& dir) {
 OutputSet::OutputSet(const std::string& dir) : dir_(dir) {
   install_cleanup_handlers();
   if (first_set_in(dir)) tidy_output_dir(dir);
-  std::string tmpl = temp_template(dir);
-  std::vector<char> name(tmpl.begin(), tmpl.end());
-  name.push_back('\0');
-  {
-    const CriticalSection created_and_registered;
-    if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for the export (" + errno_text(errno) + ")");
-    slot_ = register_temp(name.data());
-  }
-  const std::string path(name.data());
+  private_name_ = make_private_folder(dir, slot_, "the export");
   open_ = true;
-  private_name_ = base_name(path);
-  // <pid>-<nanoseconds since the epoch, hex>-<the private folder's random part>
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::system_clock::now().time_since_epoch()).count();
-  std::ostringstream id;
-  id << ::getpid() << '-' << std::hex << ns << '-' << private_name_.substr(private_name_.size() - 6);
-  id_ = id.str();
+  id_ = unique_id(private_name_);
 }
 
 OutputSet::~OutputSet() {
@@ -588,14 +677,10 @@ OutputSet::~OutputSet() {
 
 void OutputSet::write_member(const std::string& name, const std::function<void(FileSink&)>& fill) {
   if (!open_) throw Error(final_path(name) + ": internal: the export's files were already moved into place");
-  const std::string path = dir_ + "/" + private_name_ + "/" + name;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(final_path(name) + ": cannot create (" + errno_text(errno) + "); no file of this export was written");
   names_.push_back(name);
   try {
-    fill_and_close(fd, final_path(name), fill);
+    write_new_file(dir_ + "/" + private_name_ + "/" + name, final_path(name), fill);
   } catch (const Error& e) {
-    ::unlink(path.c_str());
     throw Error(std::string(e.what()) + "; no file of this export was written");
   }
 }
@@ -641,6 +726,51 @@ int tidy_output_dir(const std::string& dir) {
   FolderLock lock(dir);
   const CriticalSection no_signals;
   return tidy_locked(lock.fd(), dir);
+}
+
+// =============================================================================================
+// [SECTION] File groups
+// =============================================================================================
+FileGroup::FileGroup(const std::string& dir) : dir_(dir) {
+  install_cleanup_handlers();
+  private_name_ = make_private_folder(dir, slot_, "the new files");
+  open_ = true;
+  id_ = unique_id(private_name_);
+}
+
+FileGroup::~FileGroup() {
+  if (!open_) return;
+  const std::string path = dir_ + "/" + private_name_;
+  for (const std::string& name : names_) ::unlink((path + "/" + name).c_str());
+  ::rmdir(path.c_str());
+  unregister_temp(slot_);
+}
+
+void FileGroup::add_stream(const std::string& name, const std::function<void(FileSink&)>& fill) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+    throw Error(dir_ + "/" + name + ": internal: a group's file is named without a folder");
+  if (!open_) throw Error(dir_ + "/" + name + ": internal: the group was already committed");
+  names_.push_back(name);
+  write_new_file(dir_ + "/" + private_name_ + "/" + name, dir_ + "/" + name, fill);
+}
+
+void FileGroup::commit() {
+  FolderLock lock(dir_);
+  const CriticalSection no_signals;
+  // An older group left interrupted goes into place first, so that this one replaces it; our stale
+  // temporaries go too (a group is a few files written now and then, so every commit tidies).
+  tidy_locked(lock.fd(), dir_);
+  const std::string group_name = kGroupPrefix + id_;
+  if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), group_name.c_str()) != 0)
+    throw Error(dir_ + ": committing the new files failed (" + errno_text(errno) + ")");
+  // The commit point: the group is whole and on its way into place; neither the signal handler
+  // nor the destructor may remove it now.
+  unregister_temp(slot_);
+  slot_ = -1;
+  open_ = false;
+  committed_ = true;
+  ::fsync(lock.fd());
+  finish_group(lock.fd(), dir_, group_name);
 }
 
 std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data) {

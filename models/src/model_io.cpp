@@ -13,6 +13,7 @@
 
 #include "vitlens/checkpoints.hpp"
 #include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
 #include "vitlens/image.hpp"  // read_whole_file
 
 namespace vitlens {
@@ -366,8 +367,8 @@ VitModel load_model(const std::string& path, const LoadOptions& options) {
   return model_from_file(read_safetensors(path), path, folder, options);
 }
 
-void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
-                const std::map<std::string, std::string>& extra_metadata) {
+std::string model_file_bytes(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                             const std::map<std::string, std::string>& extra_metadata) {
   const std::string why = config.validate();
   if (!why.empty()) throw Error(path + ": refusing to save an inconsistent config: " + why);
   // Check the tensors the same way a load would, so a file we write always loads.
@@ -377,7 +378,12 @@ void save_model(const std::string& path, const VitConfig& config, const TensorMa
   file.metadata = extra_metadata;
   file.metadata["config"] = config_to_json(config).dump();
   file.metadata["format"] = "pt";
-  write_safetensors(path, file);
+  return safetensors_bytes(file);
+}
+
+void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                const std::map<std::string, std::string>& extra_metadata) {
+  write_file_atomic(path, model_file_bytes(path, config, tensors, extra_metadata));
 }
 
 std::string assets_dir() {

@@ -5,8 +5,13 @@
 //   OUTDIR/image/   crops of the demo image, encoded by OpenCV in the formats vitlens reads most
 //                   (PNG 8-bit RGB, gray, 16-bit with alpha; JPEG; BMP), sizes that pad and resize
 //   OUTDIR/script/  viewer scripts using every command
+//   OUTDIR/checkpoint/  a classifier's and an MAE encoder's training checkpoint, each as
+//                   fuzz_checkpoint reads it: the model file's length (4 bytes, little-endian), the
+//                   model file, the optimizer state file
 // Seeds only need to be valid inputs that reach deep into each parser; the fuzzers mutate them.
+#include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -15,8 +20,10 @@
 #include <opencv2/imgproc.hpp>
 
 #include "vitlens/bundled.hpp"
+#include "vitlens/checkpoint.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/image.hpp"  // read_whole_file
 #include "vitlens/model_io.hpp"
 
 namespace {
@@ -94,6 +101,64 @@ void write_scripts(const std::string& dir) {
   for (const auto& [name, text] : scripts) write_file_atomic(dir + "/" + name, text);
 }
 
+// One checkpoint saved by `save` into a scratch folder, packed as fuzz_checkpoint's input.
+void write_checkpoint_seed(const std::string& path, const std::function<void(const std::string&)>& save) {
+  std::string scratch = (std::filesystem::temp_directory_path() / "vitlens-seeds-XXXXXX").string();
+  if (!::mkdtemp(scratch.data())) throw Error(scratch + ": cannot create a scratch folder");
+  const std::string model_path = scratch + "/last.safetensors";
+  save(model_path);
+  const std::string model = read_whole_file(model_path, "model", kMaxModelFileBytes);
+  const std::string state = read_whole_file(checkpoint_state_path(model_path), "state", kMaxModelFileBytes);
+  std::filesystem::remove_all(scratch);
+  std::string packed;
+  for (int i = 0; i < 4; ++i) packed.push_back(static_cast<char>((model.size() >> (8 * i)) & 0xff));
+  write_file_atomic(path, packed + model + state);
+}
+
+void write_checkpoints(const std::string& dir) {
+  VitConfig c;  // P = 2, D = 4, 2 heads, 4 x 4 pixels: a few hundred parameters
+  c.name = "fuzz-seed-ckpt";
+  c.patch_size = 2;
+  c.embed_dim = 4;
+  c.num_heads = 2;
+  c.depth = 1;
+  c.img_h = c.img_w = 4;
+  c.mlp_ratio = 2.0;
+  Recipe recipe;
+  recipe.batch = 2;
+  recipe.epochs = 3;
+  recipe.threads = 1;
+
+  ImageSet images;  // 6 images of 3 classes: 3 steps per epoch
+  images.height = images.width = 4;
+  images.class_names = {"a", "b", "c"};
+  images.source = "seed";
+  for (int i = 0; i < 6; ++i) images.labels.push_back(i % 3);
+  images.pixels.resize(6 * 3 * 16);
+  for (size_t i = 0; i < images.pixels.size(); ++i) images.pixels[i] = static_cast<float>(i % 7) / 7.0f;
+  Trainer classifier(c, recipe, &images, nullptr);
+  for (int i = 0; i < 4; ++i) classifier.step();  // into the second epoch
+  write_checkpoint_seed(dir + "/classifier.bin",
+                        [&](const std::string& p) { save_checkpoint(classifier, p, {{"data", "seed"}}); });
+
+  PhotoCorpus photos;  // 3 photos of 6 x 6, 2 crops each: 3 steps per epoch
+  for (int i = 0; i < 3; ++i) {
+    photos.photos.emplace_back(3 * 36, 0.2f + 0.3f * static_cast<float>(i));
+    photos.heights.push_back(6);
+    photos.widths.push_back(6);
+    photos.names.push_back("photo" + std::to_string(i) + ".png");
+  }
+  photos.source = "seed";
+  MaeOptions options;
+  options.shape.decoder_dim = 4;
+  options.shape.decoder_depth = 1;
+  options.shape.decoder_heads = 2;
+  options.crops_per_photo = 2;
+  MaeTrainer mae(c, recipe, options, &photos, nullptr);
+  for (int i = 0; i < 2; ++i) mae.step();
+  write_checkpoint_seed(dir + "/mae.bin", [&](const std::string& p) { save_mae_checkpoint(mae, p, {{"data", "photos"}}); });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -103,7 +168,7 @@ int main(int argc, char** argv) {
   }
   const std::string out = argv[1];
   try {
-    for (const char* sub : {"/model", "/image", "/script"}) {
+    for (const char* sub : {"/model", "/image", "/script", "/checkpoint"}) {
       std::error_code ec;
       std::filesystem::create_directories(out + sub, ec);
       if (ec) throw Error(out + sub + ": cannot create the folder (" + ec.message() + ")");
@@ -111,10 +176,11 @@ int main(int argc, char** argv) {
     write_models(out + "/model");
     write_images(out + "/image");
     write_scripts(out + "/script");
+    write_checkpoints(out + "/checkpoint");
   } catch (const Error& e) {
     std::cerr << "vitlens_fuzz_seeds: " << e.what() << "\n";
     return 1;
   }
-  std::cout << "wrote the seed corpus into " << out << "/{model,image,script}\n";
+  std::cout << "wrote the seed corpus into " << out << "/{model,image,script,checkpoint}\n";
   return 0;
 }

@@ -62,7 +62,7 @@ class OutputSet {
   OutputSet(const OutputSet&) = delete;
   OutputSet& operator=(const OutputSet&) = delete;
 
-  const std::string& id() const { return id_; }  // unique per set: "<pid>-<time>-<random>"
+  const std::string& id() const { return id_; }  // unique per set: "<time>-<pid>-<random>"
   std::string final_path(const std::string& name) const { return dir_ + "/" + name; }
 
   void add(const std::string& name, const std::string& bytes);
@@ -84,8 +84,41 @@ class OutputSet {
   void write_member(const std::string& name, const std::function<void(FileSink&)>& fill);
 };
 
-// Completes interrupted commits in `dir` and removes our stale temporaries there (never a name
-// that does not match our patterns). Returns how many entries were completed or removed.
+// Files replaced together, all of them or none (a training checkpoint: the model and its optimizer
+// state). Each file is written into a private folder in `dir` (a temporary, as above); commit()
+// then, holding the folder lock, tidies `dir` (completing a group an earlier commit left
+// interrupted, removing stale temporaries), renames
+// the private folder to ".vitlens-group-<time>-<pid>-<random>" (the commit point: from then on the
+// group is whole and will be moved into place) and renames each file into `dir`. A commit cut
+// short after its commit point (SIGKILL, a power loss, a failing rename) is completed by the next
+// commit or tidy_output_dir in `dir`; before it, `dir` is untouched. A reader that calls
+// tidy_output_dir first therefore finds the newest whole group in place, never a mix of two.
+class FileGroup {
+ public:
+  // Creates the private folder in `dir`. Throws vitlens::Error.
+  explicit FileGroup(const std::string& dir);
+  ~FileGroup();  // not committed: the private folder and everything in it is removed
+  FileGroup(const FileGroup&) = delete;
+  FileGroup& operator=(const FileGroup&) = delete;
+
+  // `name` is a file name in `dir` (no folder part); its bytes come from `fill`.
+  void add_stream(const std::string& name, const std::function<void(FileSink&)>& fill);
+  // Throws vitlens::Error; committed() then says whether the commit point was passed (the group is
+  // whole in its ".vitlens-group-..." folder and the next commit or tidy completes it) or not
+  // (none of the new files reached `dir`).
+  void commit();
+  bool committed() const { return committed_; }
+
+ private:
+  std::string dir_, private_name_, id_;
+  std::vector<std::string> names_;
+  int slot_ = -1;
+  bool open_ = false, committed_ = false;
+};
+
+// Completes interrupted commits (export sets and file groups) in `dir` and removes our stale
+// temporaries there (never a name that does not match our patterns). Returns how many entries
+// were completed or removed.
 int tidy_output_dir(const std::string& dir);
 
 // SIGINT and SIGTERM remove this process's pending temporaries, then terminate the process as the
@@ -96,8 +129,10 @@ void install_cleanup_handlers();
 
 namespace testing {
 // Failure injection for tests: the n-th file operation from now (writing one file, or one rename
-// of a commit) fails as a full disk would (ENOSPC); 0 turns it off.
-void fail_file_operation(long n);
+// of a commit; for a FileGroup also removing its emptied commit folder) fails as a full disk would
+// (ENOSPC); 0 turns it off. With `signal`, the process raises that signal there instead (SIGKILL:
+// the process is killed at that step, as by kill -9 or a power loss).
+void fail_file_operation(long n, int signal = 0);
 }  // namespace testing
 
 }  // namespace vitlens

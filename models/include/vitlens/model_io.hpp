@@ -61,6 +61,10 @@ VitModel parse_model(const std::string& bytes, const std::string& what);
 // "training" record); those two keys cannot be replaced.
 void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
                 const std::map<std::string, std::string>& extra_metadata = {});
+// The bytes save_model writes to `path` (named in errors): a checkpoint writes them together with
+// its optimizer state (checkpoint.hpp).
+std::string model_file_bytes(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                             const std::map<std::string, std::string>& extra_metadata = {});
 
 // The expected tensor shapes for a config (name -> shape), optional tensors excluded.
 std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConfig& config);
