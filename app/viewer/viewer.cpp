@@ -151,6 +151,32 @@ void DumpWidgets(App& app, const std::string& path, DumpState& dump) {
   }
 }
 
+// The script's `window W H`: asks the window system once, then keeps the request (so the script
+// waits) until the display has that size; a size it never gets fails the script.
+struct ResizeState {
+  int asked_w = 0, asked_h = 0;
+  int frames = 0;  // frames since it was asked
+};
+constexpr int kResizeFrames = 600;  // far more than any window system needs to apply a resize
+
+void ResizeWindow(App& app, GLFWwindow* window, const ImVec2& display, ResizeState& resize) {
+  Requests& r = app.requests;
+  if (r.window_w <= 0) return;
+  if (r.window_w != resize.asked_w || r.window_h != resize.asked_h) {
+    glfwSetWindowSize(window, r.window_w, r.window_h);
+    resize = ResizeState{r.window_w, r.window_h, 0};
+  }
+  if (static_cast<int>(display.x) == r.window_w && static_cast<int>(display.y) == r.window_h) {
+    r.window_w = r.window_h = 0;
+    resize = ResizeState{};
+  } else if (++resize.frames > kResizeFrames && app.script.error.empty()) {
+    app.script.error = app.script.path + ": the window did not become " + std::to_string(r.window_w) + "x" +
+                       std::to_string(r.window_h) + " (it is " + std::to_string(static_cast<int>(display.x)) + "x" +
+                       std::to_string(static_cast<int>(display.y)) + "; is the screen smaller?)";
+    r.window_w = r.window_h = 0;
+  }
+}
+
 void UpdateTitle(GLFWwindow* window, const App& app, std::string& shown) {
   std::string title = "vitlens";
   if (app.doc.image) title += " - " + std::filesystem::path(app.doc.image->path).filename().string();
@@ -212,6 +238,9 @@ int run_viewer(const ViewerArgs& args) {
     io.IniFilename = nullptr;
   }
   ImGui::StyleColorsDark();
+  // Opaque windows and popups: a window on top never shows the text of the one under it.
+  ImGui::GetStyle().Colors[ImGuiCol_WindowBg].w = 1.0f;
+  ImGui::GetStyle().Colors[ImGuiCol_PopupBg].w = 1.0f;
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   ImGui_ImplOpenGL3_Init("#version 130");
   install_input_callbacks(window, input);
@@ -225,6 +254,7 @@ int run_viewer(const ViewerArgs& args) {
   ViewTextures textures;
   std::string title;
   DumpState dump;
+  ResizeState resize;
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
   while (!glfwWindowShouldClose(window) && !g_stop_requested) {
@@ -255,6 +285,8 @@ int run_viewer(const ViewerArgs& args) {
     feed_imgui_input(window, input);
     ImGui::NewFrame();
     gui::BeginFrame();
+    note_display_size(app.ui.layout_windows, io.DisplaySize.x, io.DisplaySize.y);
+    ResizeWindow(app, window, io.DisplaySize, resize);
     HandleKeys(app);
     DrawViews(app, textures);
     app.ui.widgets = gui::EndFrame(io.DisplaySize.x, io.DisplaySize.y);

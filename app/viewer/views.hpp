@@ -49,7 +49,13 @@ void DrawPicture(App& app, const char* name, const Texture& texture, float width
 // The largest size with the image's aspect ratio that fits in (max_w, max_h).
 void FitPicture(const App& app, float max_w, float max_h, float& width, float& height);
 
-// Default window placement on first use, as fractions of the display.
-void PlaceWindow(float x, float y, float w, float h);
+// The status bar's height (view_menu.cpp), which the layout leaves free at the bottom.
+float StatusBarHeight();
+
+// Where each window goes in the default layout (view_picture.cpp).
+enum class WindowSlot { Controls, Image, Inspector, Heads, Stats, Train };
+Rect WindowSlotRect(WindowSlot slot, float display_w, float display_h);
+// Places the next window `name` in its slot on first use and after a resize or a layout reset.
+void PlaceWindow(App& app, const char* name, WindowSlot slot);
 
 }  // namespace vitlens::viewer
