@@ -10,6 +10,8 @@
 //                                           print "X Y", the middle of the widget SPEC in a
 //                                           --dump-widgets file (SPEC: its path's last parts);
 //                                           --enabled: fail while it is disabled
+//   viewer_check widget-point DUMP SPEC FX FY
+//                                           print "X Y" at fractions FX, FY of the widget's frame
 //   viewer_check widget-value DUMP SPEC     print what the field SPEC shows
 //   viewer_check train-step MODEL           print the step a training checkpoint was saved at
 //   viewer_check train-record MODEL [/KEY=VALUE ...]
@@ -20,7 +22,12 @@
 //                                           no two windows overlap, each inside the display, every
 //                                           widget and text inside its window or scrolled to, no text
 //                                           cut off (wider than the room it had)
+//   viewer_check layout DUMP W H --only WINDOW
+//                                           the same for one window's contents (no overlap check)
+//   viewer_check labels-before DUMP WINDOW  each field of WINDOW has its label to its left or above
 //   viewer_check text DUMP WINDOW TEXT      a text of WINDOW in the dump holds TEXT
+//   viewer_check text-number DUMP WINDOW PREFIX
+//                                           print the number after PREFIX in a text of WINDOW
 //   viewer_check same-size DUMP             the Controls window's size line and the status bar name
 //                                           the same pixels and tokens
 //   viewer_check tooltip-clear DUMP MENU    the open tooltip covers no entry of MENU
@@ -286,11 +293,25 @@ int check_xdotool(const std::string& dir) {
           "every tap moved the query: (28, 28) -> " + (e["query"].is_object() ? e["query"]["patch"].dump() : std::string("none")) +
               ", want [30, 31]");
     check(e["normalize"] == "log", "the 'log' radio button was pressed: normalize " + e["normalize"].dump());
+    // The second export, after the temperature slider was dragged: a CLI setting like the others.
+    check(e["temperature"].is_number() && e["temperature"].get<double>() < 0.9,
+          "the dragged temperature was exported: temperature " + e["temperature"].dump());
+    check(!fs::exists(dir + "/exports/vitlens-demo_view.json"), "no <stem>_view.json for a temperature");
   }
   const json settings = read_json(dir + "/config/vitlens/settings.json");
   check(settings["show_grid"] == true, "the 'patch grid' checkbox was ticked and saved");
   check(settings["export_folder"] == dir + "/exports", "the export folder is remembered: " + settings["export_folder"].dump());
   return g_failures == 0 ? 0 : 1;
+}
+
+// A point in the widget SPEC: FX, FY are fractions of its frame (0.5 0.5: the middle).
+int print_widget_point(const std::string& dump_path, const std::string& spec, double fx, double fy) {
+  const json dump = read_json(dump_path);
+  const json& w = find_widget(dump, spec);
+  const auto& f = w["frame"];
+  std::cout << static_cast<int>(f[0].get<double>() + fx * f[2].get<double>()) << " "
+            << static_cast<int>(f[1].get<double>() + fy * f[3].get<double>()) << "\n";
+  return 0;
 }
 
 // What a text or number field of the dump shows.
@@ -337,7 +358,8 @@ bool inside(const Box& inner, const Box& outer, double slack = 1.0) {
          inner.y + inner.h <= outer.y + outer.h + slack;
 }
 
-int check_layout(const std::string& dump_path, int want_w, int want_h) {
+// `only`: check that window alone (an on-demand window such as Train, which opens over others).
+int check_layout(const std::string& dump_path, int want_w, int want_h, const std::string& only) {
   const json dump = read_json(dump_path);
   const int w = dump["display"][0].get<int>(), h = dump["display"][1].get<int>();
   check(w == want_w && h == want_h, "the window is " + std::to_string(w) + "x" + std::to_string(h) + " (want " +
@@ -348,9 +370,11 @@ int check_layout(const std::string& dump_path, int want_w, int want_h) {
   for (const json& win : dump["windows"]) {
     windows[win["name"].get<std::string>()] = &win;
     const std::string kind = win["kind"].get<std::string>();
-    if (kind == "window") tiled.push_back(&win);
+    if (kind == "window" && (only.empty() || win["name"] == only)) tiled.push_back(&win);
   }
-  check(tiled.size() >= 5, std::to_string(tiled.size()) + " windows side by side");
+  check(tiled.size() >= (only.empty() ? 5u : 1u), std::to_string(tiled.size()) + " windows side by side");
+  // Whether an item of window `name` is checked: all, or those of `only` and its child windows.
+  auto counted = [&only](const std::string& name) { return only.empty() || name == only || name.rfind(only + "/", 0) == 0; };
   const Box display{0, 0, static_cast<double>(w), static_cast<double>(h)};
   for (size_t i = 0; i < tiled.size(); ++i) {
     const std::string name = (*tiled[i])["name"].get<std::string>();
@@ -377,19 +401,19 @@ int check_layout(const std::string& dump_path, int want_w, int want_h) {
   int widgets = 0, widgets_ok = 0;
   for (const json& item : dump["widgets"]) {
     const std::string window = item["window"].get<std::string>();
-    if (!windows.count(window)) continue;  // the drop target (the whole window)
+    if (!windows.count(window) || !counted(window)) continue;  // the drop target (the whole window)
     ++widgets;
     const Box r = box_of(item["rect"]);
     const bool ok = inside(r, reachable(*windows[window]));
     widgets_ok += ok;
     if (!ok) check(false, item["path"].get<std::string>() + " " + box_text(r) + " is outside what " + window + " shows or scrolls to");
   }
-  check(widgets >= 40 && widgets == widgets_ok,
+  check(widgets >= (only.empty() ? 40 : 5) && widgets == widgets_ok,
         std::to_string(widgets_ok) + " of " + std::to_string(widgets) + " widgets inside their window or scrolled to");
   int texts = 0, texts_ok = 0;
   for (const json& t : dump["texts"]) {
     const std::string window = t["window"].get<std::string>();
-    if (!windows.count(window)) continue;
+    if (!windows.count(window) || !counted(window)) continue;
     ++texts;
     const Box r = box_of(t["rect"]);
     const double width = t["width"].get<double>(), room = t["room"].get<double>();
@@ -401,7 +425,30 @@ int check_layout(const std::string& dump_path, int want_w, int want_h) {
     if (!fits) check(false, window + ": text cut off: '" + t["text"].get<std::string>() + "'" + line);
     if (!reached) check(false, window + ": text outside what the window shows or scrolls to: '" + t["text"].get<std::string>() + "'");
   }
-  check(texts >= 20 && texts == texts_ok, std::to_string(texts_ok) + " of " + std::to_string(texts) + " texts whole and reachable");
+  check(texts >= (only.empty() ? 20 : 3) && texts == texts_ok, std::to_string(texts_ok) + " of " + std::to_string(texts) + " texts whole and reachable");
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Every labelled field of WINDOW: a text equal to its label ends left of the field on the same
+// row, or sits just above it ("limit [ 24 ]", not "[ 24 ] limit").
+int check_labels_before(const std::string& dump_path, const std::string& window) {
+  const json dump = read_json(dump_path);
+  int fields = 0;
+  for (const json& item : dump["widgets"]) {
+    if (item["window"] != window || item["kind"] != "input" || item["label"].get<std::string>().empty()) continue;
+    ++fields;
+    const Box f = box_of(item["rect"]);
+    bool before = false;
+    for (const json& t : dump["texts"]) {
+      if (t["window"] != window || t["text"] != item["label"]) continue;
+      const Box l = box_of(t["rect"]);
+      const bool left = l.x + l.w <= f.x + 1.0 && l.y < f.y + f.h && l.y + l.h > f.y;
+      const bool above = l.y + l.h <= f.y + 1.0 && f.y - (l.y + l.h) < 8.0 && std::abs(l.x - f.x) < 8.0;
+      before = before || left || above;
+    }
+    check(before, window + ": '" + item["label"].get<std::string>() + "' " + box_text(f) + " has its label before it");
+  }
+  check(fields >= 5, std::to_string(fields) + " labelled fields in " + window);
   return g_failures == 0 ? 0 : 1;
 }
 
@@ -425,15 +472,33 @@ int check_text(const std::string& dump_path, const std::string& window, const st
   return g_failures == 0 ? 0 : 1;
 }
 
+// The whole number after PREFIX in the first text of WINDOW holding PREFIX ("step " in "running:
+// step 12 of 400"); fails when there is none.
+int print_text_number(const std::string& dump_path, const std::string& window, const std::string& prefix) {
+  const json dump = read_json(dump_path);
+  for (const std::string& t : texts_of(dump, window)) {
+    const auto at = t.find(prefix);
+    if (at == std::string::npos) continue;
+    const std::string rest = t.substr(at + prefix.size());
+    const size_t digits = rest.find_first_not_of("0123456789");
+    if (digits == 0) continue;
+    std::cout << rest.substr(0, digits) << "\n";
+    return 0;
+  }
+  throw std::runtime_error(window + " shows no '" + prefix + "N'");
+}
+
 // "W x H px" and "N tokens" of a line ("... 28x20 px, grid 5x7, 36 tokens").
+// "N tokens" of a line, and the "WxH" before " px" when it names one ("28x20 px, grid 5x7, 36 tokens").
 bool size_and_tokens(const std::string& line, std::string& px, std::string& tokens) {
-  const auto p = line.find(" px");
   const auto t = line.find(" tokens");
-  if (p == std::string::npos || t == std::string::npos) return false;
-  const auto p0 = line.rfind(' ', p - 1);
+  if (t == std::string::npos) return false;
   const auto t0 = line.rfind(' ', t - 1);
+  tokens = line.substr(t0 == std::string::npos ? 0 : t0 + 1, t - (t0 == std::string::npos ? 0 : t0 + 1));
+  const auto p = line.find(" px");
+  if (p == std::string::npos) return true;
+  const auto p0 = line.rfind(' ', p - 1);
   px = line.substr(p0 == std::string::npos ? 0 : p0 + 1, p - (p0 == std::string::npos ? 0 : p0 + 1));
-  tokens = line.substr(t0 + 1, t - t0 - 1);
   return true;
 }
 
@@ -443,11 +508,11 @@ int check_same_size(const std::string& dump_path) {
   for (const std::string& t : texts_of(dump, "##status"))
     if (status_line.empty() && size_and_tokens(t, status_px, status_tokens)) status_line = t;
   for (const std::string& t : texts_of(dump, "Controls"))
-    if (controls_line.empty() && t.find(" tokens") != std::string::npos && size_and_tokens(t, controls_px, controls_tokens))
+    if (controls_line.empty() && size_and_tokens(t, controls_px, controls_tokens))
       controls_line = t;
   check(!status_line.empty(), "the status bar names the size and tokens: '" + status_line + "'");
   check(!controls_line.empty(), "the Controls window names the size and tokens: '" + controls_line + "'");
-  check(status_px == controls_px && status_tokens == controls_tokens,
+  check(status_tokens == controls_tokens && (controls_px.empty() || status_px == controls_px),
         "both say the same: Controls '" + controls_line + "', status bar '" + status_line + "'");
   return g_failures == 0 ? 0 : 1;
 }
@@ -577,14 +642,21 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "widget-centre") return print_widget_centre(args[1], args[2], false);
     if (args.size() == 4 && args[0] == "widget-centre" && args[3] == "--enabled")
       return print_widget_centre(args[1], args[2], true);
+    if (args.size() == 5 && args[0] == "widget-point")
+      return print_widget_point(args[1], args[2], std::atof(args[3].c_str()), std::atof(args[4].c_str()));
     if (args.size() == 3 && args[0] == "widget-value") return print_widget_value(args[1], args[2]);
     if (args.size() == 2 && args[0] == "train-step") return print_train_step(args[1]);
     if (args.size() >= 2 && args[0] == "train-record")
       return check_train_record(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
     if (args.size() == 2 && args[0] == "xdotool") return check_xdotool(args[1]);
-    if (args.size() == 4 && args[0] == "layout") return check_layout(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()));
+    if (args.size() == 4 && args[0] == "layout")
+      return check_layout(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()), "");
+    if (args.size() == 6 && args[0] == "layout" && args[4] == "--only")
+      return check_layout(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()), args[5]);
+    if (args.size() == 3 && args[0] == "labels-before") return check_labels_before(args[1], args[2]);
     if (args.size() == 4 && args[0] == "text") return check_text(args[1], args[2], args[3]);
     if (args.size() == 2 && args[0] == "same-size") return check_same_size(args[1]);
+    if (args.size() == 4 && args[0] == "text-number") return print_text_number(args[1], args[2], args[3]);
     if (args.size() == 3 && args[0] == "tooltip-clear") return check_tooltip_clear(args[1], args[2]);
     if (args.size() >= 2 && args[0] == "skip") {
       std::cout << "skipped: " << args[1] << "\n";
@@ -605,7 +677,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "usage: viewer_check screenshots DIR | export VIEWER_DIR CLI_DIR | bad-file DIR | png FILE W H | "
-               "widget-centre DUMP SPEC [--enabled] | widget-value DUMP SPEC | layout DUMP W H | text DUMP WINDOW TEXT | "
-               "same-size DUMP | tooltip-clear DUMP MENU | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
+               "widget-centre DUMP SPEC [--enabled] | widget-point DUMP SPEC FX FY | widget-value DUMP SPEC | layout DUMP W H | text DUMP WINDOW TEXT | "
+               "layout DUMP W H --only WINDOW | labels-before DUMP WINDOW | same-size DUMP | text-number DUMP WINDOW PREFIX | tooltip-clear DUMP MENU | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
   return 2;
 }

@@ -120,13 +120,17 @@ void CaptureScreenshot(App& app, int width, int height) {
 // --dump-widgets: the widget list once the first image is on screen and settled (or, when
 // nothing can load, once the app is idle), and again whenever it changes and settles (a window
 // opened, a field appeared, a button's label or state changed), so a real-input test finds the
-// widgets of what it just opened. Settled: the app idle and the list the same for 3 frames
-// (windows take a frame or two to find their size). Each write replaces the file atomically.
+// widgets of what it just opened. Settled: the app idle and the widgets and windows the same for
+// 3 frames (windows take a frame or two to find their size). The texts ride along: a text that
+// changes while the widgets stay (a training run's step count) is written too, at most every
+// kTextOnlyWriteSeconds, so a test can wait for it. Each write replaces the file atomically.
 struct DumpState {
-  std::string pending;  // the list as JSON text while it settles
-  int same_frames = 0;  // frames in a row it was `pending`
-  std::string written;  // what the file holds
+  std::string pending;             // the widgets and windows as JSON text while they settle
+  int same_frames = 0;             // frames in a row it was `pending`
+  std::string written, written_structure;  // what the file holds, and its widgets and windows
+  double written_at = 0.0;         // glfwGetTime() of the last write
 };
+constexpr double kTextOnlyWriteSeconds = 0.2;
 
 void DumpWidgets(App& app, const std::string& path, DumpState& dump) {
   if (path.empty()) return;
@@ -135,14 +139,24 @@ void DumpWidgets(App& app, const std::string& path, DumpState& dump) {
     return;
   }
   // A label or field may hold a file name that is not UTF-8: replaced, never thrown on.
-  std::string text = widgets_json(app.ui.widgets).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  if (text != dump.pending) {
-    dump.pending = std::move(text);
+  const auto as_text = [](const nlohmann::json& j) {
+    return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  };
+  nlohmann::json list = widgets_json(app.ui.widgets);
+  std::string text = as_text(list);
+  list.erase("texts");
+  std::string structure = as_text(list);
+  if (structure != dump.pending) {
+    dump.pending = std::move(structure);
     dump.same_frames = 1;
     return;
   }
-  if (++dump.same_frames < 3 || dump.pending == dump.written) return;
-  dump.written = dump.pending;
+  if (++dump.same_frames < 3 || text == dump.written) return;
+  const double now = glfwGetTime();
+  if (dump.pending == dump.written_structure && now - dump.written_at < kTextOnlyWriteSeconds) return;
+  dump.written = std::move(text);
+  dump.written_structure = dump.pending;
+  dump.written_at = now;
   try {
     write_file_atomic(path, dump.written);
   } catch (const Error& e) {
