@@ -71,12 +71,7 @@ click "Controls > Display > log"
 click "Controls > Display > patch grid"
 click "Controls > Export and screenshot > Export"
 # Done when the viewer has taken the export's result (it then remembers the folder).
-tries=0
-until grep -q '"export_folder": *"/' "$OUT/config/vitlens/settings.json" 2>/dev/null; do
-  tries=$((tries + 1))
-  if [ "$tries" -gt 300 ]; then break; fi
-  sleep 0.1
-done
+wait_until 120 "the first export" grep -q '"export_folder": *"/' "$OUT/config/vitlens/settings.json"
 
 # The softmax temperature: a CLI setting like the others, so the command line shown names it and
 # the export writes no viewer-only notes. Drag the T slider to a quarter of its (log) track.
