@@ -1,4 +1,4 @@
-// The picture widget shared by the image view and every head panel.
+// The picture widget shared by the image view and every head panel, and the windows' default layout.
 #include <algorithm>
 #include <cmath>
 

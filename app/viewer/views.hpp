@@ -13,7 +13,7 @@
 //   view_stats.cpp      entropy and mean attention distance per head, timings, descriptions
 //   view_example.cpp    the seed's worked example with editable Q, K, V
 //   view_browser.cpp    the in-app file browser (open image / model, export folder, screenshot)
-//   view_picture.cpp    the picture widget the image and heads views share
+//   view_picture.cpp    the picture widget the image and heads views share; the default layout
 // Every interactive widget is drawn through widgets.hpp (gui::Button, ...), which records its
 // label, ID and rectangle for the script's `click` and --dump-widgets; a collapsing header's
 // widgets sit in its gui::Section, so IDs never repeat within a window.
