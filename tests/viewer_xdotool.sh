@@ -55,12 +55,13 @@ done
 
 # Polls (every 0.1 s, up to $1 s) until the command after it succeeds; fails naming $2 otherwise.
 wait_until() {
-  deadline=$(($(date +%s) + $1))
+  limit=$1
+  deadline=$(($(date +%s) + limit))
   what=$2
   shift 2
   until "$@" >/dev/null 2>&1; do
     kill -0 "$pid" 2>/dev/null || { echo "FAIL  the viewer exited while waiting for $what"; exit 1; }
-    [ "$(date +%s)" -le "$deadline" ] || { echo "FAIL  waited $1 s for $what"; "$@"; exit 1; }
+    [ "$(date +%s)" -le "$deadline" ] || { echo "FAIL  waited $limit s for $what"; "$@"; exit 1; }
     sleep 0.1
   done
 }

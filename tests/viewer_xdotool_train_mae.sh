@@ -48,12 +48,13 @@ fail() {
 # Polls (every 0.1 s, for up to $1 seconds of wall-clock time) until the command after it
 # succeeds; fails with what it was waiting for if the time runs out or the viewer has gone.
 wait_until() {
-  deadline=$(($(date +%s) + $1))
+  limit=$1
+  deadline=$(($(date +%s) + limit))
   what=$2
   shift 2
   until "$@" >/dev/null 2>&1; do
     kill -0 "$pid" 2>/dev/null || fail "the viewer exited while waiting for $what"
-    [ "$(date +%s)" -le "$deadline" ] || fail "waited $1 s for $what"
+    [ "$(date +%s)" -le "$deadline" ] || fail "waited $limit s for $what"
     sleep 0.1
   done
 }
