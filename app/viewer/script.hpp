@@ -19,6 +19,8 @@
 //   example q|k|v ROW COL VALUE | example scaled on|off | example reset
 //   browse image|model|export|screenshot (opens the file browser, as the menus do)
 //   export DIR [raw] | screenshot FILE | state FILE | frames N | quit
+//   window W H                      resize the window (the next command runs once the display has
+//                                   that size and the windows are laid out for it)
 //   train start fashion-mnist|DIR [key=value ...] | train pause|resume|stop | train wait STEPS |
 //   train save FILE | train open | model-menu NAME   (train_panel.hpp)
 // Real input (the window plays it into Dear ImGui's input, one step per frame):

@@ -29,7 +29,7 @@ ForwardKey make_forward_key(const LoadedModel& model, const SourceImage& image, 
   ForwardKey key;
   key.model = model.serial;
   key.image = image.serial;
-  key.max_side = choice.max_side > 0 ? choice.max_side : default_max_side(model.model.config);
+  key.max_side = working_side(model.model.config, choice);
   key.mask = choice.mask;
   if (choice.mask == MaskMode::Painted) {
     for (uint8_t v : choice.painted)
@@ -48,12 +48,21 @@ ForwardKey make_forward_key(const LoadedModel& model, const SourceImage& image, 
   switch (choice.scale) {
     case ScaleMode::Model: key.score_scale = -1.0f; break;
     case ScaleMode::Unscaled: key.score_scale = 1.0f; break;
-    case ScaleMode::Temperature:
-      // softmax(q.k / (sqrt(d) T)): T > 1 flattens every row, T < 1 sharpens it.
-      key.score_scale = 1.0f / (std::sqrt(static_cast<float>(model.model.config.head_dim())) * choice.temperature);
+    case ScaleMode::Temperature: {
+      // softmax(q.k / (sqrt(d) T)): T > 1 flattens every row, T < 1 sharpens it. The factor is
+      // core's, as `vitlens export --temperature` makes it, so both passes agree bit for bit.
+      ExportSettings settings;
+      settings.temperature = choice.temperature;
+      key.temperature = choice.temperature;
+      key.score_scale = forward_options_for(model.model, settings).score_scale;
       break;
+    }
   }
   return key;
+}
+
+int working_side(const VitConfig& config, const ComputeChoice& choice) {
+  return choice.max_side > 0 ? choice.max_side : default_max_side(config);
 }
 
 ForwardOptions forward_options_for_key(const ForwardKey& key) {
