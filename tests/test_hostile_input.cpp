@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 
+#include "child_process.hpp"
 #include "test_support.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/export.hpp"
@@ -103,82 +104,12 @@ std::string bomb_png(uint32_t width, uint32_t height, int depth, int color_type,
   return std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) + png_chunk("IDAT", z) + png_chunk("IEND", "");
 }
 
-// ---- child processes ----
-struct Child {
-  int code = -1, signal = 0;
-  long max_rss_kb = 0;
-  std::string err;
-};
-
-pid_t spawn(const std::vector<std::string>& args, const std::string& err_path) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t files;
-  posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&files, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  // The default action for the signals the test sends, whatever the test runner ignores.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGTERM);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &files, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&files);
-  posix_spawnattr_destroy(&attr);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
-Child reap(pid_t pid, const std::string& err_path) {
-  int status = 0;
-  rusage usage {};
-  REQUIRE(::wait4(pid, &status, 0, &usage) == pid);
-  Child c;
-  if (WIFEXITED(status)) c.code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
-  c.max_rss_kb = usage.ru_maxrss;
-  c.err = slurp(err_path);
-  return c;
-}
-
-// Runs vitlens through vitlens_peak_rss (tests/peak_rss.cpp), so that max_rss_kb is vitlens' own
-// peak: a child spawned from this process would report this process's peak as its floor.
-Child run_vitlens(const std::vector<std::string>& args) {
-  static const std::string dir = test::temp_dir("hostile-run");
-  const std::string rss_path = dir + "/rss";
-  std::remove(rss_path.c_str());
-  std::vector<std::string> all = {VITLENS_PEAK_RSS_BINARY, rss_path, VITLENS_BINARY};
-  all.insert(all.end(), args.begin(), args.end());
-  Child c = reap(spawn(all, dir + "/err"), dir + "/err");
-  const std::string rss = slurp(rss_path);
-  INFO("vitlens_peak_rss wrote '" << rss << "'; stderr: " << c.err);
-  REQUIRE(!rss.empty());
-  c.max_rss_kb = std::stol(rss);
-  return c;
-}
-
-// Raises this process's own peak RSS to at least `mb` MB (touched, then unmapped): a measurement
-// of a child that inherited this process's peak would then fail the checks below.
-void raise_own_peak_rss(size_t mb) {
-  const size_t bytes = mb << 20;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  REQUIRE(p != MAP_FAILED);
-  std::memset(p, 1, bytes);
-  munmap(p, bytes);
-  rusage self{};
-  getrusage(RUSAGE_SELF, &self);
-  REQUIRE(self.ru_maxrss >= static_cast<long>(mb << 10));
-}
+// The child-process harness (child_process.hpp).
+using test::Child;
+using test::raise_own_peak_rss;
+using test::reap;
+using test::run_vitlens;
+using test::spawn;
 
 struct Setup {
   std::string dir = test::temp_dir("hostile");
