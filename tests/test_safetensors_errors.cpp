@@ -608,8 +608,8 @@ TEST_CASE("a key given twice anywhere in a model's JSON is refused, never the la
   expect_load_error(dir, "metadata_twice",
                     join_text("{\"__metadata__\":{\"format\":\"pt\"}," + text.substr(1), valid.data), {"__metadata__"});
   std::string meta_key_twice = text;
-  meta_key_twice.replace(meta_key_twice.find(meta), meta.size(), "{\"format\":\"np\"," + meta.substr(1));
-  expect_load_error(dir, "metadata_key_twice", join_text(meta_key_twice, valid.data), {"format"});
+  meta_key_twice.replace(meta_key_twice.find(meta), meta.size(), "{\"config\":\"{}\"," + meta.substr(1));
+  expect_load_error(dir, "metadata_key_twice", join_text(meta_key_twice, valid.data), {"config", "twice"});
 
   // A key twice in the config JSON: num_heads 2 then 4 (both consistent with embed_dim 8).
   const std::string config_text = vitlens::config_to_json(tiny_config()).dump();
@@ -671,7 +671,7 @@ TEST_CASE("names and descriptions read from a model are capped as they are read"
   write_bytes(path, with_config_edit([&](json& j) {
                 j["name"] = big;
                 j["description"] = utf8;
-                j["head_descriptions"] = {{big, "short"}};
+                j["head_descriptions"] = json::array({json::array({big, "short"})});
               }));
   const vitlens::VitModel model = vitlens::load_model(path);
   const vitlens::VitConfig& c = model.config;

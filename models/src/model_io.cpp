@@ -319,6 +319,10 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
 
 namespace {
 
+VitConfig config_from_metadata(const std::string& text, const std::string& what) {
+  return config_from_json(parse_json_text(text, what + ": __metadata__[\"config\"]"), what);
+}
+
 // A parsed safetensors file as a model: vitlens' own config in __metadata__, else a foreign
 // layout (timm, Hugging Face) converted by checkpoints.cpp, whose companion config.json is looked
 // for in `folder` (empty: none, as for bytes that came from no file).
@@ -336,8 +340,7 @@ VitModel model_from_file(SafetensorsFile file, const std::string& what, const st
     model.notes = std::move(converted.notes);
     return model;
   }
-  const json config_json = parse_json_text(it->second, what + ": __metadata__[\"config\"]");
-  const VitConfig config = config_from_json(config_json, what);
+  const VitConfig config = config_from_metadata(it->second, what);
   // --heads is for checkpoints that do not say their head count; this file says it.
   if (options.heads > 0 && options.heads != config.num_heads)
     throw Error(what + ": --heads " + std::to_string(options.heads) + " contradicts the model's config, which has " +
@@ -346,6 +349,13 @@ VitModel model_from_file(SafetensorsFile file, const std::string& what, const st
 }
 
 }  // namespace
+
+VitConfig read_model_config(const std::string& path) {
+  const auto metadata = read_safetensors_metadata(path);
+  const auto it = metadata.find("config");
+  if (it == metadata.end()) throw Error(path + ": no vitlens config: __metadata__[\"config\"] is missing");
+  return config_from_metadata(it->second, path);
+}
 
 VitModel parse_model(const std::string& bytes, const std::string& what) {
   return model_from_file(parse_safetensors(bytes, what), what, "", LoadOptions{});

@@ -91,8 +91,6 @@ struct Entry {
 // little more than its own bytes, where a DOM of small objects costs about twenty times them.
 class HeaderReader final : public nlohmann::json_sax<json> {
  public:
-  explicit HeaderReader(const std::string& what) : what_(what) {}
-
   std::map<std::string, Entry> entries;
   std::map<std::string, std::string> metadata;
   std::string error;  // why the parse stopped; empty on success or on a JSON syntax error
@@ -226,7 +224,6 @@ class HeaderReader final : public nlohmann::json_sax<json> {
     return fail(tensor_where() + " has data_offsets that are not two non-negative integers [begin, end] (" + kind + ")");
   }
 
-  const std::string& what_;
   int depth_ = 0;  // 1: the header object, 2: an entry or __metadata__, 3: a shape or data_offsets array
   bool seen_metadata_ = false, in_metadata_ = false;
   Entry* entry_ = nullptr;              // the tensor entry being read (depth >= 2)
@@ -255,7 +252,43 @@ size_t json_length(const char* header, uint64_t length, const std::string& what)
   return end;
 }
 
+// The header's entries, or a one-line error: the length against the format's cap and the file's
+// size, then the JSON and its padding.
+void parse_header(const char* header, uint64_t header_len, uint64_t file_size, const std::string& what,
+                  HeaderReader& reader) {
+  if (header_len > kMaxSafetensorsHeaderBytes)
+    throw Error(what + ": not a safetensors file: header length " + std::to_string(header_len) + " is above the " +
+                std::to_string(kMaxSafetensorsHeaderBytes) + " bytes the format allows");
+  if (header_len > file_size - 8)
+    throw Error(what + ": not a safetensors file: header length " + std::to_string(header_len) +
+                " runs past the end of the file (" + std::to_string(file_size) + " bytes)");
+  const size_t json_len = json_length(header, header_len, what);
+  if (!json::sax_parse(header, header + json_len, &reader)) {
+    if (!reader.error.empty()) throw Error(what + ": " + reader.error);
+    throw Error(what + ": safetensors header is not valid JSON");
+  }
+}
+
 }  // namespace
+
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (!in) throw Error(path + ": cannot open the file");
+  const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
+  unsigned char length[8] = {};
+  in.seekg(0);
+  if (size < 8 || !in.read(reinterpret_cast<char*>(length), 8))
+    throw Error(path + ": not a safetensors file: shorter than the 8-byte header length");
+  const uint64_t header_len = read_le64(length);
+  std::string header;
+  if (header_len <= kMaxSafetensorsHeaderBytes && header_len <= size - 8) {
+    header.resize(static_cast<size_t>(header_len));
+    if (!in.read(&header[0], static_cast<std::streamsize>(header_len))) throw Error(path + ": cannot read the header");
+  }
+  HeaderReader reader;
+  parse_header(header.data(), header_len, size, path, reader);
+  return std::move(reader.metadata);
+}
 
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& what) {
   const auto* raw = reinterpret_cast<const unsigned char*>(bytes.data());
@@ -263,19 +296,8 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
     throw Error(what + ": not a safetensors file: " + std::to_string(bytes.size()) +
                 " bytes, shorter than the 8-byte header length");
   const uint64_t header_len = read_le64(raw);
-  if (header_len > kMaxSafetensorsHeaderBytes)
-    throw Error(what + ": not a safetensors file: header length " + std::to_string(header_len) + " is above the " +
-                std::to_string(kMaxSafetensorsHeaderBytes) + " bytes the format allows");
-  if (header_len > bytes.size() - 8)
-    throw Error(what + ": not a safetensors file: header length " + std::to_string(header_len) +
-                " runs past the end of the file (" + std::to_string(bytes.size()) + " bytes)");
-  const char* header = bytes.data() + 8;
-  const size_t json_len = json_length(header, header_len, what);
-  HeaderReader reader(what);
-  if (!json::sax_parse(header, header + json_len, &reader)) {
-    if (!reader.error.empty()) throw Error(what + ": " + reader.error);
-    throw Error(what + ": safetensors header is not valid JSON");
-  }
+  HeaderReader reader;
+  parse_header(bytes.data() + 8, header_len, bytes.size(), what, reader);
 
   SafetensorsFile file;
   file.metadata = std::move(reader.metadata);

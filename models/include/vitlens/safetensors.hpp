@@ -40,6 +40,10 @@ constexpr uint64_t kMaxSafetensorsHeaderBytes = 100000000;
 SafetensorsFile read_safetensors(const std::string& path);
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& what);
 
+// Only the header's __metadata__, reading only the header (checked as above, except the tensors'
+// offsets against the data): a folder of large models can be listed by their configs.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
+
 std::string safetensors_bytes(const SafetensorsFile& file);  // F32 data, names sorted
 void write_safetensors(const std::string& path, const SafetensorsFile& file);  // atomic
 
