@@ -126,7 +126,7 @@ TEST_CASE("a model's name and description of megabytes cost what short ones cost
 
   // An error quoting the name: one line, escaped, not a megabyte.
   const Child error = run_vitlens({"export", image, "--model", model, "--out", dir, "--layer", "7"});
-  CHECK(error.code == 1);
+  CHECK(error.code == 2);  // a flag the model cannot take
   check_one_line(error);
   CHECK_THAT(error.err, Contains("\\x1b"));
   CHECK(error.err.size() < 4096);
@@ -162,8 +162,14 @@ TEST_CASE("a safetensors header of tens of MB costs about its own size and ends 
     cases.push_back({"tensors", text + "}", 4 * i});
   }
   {
-    // 32 MB of one metadata string: allowed (a header may be up to 100 MB), and kept once.
+    // One 32 MB metadata string: a JSON reader holds two growing copies of the token it reads.
     cases.push_back({"metadata_string", "{\"__metadata__\":{\"notes\":\"" + std::string(32u << 20, 'x') + "\"}}", 0});
+  }
+  {
+    // 32 MB of 256 KB metadata strings: allowed, and each is kept once.
+    std::string text = "{\"__metadata__\":{";
+    for (int i = 0; i < 128; ++i) text += (i ? ",\"" : "\"") + std::to_string(i) + "\":\"" + std::string(256 << 10, 'x') + "\"";
+    cases.push_back({"metadata_strings", text + "}}", 0});
   }
   for (const Case& c : cases) {
     INFO(c.what);

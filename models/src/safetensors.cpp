@@ -66,6 +66,10 @@ uint64_t read_le64(const unsigned char* p) {
   return v;
 }
 
+// The longest string a header may hold: a vitlens config with every head described, or a
+// training record with a long run's loss curve, is well under 1 MB.
+constexpr size_t kMaxHeaderStringBytes = size_t{16} << 20;
+
 struct Span {
   uint64_t begin, end;
   std::string name;
@@ -245,10 +249,28 @@ size_t json_length(const char* header, uint64_t length, const std::string& what)
     throw Error(what + ": safetensors header length " + std::to_string(length) + " does not end at its JSON: byte " +
                 std::to_string(end - 1) + " of the header is 0x" + hex_byte(header[end - 1]) +
                 ", but only spaces may follow the JSON (a wrong header length, or a damaged file)");
-  // JSON text has no raw NUL, and nlohmann's reader would take one for the end of the input.
-  if (const void* nul = std::memchr(header, '\0', end))
-    throw Error(what + ": safetensors header holds a NUL byte at offset " +
-                std::to_string(static_cast<const char*>(nul) - header) + ": not JSON text");
+  // One pass over the text before parsing it. JSON text has no raw NUL, and nlohmann's reader
+  // would take one for the end of the input. And that reader keeps two growing copies of the
+  // token it reads, so one string as long as the header would cost four times the header:
+  // strings are limited here, before any of them is copied.
+  bool in_string = false, escaped = false;
+  size_t run = 0;
+  for (size_t i = 0; i < end; ++i) {
+    const char c = header[i];
+    if (c == '\0')
+      throw Error(what + ": safetensors header holds a NUL byte at offset " + std::to_string(i) + ": not JSON text");
+    if (!in_string) {
+      in_string = c == '"';
+      run = 0;
+      continue;
+    }
+    if (escaped) escaped = false;
+    else if (c == '\\') escaped = true;
+    else if (c == '"') in_string = false;
+    if (++run > kMaxHeaderStringBytes)
+      throw Error(what + ": safetensors header holds a string of more than " + std::to_string(kMaxHeaderStringBytes >> 20) +
+                  " MB (from byte " + std::to_string(i + 1 - run) + "); a model's names and metadata are far shorter");
+  }
   return end;
 }
 

@@ -56,7 +56,7 @@ void write_damaged_models(const std::string& dir, const std::string& valid) {
       {"tensor-twice", le64(text.size() + entry.size()) + "{" + entry + text.substr(1) + data},
       {"metadata-key-twice", [&] {
          std::string t = text;
-         t.insert(t.find("\"__metadata__\":{") + 16, "\"format\":\"np\",");
+         t.insert(t.find("\"__metadata__\":{") + 16, "\"config\":\"{}\",");
          return le64(t.size()) + t + data;
        }()},
       {"gap", le64(gap.dump().size()) + gap.dump() + std::string(4, '\0') + data},
