@@ -59,12 +59,12 @@ void report_error(const std::string& message) {
 
 namespace {
 
+void write_stderr(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
+
 // Reached when an exception cannot be caught where it was thrown: out of a destructor (noexcept),
 // or out of a thread's function. An allocation failure there is reported as one line like any
 // other, with exit code 1, instead of std::terminate's abort and core dump. Temporaries of this
 // process are left for the next run's tidy (files.hpp), as after a kill.
-void write_stderr(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
-
 [[noreturn]] void terminate_with_one_line() {
   try {
     if (const std::exception_ptr e = std::current_exception()) std::rethrow_exception(e);

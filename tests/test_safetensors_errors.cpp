@@ -616,6 +616,10 @@ TEST_CASE("a key given twice anywhere in a model's JSON is refused, never the la
   const std::string config_twice = "{\"num_heads\":4," + config_text.substr(1);
   expect_load_error(dir, "config_key_twice",
                     with_header_edit([&](json& h) { h["__metadata__"]["config"] = config_twice; }), {"num_heads"});
+  // And a config nested 100000 deep is refused as it is read, not built.
+  const std::string nested = "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_load_error(dir, "config_nested",
+                    with_header_edit([&](json& h) { h["__metadata__"]["config"] = nested; }), {"config", "nested"});
 }
 
 TEST_CASE("tensors are packed back to back to the end of the file, entries have the format's fields only",
