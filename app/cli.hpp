@@ -82,7 +82,17 @@ struct UsageError : Error {
 // "X,Y" -> two integers, or throws UsageError naming the flag.
 void parse_pair(const std::string& text, const char* flag, int& first, int& second);
 
-// One line on stderr: "vitlens: <message>".
+// The message for std::bad_alloc, wherever it is caught.
+constexpr const char* kOutOfMemory =
+    "out of memory: this needs more memory than the system (or `ulimit -v`) allows; try a smaller image, model "
+    "or --batch";
+
+// One line on stderr: "vitlens: <message>", control characters escaped (terminal_text).
 void report_error(const std::string& message);
+
+// `text` safe to print on a terminal: control characters (C0, DEL, the C1 range) and bytes that
+// are not UTF-8 shown as \xNN, so a name read from a file cannot move the cursor, retitle the
+// window or hide what follows. Everything printed that comes from a file goes through it.
+std::string terminal_text(const std::string& text);
 
 }  // namespace vitlens::cli

@@ -241,7 +241,8 @@ int run_export(ExportArgs& args) {
   const int total = static_cast<int>(args.images.size());
   for (int i = 0; i < total; ++i) {
     const std::string& image = args.images[static_cast<size_t>(i)];
-    if (show_progress) std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, image.c_str());
+    const std::string shown = terminal_text(image);  // a file's name may hold escape sequences
+    if (show_progress) std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, shown.c_str());
     // Two inputs must not overwrite each other's outputs: a stem already taken (by an input of
     // the same name, or by a generated "x_2") gets the next free suffix.
     ExportSettings settings = s;
@@ -255,7 +256,7 @@ int run_export(ExportArgs& args) {
         const int percent = static_cast<int>(done * 100.0f);
         if (percent != last) {
           last = percent;
-          std::fprintf(stderr, "\r[%d/%d] %s %3d%%\033[K", i + 1, total, image.c_str(), percent);
+          std::fprintf(stderr, "\r[%d/%d] %s %3d%%\033[K", i + 1, total, shown.c_str(), percent);
         }
         return true;
       };
@@ -273,10 +274,15 @@ int run_export(ExportArgs& args) {
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!args.quiet) {
         if (show_progress) std::fprintf(stderr, "\r\033[K");
-        std::printf("%s: %zu files in %s (%s_*.png, %s.json), %.0f ms\n", image.c_str(), files.size(),
-                    s.out_dir.c_str(), settings.stem.c_str(), settings.stem.c_str(), ms);
+        std::printf("%s: %zu files in %s (%s_*.png, %s.json), %.0f ms\n", shown.c_str(), files.size(),
+                    terminal_text(s.out_dir).c_str(), terminal_text(settings.stem).c_str(),
+                    terminal_text(settings.stem).c_str(), ms);
         std::fflush(stdout);
       }
+    } catch (const std::bad_alloc&) {
+      if (show_progress) std::fprintf(stderr, "\r\033[K");
+      report_error(image + ": " + kOutOfMemory);
+      ++failed;
     } catch (const std::exception& e) {
       // Any failure of one image (a vitlens::Error, or an allocation or OpenCV error) is reported
       // in one line naming the image, and the batch goes on.

@@ -17,7 +17,7 @@ void add_info_command(CLI::App& app, InfoArgs& args) {
 void add_heads_option(CLI::App* cmd, int& heads) {
   cmd->add_option("--heads", heads,
                   "Attention heads of a timm checkpoint without config.json (the tensors do not say it); "
-                  "checked against the config when there is one")
+                  "a model whose file or config.json gives its heads must agree, or it is an error")
       ->check(CLI::Range(1, 8192));
 }
 
@@ -27,10 +27,11 @@ int run_info(const InfoArgs& args) {
   load.heads = args.heads;
   const VitModel model = load_model(path, load);
   const VitConfig& c = model.config;
-  std::printf("model:        %s\n", c.name.c_str());
-  std::printf("file:         %s\n", path.c_str());
+  // Names, descriptions and notes come from the file: printed with control characters escaped.
+  std::printf("model:        %s\n", terminal_text(c.name).c_str());
+  std::printf("file:         %s\n", terminal_text(path).c_str());
   std::printf("layout:       %s\n", model.format.c_str());
-  std::printf("description:  %s\n", c.description.c_str());
+  std::printf("description:  %s\n", terminal_text(c.description).c_str());
   std::printf("patch size:   %d (a patch is %d values)\n", c.patch_size, c.patch_values());
   std::printf("embed dim:    %d\n", c.embed_dim);
   std::printf("heads:        %d of %d dims\n", c.num_heads, c.head_dim());
@@ -51,13 +52,13 @@ int run_info(const InfoArgs& args) {
               static_cast<double>(c.std[2]));
   std::printf("classifier:   %s\n", model.w.num_classes ? (std::to_string(model.w.num_classes) + " classes").c_str() : "none");
   std::printf("parameters:   %lld\n", static_cast<long long>(model.parameter_count()));
-  for (const std::string& line : model.notes) std::printf("inferred:     %s\n", line.c_str());
+  for (const std::string& line : model.notes) std::printf("inferred:     %s\n", terminal_text(line).c_str());
   if (c.head_descriptions.empty()) {
     std::printf("heads described: none in this file\n");
   } else {
     for (size_t l = 0; l < c.head_descriptions.size(); ++l)
       for (size_t h = 0; h < c.head_descriptions[l].size(); ++h)
-        std::printf("layer %zu head %zu: %s\n", l, h, c.head_descriptions[l][h].c_str());
+        std::printf("layer %zu head %zu: %s\n", l, h, terminal_text(c.head_descriptions[l][h]).c_str());
   }
   return kExitOk;
 }

@@ -367,7 +367,7 @@ int run_train_mae(TrainArgs& a) {
   if (trainer.finished()) {
     if (cmd->count("--name") || !a.description.empty()) {  // relabel a finished run: same weights and state
       save_mae_checkpoint(trainer, model_path, saved.training);
-      std::printf("finished run relabelled: '%s' in %s\n", config.name.c_str(), model_path.c_str());
+      std::printf("finished run relabelled: '%s' in %s\n", terminal_text(config.name).c_str(), model_path.c_str());
       return kExitOk;
     }
     std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
@@ -651,7 +651,7 @@ int run_train(TrainArgs& a) {
   if (trainer.finished()) {
     if (cmd->count("--name") || !a.description.empty()) {  // relabel a finished run: same weights and state
       save_checkpoint(trainer, model_path, saved.training);
-      std::printf("finished run relabelled: '%s' in %s\n", config.name.c_str(), model_path.c_str());
+      std::printf("finished run relabelled: '%s' in %s\n", terminal_text(config.name).c_str(), model_path.c_str());
       return kExitOk;
     }
     std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",

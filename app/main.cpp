@@ -1,6 +1,11 @@
 // vitlens: see, per head, where a Vision Transformer looks in an image.
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <iostream>
+#include <new>
+
+#include <unistd.h>
 
 #include "cli.hpp"
 #include "vitlens/bundled_models.hpp"
@@ -13,14 +18,72 @@
 
 namespace vitlens::cli {
 
+std::string terminal_text(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  char escape[8];
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    // The length of a well-formed UTF-8 sequence starting here (0: not one).
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len > 1) {
+      if (i + len > text.size()) len = 0;
+      for (size_t k = 1; k < len; ++k)
+        if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) len = 0;
+    }
+    // Kept: printable ASCII and whole UTF-8 characters other than the C1 controls U+0080 to
+    // U+009F (C2 80 to C2 9F), which some terminals obey like ESC sequences.
+    const bool c1 = len == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0;
+    if ((len == 1 && c >= 0x20 && c != 0x7F) || (len > 1 && !c1)) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      std::snprintf(escape, sizeof escape, "\\x%02x", c);
+      out += escape;
+      ++i;
+    }
+  }
+  return out;
+}
+
 void report_error(const std::string& message) {
-  // One line, whatever the message holds (a model name with a newline, an OpenCV message).
+  // One line, whatever the message holds (a model name with a newline or an escape sequence, an
+  // OpenCV message), and not a page: a message quoting a file's text is cut.
+  constexpr size_t kMaxLine = 2000;
   std::string line = message;
   for (char& c : line)
     if (c == '\n' || c == '\r') c = ' ';
   while (!line.empty() && line.back() == ' ') line.pop_back();
-  std::cerr << "vitlens: " << line << std::endl;
+  if (line.size() > kMaxLine) line = line.substr(0, kMaxLine) + "...";
+  std::cerr << "vitlens: " << terminal_text(line) << std::endl;
 }
+
+namespace {
+
+void write_stderr(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
+
+// Reached when an exception cannot be caught where it was thrown: out of a destructor (noexcept),
+// or out of a thread's function. An allocation failure there is reported as one line like any
+// other, with exit code 1, instead of std::terminate's abort and core dump. Temporaries of this
+// process are left for the next run's tidy (files.hpp), as after a kill.
+[[noreturn]] void terminate_with_one_line() {
+  try {
+    if (const std::exception_ptr e = std::current_exception()) std::rethrow_exception(e);
+    write_stderr("vitlens: internal error: terminated without an exception\n");
+  } catch (const std::bad_alloc&) {
+    // Nothing allocated here: the heap is what failed.
+    write_stderr("vitlens: ");
+    write_stderr(kOutOfMemory);
+    write_stderr("\n");
+  } catch (const std::exception& e) {
+    report_error(std::string("unexpected error: ") + e.what());
+  } catch (...) {
+    write_stderr("vitlens: unexpected error of an unknown type\n");
+  }
+  std::_Exit(kExitFailed);
+}
+
+}  // namespace
 
 void parse_pair(const std::string& text, const char* flag, int& first, int& second) {
   const auto comma = text.find(',');
@@ -86,6 +149,7 @@ int run_view(const ViewArgs& args) {
 
 int main(int argc, char** argv) {
   using namespace vitlens::cli;
+  std::set_terminate(terminate_with_one_line);
   // The viewer runs a forward for every image and setting; the pages of the last one are reused.
   vitlens::keep_freed_memory();
   CLI::App app{"vitlens " VITLENS_VERSION ": see, per head, where a Vision Transformer looks in an image.\n"
@@ -140,6 +204,9 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const vitlens::Error& e) {
     report_error(e.what());
+    return kExitFailed;
+  } catch (const std::bad_alloc&) {
+    report_error(kOutOfMemory);
     return kExitFailed;
   } catch (const std::exception& e) {
     report_error(std::string("unexpected error: ") + e.what());

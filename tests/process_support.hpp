@@ -1,11 +1,15 @@
 #pragma once
 // Shared helpers for tests that run vitlens as a child process or look at what a run left in a
 // folder: spawn with the signals the tests send at their default action, reap with the exit code
-// or the signal, list a folder's entries (hidden ones are our temporaries and commit folders).
+// or the signal, run vitlens measuring its own peak resident memory (through vitlens_peak_rss),
+// optionally under an address-space limit, and list a folder's entries (hidden ones are our
+// temporaries and commit folders).
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -14,9 +18,12 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
+
+#include "test_support.hpp"
 
 extern char** environ;
 
@@ -54,17 +61,19 @@ struct Child {
   int code = -1, signal = 0;
   long max_rss_kb = 0;
   std::string err;
+  std::string out;  // stdout, when run_vitlens captured it
 };
 
-// stdin from /dev/null, stdout discarded, stderr into err_path.
-inline pid_t spawn(const std::vector<std::string>& args, const std::string& err_path) {
+// stdin from /dev/null, stdout into out_path (discarded by default), stderr into err_path.
+inline pid_t spawn(const std::vector<std::string>& args, const std::string& err_path,
+                   const std::string& out_path = "/dev/null") {
   std::vector<char*> argv;
   for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
   posix_spawn_file_actions_t files;
   posix_spawn_file_actions_init(&files);
   posix_spawn_file_actions_addopen(&files, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_addopen(&files, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   // The default action for the signals the tests send, whatever the test runner ignores.
   posix_spawnattr_t attr;
@@ -97,6 +106,40 @@ inline Child reap(pid_t pid, const std::string& err_path) {
   c.max_rss_kb = usage.ru_maxrss;
   c.err = slurp(err_path);
   return c;
+}
+
+// Runs vitlens through vitlens_peak_rss (tests/peak_rss.cpp), so that max_rss_kb is vitlens' own
+// peak: a child spawned from this process would report this process's peak as its floor. With
+// address_space_mb > 0, vitlens runs under that RLIMIT_AS (`ulimit -v`, set by /bin/sh).
+inline Child run_vitlens(const std::vector<std::string>& args, long address_space_mb = 0) {
+  static const std::string dir = temp_dir("hostile-run");
+  const std::string rss_path = dir + "/rss";
+  std::remove(rss_path.c_str());
+  std::vector<std::string> all = {VITLENS_PEAK_RSS_BINARY, rss_path};
+  if (address_space_mb > 0)
+    all.insert(all.end(), {"/bin/sh", "-c", "ulimit -v " + std::to_string(address_space_mb * 1024) + " && exec \"$0\" \"$@\""});
+  all.push_back(VITLENS_BINARY);
+  all.insert(all.end(), args.begin(), args.end());
+  Child c = reap(spawn(all, dir + "/err", dir + "/out"), dir + "/err");
+  c.out = slurp(dir + "/out");
+  const std::string rss = slurp(rss_path);
+  INFO("vitlens_peak_rss wrote '" << rss << "'; stderr: " << c.err);
+  REQUIRE(!rss.empty());
+  c.max_rss_kb = std::stol(rss);
+  return c;
+}
+
+// Raises this process's own peak RSS to at least `mb` MB (touched, then unmapped): a measurement
+// of a child that inherited this process's peak would then fail the checks below.
+inline void raise_own_peak_rss(size_t mb) {
+  const size_t bytes = mb << 20;
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(p != MAP_FAILED);
+  std::memset(p, 1, bytes);
+  munmap(p, bytes);
+  rusage self{};
+  getrusage(RUSAGE_SELF, &self);
+  REQUIRE(self.ru_maxrss >= static_cast<long>(mb << 10));
 }
 
 }  // namespace vitlens::test

@@ -82,34 +82,8 @@ std::string bomb_png(uint32_t width, uint32_t height, int depth, int color_type,
   return std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) + png_chunk("IDAT", z) + png_chunk("IEND", "");
 }
 
-// Runs vitlens through vitlens_peak_rss (tests/peak_rss.cpp), so that max_rss_kb is vitlens' own
-// peak: a child spawned from this process would report this process's peak as its floor.
-Child run_vitlens(const std::vector<std::string>& args) {
-  static const std::string dir = test::temp_dir("hostile-run");
-  const std::string rss_path = dir + "/rss";
-  std::remove(rss_path.c_str());
-  std::vector<std::string> all = {VITLENS_PEAK_RSS_BINARY, rss_path, VITLENS_BINARY};
-  all.insert(all.end(), args.begin(), args.end());
-  Child c = reap(spawn(all, dir + "/err"), dir + "/err");
-  const std::string rss = slurp(rss_path);
-  INFO("vitlens_peak_rss wrote '" << rss << "'; stderr: " << c.err);
-  REQUIRE(!rss.empty());
-  c.max_rss_kb = std::stol(rss);
-  return c;
-}
-
-// Raises this process's own peak RSS to at least `mb` MB (touched, then unmapped): a measurement
-// of a child that inherited this process's peak would then fail the checks below.
-void raise_own_peak_rss(size_t mb) {
-  const size_t bytes = mb << 20;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  REQUIRE(p != MAP_FAILED);
-  std::memset(p, 1, bytes);
-  munmap(p, bytes);
-  rusage self{};
-  getrusage(RUSAGE_SELF, &self);
-  REQUIRE(self.ru_maxrss >= static_cast<long>(mb << 10));
-}
+using test::raise_own_peak_rss;
+using test::run_vitlens;
 
 struct Setup {
   std::string dir = test::temp_dir("hostile");

@@ -205,20 +205,9 @@ std::vector<BundledModel> bundled_models(const std::string& folder) {
     BundledModel m;
     m.path = p.string();
     m.name = p.stem().string();
-    // safetensors: 8-byte little-endian header length, then the JSON header; the config is in
-    // __metadata__["config"]. Only the header is read, however large the weights.
-    std::ifstream in(m.path, std::ios::binary);
-    unsigned char size_bytes[8] = {};
-    uint64_t size = 0;
-    if (in.read(reinterpret_cast<char*>(size_bytes), 8))
-      for (int i = 7; i >= 0; --i) size = (size << 8) | size_bytes[i];
+    // Only the header is read, however large the weights.
     try {
-      if (!in || size == 0 || size > (1u << 24)) throw Error(m.path + ": not a safetensors file");
-      std::string header(size, '\0');
-      if (!in.read(&header[0], static_cast<std::streamsize>(size))) throw Error(m.path + ": truncated header");
-      const nlohmann::json h = nlohmann::json::parse(header);
-      const nlohmann::json config = nlohmann::json::parse(h.at("__metadata__").at("config").get<std::string>());
-      const VitConfig c = config_from_json(config, m.path);
+      const VitConfig c = read_model_config(m.path);
       m.name = c.name;
       m.description = c.description;
     } catch (const std::exception& e) {

@@ -1,7 +1,10 @@
 // vitlens_fuzz_seeds OUTDIR: writes the fuzzers' seed corpus (committed as tests/fuzz/corpus/) from
 // vitlens' own code, a few KB per harness:
 //   OUTDIR/model/   two tiny models save_model writes (one with a class token, qkv bias and one
-//                   block; one without either, two blocks, a classifier head and head descriptions)
+//                   block; one without either, two blocks, a classifier head and head descriptions),
+//                   and the first with a damaged header, each refused: a header length 4 bytes
+//                   too long over NUL padding or over the data, a tensor and a metadata key given
+//                   twice, a gap between tensors, bytes after the last tensor, a name of 64 KB
 //   OUTDIR/image/   crops of the demo image, encoded by OpenCV in the formats vitlens reads most
 //                   (PNG 8-bit RGB, gray, 16-bit with alpha; JPEG; BMP), sizes that pad and resize
 //   OUTDIR/script/  viewer scripts using every command
@@ -12,10 +15,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
+#include <iterator>
 #include <iostream>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
@@ -25,10 +30,48 @@
 #include "vitlens/files.hpp"
 #include "vitlens/image.hpp"  // read_whole_file
 #include "vitlens/model_io.hpp"
+#include "vitlens/safetensors.hpp"
 
 namespace {
 
 using namespace vitlens;
+
+std::string le64(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xff);
+  return out;
+}
+
+// `valid` (a model's safetensors bytes) with its header damaged in the ways the reader refuses.
+void write_damaged_models(const std::string& dir, const std::string& valid) {
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(valid[static_cast<size_t>(i)]);
+  const std::string header = valid.substr(8, n), data = valid.substr(8 + n);
+  const nlohmann::json h = nlohmann::json::parse(header);
+  const std::string text = h.dump();
+  const std::string first = std::next(h.begin()).key();  // a tensor: sorted, "__metadata__" comes first
+  const std::string entry = "\"" + first + "\":" + h[first].dump() + ",";
+  nlohmann::json gap = h;
+  for (auto& [name, value] : gap.items())
+    if (name != "__metadata__") value["data_offsets"] = {value["data_offsets"][0].get<uint64_t>() + 4, value["data_offsets"][1].get<uint64_t>() + 4};
+  nlohmann::json long_name = h;
+  long_name[std::string(65536, 'n')] = long_name[first];
+  long_name.erase(first);
+  const std::vector<std::pair<std::string, std::string>> damaged = {
+      {"nul-padding", le64(n + 4) + header + std::string(4, '\0') + data},
+      {"length-plus-4", le64(n + 4) + header + data},
+      {"tensor-twice", le64(text.size() + entry.size()) + "{" + entry + text.substr(1) + data},
+      {"metadata-key-twice", [&] {
+         std::string t = text;
+         t.insert(t.find("\"__metadata__\":{") + 16, "\"config\":\"{}\",");
+         return le64(t.size()) + t + data;
+       }()},
+      {"gap", le64(gap.dump().size()) + gap.dump() + std::string(4, '\0') + data},
+      {"trailing-bytes", valid + std::string(4, '\0')},
+      {"long-name", le64(long_name.dump().size()) + long_name.dump() + data},
+  };
+  for (const auto& [name, bytes] : damaged) write_file_atomic(dir + "/damaged-" + name + ".safetensors", bytes);
+}
 
 void write_models(const std::string& dir) {
   VitConfig a;  // P = 2, D = 4, 2 heads, 4 x 4 pixels: 5 tokens, about 1 KB of weights
@@ -59,6 +102,12 @@ void write_models(const std::string& dir) {
   tb.emplace("head.weight", head_w);
   tb.emplace("head.bias", head_b);
   save_model(dir + "/tiny-nocls-head.safetensors", b, tb);
+  write_damaged_models(dir, safetensors_bytes([&] {
+                         SafetensorsFile file;
+                         file.tensors = gaussian_tensors(a, 1);
+                         file.metadata["config"] = config_to_json(a).dump();
+                         return file;
+                       }()));
 }
 
 void write_image(const std::string& path, const cv::Mat& bgr, const std::vector<int>& params = {}) {

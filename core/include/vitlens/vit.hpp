@@ -28,6 +28,13 @@ enum class Activation {
 };
 const char* activation_name(Activation act);  // "gelu", "gelu_tanh", "quick_gelu"
 
+// The longest texts a config holds, in bytes: a name is one line of a caption, a description a
+// paragraph. Model readers cut longer texts from a file to these (capped_text, json_file.hpp);
+// validate() refuses longer ones given any other way (e.g. `vitlens train --name`).
+constexpr size_t kMaxModelNameBytes = 200;
+constexpr size_t kMaxModelDescriptionBytes = 2000;
+constexpr size_t kMaxHeadDescriptionBytes = 1000;
+
 // hparams, as stored in the safetensors metadata (`__metadata__["config"]`).
 // Token order (N): [class token] [distillation token] [register tokens] patches, as timm's
 // VisionTransformer / VisionTransformerDistilled concatenate them.

@@ -57,6 +57,8 @@ VitModel load_model(const std::string& path);
 // A vitlens model file's bytes already in memory (`what` names it in errors): the config must be
 // in __metadata__, since no companion config.json can be looked for. The fuzz harness uses it.
 VitModel parse_model(const std::string& bytes, const std::string& what);
+// A vitlens model file's config, reading only its header (a folder of models listed by name).
+VitConfig read_model_config(const std::string& path);
 // extra_metadata goes into __metadata__ beside "config" and "format" (e.g. a trained model's
 // "training" record); those two keys cannot be replaced.
 void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
