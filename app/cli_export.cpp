@@ -140,21 +140,27 @@ std::string describe_files(const std::vector<std::string>& paths) {
   for (const std::string& shape : order) {
     const Group& g = groups[shape];
     const size_t runs = g.parts.size() - 1;
-    // Foldable when each number takes every value of a range (no leading zeros) and the names
-    // are exactly all their combinations.
+    // Foldable when each number that varies takes every value of a range (written without
+    // leading zeros) and the names are exactly all their combinations; a number the names share
+    // is kept as written ("img001_head{0..3}.png").
+    std::vector<bool> constant(runs, true);
+    for (const auto& numbers : g.runs)
+      for (size_t k = 0; k < runs; ++k) constant[k] = constant[k] && numbers[k] == g.runs[0][k];
     std::vector<std::set<long>> values(runs);
     bool foldable = g.runs.size() > 1;
     std::set<std::vector<std::string>> distinct(g.runs.begin(), g.runs.end());
     for (const auto& numbers : g.runs)
       for (size_t k = 0; k < runs; ++k) {
         const std::string& n = numbers[k];
+        if (constant[k]) continue;
         if (n.size() > 9 || (n.size() > 1 && n[0] == '0')) foldable = false;
         else values[k].insert(std::stol(n));
       }
     size_t combinations = 1;
-    for (const auto& v : values) {
+    for (size_t k = 0; k < runs; ++k) {
+      const auto& v = values[k];
       if (!v.empty() && static_cast<size_t>(*v.rbegin() - *v.begin() + 1) != v.size()) foldable = false;
-      combinations *= v.size();
+      if (!constant[k]) combinations *= v.size();
     }
     if (!foldable || distinct.size() != g.runs.size() || combinations != g.runs.size()) {
       for (const auto& numbers : g.runs) {
@@ -167,8 +173,7 @@ std::string describe_files(const std::vector<std::string>& paths) {
     std::string name = g.parts[0];
     for (size_t k = 0; k < runs; ++k) {
       const auto& v = values[k];
-      name += (v.size() == 1 ? std::to_string(*v.begin())
-                             : "{" + std::to_string(*v.begin()) + ".." + std::to_string(*v.rbegin()) + "}") +
+      name += (constant[k] ? g.runs[0][k] : "{" + std::to_string(*v.begin()) + ".." + std::to_string(*v.rbegin()) + "}") +
               g.parts[k + 1];
     }
     emit(name);

@@ -463,10 +463,16 @@ TEST_CASE("cli: no mode's output replaces one of its inputs, whatever path names
 
 TEST_CASE("cli: each export's summary names exactly the files it wrote", "[cli][trust]") {
   Fixture f;
-  for (const char* mode : {"", "--raw", "--rollout", "--layer all", "--layer 0-1 --raw", "--rollout --layer 1"}) {
-    INFO("mode '" << mode << "'");
+  // A number in the stem (written with a leading zero) is part of every name, not a range.
+  const std::string numbered = f.dir + "/img007.png";
+  std::filesystem::copy_file(f.image, numbered);
+  std::vector<std::pair<std::string, std::string>> runs;  // (image, mode)
+  for (const char* mode : {"", "--raw", "--rollout", "--layer all", "--layer 0-1 --raw", "--rollout --layer 1"})
+    for (const std::string& image : {f.image, numbered}) runs.emplace_back(image, mode);
+  for (const auto& [image, mode] : runs) {
+    INFO("mode '" << mode << "', " << image);
     const std::string out = test::temp_dir("summary");
-    Run r = run("export " + f.image + " --model " + f.model + " --out " + out + " --size 0 " + mode);
+    Run r = run("export " + image + " --model " + f.model + " --out " + out + " --size 0 " + mode);
     INFO(r.out << r.err);
     REQUIRE(r.code == 0);
     // "<image>: N files in <out> (<names>), T ms"
