@@ -588,7 +588,7 @@ TEST_CASE("one image's outputs appear together or not at all, whichever file ope
   CHECK(interrupted_commits >= 6);  // of which the renames after the commit point
 }
 
-TEST_CASE("a rollout, and a forced export over files vitlens did not write, are all or nothing too", "[export][atomic][trust]") {
+TEST_CASE("a rollout, every layer, and a forced export over files vitlens did not write are all or nothing too", "[export][atomic][trust]") {
   Setup s;
   // The rollout's picture and record: one set (it was two files written one after the other).
   auto rollout_with = [&](const char* colormap) {
@@ -609,6 +609,27 @@ TEST_CASE("a rollout, and a forced export over files vitlens did not write, are 
   const auto [roll_failures, roll_interrupted] = fail_each_operation(rollout_with("viridis"), rollout_with("inferno"), roll_a, roll_b);
   CHECK(roll_failures >= 6);  // 2 files and the record's 2 internal ones written, 3 renames
   CHECK(roll_interrupted >= 2);
+
+  // Every layer's files and records, the layers montage and the weights: one set as well.
+  auto layers_with = [&](const char* colormap) {
+    return [&, colormap](const std::string& dir) {
+      ExportSettings e;
+      e.out_dir = dir;
+      e.max_side = 0;
+      e.raw = true;
+      e.style.colormap = colormap;
+      export_layers(s.loaded, s.image, e, 0, 1);
+    };
+  };
+  const std::string layers_a = test::temp_dir("layers-a"), layers_b = test::temp_dir("layers-b");
+  layers_with("viridis")(layers_a);
+  layers_with("inferno")(layers_b);
+  const auto all_a = snapshot(layers_a), all_b = snapshot(layers_b);
+  REQUIRE(all_b.size() == 2 * 7 + 3);  // per layer 4 heads, mean, montage, record; montage, npy, record
+  const auto [layer_failures, layer_interrupted] =
+      fail_each_operation(layers_with("viridis"), layers_with("inferno"), all_a, all_b);
+  CHECK(layer_failures >= 2 * 17 + 3);  // every file and rename of both layers and of the rest
+  CHECK(layer_interrupted >= 16);
 
   // --force over a user's record and picture of the outputs' names: the user's files stay whole
   // until the set replaces them, and the commit left by a failure is completed with --force's

@@ -464,19 +464,14 @@ void add_attention_npy(OutputSet& set, const std::string& name, const ForwardRes
   });
 }
 
-std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
-  require_writable_dir(settings.out_dir);
+nlohmann::json add_export_files(OutputSet& set, const VitModel& model, const ImageAnalysis& analysis,
+                                const ExportSettings& settings, const MapsOutputNames& names) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
-  const MapsOutputNames names =
-      maps_output_names(stem, model.config.num_heads, settings.raw, !settings.view_notes.is_null());
   const ExportImages images = render_export_images(model, analysis, settings.style, settings.normalize);
   const double render_ms = ms_since(t0);
   if (images.heads.size() != names.heads.size())
     throw Error(analysis.image_path + ": internal: the maps have " + std::to_string(images.heads.size()) +
-                " heads, the model " + std::to_string(names.heads.size()));
-  // The files appear together or not at all (files.hpp: OutputSet), the JSON record last.
-  OutputSet set(settings.out_dir, settings.force);
+                " heads, the names " + std::to_string(names.heads.size()));
   for (size_t h = 0; h < images.heads.size(); ++h) set.add_png(names.heads[h], images.heads[h]);
   set.add_png(names.mean, images.mean);
   set.add_png(names.montage, images.montage);
@@ -484,6 +479,17 @@ std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis
   if (!names.view_notes.empty()) set.add(names.view_notes, settings.view_notes.dump(2) + "\n");
   nlohmann::json sidecar = export_sidecar(model, analysis, settings);
   sidecar["timings_ms"]["render"] = render_ms;
+  return sidecar;
+}
+
+std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
+  require_writable_dir(settings.out_dir);
+  const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
+  const MapsOutputNames names =
+      maps_output_names(stem, model.config.num_heads, settings.raw, !settings.view_notes.is_null());
+  // The files appear together or not at all (files.hpp: OutputSet), the JSON record last.
+  OutputSet set(settings.out_dir, settings.force);
+  nlohmann::json sidecar = add_export_files(set, model, analysis, settings, names);
   return set.commit(names.record, std::move(sidecar));
 }
 

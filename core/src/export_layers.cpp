@@ -23,7 +23,9 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
   per_layer.layer = first;
   ImageAnalysis a = analyse_image(model, image_path, per_layer);  // one forward pass for every layer
   const std::string stem = settings.stem.empty() ? output_stem(image_path) : settings.stem;
-  std::vector<std::string> written;
+  // Every layer's files and record, the layers montage and the weights are one set: all of them
+  // appear, or none (files.hpp: OutputSet); <stem>_layers.json, the set's record, comes last.
+  OutputSet set(settings.out_dir, settings.force);
   std::vector<cv::Mat> tiles;
   std::vector<std::string> labels;
   for (int l = first; l <= last; ++l) {
@@ -35,8 +37,9 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
     per_layer.layer = l;
     per_layer.stem = layer_stem(stem, l);
     per_layer.raw = false;  // the (L, H, N, N) weights hold every layer: written once below
-    const std::vector<std::string> files = write_export(model, a, per_layer);
-    written.insert(written.end(), files.begin(), files.end());
+    const MapsOutputNames layer_names = maps_output_names(per_layer.stem, model.config.num_heads, false, false);
+    const size_t first_file = set.size();
+    set.add_record(layer_names.record, add_export_files(set, model, a, per_layer, layer_names), first_file);
     const ExportImages images = render_export_images(model, a, settings.style, settings.normalize);
     for (size_t h = 0; h < images.heads.size(); ++h) {
       tiles.push_back(images.heads[h]);
@@ -45,10 +48,7 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
     tiles.push_back(images.mean);
     labels.push_back("L" + std::to_string(l) + " mean");
   }
-  // The layers montage and the weights, with a record of their own that proves them ours
-  // (files.hpp) and names each layer's record.
   const LayersOutputNames names = layers_output_names(stem, settings.raw);
-  OutputSet set(settings.out_dir, settings.force);
   set.add_png(names.montage, montage(tiles, labels, model.config.num_heads + 1));
   if (!names.raw.empty()) add_attention_npy(set, names.raw, a.forward, model.config.num_heads, image_path);
   nlohmann::json record;
@@ -59,9 +59,7 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
   nlohmann::json layer_records = nlohmann::json::array();
   for (int l = first; l <= last; ++l) layer_records.push_back(maps_output_names(layer_stem(stem, l), 0, false, false).record);
   record["layer_records"] = layer_records;
-  const std::vector<std::string> files = set.commit(names.record, std::move(record));
-  written.insert(written.end(), files.begin(), files.end());
-  return written;
+  return set.commit(names.record, std::move(record));
 }
 
 std::vector<std::string> export_rollout(const VitModel& model, const std::string& image_path, const ExportSettings& settings,

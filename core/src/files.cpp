@@ -758,6 +758,23 @@ void OutputSet::add_stream(const std::string& name, const std::function<void(Fil
   write_member(name, fill);
 }
 
+// A record's bytes: `record` with the paths of `files` ("files"), the set id ("set") and the
+// proof that vitlens wrote it (kRecordKey: its own name).
+std::string record_bytes(nlohmann::json record, const std::string& name, const std::string& set_id,
+                         const std::vector<std::string>& files) {
+  record["files"] = files;
+  record["set"] = set_id;
+  record[kRecordKey] = name;
+  // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
+  return record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+void OutputSet::add_record(const std::string& name, nlohmann::json record, size_t first) {
+  std::vector<std::string> files;
+  for (size_t i = first; i < names_.size(); ++i) files.push_back(final_path(names_[i]));
+  add(name, record_bytes(std::move(record), name, id_, files));
+}
+
 std::vector<std::string> OutputSet::commit(const std::string& record_name, nlohmann::json record) {
   const std::vector<std::string> members = names_;  // the set's files, before the internal ones
   if (record_name.empty() || record_name.find('/') != std::string::npos || is_internal_name(record_name) ||
@@ -765,12 +782,8 @@ std::vector<std::string> OutputSet::commit(const std::string& record_name, nlohm
     throw Error(final_path(record_name) + ": internal: not a record name for this set");
   std::vector<std::string> written;
   for (const std::string& name : members) written.push_back(final_path(name));
-  record["files"] = written;
-  record["set"] = id_;
-  record[kRecordKey] = record_name;
-  // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
-  const std::string record_bytes = record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  write_member(kRecordFile, [&](FileSink& sink) { sink.write(record_bytes.data(), record_bytes.size()); });
+  const std::string bytes = record_bytes(std::move(record), record_name, id_, written);
+  write_member(kRecordFile, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
   write_member(kNameFile, [&](FileSink& sink) { sink.write(record_name.data(), record_name.size()); });
   if (replace_foreign_) write_member(kForceFile, [](FileSink&) {});
   FolderLock lock(dir_);

@@ -165,6 +165,12 @@ struct MapsOutputNames {
 };
 MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes);
 
+// Adds the files of one analysis, named `names`, to `set` and returns their record (the JSON
+// sidecar, "files" and the proof added by the set), for the caller to commit (write_export) or to
+// add as one record of a larger set (export_layers).
+nlohmann::json add_export_files(OutputSet& set, const VitModel& model, const ImageAnalysis& analysis,
+                                const ExportSettings& settings, const MapsOutputNames& names);
+
 // Writes every output of one analysis as one set (files.hpp: OutputSet); returns the paths
 // written, the record last. Throws vitlens::Error (OutputConflict when a name is taken by a file
 // vitlens did not write and settings.force is off).

@@ -12,8 +12,8 @@ namespace vitlens {
 
 // Layers [first, last] of one image: for each layer l what write_export writes, named
 // <stem>_layer<l>_* (the --raw weights once, as <stem>_attn.npy), and <stem>_layers_montage.png:
-// one row per layer, one column per head plus the mean, with the record <stem>_layers.json.
-// Returns the paths written. Throws vitlens::Error.
+// one row per layer, one column per head plus the mean, with the record <stem>_layers.json. One
+// set: every file appears, or none. Returns the paths written. Throws vitlens::Error.
 std::vector<std::string> export_layers(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
                                        int first, int last);
 

@@ -110,6 +110,11 @@ class OutputSet {
   // commit point a failure leaves the set to be completed by the next OutputSet or
   // tidy_output_dir of this user in `dir`.
   std::vector<std::string> commit(const std::string& record_name, nlohmann::json record);
+  // Adds the file `name`: a record as commit writes its own, listing the files added since the
+  // set had `first` files (size()). A set may hold several records (an export of many layers, one
+  // record each); the committed one, written last, lists every file.
+  void add_record(const std::string& name, nlohmann::json record, size_t first);
+  size_t size() const { return names_.size(); }  // files added so far
 
  private:
   std::string dir_, id_, private_name_;
