@@ -442,7 +442,9 @@ void check_names(int dir_fd, const std::string& dir, const std::string& record_n
       if (!folder_proven) folder_proven = names_proven_by_folder(dir_fd);
       proven = folder_proven->count(name) > 0;
     }
-    if (!proven) throw OutputConflict(path, "exists and vitlens did not write it (no record of vitlens lists it)", true);
+    if (!proven)
+      throw OutputConflict(path, "exists and no record of vitlens here lists it (vitlens did not write it, or a "
+                                 "version before records did)", true);
   }
 }
 
