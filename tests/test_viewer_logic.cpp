@@ -760,6 +760,32 @@ TEST_CASE("viewer export folder: $VITLENS_EXPORT_DIR or ~/vitlens-exports, creat
   CHECK_NOTHROW(check_output_path(fx.dir + "/w.json", "--dump-widgets"));
 }
 
+TEST_CASE("viewer export never replaces a file vitlens did not write; it names the file", "[viewer][trust]") {
+  Fixture fx;
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  const std::string folder = fx.dir + "/annotated";
+  fs::create_directory(folder);
+  const std::string annotation = R"({"shapes": [{"label": "cat"}], "imagePath": "picture.png"})";
+  std::ofstream(folder + "/picture.json") << annotation;
+  app.requests.export_folder = folder;
+  REQUIRE(run_until_idle(app));
+  CHECK(app.ui.message.error);
+  CHECK_THAT(app.ui.message.text, Catch::Contains(folder + "/picture.json") && Catch::Contains("did not write") &&
+                                      Catch::Contains("another folder"));
+  CHECK(read_text(folder + "/picture.json") == annotation);
+  CHECK_FALSE(fs::exists(folder + "/picture_montage.png"));
+  // Its own export, once there, is replaced as before.
+  fs::remove(folder + "/picture.json");
+  app.requests.export_folder = folder;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  app.requests.export_folder = folder;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+}
+
 TEST_CASE("viewer browser lists the folder its path field shows", "[viewer]") {
   Fixture fx;
   fs::create_directory(fx.dir + "/out");
@@ -952,6 +978,7 @@ TEST_CASE("viewer layers x heads grid, prefix-token query and rollout mode are c
   nlohmann::json b = nlohmann::json::parse(read_text(cli_dir + "/picture_rollout.json"));
   for (nlohmann::json* j : {&a, &b}) {
     j->erase("timings_ms");
+    j->erase("set");  // each export's commit id
     for (auto& f : (*j)["files"]) f = fs::path(f.get<std::string>()).filename().string();
   }
   CHECK(a == b);

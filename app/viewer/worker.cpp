@@ -287,17 +287,15 @@ ExportResult Worker::run_export(uint64_t id, ExportJob& job) {
       job.analysis.forward = forward(model, job.analysis.image.grid, options);
     }
     set_activity("writing the export");
+    job.settings.view_notes = job.view_notes;  // <stem>_view.json, in the same set as the rest
     if (job.rollout_query >= 0)  // rollout mode: what `vitlens export --rollout` writes
       result.files = write_rollout(model, job.analysis.image_path, job.analysis.image, job.analysis.forward,
                                    job.rollout_matrix, job.rollout_query, job.rollout_options, job.settings, job.rollout_ms);
     else
       result.files = write_export(model, job.analysis, job.settings);
-    if (!job.view_notes.is_null() && !result.files.empty()) {
-      std::string notes = result.files.back();  // <stem>.json comes last
-      notes = notes.substr(0, notes.size() - 5) + "_view.json";
-      write_file_atomic(notes, job.view_notes.dump(2) + "\n");
-      result.files.push_back(notes);
-    }
+  } catch (const OutputConflict& e) {
+    // The viewer never replaces a file vitlens did not write (the CLI's --force does, when asked).
+    result.error = std::string(e.what()) + (e.forcible ? "; move it away or export to another folder" : "; export to another folder");
   } catch (const Error& e) {
     result.error = e.what();
   } catch (const std::exception& e) {

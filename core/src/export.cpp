@@ -438,46 +438,59 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   return j;
 }
 
-std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
-  require_writable_dir(settings.out_dir);
+MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes) {
+  MapsOutputNames names;
+  for (int h = 0; h < heads; ++h) names.heads.push_back(stem + "_head" + std::to_string(h) + ".png");
+  names.mean = stem + "_mean.png";
+  names.montage = stem + "_montage.png";
+  if (raw) names.raw = stem + "_attn.npy";
+  if (view_notes) names.view_notes = stem + "_view.json";
+  names.record = stem + ".json";
+  return names;
+}
+
+void add_attention_npy(OutputSet& set, const std::string& name, const ForwardResult& f, int heads,
+                       const std::string& image_path) {
+  const size_t n = static_cast<size_t>(f.tokens), h = static_cast<size_t>(heads);
+  for (const LayerState& layer : f.layers)
+    if (layer.probs.size() != h)
+      throw Error(image_path + ": raw export needs the full weights; analyse with settings.raw set");
+  // The header, then each (layer, head) block straight from the forward's buffers (no copy).
+  const std::string header = npy_bytes_f32({f.layers.size(), h, n, n}, nullptr);
+  set.add_stream(name, [&](FileSink& sink) {
+    sink.write(header.data(), header.size());
+    for (const LayerState& layer : f.layers)
+      for (const MatRM& probs : layer.probs) sink.write(probs.data(), static_cast<size_t>(probs.size()) * sizeof(float));
+  });
+}
+
+nlohmann::json add_export_files(OutputSet& set, const VitModel& model, const ImageAnalysis& analysis,
+                                const ExportSettings& settings, const MapsOutputNames& names) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
   const ExportImages images = render_export_images(model, analysis, settings.style, settings.normalize);
   const double render_ms = ms_since(t0);
-  // The files appear together or not at all (files.hpp: OutputSet), the JSON last.
-  OutputSet set(settings.out_dir);
-  std::vector<std::string> written;
-  auto add_png = [&](const std::string& name, const cv::Mat& rgb8) {
-    set.add_png(name, rgb8);
-    written.push_back(set.final_path(name));
-  };
-  for (size_t h = 0; h < images.heads.size(); ++h) add_png(stem + "_head" + std::to_string(h) + ".png", images.heads[h]);
-  add_png(stem + "_mean.png", images.mean);
-  add_png(stem + "_montage.png", images.montage);
-  if (settings.raw) {
-    // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it;
-    // streamed: the header, then each (layer, head) block straight from the forward's buffers.
-    const auto& f = analysis.forward;
-    const size_t n = static_cast<size_t>(f.tokens), heads = static_cast<size_t>(model.config.num_heads);
-    for (const LayerState& layer : f.layers)
-      if (layer.probs.size() != heads)
-        throw Error(analysis.image_path + ": raw export needs the full weights; analyse with settings.raw set");
-    const std::string header = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);
-    set.add_stream(stem + "_attn.npy", [&](FileSink& sink) {
-      sink.write(header.data(), header.size());
-      for (const LayerState& layer : f.layers)
-        for (const MatRM& probs : layer.probs) sink.write(probs.data(), static_cast<size_t>(probs.size()) * sizeof(float));
-    });
-    written.push_back(set.final_path(stem + "_attn.npy"));
-  }
+  if (images.heads.size() != names.heads.size())
+    throw Error(analysis.image_path + ": internal: the maps have " + std::to_string(images.heads.size()) +
+                " heads, the names " + std::to_string(names.heads.size()));
+  for (size_t h = 0; h < images.heads.size(); ++h) set.add_png(names.heads[h], images.heads[h]);
+  set.add_png(names.mean, images.mean);
+  set.add_png(names.montage, images.montage);
+  if (!names.raw.empty()) add_attention_npy(set, names.raw, analysis.forward, model.config.num_heads, analysis.image_path);
+  if (!names.view_notes.empty()) set.add(names.view_notes, settings.view_notes.dump(2) + "\n");
   nlohmann::json sidecar = export_sidecar(model, analysis, settings);
   sidecar["timings_ms"]["render"] = render_ms;
-  sidecar["files"] = written;
-  sidecar["set"] = set.id();
-  written.push_back(set.final_path(stem + ".json"));
-  // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
-  set.commit(stem + ".json", sidecar.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  return written;
+  return sidecar;
+}
+
+std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
+  require_writable_dir(settings.out_dir);
+  const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
+  const MapsOutputNames names =
+      maps_output_names(stem, model.config.num_heads, settings.raw, !settings.view_notes.is_null());
+  // The files appear together or not at all (files.hpp: OutputSet), the JSON record last.
+  OutputSet set(settings.out_dir, settings.force);
+  nlohmann::json sidecar = add_export_files(set, model, analysis, settings, names);
+  return set.commit(names.record, std::move(sidecar));
 }
 
 std::string output_stem(const std::string& image_path) {

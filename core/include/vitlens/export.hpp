@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "vitlens/files.hpp"
 #include "vitlens/heatmap.hpp"
 #include "vitlens/image.hpp"
 #include "vitlens/maps.hpp"
@@ -69,6 +70,8 @@ struct ExportSettings {
   bool raw = false;                // also write <stem>_attn.npy (L, H, N, N)
   int max_side = -1;               // < 0: the model's img_size long side; 0: native size
   std::string stem;                // output file stem; empty: the image file's stem
+  bool force = false;              // replace files of the outputs' names that vitlens did not write (--force)
+  nlohmann::json view_notes;       // null, or what only the viewer can set: <stem>_view.json, in the same set
   std::function<bool(float)> progress;  // the forward pass's progress in [0, 1]; may be empty
 };
 
@@ -149,9 +152,36 @@ std::string head_label(const VitConfig& config, int layer, int head);
 
 nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings);
 
-// Writes every output of one analysis; returns the paths written. Atomic per file.
+// The names of one layer's maps of `stem`: <stem>_head<h>.png for each head, <stem>_mean.png,
+// <stem>_montage.png, <stem>_attn.npy (raw), <stem>_view.json (the viewer's notes) and the
+// record <stem>.json. write_export names its files from here; every mode's names are listed by
+// export_output_names (export_layers.hpp).
+struct MapsOutputNames {
+  std::vector<std::string> heads;
+  std::string mean, montage;
+  std::string raw;         // "" without raw weights
+  std::string view_notes;  // "" without viewer notes
+  std::string record;
+};
+MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes);
+
+// Adds the files of one analysis, named `names`, to `set` and returns their record (the JSON
+// sidecar, "files" and the proof added by the set), for the caller to commit (write_export) or to
+// add as one record of a larger set (export_layers).
+nlohmann::json add_export_files(OutputSet& set, const VitModel& model, const ImageAnalysis& analysis,
+                                const ExportSettings& settings, const MapsOutputNames& names);
+
+// Writes every output of one analysis as one set (files.hpp: OutputSet); returns the paths
+// written, the record last. Throws vitlens::Error (OutputConflict when a name is taken by a file
+// vitlens did not write and settings.force is off).
 std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis,
                                       const ExportSettings& settings);
+
+// Adds `name` to `set`: the (L, H, N, N) float32 weights of `forward` as .npy, class token first
+// then patches row-major, as numpy.load reads it; streamed from the forward's buffers. Throws
+// vitlens::Error when the forward did not keep every weight.
+void add_attention_npy(OutputSet& set, const std::string& name, const ForwardResult& forward, int heads,
+                       const std::string& image_path);
 
 // The file stem outputs are named after: "dir/photo.jpg" -> "photo" ("image" when empty).
 std::string output_stem(const std::string& image_path);
