@@ -636,6 +636,7 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
                         std::to_string(data.eval_count) + " held out)";
       if (data.photos.report.skipped > 0)
         started_message += "; " + std::to_string(data.photos.report.skipped) + " unreadable file(s) skipped";
+      if (data.photos.report.links_outside > 0) started_message += "; " + links_outside_warning(data.photos.report);
     } else {
       trainer.classifier =
           std::make_unique<Trainer>(config, recipe_of(s), &data.train, data.eval_count > 0 ? &data.eval : nullptr);
