@@ -725,11 +725,21 @@ TEST_CASE("photo run data: photos[:DIR], the limit and the held-out split as `vi
 
 namespace {
 
+// A line of /proc/self/status ("VmRSS", "VmHWM") in kB.
+long status_kb(const char* key) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind(std::string(key) + ":", 0) == 0) return std::stol(line.substr(line.find(':') + 1));
+  return -1;
+}
+
 // The result line `work` returns, computed in a forked child that SIGALRM ends after 60 s and, in
 // a build without a sanitizer (their allocators reserve terabytes), an address-space limit of
 // 1 GiB above what this process maps. "error: ..." when it threw vitlens::Error, "signal N" when
-// a limit ended it.
-std::string in_bounded_child(const std::function<std::string()>& work, bool drop_root = false) {
+// a limit ended it. With `growth_mb`, how far the child's resident memory rose above what it
+// started with: its peak (VmHWM) is reset to the start (clear_refs 5) before `work` runs.
+std::string in_bounded_child(const std::function<std::string()>& work, bool drop_root = false, long* growth_mb = nullptr) {
   int fds[2];
   REQUIRE(::pipe(fds) == 0);
   const pid_t pid = ::fork();
@@ -750,6 +760,8 @@ std::string in_bounded_child(const std::function<std::string()>& work, bool drop
 #endif
     // root reads every folder whatever its mode: an unreadable folder needs another user.
     if (drop_root && ::geteuid() == 0 && (::setgid(65534) != 0 || ::setuid(65534) != 0)) ::_exit(3);
+    std::ofstream("/proc/self/clear_refs") << "5";
+    const long start_kb = status_kb("VmRSS");
     std::string result;
     try {
       result = work();
@@ -758,6 +770,7 @@ std::string in_bounded_child(const std::function<std::string()>& work, bool drop
     } catch (const std::bad_alloc&) {
       result = "out of memory";
     }
+    result += "\n" + std::to_string((status_kb("VmHWM") - start_kb) / 1024);
     const char* p = result.data();
     size_t left = result.size();
     while (left > 0) {
@@ -782,7 +795,9 @@ std::string in_bounded_child(const std::function<std::string()>& work, bool drop
   REQUIRE(::waitpid(pid, &status, 0) == pid);
   if (WIFSIGNALED(status)) return "signal " + std::to_string(WTERMSIG(status));
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) return "exit " + std::to_string(WEXITSTATUS(status));
-  return out;
+  const size_t newline = out.rfind('\n');
+  if (growth_mb) *growth_mb = std::stol(out.substr(newline + 1));
+  return out.substr(0, newline);
 }
 
 void tiny_png(const std::string& path, int value) {
@@ -948,4 +963,81 @@ TEST_CASE("data folder walk: at most the given number of entries, then one line 
   });
   CHECK(got == "error: " + d + ": holds more than 50 files and folders, the most vitlens reads from one data folder (stopped in " + d + ")");
   fs::remove_all(d);
+}
+
+TEST_CASE("IDX files that claim or inflate to gigabytes cost no more than their header allows", "[dataset][fashion][hostile]") {
+  const std::string dir = test::temp_dir("idx-bomb");
+  write_bytes(dir + "/t10k-labels-idx1-ubyte", tiny_labels());
+  auto gzip_of = [](const std::string& raw) {
+    z_stream zs{};
+    REQUIRE(deflateInit2(&zs, 9, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) == Z_OK);
+    std::string out(deflateBound(&zs, static_cast<uLong>(raw.size())), '\0');
+    zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
+    zs.avail_in = static_cast<uInt>(raw.size());
+    zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
+    zs.avail_out = static_cast<uInt>(out.size());
+    REQUIRE(deflate(&zs, Z_FINISH) == Z_STREAM_END);
+    out.resize(zs.total_out);
+    deflateEnd(&zs);
+    return out;
+  };
+  auto load = [&](long* growth_mb) {
+    return in_bounded_child([&] { return std::to_string(load_fashion_mnist(dir, false).size()); }, false, growth_mb);
+  };
+  long growth_mb = 0;
+  SECTION("a 1 MB gzip that inflates to 1 GiB behind a header of 60000 images: stops at the header's 47 MB") {
+    // 16 gzip members of 64 MiB of zeros each (gzip reads concatenated members as one stream).
+    const std::string zeros_member = gzip_of(std::string(size_t{64} << 20, '\0'));
+    std::string bomb = gzip_of(idx_bytes({60000, 28, 28}, {}));
+    for (int i = 0; i < 16; ++i) bomb += zeros_member;
+    REQUIRE(bomb.size() < (size_t{2} << 20));
+    write_bytes(dir + "/t10k-images-idx3-ubyte.gz", bomb);
+    const std::string got = load(&growth_mb);
+    CHECK_THAT(got, Catch::StartsWith("error: " + dir + "/t10k-images-idx3-ubyte.gz: malformed IDX file (more bytes after the 47040000"));
+    CHECK(got.find('\n') == std::string::npos);
+    CHECK(growth_mb < 100);  // the 47 MB the header announces, the 1 MB file, no more
+  }
+  SECTION("a header that claims gigabytes: refused before inflating") {
+    write_bytes(dir + "/t10k-images-idx3-ubyte.gz", gzip_of(idx_bytes({1u << 30, 28, 28}, {})));
+    const std::string got = load(&growth_mb);
+    CHECK_THAT(got, Catch::StartsWith("error: " + dir + "/t10k-images-idx3-ubyte.gz: IDX header announces more than 64 MiB"));
+    CHECK(growth_mb < 16);
+  }
+  SECTION("a header of 2 images with 1 GiB of data behind it: stops after the 2 images") {
+    const std::string zeros_member = gzip_of(std::string(size_t{64} << 20, '\0'));
+    std::string bomb = gzip_of(idx_bytes({2, 28, 28}, std::vector<unsigned char>(2 * 28 * 28, 7)));
+    for (int i = 0; i < 16; ++i) bomb += zeros_member;
+    write_bytes(dir + "/t10k-images-idx3-ubyte.gz", bomb);
+    write_bytes(dir + "/t10k-labels-idx1-ubyte", idx_bytes({2}, {1, 2}));
+    CHECK_THAT(load(&growth_mb), Catch::Contains("more bytes after the 1568 data bytes"));
+    CHECK(growth_mb < 16);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("IDX files with any single bit flipped: a one-line error or a set that keeps its promises", "[dataset][fashion][hostile]") {
+  const std::string dir = test::temp_dir("idx-flip");
+  const std::string images = tiny_images(), labels = tiny_labels();
+  int loaded = 0, refused = 0;
+  for (int file = 0; file < 2; ++file) {
+    const std::string& good = file == 0 ? images : labels;
+    for (size_t at = 0; at < good.size(); ++at)
+      for (int bit = 0; bit < 8; ++bit) {
+        std::string bad = good;
+        bad[at] = static_cast<char>(bad[at] ^ (1 << bit));
+        write_bytes(dir + "/t10k-images-idx3-ubyte", file == 0 ? bad : images);
+        write_bytes(dir + "/t10k-labels-idx1-ubyte", file == 1 ? bad : labels);
+        try {
+          const ImageSet s = load_fashion_mnist(dir, false);
+          CHECK(s.pixels.size() == static_cast<size_t>(s.size()) * 3 * s.height * s.width);
+          ++loaded;
+        } catch (const Error& e) {
+          CHECK(std::string(e.what()).find('\n') == std::string::npos);
+          ++refused;
+        }
+      }
+  }
+  CHECK(loaded > 0);    // flips in the pixels still load
+  CHECK(refused > 0);   // flips in the headers do not
+  fs::remove_all(dir);
 }
