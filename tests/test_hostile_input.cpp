@@ -151,20 +151,27 @@ Child reap(pid_t pid, const std::string& err_path) {
   return c;
 }
 
-// Runs vitlens through vitlens_peak_rss (tests/peak_rss.cpp), so that max_rss_kb is vitlens' own
-// peak: a child spawned from this process would report this process's peak as its floor.
-Child run_vitlens(const std::vector<std::string>& args) {
+// Runs `command` (a program's path, then its arguments) through vitlens_peak_rss
+// (tests/peak_rss.cpp), so that max_rss_kb is the program's own peak: a child spawned from this
+// process would report this process's peak as its floor.
+Child run_measured(const std::vector<std::string>& command) {
   static const std::string dir = test::temp_dir("hostile-run");
   const std::string rss_path = dir + "/rss";
   std::remove(rss_path.c_str());
-  std::vector<std::string> all = {VITLENS_PEAK_RSS_BINARY, rss_path, VITLENS_BINARY};
-  all.insert(all.end(), args.begin(), args.end());
+  std::vector<std::string> all = {VITLENS_PEAK_RSS_BINARY, rss_path};
+  all.insert(all.end(), command.begin(), command.end());
   Child c = reap(spawn(all, dir + "/err"), dir + "/err");
   const std::string rss = slurp(rss_path);
   INFO("vitlens_peak_rss wrote '" << rss << "'; stderr: " << c.err);
   REQUIRE(!rss.empty());
   c.max_rss_kb = std::stol(rss);
   return c;
+}
+
+Child run_vitlens(const std::vector<std::string>& args) {
+  std::vector<std::string> command = {VITLENS_BINARY};
+  command.insert(command.end(), args.begin(), args.end());
+  return run_measured(command);
 }
 
 // Raises this process's own peak RSS to at least `mb` MB (touched, then unmapped): a measurement
@@ -682,4 +689,78 @@ TEST_CASE("a file size limit (as a full disk) kills an export mid-write: the old
   REQUIRE(reap(spawn(plain, err), err).code == 0);
   CHECK(snapshot(out) == before);
   CHECK(hidden_entries(out) == 0);
+}
+
+// =============================================================================================
+// Hostile training data: `vitlens train` on folders with links, damaged images and bombs. Each run
+// is killed after 300 s and (without a sanitizer, whose allocator reserves terabytes) limited to
+// 2 GiB of address space, so a walk that loops again fails here rather than hanging the machine.
+namespace {
+
+Child run_train_bounded(const std::vector<std::string>& args) {
+  std::vector<std::string> command = {"/usr/bin/timeout", "-s", "KILL", "300"};
+#if !(defined(__has_feature) && (__has_feature(address_sanitizer) || __has_feature(memory_sanitizer) || \
+                                 __has_feature(thread_sanitizer) || __has_feature(leak_sanitizer)))
+  command.insert(command.end(), {"/usr/bin/prlimit", "--as=2147483648"});
+#endif
+  command.push_back(VITLENS_BINARY);
+  command.insert(command.end(), args.begin(), args.end());
+  return run_measured(command);
+}
+
+void small_png(const std::string& path, int value) {
+  REQUIRE(cv::imwrite(path, cv::Mat(8, 8, CV_8UC3, cv::Scalar(value, 255 - value, value / 2))));
+}
+
+void symlink_or_fail(const std::string& target, const std::string& link) { REQUIRE(::symlink(target.c_str(), link.c_str()) == 0); }
+
+}  // namespace
+
+TEST_CASE("train on folders with link loops, a link to / and damaged images: ends, each image once, one line each", "[train][hostile][links]") {
+  const std::string d = test::temp_dir("hostile-data");
+  for (const char* c : {"/a", "/b"}) REQUIRE(::mkdir((d + c).c_str(), 0755) == 0);
+  for (int i = 0; i < 3; ++i) {
+    small_png(d + "/a/" + std::to_string(i) + ".png", 40 * i);
+    small_png(d + "/b/" + std::to_string(i) + ".png", 200 - 40 * i);
+  }
+  symlink_or_fail(".", d + "/a/l1");  // two self-links: hung with memory growing without limit
+  symlink_or_fail(".", d + "/a/l2");
+  symlink_or_fail("/", d + "/b/root");  // walked the whole disk
+  symlink_or_fail("..", d + "/b/up");  // a loop through the parent
+  spit(d + "/a/truncated.png", slurp(d + "/a/0.png").substr(0, 40));
+  std::string flipped = real_photo();
+  for (size_t at = 600; at < flipped.size(); at += 97) flipped[at] = static_cast<char>(flipped[at] ^ 0x5a);
+  spit(d + "/b/flipped.jpg", flipped);
+  spit(d + "/b/bomb.png", bomb_png(60000, 60000, 8, 2, 3));  // 3.6 gigapixels claimed
+  raise_own_peak_rss(256);  // each child's own peak is measured, not this process's
+
+  const std::string common = "--img-size 8 --patch 4 --depth 1 --embed-dim 8 --heads 2 --batch 2 --epochs 1 --val-split 0";
+  auto args = [&](const std::string& data, const std::string& out) {
+    std::vector<std::string> a = {"train", "--data", data, "--out", d + "/" + out};
+    std::istringstream words(common);
+    for (std::string w; words >> w;) a.push_back(w);
+    return a;
+  };
+  SECTION("an ImageFolder") {
+    const Child c = run_train_bounded(args(d, "run"));
+    INFO(c.err);
+    CHECK(c.code == 0);
+    CHECK_THAT(c.err, Catch::Contains("on 6 images of " + d));
+    CHECK_THAT(c.err, Catch::Contains("vitlens: not following 2 links to a folder outside the data folder (" + d +
+                                      "/b/root: a link to /, outside " + d + "/b)"));
+    // Whatever the damage, each bad image is named in the one line of skipped files.
+    CHECK_THAT(c.err, Catch::Contains("vitlens: skipped 3 unreadable image(s) in " + d));
+    for (const char* bad : {"/a/truncated.png", "/b/flipped.jpg", "/b/bomb.png"}) CHECK_THAT(c.err, Catch::Contains(d + bad));
+    CHECK(c.max_rss_kb < 200 * 1024);
+  }
+  SECTION("photos:DIR") {
+    const Child c = run_train_bounded(args("photos:" + d, "mae"));
+    INFO(c.err);
+    CHECK(c.code == 0);
+    // a/, b/ and nothing through a link; d itself again through b/up is the folder read already.
+    CHECK_THAT(c.err, Catch::Contains("on 6 photos of " + d));
+    CHECK_THAT(c.err, Catch::Contains("vitlens: not following 1 link to a folder outside the data folder (" + d +
+                                      "/b/root: a link to /, outside " + d + ")"));
+    CHECK(c.max_rss_kb < 200 * 1024);
+  }
 }
