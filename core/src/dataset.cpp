@@ -371,7 +371,7 @@ FolderWalk DataWalker::walk(const std::string& folder, bool recursive) {
     std::sort(names.begin(), names.end());
     std::vector<std::string> subfolders;
     for (const std::string& name : names) {
-      const std::string path = dir == "/" ? "/" + name : dir + "/" + name;
+      const std::string path = !dir.empty() && dir.back() == '/' ? dir + name : dir + "/" + name;
       struct stat link {};
       if (::fstatat(::dirfd(d), name.c_str(), &link, AT_SYMLINK_NOFOLLOW) != 0) {
         out.skipped.push_back(path + ": cannot read (" + errno_text(errno) + ")");
