@@ -75,6 +75,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   static const char* const kDirNames[] = {"a", "b", "c", ".h", "sub", "l"};
   static const char* const kFileNames[] = {"1.png", "2.jpg", ".x.png", "l", "3.png", "a"};
   const Work& w = work();
+  // Registered after `w` is made, so it runs before `w` is destroyed: removes links, never their targets.
+  static const bool cleanup = std::atexit([] {
+    std::error_code ec;
+    fs::remove_all(work().base, ec);
+  }) == 0;
+  (void)cleanup;
   std::error_code ec;
   fs::remove_all(w.root, ec);  // removes links, never what they point to
   if (!fs::create_directory(w.root, ec)) std::abort();

@@ -4,6 +4,7 @@
 // the labels file is), a 16-bit little-endian length L, L bytes of the images file, the rest is
 // the labels file. Written into a temporary folder, then read with limit 0 and limit 2.
 // Any input may be refused with vitlens::Error; anything else is a finding. README "Fuzzing".
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -27,6 +28,12 @@ const std::string& work_dir() {
   return dir;
 }
 
+void remove_inputs() {
+  for (const char* name : {"/t10k-images-idx3-ubyte", "/t10k-images-idx3-ubyte.gz", "/t10k-labels-idx1-ubyte",
+                           "/t10k-labels-idx1-ubyte.gz"})
+    ::unlink((work_dir() + name).c_str());
+}
+
 void write_file(const std::string& path, const uint8_t* data, size_t size) {
   std::FILE* f = std::fopen(path.c_str(), "wb");
   if (!f) std::abort();
@@ -42,7 +49,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const size_t images_size = std::min<size_t>(data[1] | (size_t{data[2]} << 8), size - 3);
   const std::string& dir = work_dir();
   const std::string images = dir + "/t10k-images-idx3-ubyte", labels = dir + "/t10k-labels-idx1-ubyte";
-  for (const std::string& name : {images, images + ".gz", labels, labels + ".gz"}) ::unlink(name.c_str());
+  // Registered after work_dir() is made, so it runs before that string is destroyed.
+  static const bool cleanup = std::atexit([] {
+    remove_inputs();
+    ::rmdir(work_dir().c_str());
+  }) == 0;
+  (void)cleanup;
+  remove_inputs();
   write_file(images + ((flags & 1) ? ".gz" : ""), data + 3, images_size);
   write_file(labels + ((flags & 2) ? ".gz" : ""), data + 3 + images_size, size - 3 - images_size);
   for (int limit : {0, 2}) {
