@@ -332,7 +332,7 @@ FolderWalk DataWalker::walk(const std::string& folder, bool recursive) {
   const std::string root_real = real_path(folder);
   std::set<FileId> seen_folders{{st.st_dev, st.st_ino}};
   std::set<FileId> seen_files;
-  std::vector<std::tuple<std::string, dev_t, ino_t>> found;  // every regular file reached, with its identity
+  std::vector<std::tuple<fs::path, dev_t, ino_t>> found;  // every regular file reached, with its identity
   FolderWalk out;
   // Depth first, names in byte order: the folder a link and its target both reach is read under
   // the same path every time. An explicit stack, so a deep tree cannot exhaust the call stack.
@@ -411,11 +411,9 @@ FolderWalk DataWalker::walk(const std::string& folder, bool recursive) {
   }
   // fs::path order (component by component), as the files were always listed: a run resumed
   // from a checkpoint sees its images in the same order.
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
-    return fs::path(std::get<0>(a)) < fs::path(std::get<0>(b));
-  });
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
   for (const auto& [path, dev, ino] : found)
-    if (seen_files.insert({dev, ino}).second) out.files.push_back(path);
+    if (seen_files.insert({dev, ino}).second) out.files.push_back(path.string());
   return out;
 }
 
