@@ -693,12 +693,13 @@ TEST_CASE("a file size limit (as a full disk) kills an export mid-write: the old
 
 // =============================================================================================
 // Hostile training data: `vitlens train` on folders with links, damaged images and bombs. Each run
-// is killed after 300 s and (without a sanitizer, whose allocator reserves terabytes) limited to
-// 2 GiB of address space, so a walk that loops again fails here rather than hanging the machine.
+// (about 1 s on an idle machine) is killed after 120 s and, without a sanitizer (whose allocator
+// reserves terabytes), limited to 2 GiB of address space: a walk that loops again fails here
+// rather than hanging the machine.
 namespace {
 
 Child run_train_bounded(const std::vector<std::string>& args) {
-  std::vector<std::string> command = {"/usr/bin/timeout", "-s", "KILL", "300"};
+  std::vector<std::string> command = {"/usr/bin/timeout", "-s", "KILL", "120"};
 #if !(defined(__has_feature) && (__has_feature(address_sanitizer) || __has_feature(memory_sanitizer) || \
                                  __has_feature(thread_sanitizer) || __has_feature(leak_sanitizer)))
   command.insert(command.end(), {"/usr/bin/prlimit", "--as=2147483648"});
