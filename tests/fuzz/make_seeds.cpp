@@ -163,8 +163,8 @@ void write_folders(const std::string& dir) {
       {"parent-loop", {0, 0, 0, 33, 1, 2, 3, 41, 1, 1, 3, 17, 1, 2}},
       // mkdir a; a/1.png; a/l -> the outside folder; a/3.png -> the outside file
       {"links-outside", {0, 0, 1, 1, 3, 41, 1, 4, 3, 33, 0, 5}},
-      // mkdir a; mkdir b; a/1.png; a pipe; a broken link; a file of junk; a link to a/1.png
-      {"odd-entries", {0, 0, 0, 8, 1, 1, 5, 9, 3, 25, 0, 6, 2, 2, 8, 'n', 'o', 't', ' ', 'p', 'n', 'g', '!', 3, 4, 0, 200}},
+      // mkdir a; mkdir b; a/1.png; a pipe 2.jpg; a broken link a/l; b/1.png of junk; 3.png -> a/1.png
+      {"odd-entries", {0, 0, 0, 8, 1, 1, 5, 9, 3, 25, 0, 6, 2, 2, 8, 'n', 'o', 't', ' ', 'p', 'n', 'g', '!', 3, 36, 0, 200}},
   };
   for (const auto& [name, bytes] : programs) write_file_atomic(dir + "/" + name, std::string(bytes.begin(), bytes.end()));
 }
