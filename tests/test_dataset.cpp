@@ -747,8 +747,7 @@ std::string in_bounded_child(const std::function<std::string()>& work, bool drop
   if (pid == 0) {
     ::close(fds[0]);
     ::alarm(60);
-#if !(defined(__has_feature) && (__has_feature(address_sanitizer) || __has_feature(memory_sanitizer) || \
-                                 __has_feature(thread_sanitizer) || __has_feature(leak_sanitizer)))
+#ifndef VITLENS_TEST_SANITIZER_ALLOCATOR
     long pages = 0;
     if (std::FILE* f = std::fopen("/proc/self/statm", "r")) {
       if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;

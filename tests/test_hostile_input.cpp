@@ -700,8 +700,7 @@ namespace {
 
 Child run_train_bounded(const std::vector<std::string>& args) {
   std::vector<std::string> command = {"/usr/bin/timeout", "-s", "KILL", "120"};
-#if !(defined(__has_feature) && (__has_feature(address_sanitizer) || __has_feature(memory_sanitizer) || \
-                                 __has_feature(thread_sanitizer) || __has_feature(leak_sanitizer)))
+#ifndef VITLENS_TEST_SANITIZER_ALLOCATOR
   command.insert(command.end(), {"/usr/bin/prlimit", "--as=2147483648"});
 #endif
   command.push_back(VITLENS_BINARY);
