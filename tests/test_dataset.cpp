@@ -844,6 +844,13 @@ TEST_CASE("data folder walk: links neither loop, nor repeat files, nor leave the
     link_to(".", d + "/a/l1");
     CHECK(folder_summary(d) == "2 1 skipped 0 outside 0");
   }
+  SECTION("the data folder named through a link, with a self-link inside: read as the folder itself") {
+    link_to(".", d + "/a/l1");
+    const std::string via = d + "-via";
+    link_to(d, via);
+    CHECK(folder_summary(via) == "2 1 skipped 0 outside 0");
+    fs::remove(via);
+  }
   SECTION("two self-links: ends, each image once") {
     link_to(".", d + "/a/l1");
     link_to(".", d + "/a/l2");
