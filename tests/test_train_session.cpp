@@ -564,6 +564,7 @@ TEST_CASE("train session: an ImageFolder's skipped files and links not followed 
   s.patch = 4;
   s.batch = 4;
   s.val_split = 0.0;
+  s.epochs = 5000;  // 10,000 steps: the run cannot finish (and replace its first message) before pause() lands
   TrainSession session;
   REQUIRE(session.start(s) == "");
   session.pause();  // the run starts paused at step 0, its first message kept
