@@ -419,10 +419,8 @@ FolderWalk DataWalker::walk(const std::string& folder, bool recursive) {
 
 std::string links_outside_warning(const FolderReport& report) {
   if (report.links_outside == 0) return "";
-  std::string line = "not following " + std::to_string(report.links_outside) + " link" +
-                     (report.links_outside == 1 ? "" : "s") + " to a folder outside the data folder (" +
-                     report.first_link_outside + ")";
-  return line;
+  return "not following " + std::to_string(report.links_outside) + " link" + (report.links_outside == 1 ? "" : "s") +
+         " to a folder outside the data folder (" + report.first_link_outside + ")";
 }
 
 // ---------------------------------------------------------------------------------------------
