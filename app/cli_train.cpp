@@ -156,6 +156,7 @@ RunData load_run_data(const TrainArgs& a, bool quiet) {
       for (const std::string& e : report.examples) std::fprintf(stderr, "; %s", e.c_str());
       std::fprintf(stderr, "\n");
     }
+    if (report.links_outside > 0 && !quiet) std::fprintf(stderr, "vitlens: %s\n", links_outside_warning(report).c_str());
     if (a.limit > 0 && all.size() > a.limit) {
       all.pixels.resize(static_cast<size_t>(a.limit) * 3 * all.height * all.width);
       all.labels.resize(static_cast<size_t>(a.limit));
@@ -354,6 +355,7 @@ int run_train_mae(TrainArgs& a) {
     for (size_t i = 0; i < report.examples.size() && i < 2; ++i) std::fprintf(stderr, "; %s", report.examples[i].c_str());
     std::fprintf(stderr, "\n");
   }
+  if (report.links_outside > 0 && !a.quiet) std::fprintf(stderr, "vitlens: %s\n", links_outside_warning(report).c_str());
   const PhotoCorpus& train_photos = photos.train;
   const PhotoCorpus& val_photos = photos.val;
 

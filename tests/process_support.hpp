@@ -108,18 +108,15 @@ inline Child reap(pid_t pid, const std::string& err_path) {
   return c;
 }
 
-// Runs vitlens through vitlens_peak_rss (tests/peak_rss.cpp), so that max_rss_kb is vitlens' own
-// peak: a child spawned from this process would report this process's peak as its floor. With
-// address_space_mb > 0, vitlens runs under that RLIMIT_AS (`ulimit -v`, set by /bin/sh).
-inline Child run_vitlens(const std::vector<std::string>& args, long address_space_mb = 0) {
+// Runs `command` (a program's path, then its arguments) through vitlens_peak_rss
+// (tests/peak_rss.cpp), so that max_rss_kb is the program's own peak: a child spawned from this
+// process would report this process's peak as its floor. stdout is captured into out.
+inline Child run_measured(const std::vector<std::string>& command) {
   static const std::string dir = temp_dir("hostile-run");
   const std::string rss_path = dir + "/rss";
   std::remove(rss_path.c_str());
   std::vector<std::string> all = {VITLENS_PEAK_RSS_BINARY, rss_path};
-  if (address_space_mb > 0)
-    all.insert(all.end(), {"/bin/sh", "-c", "ulimit -v " + std::to_string(address_space_mb * 1024) + " && exec \"$0\" \"$@\""});
-  all.push_back(VITLENS_BINARY);
-  all.insert(all.end(), args.begin(), args.end());
+  all.insert(all.end(), command.begin(), command.end());
   Child c = reap(spawn(all, dir + "/err", dir + "/out"), dir + "/err");
   c.out = slurp(dir + "/out");
   const std::string rss = slurp(rss_path);
@@ -127,6 +124,17 @@ inline Child run_vitlens(const std::vector<std::string>& args, long address_spac
   REQUIRE(!rss.empty());
   c.max_rss_kb = std::stol(rss);
   return c;
+}
+
+// vitlens itself, measured as above. With address_space_mb > 0, vitlens runs under that RLIMIT_AS
+// (`ulimit -v`, set by /bin/sh).
+inline Child run_vitlens(const std::vector<std::string>& args, long address_space_mb = 0) {
+  std::vector<std::string> command;
+  if (address_space_mb > 0)
+    command = {"/bin/sh", "-c", "ulimit -v " + std::to_string(address_space_mb * 1024) + " && exec \"$0\" \"$@\""};
+  command.push_back(VITLENS_BINARY);
+  command.insert(command.end(), args.begin(), args.end());
+  return run_measured(command);
 }
 
 // Raises this process's own peak RSS to at least `mb` MB (touched, then unmapped): a measurement

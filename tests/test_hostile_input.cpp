@@ -8,6 +8,7 @@
 #include <functional>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -87,6 +88,7 @@ std::string bomb_png(uint32_t width, uint32_t height, int depth, int color_type,
 
 using test::raise_own_peak_rss;
 using test::run_vitlens;
+using test::run_measured;
 
 struct Setup {
   std::string dir = test::temp_dir("hostile");
@@ -843,4 +845,78 @@ TEST_CASE("another user's interrupted export in a shared folder never blocks thi
     CHECK(warnings.lines.size() == 3);  // the strays only
   }
   CHECK(nlohmann::json::parse(slurp(shared + "/photo.json"))["colormap"] == "inferno");
+
+// =============================================================================================
+// Hostile training data: `vitlens train` on folders with links, damaged images and bombs. Each run
+// (about 1 s on an idle machine) is killed after 120 s and, without a sanitizer (whose allocator
+// reserves terabytes), limited to 2 GiB of address space: a walk that loops again fails here
+// rather than hanging the machine.
+namespace {
+
+Child run_train_bounded(const std::vector<std::string>& args) {
+  std::vector<std::string> command = {"/usr/bin/timeout", "-s", "KILL", "120"};
+#ifndef VITLENS_TEST_SANITIZER_ALLOCATOR
+  command.insert(command.end(), {"/usr/bin/prlimit", "--as=2147483648"});
+#endif
+  command.push_back(VITLENS_BINARY);
+  command.insert(command.end(), args.begin(), args.end());
+  return run_measured(command);
+}
+
+void small_png(const std::string& path, int value) {
+  REQUIRE(cv::imwrite(path, cv::Mat(8, 8, CV_8UC3, cv::Scalar(value, 255 - value, value / 2))));
+}
+
+void symlink_or_fail(const std::string& target, const std::string& link) { REQUIRE(::symlink(target.c_str(), link.c_str()) == 0); }
+
+}  // namespace
+
+TEST_CASE("train on folders with link loops, a link to / and damaged images: ends, each image once, one line each", "[train][hostile][links]") {
+  const std::string d = test::temp_dir("hostile-data");
+  for (const char* c : {"/a", "/b"}) REQUIRE(::mkdir((d + c).c_str(), 0755) == 0);
+  for (int i = 0; i < 3; ++i) {
+    small_png(d + "/a/" + std::to_string(i) + ".png", 40 * i);
+    small_png(d + "/b/" + std::to_string(i) + ".png", 200 - 40 * i);
+  }
+  symlink_or_fail(".", d + "/a/l1");  // two self-links: hung with memory growing without limit
+  symlink_or_fail(".", d + "/a/l2");
+  symlink_or_fail("/", d + "/b/root");  // walked the whole disk
+  symlink_or_fail("..", d + "/b/up");  // a loop through the parent
+  spit(d + "/a/truncated.png", slurp(d + "/a/0.png").substr(0, 40));
+  std::string flipped = real_photo();
+  for (size_t at = 600; at < flipped.size(); at += 97) flipped[at] = static_cast<char>(flipped[at] ^ 0x5a);
+  spit(d + "/b/flipped.jpg", flipped);
+  spit(d + "/b/bomb.png", bomb_png(60000, 60000, 8, 2, 3));  // 3.6 gigapixels claimed
+  raise_own_peak_rss(256);  // each child's own peak is measured, not this process's
+
+  const std::string common = "--img-size 8 --patch 4 --depth 1 --embed-dim 8 --heads 2 --batch 2 --epochs 1 --val-split 0";
+  auto args = [&](const std::string& data, const std::string& out) {
+    std::vector<std::string> a = {"train", "--data", data, "--out", d + "/" + out};
+    std::istringstream words(common);
+    for (std::string w; words >> w;) a.push_back(w);
+    return a;
+  };
+  SECTION("an ImageFolder") {
+    const Child c = run_train_bounded(args(d, "run"));
+    INFO(c.err);
+    CHECK(c.code == 0);
+    CHECK_THAT(c.err, Catch::Contains("on 6 images of " + d));
+    CHECK_THAT(c.err, Catch::Contains("vitlens: not following 2 links to a folder outside the data folder (" + d +
+                                      "/b/root: a link to /, outside " + d + "/b)"));
+    // Whatever the damage, each bad image is named in the one line of skipped files.
+    CHECK_THAT(c.err, Catch::Contains("vitlens: skipped 3 unreadable image(s) in " + d));
+    for (const char* bad : {"/a/truncated.png", "/b/flipped.jpg", "/b/bomb.png"}) CHECK_THAT(c.err, Catch::Contains(d + bad));
+    CHECK(c.max_rss_kb < 200 * 1024);
+  }
+  SECTION("photos:DIR") {
+    const Child c = run_train_bounded(args("photos:" + d, "mae"));
+    INFO(c.err);
+    CHECK(c.code == 0);
+    // a/, b/ and nothing through a link; d itself again through b/up is the folder read already.
+    CHECK_THAT(c.err, Catch::Contains("on 6 photos of " + d));
+    CHECK_THAT(c.err, Catch::Contains("vitlens: not following 1 link to a folder outside the data folder (" + d +
+                                      "/b/root: a link to /, outside " + d + ")"));
+    CHECK(c.max_rss_kb < 200 * 1024);
+  }
+  std::filesystem::remove_all(d);  // removes the links, never what they point to
 }

@@ -11,7 +11,13 @@
 //   OUTDIR/checkpoint/  a classifier's and an MAE encoder's training checkpoint, each as
 //                   fuzz_checkpoint reads it: the model file's length (4 bytes, little-endian), the
 //                   model file, the optimizer state file
+//   OUTDIR/idx/     IDX image and label files in fuzz_idx's framing: plain, gzip'd, two gzip
+//                   members, and the first images of Debian's Fashion-MNIST test set
+//   OUTDIR/folder/  fuzz_folder's tree-building programs: self-links, a link to /, a loop through
+//                   a parent link, links out of the data folder, a pipe, a broken link
 // Seeds only need to be valid inputs that reach deep into each parser; the fuzzers mutate them.
+#include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -23,9 +29,11 @@
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
+#include <zlib.h>
 
 #include "vitlens/bundled.hpp"
 #include "vitlens/checkpoint.hpp"
+#include "vitlens/dataset.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/image.hpp"  // read_whole_file
@@ -208,6 +216,73 @@ void write_checkpoints(const std::string& dir) {
   write_checkpoint_seed(dir + "/mae.bin", [&](const std::string& p) { save_mae_checkpoint(mae, p, {{"data", "photos"}}); });
 }
 
+std::string be32(uint32_t v) {
+  return {static_cast<char>(v >> 24), static_cast<char>(v >> 16), static_cast<char>(v >> 8), static_cast<char>(v)};
+}
+
+std::string idx(const std::vector<uint32_t>& dims, const std::string& data) {
+  std::string b = be32(0x800u + static_cast<uint32_t>(dims.size()));
+  for (uint32_t d : dims) b += be32(d);
+  return b + data;
+}
+
+std::string gzip(const std::string& raw) {
+  z_stream zs{};
+  if (deflateInit2(&zs, 9, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY) != Z_OK) throw Error("gzip: deflateInit2 failed");
+  std::string out(deflateBound(&zs, static_cast<uLong>(raw.size())), '\0');
+  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(raw.data()));
+  zs.avail_in = static_cast<uInt>(raw.size());
+  zs.next_out = reinterpret_cast<Bytef*>(&out[0]);
+  zs.avail_out = static_cast<uInt>(out.size());
+  const int rc = deflate(&zs, Z_FINISH);
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  if (rc != Z_STREAM_END) throw Error("gzip: deflate failed");
+  return out;
+}
+
+// fuzz_idx's framing: flags (bit 0: images named .gz, bit 1: labels), images length (16-bit LE), images, labels.
+std::string idx_input(int flags, const std::string& images, const std::string& labels) {
+  if (images.size() > 0xffff) throw Error("idx seed: images part too long");
+  std::string b(1, static_cast<char>(flags));
+  b += static_cast<char>(images.size() & 0xff);
+  b += static_cast<char>(images.size() >> 8);
+  return b + images + labels;
+}
+
+void write_idx(const std::string& dir) {
+  const std::string images = idx({3, 2, 2}, std::string("\x00\x01\x02\x03\x0a\x0b\x0c\x0d\x14\x15\x16\xff", 12));
+  const std::string labels = idx({3}, std::string("\x04\x00\x09", 3));
+  write_file_atomic(dir + "/tiny-plain", idx_input(0, images, labels));
+  write_file_atomic(dir + "/tiny-gzip", idx_input(3, gzip(images), gzip(labels)));
+  write_file_atomic(dir + "/tiny-two-members", idx_input(1, gzip(images.substr(0, 9)) + gzip(images.substr(9)), labels));
+  // The first 3 images of the real test set, as 28 x 28 bytes.
+  const ImageSet real = load_fashion_mnist(default_fashion_mnist_dir(), false, 3);
+  std::string pixels, classes;
+  for (int i = 0; i < real.size(); ++i) {
+    for (int k = 0; k < 28 * 28; ++k) pixels += static_cast<char>(std::lround(real.image(i)[k] * 255.0f));
+    classes += static_cast<char>(real.labels[static_cast<size_t>(i)]);
+  }
+  write_file_atomic(dir + "/fashion-3-gzip", idx_input(1, gzip(idx({3, 28, 28}, pixels)), idx({3}, classes)));
+}
+
+// fuzz_folder's programs: (what, argument[, more]) steps; fuzz_folder.cpp says how they are read.
+void write_folders(const std::string& dir) {
+  const std::vector<std::pair<std::string, std::vector<unsigned char>>> programs = {
+      // mkdir a; a/1.png; a/l -> .; a/sub -> .
+      {"two-self-links", {0, 0, 1, 1, 3, 41, 1, 0, 3, 33, 1, 0}},
+      // mkdir a; a/1.png; a/l -> /
+      {"link-to-root", {0, 0, 1, 1, 3, 41, 1, 3}},
+      // mkdir a; mkdir a/sub; a/sub/1.png; a/sub/l -> ..; a/sub/c -> ../..
+      {"parent-loop", {0, 0, 0, 33, 1, 2, 3, 41, 1, 1, 3, 17, 1, 2}},
+      // mkdir a; a/1.png; a/l -> the outside folder; a/3.png -> the outside file
+      {"links-outside", {0, 0, 1, 1, 3, 41, 1, 4, 3, 33, 0, 5}},
+      // mkdir a; mkdir b; a/1.png; a pipe 2.jpg; a broken link a/l; b/1.png of junk; 3.png -> a/1.png
+      {"odd-entries", {0, 0, 0, 8, 1, 1, 5, 9, 3, 25, 0, 6, 2, 2, 8, 'n', 'o', 't', ' ', 'p', 'n', 'g', '!', 3, 36, 0, 200}},
+  };
+  for (const auto& [name, bytes] : programs) write_file_atomic(dir + "/" + name, std::string(bytes.begin(), bytes.end()));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -217,7 +292,7 @@ int main(int argc, char** argv) {
   }
   const std::string out = argv[1];
   try {
-    for (const char* sub : {"/model", "/image", "/script", "/checkpoint"}) {
+    for (const char* sub : {"/model", "/image", "/script", "/checkpoint", "/idx", "/folder"}) {
       std::error_code ec;
       std::filesystem::create_directories(out + sub, ec);
       if (ec) throw Error(out + sub + ": cannot create the folder (" + ec.message() + ")");
@@ -226,10 +301,12 @@ int main(int argc, char** argv) {
     write_images(out + "/image");
     write_scripts(out + "/script");
     write_checkpoints(out + "/checkpoint");
+    write_idx(out + "/idx");
+    write_folders(out + "/folder");
   } catch (const Error& e) {
     std::cerr << "vitlens_fuzz_seeds: " << e.what() << "\n";
     return 1;
   }
-  std::cout << "wrote the seed corpus into " << out << "/{model,image,script,checkpoint}\n";
+  std::cout << "wrote the seed corpus into " << out << "/{model,image,script,checkpoint,idx,folder}\n";
   return 0;
 }
