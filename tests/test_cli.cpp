@@ -392,8 +392,9 @@ TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]"
   CHECK(plain["normalize"] == "robust");  // the new default
   CHECK(plain["score_scale"].get<double>() == Approx(1.0 / std::sqrt(12.0)).epsilon(1e-6));
   CHECK(plain["robust_percentile"] == 99.0);
+  CHECK(plain["robust_max_saturated_mass"] == 0.1);
   REQUIRE(plain["colour_scale_top"].size() == 5);
-  for (size_t h = 0; h < 4; ++h)  // the 99th percentile: at most the maximum
+  for (size_t h = 0; h < 4; ++h)  // the robust top: at most the maximum
     CHECK(plain["colour_scale_top"][h].get<double>() <= plain["heads"][h]["max"].get<double>());
   REQUIRE(run(base + "--normalize head").code == 0);
   const auto per_head = read_json(f.dir + "/photo.json");
@@ -417,7 +418,7 @@ TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]"
   REQUIRE(j["threshold"]["heads_then_mean"].size() == 5);
   for (const auto& t : j["threshold"]["heads_then_mean"]) {
     CHECK(t["kept_mass"].get<double>() >= 0.6);
-    CHECK(t["total_patches"] == 30);
+    CHECK(t["total_patches"] == 20);  // the image's 5x4 patches: the 10 padding patches are not part of it
     CHECK(t["no_structure"] == false);
   }
   // The maps as drawn are the kept maps: their sums are what was kept.
