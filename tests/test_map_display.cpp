@@ -554,7 +554,7 @@ bool has_text_below(const cv::Mat& bgr, int row) {
 
 }  // namespace
 
-TEST_CASE("the rollout and layers montage pictures carry the montage's colour bar and caption", "[montage][rollout]") {
+TEST_CASE("every picture written carries the montage's colour bar and caption", "[montage][rollout]") {
   // A 64x44 image at P = 4: the rollout map was a bare 64x44 PNG, the layers montage had no bar.
   VitConfig c = test::small_config(64, true, 2);
   c.name = "caption-test";
@@ -581,9 +581,17 @@ TEST_CASE("the rollout and layers montage pictures carry the montage's colour ba
   const int layers_bar = colour_bar_row(layers, "inferno");
   CHECK(layers_bar > 2 * kMinMontageTile * 44 / 64);  // below both rows of tiles
   CHECK(has_text_below(layers, layers_bar));
-  // The head montage has them too (the reference the others follow).
-  const cv::Mat one = cv::imread(dir + "/small_layer0_montage.png");
-  CHECK(colour_bar_row(one, "inferno") > 0);
+  // The head montage has them too (the reference the others follow), and so has each head's and
+  // the mean's own picture.
+  for (const char* name : {"_layer0_montage.png", "_layer1_head0.png", "_layer1_head3.png", "_layer1_mean.png"}) {
+    INFO(name);
+    const cv::Mat picture = cv::imread(dir + "/small" + name);
+    REQUIRE_FALSE(picture.empty());
+    CHECK(picture.cols >= kMinMontageTile);
+    const int row = colour_bar_row(picture, "inferno");
+    CHECK(row > kMinMontageTile * 44 / 64);
+    CHECK(has_text_below(picture, row));
+  }
 }
 
 // [SECTION] Painted mask from a file

@@ -327,6 +327,32 @@ ColourBarSpec montage_colour_bar(const HeatmapStyle& style, Normalize normalize,
   return bar;
 }
 
+namespace {
+
+// What every picture of one analysis carries beside its tiles: the labels (image, heads, mean), the
+// colour bar and the caption. The montage has them all; each head's own PNG its label and the rest.
+struct Legend {
+  std::vector<std::string> labels;  // (1 + H + 1) image, heads, mean
+  ColourBarSpec bar;
+  std::vector<std::string> caption;
+};
+
+Legend export_legend(const VitModel& model, const ImageAnalysis& analysis, const std::vector<float>& scales,
+                     const HeatmapStyle& style, Normalize normalize) {
+  const HeadMaps& maps = analysis.maps;
+  Legend legend;
+  legend.labels.push_back("image " + std::to_string(analysis.image.padded_w) + "x" + std::to_string(analysis.image.padded_h));
+  for (size_t h = 0; h < maps.heads.size(); ++h)
+    legend.labels.push_back(tile_label(head_label(model.config, analysis.request.layer, static_cast<int>(h)), maps.heads[h],
+                                       scales[h], normalize));
+  legend.labels.push_back(tile_label("mean of heads", maps.mean, scales.back(), normalize));
+  legend.bar = montage_colour_bar(style, normalize, scales.empty() ? 0.0f : scales.front());
+  legend.caption = montage_caption(model, analysis, normalize);
+  return legend;
+}
+
+}  // namespace
+
 ExportImages render_export_images(const VitModel& model, const ImageAnalysis& analysis, const HeatmapStyle& style,
                                   Normalize normalize) {
   const int p = model.config.patch_size;
@@ -334,11 +360,9 @@ ExportImages render_export_images(const VitModel& model, const ImageAnalysis& an
   const std::vector<float> scales = map_scales(maps, normalize);
   ExportImages images;
   std::vector<cv::Mat> tiles;
-  std::vector<std::string> labels;
   cv::Mat base;
   analysis.image.rgb.convertTo(base, CV_8UC3, 255.0);
   tiles.push_back(base);
-  labels.push_back("image " + std::to_string(analysis.image.padded_w) + "x" + std::to_string(analysis.image.padded_h));
   // The map is mapped to its colour positions in [0, 1] first, then drawn with a maximum of 1.
   auto overlay = [&](const MatRM& map, float scale) {
     cv::Mat out = heatmap_overlay(analysis.image.rgb, display_values(map, scale, normalize), p, 1.0f, style);
@@ -348,15 +372,12 @@ ExportImages render_export_images(const VitModel& model, const ImageAnalysis& an
   for (size_t h = 0; h < maps.heads.size(); ++h) {
     images.heads.push_back(overlay(maps.heads[h], scales[h]));
     tiles.push_back(images.heads.back());
-    labels.push_back(tile_label(head_label(model.config, analysis.request.layer, static_cast<int>(h)), maps.heads[h], scales[h],
-                                normalize));
   }
   images.mean = overlay(maps.mean, scales.back());
   tiles.push_back(images.mean);
-  labels.push_back(tile_label("mean of heads", maps.mean, scales.back(), normalize));
   const int columns = static_cast<int>(tiles.size()) <= 6 ? 3 : 4;
-  const ColourBarSpec bar = montage_colour_bar(style, normalize, scales.empty() ? 0.0f : scales.front());
-  images.montage = montage(tiles, labels, columns, &bar, montage_caption(model, analysis, normalize));
+  const Legend legend = export_legend(model, analysis, scales, style, normalize);
+  images.montage = montage(tiles, legend.labels, columns, &legend.bar, legend.caption);
   return images;
 }
 
@@ -465,8 +486,13 @@ std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis
     set.add_png(name, rgb8);
     written.push_back(set.final_path(name));
   };
-  for (size_t h = 0; h < images.heads.size(); ++h) add_png(stem + "_head" + std::to_string(h) + ".png", images.heads[h]);
-  add_png(stem + "_mean.png", images.mean);
+  // Each head's picture and the mean's: its tile with the montage's label, colour bar and caption.
+  const Legend legend =
+      export_legend(model, analysis, map_scales(analysis.maps, settings.normalize), settings.style, settings.normalize);
+  auto figure = [&](const cv::Mat& tile, size_t label) { return montage({tile}, {legend.labels[label]}, 1, &legend.bar, legend.caption); };
+  for (size_t h = 0; h < images.heads.size(); ++h)
+    add_png(stem + "_head" + std::to_string(h) + ".png", figure(images.heads[h], h + 1));
+  add_png(stem + "_mean.png", figure(images.mean, images.heads.size() + 1));
   add_png(stem + "_montage.png", images.montage);
   if (settings.raw) {
     // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it;

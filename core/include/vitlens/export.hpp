@@ -145,7 +145,8 @@ struct ExportImages {
   cv::Mat mean;
   cv::Mat montage;
 };
-// The montage carries a colour bar and a caption (montage_caption); per-head PNGs are plain overlays.
+// The montage carries a colour bar and a caption (montage_caption); the per-head images are plain
+// overlays (the viewer's tiles), which write_export writes each with its label, the bar and the caption.
 ExportImages render_export_images(const VitModel& model, const ImageAnalysis& analysis, const HeatmapStyle& style,
                                   Normalize normalize);
 // The value drawn at the top of the colour map for each head's map (index H = the mean): its
@@ -176,7 +177,8 @@ std::string head_label(const VitConfig& config, int layer, int head);
 
 nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings);
 
-// Writes every output of one analysis; returns the paths written. Atomic per file.
+// Writes every output of one analysis; returns the paths written. Atomic per file. Every picture
+// (each head, the mean, the montage) has the montage's labels, colour bar and caption.
 std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis,
                                       const ExportSettings& settings);
 
