@@ -88,7 +88,7 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
                   "--threshold); ties are kept together, a map with no structure is shown whole")
       ->type_name("MASS");
   cmd->add_option("--normalize", args.normalize,
-                  "robust: each head from 0 to its 99th percentile, the top 1% saturate (the default); head: each "
+                  "robust: each head from 0 to its 99th percentile, raised so at most 10% of its weight saturates (the default); head: each "
                   "head to its own maximum; shared: one scale for all heads; log: each head on a 3-decade log scale")
       ->check(CLI::IsMember({"robust", "head", "shared", "log"}))
       ->capture_default_str();

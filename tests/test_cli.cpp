@@ -20,6 +20,7 @@
 #include "test_support.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/heatmap.hpp"
 
 using namespace vitlens;
 
@@ -98,8 +99,10 @@ TEST_CASE("cli: export writes every head, the mean, the montage, JSON and raw np
   for (int h = 0; h < 4; ++h) {
     const cv::Mat png = cv::imread(f.dir + "/photo_head" + std::to_string(h) + ".png", cv::IMREAD_UNCHANGED);
     REQUIRE_FALSE(png.empty());
-    CHECK(png.cols == 24);  // the processed image: 22x18 padded to whole 4-pixel patches
-    CHECK(png.rows == 20);
+    // The processed image (22x18 padded to 24x20) enlarged to the montage's smallest tile, with the
+    // head's label above it and the colour bar and caption below.
+    CHECK(png.cols >= kMinMontageTile);
+    CHECK(png.rows > kMinMontageTile * 20 / 24);
     CHECK(png.channels() == 3);
   }
   CHECK(exists(f.dir + "/photo_mean.png"));
@@ -563,8 +566,9 @@ TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]"
   CHECK(plain["normalize"] == "robust");  // the new default
   CHECK(plain["score_scale"].get<double>() == Approx(1.0 / std::sqrt(12.0)).epsilon(1e-6));
   CHECK(plain["robust_percentile"] == 99.0);
+  CHECK(plain["robust_max_saturated_mass"] == 0.1);
   REQUIRE(plain["colour_scale_top"].size() == 5);
-  for (size_t h = 0; h < 4; ++h)  // the 99th percentile: at most the maximum
+  for (size_t h = 0; h < 4; ++h)  // the robust top: at most the maximum
     CHECK(plain["colour_scale_top"][h].get<double>() <= plain["heads"][h]["max"].get<double>());
   REQUIRE(run(base + "--normalize head").code == 0);
   const auto per_head = read_json(f.dir + "/photo.json");
@@ -588,7 +592,7 @@ TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]"
   REQUIRE(j["threshold"]["heads_then_mean"].size() == 5);
   for (const auto& t : j["threshold"]["heads_then_mean"]) {
     CHECK(t["kept_mass"].get<double>() >= 0.6);
-    CHECK(t["total_patches"] == 30);
+    CHECK(t["total_patches"] == 20);  // the image's 5x4 patches: the 10 padding patches are not part of it
     CHECK(t["no_structure"] == false);
   }
   // The maps as drawn are the kept maps: their sums are what was kept.

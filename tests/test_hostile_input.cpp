@@ -845,6 +845,7 @@ TEST_CASE("another user's interrupted export in a shared folder never blocks thi
     CHECK(warnings.lines.size() == 3);  // the strays only
   }
   CHECK(nlohmann::json::parse(slurp(shared + "/photo.json"))["colormap"] == "inferno");
+}
 
 // =============================================================================================
 // Hostile training data: `vitlens train` on folders with links, damaged images and bombs. Each run

@@ -41,15 +41,22 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
     const size_t first_file = set.size();
     set.add_record(layer_names.record, add_export_files(set, model, a, per_layer, layer_names), first_file);
     const ExportImages images = render_export_images(model, a, settings.style, settings.normalize);
+    const std::vector<float> scales = map_scales(a.maps, settings.normalize);
+    const std::string layer = "L" + std::to_string(l) + " ";
     for (size_t h = 0; h < images.heads.size(); ++h) {
       tiles.push_back(images.heads[h]);
-      labels.push_back("L" + std::to_string(l) + " " + head_label(model.config, l, static_cast<int>(h)));
+      labels.push_back(tile_label(layer + head_label(model.config, l, static_cast<int>(h)), a.maps.heads[h], scales[h],
+                                  settings.normalize));
     }
     tiles.push_back(images.mean);
-    labels.push_back("L" + std::to_string(l) + " mean");
+    labels.push_back(tile_label(layer + "mean", a.maps.mean, scales.back(), settings.normalize));
   }
   const LayersOutputNames names = layers_output_names(stem, settings.raw);
-  set.add_png(names.montage, montage(tiles, labels, model.config.num_heads + 1));
+  // The head montage's legend: each layer has its own shared scale, so the bar is relative then.
+  const ColourBarSpec bar = montage_colour_bar(settings.style, settings.normalize, 0.0f);
+  a.request.layer = first;  // the caption names the range first .. last
+  set.add_png(names.montage, montage(tiles, labels, model.config.num_heads + 1, &bar,
+                                     montage_caption(model, a, settings.normalize, last)));
   if (!names.raw.empty()) add_attention_npy(set, names.raw, a.forward, model.config.num_heads, image_path);
   nlohmann::json record;
   record["image"] = image_path;
@@ -84,11 +91,43 @@ int rollout_query(const VitModel& model, const MapRequest& request) {
   return model.config.class_index();
 }
 
+namespace {
+
+// The rollout keeps its maximum (or log) scale whatever the maps' default: its rows are products
+// of whole layers, with no hot patch to saturate.
+Normalize rollout_normalize(const ExportSettings& settings) {
+  return settings.normalize == Normalize::Log ? Normalize::Log : Normalize::PerHead;
+}
+
+}  // namespace
+
 cv::Mat rollout_picture(const VitModel& model, const PreparedImage& image, const MatRM& map, const ExportSettings& settings) {
-  const float top = map.maxCoeff();
-  return settings.normalize == Normalize::Log
-             ? heatmap_overlay(image.rgb, log_scaled_map(map, top), model.config.patch_size, 1.0f, settings.style)
-             : heatmap_overlay(image.rgb, map, model.config.patch_size, top, settings.style);
+  const Normalize normalize = rollout_normalize(settings);
+  return heatmap_overlay(image.rgb, display_values(map, map.maxCoeff(), normalize), model.config.patch_size, 1.0f,
+                         settings.style);
+}
+
+cv::Mat rollout_figure(const VitModel& model, const PreparedImage& image, const ForwardResult& forward, const MatRM& map,
+                       int query, const RolloutOptions& rollout, const ExportSettings& settings) {
+  const Normalize normalize = rollout_normalize(settings);
+  cv::Mat base;
+  image.rgb.convertTo(base, CV_8UC3, 255.0);
+  const std::string from = token_name(model.config, forward.grid_w, query);
+  const std::vector<cv::Mat> tiles = {base, rollout_picture(model, image, map, settings)};
+  const std::vector<std::string> labels = {"image " + std::to_string(image.padded_w) + "x" + std::to_string(image.padded_h),
+                                           tile_label("rollout of the " + from, map, map.maxCoeff(), normalize)};
+  const int last = rollout.last_layer < 0 ? model.config.depth - 1 : rollout.last_layer;
+  std::vector<std::string> caption = {
+      "model " + model.config.name + ", rollout of layers " + std::to_string(rollout.first_layer) + " to " +
+          std::to_string(last) + " of depth " + std::to_string(model.config.depth) + ", " + std::to_string(forward.tokens) +
+          " tokens",
+      "heads fused by " + std::string(head_fusion_name(rollout.fusion)) + ", lowest " +
+          std::to_string(static_cast<int>(std::lround(rollout.discard_ratio * 100.0f))) +
+          "% discarded, identity added, rows renormalised, layers multiplied",
+      "the " + from + "'s row: how much of each patch reaches its output", scale_phrase(normalize)};
+  for (std::string& phrase : forward_caption(model, forward, settings.mask_image)) caption.push_back(std::move(phrase));
+  const ColourBarSpec bar = montage_colour_bar(settings.style, normalize, map.maxCoeff());
+  return montage(tiles, labels, 2, &bar, caption);
 }
 
 std::vector<std::string> write_rollout(const VitModel& model, const std::string& image_path, const PreparedImage& image,
@@ -101,7 +140,7 @@ std::vector<std::string> write_rollout(const VitModel& model, const std::string&
   const float top = map.maxCoeff();
   // The picture and the record appear together or not at all (files.hpp: OutputSet).
   OutputSet set(settings.out_dir, settings.force);
-  set.add_png(names.picture, rollout_picture(model, image, map, settings));
+  set.add_png(names.picture, rollout_figure(model, image, forward, map, query, rollout, settings));
   if (!names.view_notes.empty()) set.add(names.view_notes, settings.view_notes.dump(2) + "\n");
 
   nlohmann::json j;
@@ -115,7 +154,7 @@ std::vector<std::string> write_rollout(const VitModel& model, const std::string&
   j["rollout"] = {{"head_fusion", head_fusion_name(rollout.fusion)},
                   {"discard_ratio", std::round(static_cast<double>(rollout.discard_ratio) * 1e6) / 1e6},
                   {"layers", {rollout.first_layer, last}}};
-  j["map"] = {{"min", map.minCoeff()}, {"max", top}, {"sum", map.sum()}, {"entropy", map_entropy(map)}};
+  j["map"] = {{"min", map_min(map, image_patches(forward))}, {"max", top}, {"sum", map.sum()}, {"entropy", map_entropy(map)}};
   // The rest of the query's row: how much of its output comes from the prefix tokens.
   nlohmann::json prefix = nlohmann::json::array();
   for (int t = 0; t < forward.prefix; ++t) prefix.push_back(matrix(query, t));

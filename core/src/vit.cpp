@@ -317,6 +317,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   result.has_class_token = cfg.class_token;
   result.grid_h = grid.grid_h;
   result.grid_w = grid.grid_w;
+  result.patch_is_padding = grid.patch_is_padding;
   result.score_scale = options.score_scale >= 0.0f ? options.score_scale
                                                    : 1.0f / std::sqrt(static_cast<float>(hd));
   result.mask = build_key_mask(cfg, grid, options);

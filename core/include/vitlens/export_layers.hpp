@@ -12,8 +12,9 @@ namespace vitlens {
 
 // Layers [first, last] of one image: for each layer l what write_export writes, named
 // <stem>_layer<l>_* (the --raw weights once, as <stem>_attn.npy), and <stem>_layers_montage.png:
-// one row per layer, one column per head plus the mean, with the record <stem>_layers.json. One
-// set: every file appears, or none. Returns the paths written. Throws vitlens::Error.
+// one row per layer, one column per head plus the mean, with the head montage's labels, colour
+// bar and caption, and the record <stem>_layers.json. One set: every file appears, or none.
+// Returns the paths written. Throws vitlens::Error.
 std::vector<std::string> export_layers(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
                                        int first, int last);
 
@@ -29,8 +30,12 @@ std::vector<std::string> export_rollout(const VitModel& model, const std::string
 // token) or, in the other modes, the class token (throws vitlens::Error without one).
 int rollout_query(const VitModel& model, const MapRequest& request);
 // The (gh, gw) rollout map over the processed image, scaled to its maximum (or log, with
-// Normalize::Log): <stem>_rollout.png.
+// Normalize::Log): the viewer's rollout picture and the map tile of rollout_figure.
 cv::Mat rollout_picture(const VitModel& model, const PreparedImage& image, const MatRM& map, const ExportSettings& settings);
+// <stem>_rollout.png: the image and rollout_picture side by side at a readable size, with the
+// head montage's colour bar and a caption saying what was multiplied (the same montage drawing).
+cv::Mat rollout_figure(const VitModel& model, const PreparedImage& image, const ForwardResult& forward, const MatRM& map,
+                       int query, const RolloutOptions& rollout, const ExportSettings& settings);
 // Writes <stem>_rollout.png and <stem>_rollout.json of a rollout matrix (N, N) already computed
 // from `forward` (its probs may be gone); `ms` is recorded as the time it took.
 std::vector<std::string> write_rollout(const VitModel& model, const std::string& image_path, const PreparedImage& image,

@@ -192,6 +192,7 @@ struct ForwardResult {
   int prefix = 0;   // prefix tokens before the patches (class, distillation, registers)
   bool has_class_token = false;  // token 0 is the class token
   int grid_h = 0, grid_w = 0;
+  std::vector<uint8_t> patch_is_padding;  // (gh*gw) the grid's: 1 = padding, not part of the image
   float score_scale = 0.0f;        // the factor the scores were multiplied by
   KeyMask mask;                    // the mask every layer used
   int received_queries = 0;        // how many query rows the received means average over
