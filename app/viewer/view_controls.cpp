@@ -182,8 +182,9 @@ void DrawDisplay(App& app) {
   if (gui::RadioButton("shared", d.normalize == Normalize::Shared)) d.normalize = Normalize::Shared;
   gui::SameLineIfFits(gui::RadioWidth("log"));
   if (gui::RadioButton("log", d.normalize == Normalize::Log)) d.normalize = Normalize::Log;
-  gui::HelpMarker("robust: every map to its 99th percentile, so one to three hot patches saturate instead of flattening "
-             "the rest. each head: every map to its own maximum. shared: all maps to the largest maximum, so heads compare. "
+  gui::HelpMarker("robust: every map to its 99th percentile, raised so that at most 10 % of its weight saturates: a few "
+             "hot patches saturate instead of flattening the rest, and a head that looks at one patch shows that one "
+             "patch. each head: every map to its own maximum. shared: all maps to the largest maximum, so heads compare. "
              "log: each map to its maximum over three decades, so the faint tail shows.");
   gui::TextUnformatted("upsample");
   ImGui::SameLine();
