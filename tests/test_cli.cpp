@@ -496,7 +496,7 @@ TEST_CASE("cli: each export's summary names exactly the files it wrote", "[cli][
   }
 }
 
-// [SECTION] Issue 9: flags the viewer had, the output folder, formats
+// [SECTION] Flags the viewer had, the output folder, formats
 
 namespace {
 

@@ -1,4 +1,4 @@
-// Training data (issue 7): Fashion-MNIST against facts about the files, malformed IDX files made
+// Training data: Fashion-MNIST against facts about the files, malformed IDX files made
 // here, ImageFolder trees made here, the held-out split, the generator and the augmentations.
 #include <catch2/catch.hpp>
 

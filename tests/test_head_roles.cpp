@@ -1,5 +1,5 @@
-// Head-role lifts (core/include/vitlens/head_roles.hpp, issue 7) and the designed model's roles on
-// the demo image and on real photographs (issue 9).
+// Head-role lifts (core/include/vitlens/head_roles.hpp) and the designed model's roles on
+// the demo image and on real photographs.
 #include <catch2/catch.hpp>
 
 #include <algorithm>

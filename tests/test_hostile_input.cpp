@@ -1,4 +1,4 @@
-// Hostile and broken input (issue 9): decompression bombs refused from the header, damaged images
+// Hostile and broken input: decompression bombs refused from the header, damaged images
 // named as damaged, oversized files refused before reading, temporaries removed on SIGINT /
 // SIGTERM and by the next run, one image's outputs all-or-nothing, long stems, streamed --raw.
 #include <catch2/catch.hpp>

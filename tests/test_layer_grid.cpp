@@ -1,4 +1,4 @@
-// The layers x heads grid and prefix tokens as queries (issue 8), against independent references:
+// The layers x heads grid and prefix tokens as queries, against independent references:
 //  - every tile of the grid, for a patch query and for each prefix token (class, distillation,
 //    registers), equals the library's own attention weights (probs.npy that timm wrote for the
 //    fixture, tests/fixtures/make_foreign_fixtures.py) to the fixtures' tolerance, 1e-5;

@@ -1,4 +1,4 @@
-// Map scale, threshold, montage layout, painted masks from files and source-pixel queries (issue 9).
+// Map scale, threshold, montage layout, painted masks from files and source-pixel queries.
 // The photo test reads opencv-doc's example photos at run time (never copied into the repository).
 #include <catch2/catch.hpp>
 

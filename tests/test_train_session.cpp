@@ -1,4 +1,4 @@
-// The viewer's TrainSession and Train commands without a display (issue 7): start, pause, resume,
+// The viewer's TrainSession and Train commands without a display: start, pause, resume,
 // stop, snapshot contents, saving, the probe maps against an independent recomputation from the
 // saved file, a bad data path as one line, the script's checks and the Model menu's list; the same
 // for masked patch prediction on photos (MAE).

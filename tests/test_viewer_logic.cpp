@@ -604,7 +604,7 @@ TEST_CASE("viewer working size of a model smaller than the slider's usual minimu
   CHECK(app.doc.comp->image.padded_w == 28);
 }
 
-// [SECTION] Threshold through core (issue 9)
+// [SECTION] Threshold through core
 
 TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --threshold; flat maps say so", "[viewer]") {
   Fixture fx;
@@ -667,7 +667,7 @@ TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --thres
   }
 }
 
-// [SECTION] Issue 9: status bar, folders, browser, widgets and real-input commands
+// [SECTION] Status bar, folders, browser, widgets and real-input commands
 
 namespace {
 
@@ -898,7 +898,7 @@ TEST_CASE("viewer script comments: a '#' word or line, never a '#' inside a widg
   CHECK(commands[1].args == std::vector<std::string>{"...##export"});
 }
 
-// [SECTION] Issue 8: layers x heads grid, rollout mode, prefix-token queries
+// [SECTION] Layers x heads grid, rollout mode, prefix-token queries
 
 TEST_CASE("viewer layers x heads grid, prefix-token query and rollout mode are core's, and export as the CLI does",
           "[viewer][layer_grid]") {

@@ -228,7 +228,7 @@ int check_png(const std::string& path, int w, int h) {
   return g_failures == 0 ? 0 : 1;
 }
 
-// [SECTION] widgets (issue 9)
+// [SECTION] widgets
 
 // The one visible widget whose path ("WINDOW > SECTION > LABEL") is SPEC or ends with " > SPEC";
 // the path may name the widget by its ID label instead ("Train > ##train_save_path": a field

@@ -1,6 +1,6 @@
 #!/bin/sh
 # viewer_xdotool_train_mae.sh VITLENS VIEWER_CHECK OUT IMAGE MODEL PHOTOS
-# (ctest viewer_xdotool_train_mae, under xvfb-run; issue 7 through real input.)
+# (ctest viewer_xdotool_train_mae, under xvfb-run; through real input.)
 # A user's masked-autoencoder run in the Train window, driven by the real X pointer and keyboard
 # (xdotool) on the rectangles --dump-widgets writes (the viewer rewrites the dump whenever its
 # widgets change and settle, so the Train window's fields are listed once it is open):

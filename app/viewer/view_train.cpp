@@ -1,4 +1,4 @@
-// The Train window (issue 7): data and recipe fields, start / pause / resume / stop / save / open,
+// The Train window: data and recipe fields, start / pause / resume / stop / save / open,
 // loss and accuracy curves, the probe image's per-head maps and the per-head statistics over
 // training. It reads app.train.view (a snapshot refreshed by poll_training) and calls the actions
 // in train_panel.hpp; training itself runs on the session's worker thread. Its fields and buttons

@@ -1,4 +1,4 @@
-// Training data (issue 7): Fashion-MNIST IDX files, ImageFolder trees, the photo corpus, the seeded
+// Training data: Fashion-MNIST IDX files, ImageFolder trees, the photo corpus, the seeded
 // generator and the augmentations. Legend: n = images, C = classes, H x W = image size, S = side.
 #include "vitlens/dataset.hpp"
 

@@ -1,5 +1,5 @@
 #pragma once
-// Training data for `vitlens train` (issue 7): labelled image sets (Fashion-MNIST IDX files, an
+// Training data for `vitlens train`: labelled image sets (Fashion-MNIST IDX files, an
 // ImageFolder tree) and an unlabelled photo corpus for masked patch prediction, plus the seeded
 // random generator and the augmentations the trainer uses. Images are RGB float (3, H, W) in
 // [0, 1], before the model's mean/std normalisation (the trainer applies it).

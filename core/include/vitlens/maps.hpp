@@ -51,7 +51,7 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
 int token_at_pixel(const VitConfig& config, int grid_h, int grid_w, int x, int y);
 int token_at_patch(const VitConfig& config, int grid_h, int grid_w, int row, int col);
 
-// Prefix tokens as queries (issue 8): the short names `--token` and the viewer use, "cls",
+// Prefix tokens as queries: the short names `--token` and the viewer use, "cls",
 // "dist", "reg0" .. "reg<R-1>", and their token indices (class token first, as vit.hpp orders
 // them). Throws vitlens::Error with one line when the model has no such token or the name is not
 // one of these.
