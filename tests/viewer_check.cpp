@@ -150,9 +150,13 @@ int check_screenshots(const std::string& dir) {
     std::snprintf(line, sizeof line, "%s's map follows the query (entropy %+.3f nats, centre of mass moved %.2f patches)",
                   n.c_str(), mb["entropy"].get<double>() - ma["entropy"].get<double>(), d_centroid);
     check(d_entropy > 0.05 || d_centroid > 1.0, line);
+    // At least two patches' worth of the panel: where the map's peak was and where it is now (a
+    // local head, such as the designed position head on the demo's flat areas, moves only that).
     const double change = changed_share(pa, pb);
-    std::snprintf(line, sizeof line, "%s's picture changed on screen (%.2f%% of its pixels)", n.c_str(), 100.0 * change);
-    check(change > 0.005, line);
+    const double patch_share = 1.0 / (sa["grid"][0].get<double>() * sa["grid"][1].get<double>());
+    std::snprintf(line, sizeof line, "%s's picture changed on screen (%.2f%% of its pixels, two patches are %.2f%%)",
+                  n.c_str(), 100.0 * change, 200.0 * patch_share);
+    check(change > 2.0 * patch_share, line);
   }
   // Head against head (the mean may legitimately look like its most peaked head).
   for (size_t i = 0; i + 1 < names.size(); ++i)
