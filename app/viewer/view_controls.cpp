@@ -63,15 +63,15 @@ void DrawWorkingSize(App& app) {
   HelpMarker("The image's long side is scaled down to this (never up; aspect kept) and padded to whole patches. "
              "More pixels give more tokens: the forward pass grows as tokens squared. An image of exactly the "
              "model's img_size is never resampled, as `vitlens export` does.");
-  const cv::Mat& src = app.doc.image->rgb01;
-  if (src.cols == config.img_w && src.rows == config.img_h)
+  const LoadedImage& src = app.doc.image->pixels;
+  if (src.source_w == config.img_w && src.source_h == config.img_h)
     ImGui::TextDisabled("this image is the model's own size: it is never resampled");
-  const GridPrediction g = predict_grid(src.cols, src.rows, config, edit);
+  const GridPrediction g = predict_grid(src.source_w, src.source_h, config, edit);
   if (app.ui.compute.max_side > 0) {  // first, so a narrow window cuts the text, not the button
     if (gui::SmallButton("model size")) app.ui.compute.max_side = 0;
     ImGui::SameLine();
   }
-  ImGui::TextDisabled("%dx%d -> %dx%d: grid %dx%d, %d tokens", src.cols, src.rows, g.content_w, g.content_h, g.grid_h,
+  ImGui::TextDisabled("%dx%d -> %dx%d: grid %dx%d, %d tokens", src.source_w, src.source_h, g.content_w, g.content_h, g.grid_h,
                       g.grid_w, g.tokens);
 }
 
