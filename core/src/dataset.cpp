@@ -395,7 +395,7 @@ ImageSet load_image_folder(const std::string& dir, int img_size, FolderReport* r
     for (const fs::path& file : files) {
       cv::Mat rgb;
       try {
-        rgb = load_image_rgb(file.string());
+        rgb = load_image(file.string(), kMaxLoadSide, img_size).rgb01;  // short side kept for the crop
       } catch (const Error& e) {
         note_skip(report, e.what());
         continue;

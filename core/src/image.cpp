@@ -80,6 +80,29 @@ std::string size_text(int64_t w, int64_t h) { return std::to_string(w) + "x" + s
 
 // [SECTION] The decode, planned from the header
 
+// The size an image of w x h is scaled to so that its long side is at most max_side (0: no
+// limit); aspect kept, never up. prepare_image and the loader round the same way.
+cv::Size fit_within(int w, int h, int max_side) {
+  const int long_side = std::max(w, h);
+  if (max_side <= 0 || long_side <= max_side) return {w, h};
+  const double f = static_cast<double>(max_side) / long_side;
+  return {std::max(1, static_cast<int>(std::lround(w * f))), std::max(1, static_cast<int>(std::lround(h * f)))};
+}
+
+// The size the loader gives an image of w x h declared: long side at most max_side, but the
+// short side kept at least min_short_side (a centre crop of that side follows) unless the file's
+// own is smaller; never up.
+cv::Size load_size(int64_t w, int64_t h, int max_side, int min_short_side) {
+  const double long_side = static_cast<double>(std::max(w, h)), short_side = static_cast<double>(std::min(w, h));
+  double f = long_side > max_side ? max_side / long_side : 1.0;
+  if (short_side * f < min_short_side) f = std::min(1.0, min_short_side / short_side);
+  if (f >= 1.0) return {static_cast<int>(w), static_cast<int>(h)};
+  if (min_short_side <= 0) return fit_within(static_cast<int>(w), static_cast<int>(h), max_side);  // as prepare_image rounds
+  return {std::max(1, static_cast<int>(std::lround(static_cast<double>(w) * f))),
+          std::max(1, static_cast<int>(std::lround(static_cast<double>(h) * f)))};
+}
+
+
 // One way to run OpenCV's decoder on a file: its imdecode flags, the factor by which the decoder
 // itself shrinks the image (libjpeg's DCT scaling: IMREAD_REDUCED_*), and the memory it takes.
 struct DecodePlan {
@@ -88,36 +111,37 @@ struct DecodePlan {
   double bytes = 0.0;  // the decoded cv::Mat plus what the codec holds beside it, estimated from the header
 };
 
-// Bytes a decode takes, from what the header declares. The decoded cv::Mat has `channels` samples
-// of `sample_bytes` a pixel; beside it, libjpeg keeps every DCT coefficient of a progressive file
+// Bytes a decode takes, from what the header declares, for a result of `target` pixels. The
+// decoded cv::Mat has `channels` samples of `sample_bytes` a pixel; after it come its area
+// downscale to `target` and the float RGB result (12 bytes a pixel); beside it, libjpeg keeps every DCT coefficient of a progressive file
 // (2 bytes a sample, whatever the reduction), OpenJPEG holds each sample as an int32 in its image
 // and again in its tiles, and the float formats decode into a float buffer that is then copied.
-double decode_bytes(const ImageProbe& probe, int channels, int sample_bytes, int reduce) {
+double decode_bytes(const ImageProbe& probe, int channels, int sample_bytes, int reduce, cv::Size target) {
   const double pixels = static_cast<double>(probe.width) * static_cast<double>(probe.height);
   const double declared_samples = pixels * std::max(probe.channels, 1);
-  double bytes = pixels / (reduce * reduce) * channels * sample_bytes;
+  const double target_pixels = static_cast<double>(target.width) * target.height;
+  double bytes = pixels / (reduce * reduce) * channels * sample_bytes + target_pixels * (channels * sample_bytes + 12);
   if (probe.progressive) bytes += declared_samples * 2;
   if (probe.format == "JPEG 2000") bytes += declared_samples * 8;
   if (probe.float_samples) bytes += declared_samples * 4;
   return bytes;
 }
 
-// The cheapest faithful way to decode a file for an image of at most `max_side` pixels a side:
+// The cheapest faithful way to decode a file for an image of `target` pixels (load_size):
 //  - the file's own depth and channels (IMREAD_UNCHANGED) when that fits kMaxDecodeBytes;
 //  - else 8 bits a sample (IMREAD_COLOR, or IMREAD_GRAYSCALE for one channel): libpng, libtiff
 //    and the Netpbm reader drop the low byte of 16-bit samples as they decode, and an image this
-//    large is downscaled to max_side anyway, where 8 bits of a sample are more than the ViT sees;
-//  - a JPEG larger than max_side by a factor of 2, 4 or 8 decoded at that fraction by libjpeg
-//    itself (as PIL's draft mode does), still at least max_side, then downscaled by area.
+//    large is downscaled anyway, where 8 bits of a sample are more than the ViT sees;
+//  - a JPEG larger than target by a factor of 2, 4 or 8 decoded at that fraction by libjpeg
+//    itself (as PIL's draft mode does), still at least target, then downscaled by area.
 // Throws vitlens::Error, naming the memory, when even the cheapest decode does not fit.
-DecodePlan plan_decode(const ImageProbe& probe, int max_side, const std::string& what) {
+DecodePlan plan_decode(const ImageProbe& probe, cv::Size target, const std::string& what) {
   const int channels = std::clamp(probe.channels, 1, 4);
   const int sample_bytes = probe.bits > 16 ? 4 : probe.bits > 8 ? 2 : 1;
-  const int64_t long_side = std::max(probe.width, probe.height);
   DecodePlan plan;
   if (probe.format == "JPEG") {
-    for (int k : {8, 4, 2})
-      if (long_side / k >= max_side) {
+    for (int k : {8, 4, 2})  // libjpeg's scaled size: the declared size divided by k, rounded up
+      if ((probe.width + k - 1) / k >= target.width && (probe.height + k - 1) / k >= target.height) {
         plan.reduce = k;
         break;
       }
@@ -127,12 +151,12 @@ DecodePlan plan_decode(const ImageProbe& probe, int max_side, const std::string&
                                        cv::IMREAD_REDUCED_GRAYSCALE_8};
     if (plan.reduce > 1) plan.flags = channels == 1 ? reduced_gray[plan.reduce] : reduced_color[plan.reduce];
   }
-  plan.bytes = decode_bytes(probe, channels, sample_bytes, plan.reduce);
+  plan.bytes = decode_bytes(probe, channels, sample_bytes, plan.reduce, target);
   if (plan.bytes <= static_cast<double>(kMaxDecodeBytes)) return plan;
   DecodePlan eight_bit = plan;  // a JPEG has 8-bit samples already
   if (probe.format != "JPEG") {
     eight_bit.flags = channels == 1 ? cv::IMREAD_GRAYSCALE : cv::IMREAD_COLOR;
-    eight_bit.bytes = decode_bytes(probe, channels == 1 ? 1 : 3, 1, 1);
+    eight_bit.bytes = decode_bytes(probe, channels == 1 ? 1 : 3, 1, 1, target);
   }
   if (eight_bit.bytes <= static_cast<double>(kMaxDecodeBytes)) return eight_bit;
   throw Error(what + ": the " + size_text(probe.width, probe.height) + " " + probe.format + " image needs " +
@@ -142,7 +166,7 @@ DecodePlan plan_decode(const ImageProbe& probe, int max_side, const std::string&
 
 // [SECTION] Decoded pixels -> CV_32FC3 RGB in [0, 1]
 
-// Any decoded cv::Mat (1..4 channels, 8/16-bit or float), already at most max_side a side. The
+// Any decoded cv::Mat (1..4 channels, 8/16-bit or float), already at its loaded size. The
 // channels are arranged in the decoded depth (exact: copies and swaps), so the only float image
 // made is the result.
 cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
@@ -185,20 +209,11 @@ cv::Mat to_rgb01(const cv::Mat& decoded, const std::string& what) {
   return rgb01;
 }
 
-// The size an image of w x h is scaled to so that its long side is at most max_side (0: no
-// limit); aspect kept, never up. prepare_image and the loader round the same way.
-cv::Size fit_within(int w, int h, int max_side) {
-  const int long_side = std::max(w, h);
-  if (max_side <= 0 || long_side <= max_side) return {w, h};
-  const double f = static_cast<double>(max_side) / long_side;
-  return {std::max(1, static_cast<int>(std::lround(w * f))), std::max(1, static_cast<int>(std::lround(h * f)))};
-}
-
 // Runs the plan: decode, downscale by area in the decoded depth (so no full-size float copy is
 // ever made), then RGB float. A cv::Exception for lack of memory and std::bad_alloc become one
 // line naming the memory; any other cv::Exception is a file OpenCV cannot decode.
 cv::Mat decode_planned(const unsigned char* bytes, size_t size, const ImageProbe& probe, const DecodePlan& plan,
-                       int max_side, const std::string& what) {
+                       cv::Size target, const std::string& what) {
   const std::string cannot = what + ": damaged or unsupported " + probe.format + " file (OpenCV cannot decode it)";
   const std::string no_memory = what + ": not enough memory to decode the " + size_text(probe.width, probe.height) +
                                 " " + probe.format + " image (about " +
@@ -219,7 +234,6 @@ cv::Mat decode_planned(const unsigned char* bytes, size_t size, const ImageProbe
         std::abs(decoded.rows - (probe.height + plan.reduce - 1) / plan.reduce) > 1)
       throw Error(what + ": damaged " + probe.format + " file: it decodes to " + size_text(decoded.cols, decoded.rows) +
                   " pixels but its header declares " + size_text(probe.width, probe.height));
-    const cv::Size target = fit_within(decoded.cols, decoded.rows, max_side);
     if (target != decoded.size()) {
       cv::Mat smaller;
       cv::resize(decoded, smaller, target, 0, 0, cv::INTER_AREA);
@@ -235,7 +249,8 @@ cv::Mat decode_planned(const unsigned char* bytes, size_t size, const ImageProbe
 
 }  // namespace
 
-LoadedImage decode_image(const unsigned char* bytes, size_t size, const std::string& what, int max_side) {
+LoadedImage decode_image(const unsigned char* bytes, size_t size, const std::string& what, int max_side,
+                         int min_short_side) {
   if (size == 0) throw Error(what + ": file is empty");
   if (size > kMaxImageFileBytes)
     throw Error(what + ": " + mebibytes(size) + " is more than vitlens reads as an image (" +
@@ -257,9 +272,10 @@ LoadedImage decode_image(const unsigned char* bytes, size_t size, const std::str
   if (probe.width < 0 || probe.height < 0)
     throw Error(what + ": " + probe.format + " header does not give the image size; vitlens reads only images whose "
                 "size it can check before decoding");
-  const DecodePlan plan = plan_decode(probe, max_side, what);
+  const cv::Size target = load_size(probe.width, probe.height, max_side, min_short_side);
+  const DecodePlan plan = plan_decode(probe, target, what);
   LoadedImage out;
-  out.rgb01 = decode_planned(bytes, size, probe, plan, max_side, what);
+  out.rgb01 = decode_planned(bytes, size, probe, plan, target, what);
   out.source_w = static_cast<int>(probe.width);
   out.source_h = static_cast<int>(probe.height);
   return out;
@@ -336,9 +352,10 @@ std::string read_whole_file(const std::string& path, const std::string& kind, ui
   return bytes;
 }
 
-LoadedImage load_image(const std::string& path, int max_side) {
+LoadedImage load_image(const std::string& path, int max_side, int min_short_side) {
   const std::string bytes = read_whole_file(path, "an image file", kMaxImageFileBytes);
-  return decode_image(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), path, max_side);
+  return decode_image(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), path, max_side,
+                      min_short_side);
 }
 
 cv::Mat load_image_rgb(const std::string& path) { return load_image(path).rgb01; }

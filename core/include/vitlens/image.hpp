@@ -40,19 +40,21 @@ struct LoadedImage {
 // are taken as stored, as PIL's Image.open gives them.
 // The decode is planned from the header before it runs: an image larger than max_side (<= 0 or
 // above kMaxLoadSide: kMaxLoadSide) is downscaled by area in its decoded depth, so no full-size
-// float copy is ever made; a JPEG is decoded reduced by libjpeg (IMREAD_REDUCED_*) when it is at
-// least twice max_side; a decode that would take more than kMaxDecodeBytes at its own depth runs
-// at 8 bits a sample, and is refused when even that does not fit. An image of at most max_side
-// comes out as the file holds it.
+// float copy is ever made, but never so far that its short side falls below min_short_side (for a
+// centre crop of that side; a file's own short side if smaller); a JPEG is decoded reduced by
+// libjpeg (IMREAD_REDUCED_*) when it is at least twice that size; a decode that would take more
+// than kMaxDecodeBytes at its own depth runs at 8 bits a sample, and is refused when even that
+// does not fit. An image of at most max_side comes out as the file holds it.
 // Throws vitlens::Error naming the path when the file is missing, unreadable (read_whole_file),
 // larger than kMaxImageFileBytes, not an image of a format image_probe.hpp knows, declares more
 // than kMaxImagePixels pixels, needs more than kMaxDecodeBytes, is damaged (truncated) or when
-// memory runs out. The file is read once into one buffer, which the decoder reads in place.
-LoadedImage load_image(const std::string& path, int max_side = kMaxLoadSide);
+// memory runs out (the float result counts: a thin strip kept at min_short_side can be refused).
+// The file is read once into one buffer, which the decoder reads in place.
+LoadedImage load_image(const std::string& path, int max_side = kMaxLoadSide, int min_short_side = 0);
 
 // The same from bytes already in memory. `what` names it in errors.
 LoadedImage decode_image(const unsigned char* bytes, size_t size, const std::string& what,
-                         int max_side = kMaxLoadSide);
+                         int max_side = kMaxLoadSide, int min_short_side = 0);
 
 // load_image's pixels alone, at most kMaxLoadSide a side.
 cv::Mat load_image_rgb(const std::string& path);
