@@ -301,9 +301,9 @@ std::string open_failure(int error) {
 
 // A path that is not a regular file, named for what it is.
 std::string not_a_file(const struct stat& st) {
-  if (S_ISFIFO(st.st_mode)) return "is a pipe (FIFO), not a file";
-  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "is a device, not a file";
-  if (S_ISSOCK(st.st_mode)) return "is a socket, not a file";
+  if (S_ISFIFO(st.st_mode)) return "is a pipe (FIFO), not a regular file";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "is a device, not a regular file";
+  if (S_ISSOCK(st.st_mode)) return "is a socket, not a regular file";
   return "is not a regular file";
 }
 
