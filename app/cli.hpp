@@ -35,6 +35,12 @@ struct ExportArgs {
 void add_export_command(CLI::App& app, ExportArgs& args);
 int run_export(ExportArgs& args);
 
+// --model's help, the same for every command that takes a model: a file or a bundled model's name.
+constexpr const char* kModelOptionHelp =
+    "Model: a bundled model's name (designed, random, fashion-mnist, mae-photos: 'vitlens models' lists them) or a "
+    ".safetensors file (vitlens, timm or Hugging Face layout); a path with '/' or an existing file wins over a name; "
+    "default: designed";
+
 struct InfoArgs {
   std::string model;
   int heads = 0;
@@ -44,6 +50,9 @@ struct InfoArgs {
 void add_heads_option(CLI::App* cmd, int& heads);
 void add_info_command(CLI::App& app, InfoArgs& args);
 int run_info(const InfoArgs& args);
+// `vitlens models`: the bundled models, one line each.
+CLI::App* add_models_command(CLI::App& app);
+int run_models();
 
 // `vitlens train` (cli_train.cpp). Defaults are the documented default recipe (README).
 struct TrainArgs {
@@ -73,7 +82,17 @@ struct UsageError : Error {
 // "X,Y" -> two integers, or throws UsageError naming the flag.
 void parse_pair(const std::string& text, const char* flag, int& first, int& second);
 
-// One line on stderr: "vitlens: <message>".
+// The message for std::bad_alloc, wherever it is caught.
+constexpr const char* kOutOfMemory =
+    "out of memory: this needs more memory than the system (or `ulimit -v`) allows; try a smaller image, model "
+    "or --batch";
+
+// One line on stderr: "vitlens: <message>", control characters escaped (terminal_text).
 void report_error(const std::string& message);
+
+// `text` safe to print on a terminal: control characters (C0, DEL, the C1 range) and bytes that
+// are not UTF-8 shown as \xNN, so a name read from a file cannot move the cursor, retitle the
+// window or hide what follows. Everything printed that comes from a file goes through it.
+std::string terminal_text(const std::string& text);
 
 }  // namespace vitlens::cli

@@ -1,10 +1,13 @@
 // `vitlens export`: heatmaps, montage, JSON and optional raw weights for each image.
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <set>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.hpp"
@@ -12,6 +15,7 @@
 #include "vitlens/export_layers.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/image.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "vitlens/model_io.hpp"
 
 namespace vitlens::cli {
@@ -19,7 +23,7 @@ namespace vitlens::cli {
 void add_export_command(CLI::App& app, ExportArgs& args) {
   CLI::App* cmd = app.add_subcommand("export", "Write per-head attention heatmaps, a montage and a JSON sidecar for each image");
   cmd->add_option("IMAGE", args.images, "Image files (PNG, JPEG, BMP, TIFF, WebP, ...)")->required();
-  cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  cmd->add_option("--model,-m", args.model, kModelOptionHelp);
   add_heads_option(cmd, args.heads);
   cmd->add_option("--out,-o", args.settings.out_dir,
                   "Folder to write into; created (with its parents) when missing")
@@ -46,7 +50,7 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   received->excludes(token);
   cmd->add_option("--layer", args.layer,
                   "Layer (block) index L, 0-based (default: the last); a range A-B or 'all' writes every layer's files "
-                  "(<stem>_layer<L>_*) and a layers x heads montage (<stem>_layers_montage.png)");
+                  "(<stem>_layer<L>_*) and a layers x heads montage (<stem>_layers_montage.png, recorded in <stem>_layers.json)");
   cmd->add_flag("--rollout", args.rollout,
                 "Attention rollout (Abnar & Zuidema) from the class token, or from the --patch / --query patch: "
                 "<stem>_rollout.png and .json; with --layer A-B over those layers");
@@ -84,7 +88,7 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
                   "--threshold); ties are kept together, a map with no structure is shown whole")
       ->type_name("MASS");
   cmd->add_option("--normalize", args.normalize,
-                  "robust: each head from 0 to its 99th percentile, the top 1% saturate (the default); head: each "
+                  "robust: each head from 0 to its 99th percentile, raised so at most 10% of its weight saturates (the default); head: each "
                   "head to its own maximum; shared: one scale for all heads; log: each head on a 3-decade log scale")
       ->check(CLI::IsMember({"robust", "head", "shared", "log"}))
       ->capture_default_str();
@@ -95,8 +99,97 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
   cmd->add_flag("--raw", args.settings.raw,
                 "Also write <stem>_attn.npy: float32 (layers, heads, tokens, tokens), class token first; at most " +
                     std::to_string(kMaxRawTokens) + " tokens");
+  cmd->add_flag("--force", args.settings.force,
+                "Replace files with the outputs' names that vitlens did not write (without it such a file stops "
+                "that image's export and is named; vitlens replaces its own earlier outputs either way)");
   cmd->add_flag("--quiet,-q", args.quiet, "Print nothing but errors");
 }
+
+namespace {
+
+// The written files' names, short and exact: names that differ only in numbers that cover whole
+// ranges are folded as the shell writes them ("photo_head{0..3}.png"); any other name is listed.
+std::string describe_files(const std::vector<std::string>& paths) {
+  struct Group {
+    std::vector<std::string> parts;              // the text between the numbers (numbers + 1 parts)
+    std::vector<std::vector<std::string>> runs;  // per name, its numbers
+  };
+  std::vector<std::string> order;
+  std::map<std::string, Group> groups;
+  for (const std::string& path : paths) {
+    const std::string name = std::filesystem::path(path).filename().string();
+    std::vector<std::string> parts(1), numbers;
+    for (size_t i = 0; i < name.size();) {
+      if (std::isdigit(static_cast<unsigned char>(name[i]))) {
+        size_t j = i;
+        while (j < name.size() && std::isdigit(static_cast<unsigned char>(name[j]))) ++j;
+        numbers.push_back(name.substr(i, j - i));
+        parts.emplace_back();
+        i = j;
+      } else {
+        parts.back() += name[i++];
+      }
+    }
+    std::string shape;
+    for (const std::string& part : parts) shape += part + '\0';
+    if (!groups.count(shape)) order.push_back(shape);
+    groups[shape].parts = parts;
+    groups[shape].runs.push_back(numbers);
+  }
+  std::string out;
+  auto emit = [&](const std::string& text) { out += (out.empty() ? "" : ", ") + text; };
+  for (const std::string& shape : order) {
+    const Group& g = groups[shape];
+    const size_t runs = g.parts.size() - 1;
+    // Foldable when each number that varies takes every value of a range (written without
+    // leading zeros) and the names are exactly all their combinations; a number the names share
+    // is kept as written ("img001_head{0..3}.png").
+    std::vector<bool> constant(runs, true);
+    for (const auto& numbers : g.runs)
+      for (size_t k = 0; k < runs; ++k) constant[k] = constant[k] && numbers[k] == g.runs[0][k];
+    std::vector<std::set<long>> values(runs);
+    bool foldable = g.runs.size() > 1;
+    std::set<std::vector<std::string>> distinct(g.runs.begin(), g.runs.end());
+    for (const auto& numbers : g.runs)
+      for (size_t k = 0; k < runs; ++k) {
+        const std::string& n = numbers[k];
+        if (constant[k]) continue;
+        if (n.size() > 9 || (n.size() > 1 && n[0] == '0')) foldable = false;
+        else values[k].insert(std::stol(n));
+      }
+    size_t combinations = 1;
+    for (size_t k = 0; k < runs; ++k) {
+      const auto& v = values[k];
+      if (!v.empty() && static_cast<size_t>(*v.rbegin() - *v.begin() + 1) != v.size()) foldable = false;
+      if (!constant[k]) combinations *= v.size();
+    }
+    if (!foldable || distinct.size() != g.runs.size() || combinations != g.runs.size()) {
+      for (const auto& numbers : g.runs) {
+        std::string name = g.parts[0];
+        for (size_t k = 0; k < runs; ++k) name += numbers[k] + g.parts[k + 1];
+        emit(name);
+      }
+      continue;
+    }
+    std::string name = g.parts[0];
+    for (size_t k = 0; k < runs; ++k) {
+      const auto& v = values[k];
+      name += (constant[k] ? g.runs[0][k] : "{" + std::to_string(*v.begin()) + ".." + std::to_string(*v.rbegin()) + "}") +
+              g.parts[k + 1];
+    }
+    emit(name);
+  }
+  return out;
+}
+
+// (device, inode) of a path, following links; {0, 0} when it cannot be read.
+std::pair<dev_t, ino_t> file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {0, 0};
+  return {st.st_dev, st.st_ino};
+}
+
+}  // namespace
 
 int run_export(ExportArgs& args) {
   ExportSettings& s = args.settings;
@@ -174,7 +267,7 @@ int run_export(ExportArgs& args) {
   s.style.upsample = args.upsample == "bilinear" ? Upsample::Bilinear : Upsample::Nearest;
   if (!parse_normalize_name(args.normalize, s.normalize)) throw UsageError("unknown --normalize " + args.normalize);
 
-  const std::string model_path = args.model.empty() ? default_model_path() : args.model;
+  const std::string model_path = resolve_model(args.model);
   LoadOptions load;
   load.heads = args.heads;
   const VitModel model = load_model(model_path, load);
@@ -215,24 +308,22 @@ int run_export(ExportArgs& args) {
   require_writable_dir(s.out_dir);
 
   const bool show_progress = ::isatty(STDERR_FILENO) && !args.quiet;
-  // Outputs must never replace an input (exporting "a.png a_mean.png" into their own folder would
-  // otherwise overwrite a_mean.png with a's heatmap before reading it): output names that are
-  // inputs count as taken.
-  std::set<std::string> inputs;
+  // Outputs must never replace an input, even one vitlens wrote (exporting "a.png a_mean.png" or
+  // "a.png a_rollout.png --rollout" into their own folder would otherwise overwrite the second
+  // before reading it): a stem any of whose outputs is an input (the same file, by device and
+  // inode, whatever the path) is taken.
+  ExportPlan plan;
+  plan.kind = args.rollout ? ExportPlan::Kind::Rollout : layer_range ? ExportPlan::Kind::Layers : ExportPlan::Kind::Maps;
+  plan.heads = model.config.num_heads;
+  plan.raw = s.raw;
+  plan.first_layer = first_layer;
+  plan.last_layer = last_layer;
+  std::set<std::pair<dev_t, ino_t>> inputs;
   for (const std::string& image : args.images)
-    if (char* real = ::realpath(image.c_str(), nullptr)) {
-      inputs.insert(real);
-      std::free(real);
-    }
+    if (const auto id = file_identity(image); id.second != 0) inputs.insert(id);
   auto clobbers_input = [&](const std::string& stem) {
-    char* dir = ::realpath(s.out_dir.c_str(), nullptr);
-    if (!dir) return false;
-    const std::string base = std::string(dir) + "/" + stem;
-    std::free(dir);
-    std::vector<std::string> names = {base + "_mean.png", base + "_montage.png", base + ".json", base + "_attn.npy"};
-    for (int h = 0; h < model.config.num_heads; ++h) names.push_back(base + "_head" + std::to_string(h) + ".png");
-    for (const std::string& n : names)
-      if (inputs.count(n)) return true;
+    for (const std::string& name : export_output_names(stem, plan))
+      if (inputs.count(file_identity(s.out_dir + "/" + name))) return true;
     return false;
   };
   std::set<std::string> stems_used;
@@ -240,7 +331,8 @@ int run_export(ExportArgs& args) {
   const int total = static_cast<int>(args.images.size());
   for (int i = 0; i < total; ++i) {
     const std::string& image = args.images[static_cast<size_t>(i)];
-    if (show_progress) std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, image.c_str());
+    const std::string shown = terminal_text(image);  // a file's name may hold escape sequences
+    if (show_progress) std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, shown.c_str());
     // Two inputs must not overwrite each other's outputs: a stem already taken (by an input of
     // the same name, or by a generated "x_2") gets the next free suffix.
     ExportSettings settings = s;
@@ -254,7 +346,7 @@ int run_export(ExportArgs& args) {
         const int percent = static_cast<int>(done * 100.0f);
         if (percent != last) {
           last = percent;
-          std::fprintf(stderr, "\r[%d/%d] %s %3d%%\033[K", i + 1, total, image.c_str(), percent);
+          std::fprintf(stderr, "\r[%d/%d] %s %3d%%\033[K", i + 1, total, shown.c_str(), percent);
         }
         return true;
       };
@@ -272,10 +364,20 @@ int run_export(ExportArgs& args) {
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
       if (!args.quiet) {
         if (show_progress) std::fprintf(stderr, "\r\033[K");
-        std::printf("%s: %zu files in %s (%s_*.png, %s.json), %.0f ms\n", image.c_str(), files.size(),
-                    s.out_dir.c_str(), settings.stem.c_str(), settings.stem.c_str(), ms);
+        std::printf("%s: %zu files in %s (%s), %.0f ms\n", shown.c_str(), files.size(),
+                    terminal_text(s.out_dir).c_str(), terminal_text(describe_files(files)).c_str(), ms);
         std::fflush(stdout);
       }
+    } catch (const std::bad_alloc&) {
+      if (show_progress) std::fprintf(stderr, "\r\033[K");
+      report_error(image + ": " + kOutOfMemory);
+      ++failed;
+    } catch (const OutputConflict& e) {
+      if (show_progress) std::fprintf(stderr, "\r\033[K");
+      const std::string what = e.what();
+      report_error((what.rfind(image, 0) == 0 ? what : image + ": " + what) +
+                   (e.forcible ? "; move it away, or --force replaces it" : ""));
+      ++failed;
     } catch (const std::exception& e) {
       // Any failure of one image (a vitlens::Error, or an allocation or OpenCV error) is reported
       // in one line naming the image, and the batch goes on.

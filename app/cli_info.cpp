@@ -1,35 +1,37 @@
 // `vitlens info`: what a model file holds.
+#include <algorithm>
 #include <cstdio>
 
 #include "cli.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "vitlens/model_io.hpp"
 
 namespace vitlens::cli {
 
 void add_info_command(CLI::App& app, InfoArgs& args) {
   CLI::App* cmd = app.add_subcommand("info", "Print a model's configuration, parameter count and head descriptions");
-  cmd->add_option("--model,-m", args.model,
-                  "Model file (.safetensors: vitlens, timm or Hugging Face layout); default: the bundled hand-designed model");
+  cmd->add_option("--model,-m", args.model, kModelOptionHelp);
   add_heads_option(cmd, args.heads);
 }
 
 void add_heads_option(CLI::App* cmd, int& heads) {
   cmd->add_option("--heads", heads,
                   "Attention heads of a timm checkpoint without config.json (the tensors do not say it); "
-                  "checked against the config when there is one")
+                  "a model whose file or config.json gives its heads must agree, or it is an error")
       ->check(CLI::Range(1, 8192));
 }
 
 int run_info(const InfoArgs& args) {
-  const std::string path = args.model.empty() ? default_model_path() : args.model;
+  const std::string path = resolve_model(args.model);
   LoadOptions load;
   load.heads = args.heads;
   const VitModel model = load_model(path, load);
   const VitConfig& c = model.config;
-  std::printf("model:        %s\n", c.name.c_str());
-  std::printf("file:         %s\n", path.c_str());
+  // Names, descriptions and notes come from the file: printed with control characters escaped.
+  std::printf("model:        %s\n", terminal_text(c.name).c_str());
+  std::printf("file:         %s\n", terminal_text(path).c_str());
   std::printf("layout:       %s\n", model.format.c_str());
-  std::printf("description:  %s\n", c.description.c_str());
+  std::printf("description:  %s\n", terminal_text(c.description).c_str());
   std::printf("patch size:   %d (a patch is %d values)\n", c.patch_size, c.patch_values());
   std::printf("embed dim:    %d\n", c.embed_dim);
   std::printf("heads:        %d of %d dims\n", c.num_heads, c.head_dim());
@@ -50,14 +52,30 @@ int run_info(const InfoArgs& args) {
               static_cast<double>(c.std[2]));
   std::printf("classifier:   %s\n", model.w.num_classes ? (std::to_string(model.w.num_classes) + " classes").c_str() : "none");
   std::printf("parameters:   %lld\n", static_cast<long long>(model.parameter_count()));
-  for (const std::string& line : model.notes) std::printf("inferred:     %s\n", line.c_str());
+  for (const std::string& line : model.notes) std::printf("inferred:     %s\n", terminal_text(line).c_str());
   if (c.head_descriptions.empty()) {
     std::printf("heads described: none in this file\n");
   } else {
     for (size_t l = 0; l < c.head_descriptions.size(); ++l)
       for (size_t h = 0; h < c.head_descriptions[l].size(); ++h)
-        std::printf("layer %zu head %zu: %s\n", l, h, c.head_descriptions[l][h].c_str());
+        std::printf("layer %zu head %zu: %s\n", l, h, terminal_text(c.head_descriptions[l][h]).c_str());
   }
+  return kExitOk;
+}
+
+CLI::App* add_models_command(CLI::App& app) {
+  return app.add_subcommand("models", "List the bundled models, one line each: the name for --model, the shape, what it "
+                                      "learned and how well it measured");
+}
+
+int run_models() {
+  const std::vector<BundledModelEntry> models = list_bundled_models();
+  std::printf("Bundled models in %s (give the name to --model):\n", bundled_models_dir().c_str());
+  if (models.empty()) throw Error("no bundled models in " + bundled_models_dir() + " (set VITLENS_ASSETS to the assets folder)");
+  size_t width = 0;
+  for (const BundledModelEntry& m : models) width = std::max(width, m.name.size());
+  for (const BundledModelEntry& m : models)
+    std::printf("  %-*s  %s\n", static_cast<int>(width), m.name.c_str(), bundled_model_summary(m).c_str());
   return kExitOk;
 }
 

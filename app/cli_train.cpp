@@ -2,12 +2,14 @@
 // progress bar, per-epoch evaluation, atomic checkpoints, a JSON-lines log and bit-exact resume.
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <sys/stat.h>
 #include <tuple>
 
@@ -61,6 +63,40 @@ Recipe recipe_from(const TrainArgs& a) {
 
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_interrupt(int) { g_interrupted = true; }
+
+// While training, Ctrl-C, SIGTERM and SIGHUP (a closed terminal or ssh session) ask the loop to
+// save and stop after the current step; the handlers before (files.hpp's cleanup of temporaries)
+// are back in place afterwards, for the saves that follow.
+class StopOnSignals {
+ public:
+  StopOnSignals() {
+    g_interrupted = false;
+    struct sigaction action {};
+    action.sa_handler = on_interrupt;
+    sigemptyset(&action.sa_mask);
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &action, &saved_[i]);
+  }
+  ~StopOnSignals() {
+    for (size_t i = 0; i < kSignals.size(); ++i) ::sigaction(kSignals[i], &saved_[i], nullptr);
+  }
+  StopOnSignals(const StopOnSignals&) = delete;
+  StopOnSignals& operator=(const StopOnSignals&) = delete;
+
+ private:
+  static constexpr std::array<int, 3> kSignals = {SIGINT, SIGTERM, SIGHUP};
+  std::array<struct sigaction, 3> saved_{};
+};
+
+// Restores a checkpoint's state into a trainer of either objective; a state that does not fit the
+// data names the checkpoint.
+template <class TrainerT, class Saved>
+void restore_from(TrainerT& trainer, const Saved& saved, const std::string& path) {
+  try {
+    trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  } catch (const Error& e) {
+    throw Error(path + ": " + e.what());
+  }
+}
 
 using Clock = std::chrono::steady_clock;
 
@@ -120,6 +156,7 @@ RunData load_run_data(const TrainArgs& a, bool quiet) {
       for (const std::string& e : report.examples) std::fprintf(stderr, "; %s", e.c_str());
       std::fprintf(stderr, "\n");
     }
+    if (report.links_outside > 0 && !quiet) std::fprintf(stderr, "vitlens: %s\n", links_outside_warning(report).c_str());
     if (a.limit > 0 && all.size() > a.limit) {
       all.pixels.resize(static_cast<size_t>(a.limit) * 3 * all.height * all.width);
       all.labels.resize(static_cast<size_t>(a.limit));
@@ -318,6 +355,7 @@ int run_train_mae(TrainArgs& a) {
     for (size_t i = 0; i < report.examples.size() && i < 2; ++i) std::fprintf(stderr, "; %s", report.examples[i].c_str());
     std::fprintf(stderr, "\n");
   }
+  if (report.links_outside > 0 && !a.quiet) std::fprintf(stderr, "vitlens: %s\n", links_outside_warning(report).c_str());
   const PhotoCorpus& train_photos = photos.train;
   const PhotoCorpus& val_photos = photos.val;
 
@@ -327,11 +365,11 @@ int run_train_mae(TrainArgs& a) {
   require_writable_dir(a.out);
   const std::string model_path = a.out + "/last.safetensors";
   const std::string log_path = a.out + "/log.jsonl";
-  if (!a.resume.empty()) trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  if (!a.resume.empty()) restore_from(trainer, saved, a.resume);
   if (trainer.finished()) {
     if (cmd->count("--name") || !a.description.empty()) {  // relabel a finished run: same weights and state
       save_mae_checkpoint(trainer, model_path, saved.training);
-      std::printf("finished run relabelled: '%s' in %s\n", config.name.c_str(), model_path.c_str());
+      std::printf("finished run relabelled: '%s' in %s\n", terminal_text(config.name).c_str(), model_path.c_str());
       return kExitOk;
     }
     std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
@@ -363,9 +401,7 @@ int run_train_mae(TrainArgs& a) {
                   " steps per epoch, " + std::to_string(recipe.epochs) + " epochs" +
                   (a.resume.empty() ? "" : ", resuming at step " + std::to_string(trainer.position().step)));
 
-  g_interrupted = false;
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
+  std::optional<StopOnSignals> stop_on_signals(std::in_place);
   const auto start = Clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   double loss_sum = 0.0;
@@ -423,8 +459,7 @@ int run_train_mae(TrainArgs& a) {
       break;
     }
   }
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  stop_on_signals.reset();
   if (stopped && !trainer.finished()) {
     progress.line("stopped at step " + std::to_string(trainer.position().step) + "; continue with --resume " + model_path);
     return g_interrupted ? kExitFailed : kExitOk;
@@ -614,12 +649,11 @@ int run_train(TrainArgs& a) {
   require_writable_dir(a.out);
   const std::string model_path = a.out + "/last.safetensors";
   const std::string log_path = a.out + "/log.jsonl";
-  if (!a.resume.empty())
-    trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  if (!a.resume.empty()) restore_from(trainer, saved, a.resume);
   if (trainer.finished()) {
     if (cmd->count("--name") || !a.description.empty()) {  // relabel a finished run: same weights and state
       save_checkpoint(trainer, model_path, saved.training);
-      std::printf("finished run relabelled: '%s' in %s\n", config.name.c_str(), model_path.c_str());
+      std::printf("finished run relabelled: '%s' in %s\n", terminal_text(config.name).c_str(), model_path.c_str());
       return kExitOk;
     }
     std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
@@ -648,9 +682,7 @@ int run_train(TrainArgs& a) {
                   std::to_string(trainer.steps_per_epoch()) + " steps per epoch, " + std::to_string(recipe.epochs) +
                   " epochs" + (a.resume.empty() ? "" : ", resuming at step " + std::to_string(trainer.position().step)));
 
-  g_interrupted = false;
-  std::signal(SIGINT, on_interrupt);
-  std::signal(SIGTERM, on_interrupt);
+  std::optional<StopOnSignals> stop_on_signals(std::in_place);
   const auto start = Clock::now();
   auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
   double loss_sum = 0.0, acc_sum = 0.0;
@@ -714,8 +746,7 @@ int run_train(TrainArgs& a) {
       break;
     }
   }
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
+  stop_on_signals.reset();
 
   if (stopped && !trainer.finished()) {
     progress.line("stopped at step " + std::to_string(trainer.position().step) + "; continue with --resume " + model_path);

@@ -1,8 +1,14 @@
 // vitlens: see, per head, where a Vision Transformer looks in an image.
 #include <cstdio>
+#include <cstring>
+#include <exception>
 #include <iostream>
+#include <new>
+
+#include <unistd.h>
 
 #include "cli.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/memory.hpp"
@@ -12,14 +18,72 @@
 
 namespace vitlens::cli {
 
+std::string terminal_text(const std::string& text) {
+  std::string out;
+  out.reserve(text.size());
+  char escape[8];
+  for (size_t i = 0; i < text.size();) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    // The length of a well-formed UTF-8 sequence starting here (0: not one).
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
+    if (len > 1) {
+      if (i + len > text.size()) len = 0;
+      for (size_t k = 1; k < len; ++k)
+        if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) len = 0;
+    }
+    // Kept: printable ASCII and whole UTF-8 characters other than the C1 controls U+0080 to
+    // U+009F (C2 80 to C2 9F), which some terminals obey like ESC sequences.
+    const bool c1 = len == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0;
+    if ((len == 1 && c >= 0x20 && c != 0x7F) || (len > 1 && !c1)) {
+      out.append(text, i, len);
+      i += len;
+    } else {
+      std::snprintf(escape, sizeof escape, "\\x%02x", c);
+      out += escape;
+      ++i;
+    }
+  }
+  return out;
+}
+
 void report_error(const std::string& message) {
-  // One line, whatever the message holds (a model name with a newline, an OpenCV message).
+  // One line, whatever the message holds (a model name with a newline or an escape sequence, an
+  // OpenCV message), and not a page: a message quoting a file's text is cut.
+  constexpr size_t kMaxLine = 2000;
   std::string line = message;
   for (char& c : line)
     if (c == '\n' || c == '\r') c = ' ';
   while (!line.empty() && line.back() == ' ') line.pop_back();
-  std::cerr << "vitlens: " << line << std::endl;
+  if (line.size() > kMaxLine) line = line.substr(0, kMaxLine) + "...";
+  std::cerr << "vitlens: " << terminal_text(line) << std::endl;
 }
+
+namespace {
+
+void write_stderr(const char* text) { (void)!::write(STDERR_FILENO, text, std::strlen(text)); }
+
+// Reached when an exception cannot be caught where it was thrown: out of a destructor (noexcept),
+// or out of a thread's function. An allocation failure there is reported as one line like any
+// other, with exit code 1, instead of std::terminate's abort and core dump. Temporaries of this
+// process are left for the next run's tidy (files.hpp), as after a kill.
+[[noreturn]] void terminate_with_one_line() {
+  try {
+    if (const std::exception_ptr e = std::current_exception()) std::rethrow_exception(e);
+    write_stderr("vitlens: internal error: terminated without an exception\n");
+  } catch (const std::bad_alloc&) {
+    // Nothing allocated here: the heap is what failed.
+    write_stderr("vitlens: ");
+    write_stderr(kOutOfMemory);
+    write_stderr("\n");
+  } catch (const std::exception& e) {
+    report_error(std::string("unexpected error: ") + e.what());
+  } catch (...) {
+    write_stderr("vitlens: unexpected error of an unknown type\n");
+  }
+  std::_Exit(kExitFailed);
+}
+
+}  // namespace
 
 void parse_pair(const std::string& text, const char* flag, int& first, int& second) {
   const auto comma = text.find(',');
@@ -48,7 +112,7 @@ struct ViewArgs {
 void add_view_command(CLI::App& app, ViewArgs& args) {
   CLI::App* cmd = app.add_subcommand("view", "Open the desktop viewer: every head's attention map over an image, live");
   cmd->add_option("IMAGE", args.image, "Image file; default: the bundled demo image");
-  cmd->add_option("--model,-m", args.model, "Model file (.safetensors); default: the bundled hand-designed model");
+  cmd->add_option("--model,-m", args.model, kModelOptionHelp);
   add_heads_option(cmd, args.heads);
   cmd->add_option("--screenshot", args.screenshot,
                   "Write the window as PNG once everything is drawn, then exit (settings are not read or saved)");
@@ -68,7 +132,7 @@ int run_view(const ViewArgs& args) {
 #ifdef VITLENS_HAS_VIEWER
   vitlens::viewer::ViewerArgs viewer;
   viewer.image = args.image;
-  viewer.model = args.model;
+  viewer.model = resolve_model(args.model);
   viewer.screenshot = args.screenshot;
   viewer.script = args.script;
   viewer.frames = args.frames;
@@ -85,10 +149,12 @@ int run_view(const ViewArgs& args) {
 
 int main(int argc, char** argv) {
   using namespace vitlens::cli;
+  std::set_terminate(terminate_with_one_line);
   // The viewer runs a forward for every image and setting; the pages of the last one are reused.
   vitlens::keep_freed_memory();
   CLI::App app{"vitlens " VITLENS_VERSION ": see, per head, where a Vision Transformer looks in an image.\n"
-               "Computes a ViT's attention on your images and draws each head's map as a heatmap."};
+               "Computes a ViT's attention on your images and draws each head's map as a heatmap.",
+               "vitlens"};  // named, so --help says "vitlens" whatever path it was run by (the README quotes it)
   app.set_version_flag("--version", std::string("vitlens ") + VITLENS_VERSION);
   app.require_subcommand(0, 1);
   ExportArgs export_args;
@@ -99,6 +165,7 @@ int main(int argc, char** argv) {
   add_info_command(app, info_args);
   add_view_command(app, view_args);
   add_train_command(app, train_args);
+  const CLI::App* models_command = add_models_command(app);
 #ifdef VITLENS_HAS_VIEWER
   app.footer("Run 'vitlens COMMAND --help' for a command's options; 'vitlens' alone opens the viewer on the bundled "
              "demo image and model.");
@@ -126,6 +193,7 @@ int main(int argc, char** argv) {
     if (app.got_subcommand("info")) return run_info(info_args);
     if (app.got_subcommand("view")) return run_view(view_args);
     if (app.got_subcommand("train")) return run_train(train_args);
+    if (models_command->parsed()) return run_models();
 #ifdef VITLENS_HAS_VIEWER
     if (argc == 1) return run_view(view_args);  // plain `vitlens`: the viewer on the bundled files
 #endif
@@ -136,6 +204,9 @@ int main(int argc, char** argv) {
     return kExitUsage;
   } catch (const vitlens::Error& e) {
     report_error(e.what());
+    return kExitFailed;
+  } catch (const std::bad_alloc&) {
+    report_error(kOutOfMemory);
     return kExitFailed;
   } catch (const std::exception& e) {
     report_error(std::string("unexpected error: ") + e.what());

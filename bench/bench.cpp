@@ -229,7 +229,7 @@ json bench_size(const BenchArgs& args, int img) {
   return r;
 }
 
-// [SECTION] A deep model (issue 8): ViT-B/16 at 224 px, 197 tokens, 12 layers x 12 heads
+// [SECTION] A deep model: ViT-B/16 at 224 px, 197 tokens, 12 layers x 12 heads
 
 json bench_deep(const BenchArgs& args) {
   VitConfig c;
@@ -273,7 +273,7 @@ json bench_deep(const BenchArgs& args) {
   return r;
 }
 
-// [SECTION] The layers x heads grid (issue 8): ViT-S/16 shape, 224 px, 197 tokens, 12 x 12 heads
+// [SECTION] The layers x heads grid: ViT-S/16 shape, 224 px, 197 tokens, 12 x 12 heads
 
 // What the viewer's Layers x heads window does when the query moves: all_layer_maps (144 rows
 // from the cached q and key panels) and layer_grid (those maps scaled and coloured into one

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Training throughput of `vitlens train` against the PyTorch peer (bench/train_pytorch.py) on the
-# same recipe, one after the other in the same run, and their ratio (issue 7).
+# same recipe, one after the other in the same run, and their ratio.
 #
 #   bench/train_compare.sh BUILD_DIR [--python PY] [--threads T] [--batch B] [--steps N] [--depth L]
 #                          [--rounds R]

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The default recipe's claim, measured: `vitlens train --data fashion-mnist` with every flag at its
-# default (issue 7: >= 90.0 % test accuracy within 15 minutes of wall time on 2 cores). Prints the
+# default (the goal: >= 90.0 % test accuracy within 15 minutes of wall time on 2 cores). Prints the
 # wall time of the whole command (data loading and the per-epoch evaluations included), the test
 # accuracy after each epoch and at the end, the machine and its load before and after.
 #

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The PyTorch peer of `vitlens train` (issue 7): the same ViT, data, recipe and flags, in plain PyTorch.
+"""The PyTorch peer of `vitlens train`: the same ViT, data, recipe and flags, in plain PyTorch.
 
 Trains vitlens' classifier shape (timm's VisionTransformer layout: Conv2d patch embedding, class
 token, learned positional table, pre-norm blocks with qkv-bias attention and an exact-GELU MLP,

@@ -33,7 +33,7 @@ ctest --test-dir "$ASAN_DIR" --output-on-failure -j"$(nproc)"
 # 65535 x 16383 pixels); the fuzzers' images are capped at 4 megapixels (OpenCV refuses larger,
 # vitlens reports that in one line) so each run stays fast and within libFuzzer's memory limit.
 export OPENCV_IO_MAX_IMAGE_PIXELS=4194304
-for target in model image script; do
+for target in model image script checkpoint idx folder; do
   work="$ASAN_DIR/fuzz-run/$target"
   rm -rf "$work"
   mkdir -p "$work/corpus"

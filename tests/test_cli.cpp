@@ -2,19 +2,25 @@
 // errors, batches with a bad image, atomic writes.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
+#include <vector>
 
 #include <opencv2/imgcodecs.hpp>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/files.hpp"
+#include "vitlens/heatmap.hpp"
 
 using namespace vitlens;
 
@@ -93,8 +99,10 @@ TEST_CASE("cli: export writes every head, the mean, the montage, JSON and raw np
   for (int h = 0; h < 4; ++h) {
     const cv::Mat png = cv::imread(f.dir + "/photo_head" + std::to_string(h) + ".png", cv::IMREAD_UNCHANGED);
     REQUIRE_FALSE(png.empty());
-    CHECK(png.cols == 24);  // the processed image: 22x18 padded to whole 4-pixel patches
-    CHECK(png.rows == 20);
+    // The processed image (22x18 padded to 24x20) enlarged to the montage's smallest tile, with the
+    // head's label above it and the colour bar and caption below.
+    CHECK(png.cols >= kMinMontageTile);
+    CHECK(png.rows > kMinMontageTile * 20 / 24);
     CHECK(png.channels() == 3);
   }
   CHECK(exists(f.dir + "/photo_mean.png"));
@@ -322,7 +330,173 @@ TEST_CASE("atomic writes: a failed write leaves no temporary and no damaged file
   CHECK(leftovers == 0);
 }
 
-// [SECTION] Issue 9: flags the viewer had, the output folder, formats
+// [SECTION] Files vitlens did not write: never replaced, never deleted, never overwritten as inputs
+
+namespace {
+
+void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
+
+std::string make_dir(const std::string& path) {
+  ::mkdir(path.c_str(), 0755);
+  return path;
+}
+
+// The visible files of a folder, sorted.
+std::vector<std::string> visible_files(const std::string& dir) {
+  std::vector<std::string> names;
+  for (const auto& e : std::filesystem::directory_iterator(dir)) {
+    const std::string name = e.path().filename().string();
+    if (name[0] != '.') names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+// Expands the shell's "{A..B}" ranges of a name, as the export summary folds them.
+std::vector<std::string> expand_ranges(const std::string& name) {
+  const size_t open = name.find('{');
+  if (open == std::string::npos) return {name};
+  const size_t dots = name.find("..", open), close = name.find('}', open);
+  REQUIRE(dots != std::string::npos);
+  REQUIRE(close != std::string::npos);
+  const int first = std::stoi(name.substr(open + 1, dots - open - 1)), last = std::stoi(name.substr(dots + 2, close - dots - 2));
+  std::vector<std::string> out;
+  for (int v = first; v <= last; ++v)
+    for (const std::string& rest : expand_ranges(name.substr(close + 1)))
+      out.push_back(name.substr(0, open) + std::to_string(v) + rest);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("cli: export replaces or deletes only files vitlens wrote; --force replaces the others", "[cli][trust]") {
+  Fixture f;
+  const std::string dir = make_dir(f.dir + "/mine");
+  cv::Mat img(16, 16, CV_8UC3, cv::Scalar(30, 60, 90));
+  REQUIRE(cv::imwrite(dir + "/data.png", img));
+  // A JSON of the record's name that vitlens did not write, listing a file of the user's.
+  const std::string foreign = R"({"files":["data_notes.txt"]})";
+  spit(dir + "/data.json", foreign);
+  spit(dir + "/data_notes.txt", "my notes");
+  const std::string export_data = "export " + dir + "/data.png --model " + f.model + " --out " + dir;
+  Run refused = run(export_data);
+  CHECK(refused.code == 1);
+  CHECK(lines(refused.err) == 1);
+  CHECK_THAT(refused.err, Catch::Contains(dir + "/data.json") && Catch::Contains("did not write") &&
+                              Catch::Contains("--force"));
+  CHECK(slurp(dir + "/data.json") == foreign);
+  CHECK(slurp(dir + "/data_notes.txt") == "my notes");
+  CHECK_FALSE(exists(dir + "/data_head0.png"));  // nothing of the set
+  // --force replaces it; what a record vitlens did not write lists is still never deleted.
+  Run forced = run(export_data + " --force");
+  INFO(forced.err);
+  CHECK(forced.code == 0);
+  CHECK(slurp(dir + "/data_notes.txt") == "my notes");
+  CHECK(nlohmann::json::parse(slurp(dir + "/data.json"))[kRecordKey] == "data.json");
+  CHECK(run(export_data).code == 0);  // vitlens' own record now: replaced without --force
+
+  // A LabelMe-style annotation beside its image.
+  REQUIRE(cv::imwrite(dir + "/img001.png", img));
+  const std::string labelme = R"({"version":"5.2.1","shapes":[{"label":"cat","points":[[1,2],[3,4]]}],"imagePath":"img001.png"})";
+  spit(dir + "/img001.json", labelme);
+  Run annotated = run("export " + dir + "/img001.png --model " + f.model + " --out " + dir);
+  CHECK(annotated.code == 1);
+  CHECK_THAT(annotated.err, Catch::Contains("img001.json"));
+  CHECK(slurp(dir + "/img001.json") == labelme);
+
+  // A picture of the user's with one output's name, and a renamed copy of a record of vitlens
+  // (it names another file: a copy proves nothing).
+  const std::string other = make_dir(f.dir + "/other");
+  spit(other + "/photo_mean.png", "my picture");
+  Run picture = run("export " + f.image + " --model " + f.model + " --out " + other);
+  CHECK(picture.code == 1);
+  CHECK_THAT(picture.err, Catch::Contains(other + "/photo_mean.png"));
+  CHECK(slurp(other + "/photo_mean.png") == "my picture");
+  CHECK_FALSE(exists(other + "/photo.json"));
+  std::filesystem::copy_file(dir + "/data.json", other + "/copy.json");
+  REQUIRE(cv::imwrite(other + "/copy.png", img));
+  Run copy = run("export " + other + "/copy.png --model " + f.model + " --out " + other);
+  CHECK(copy.code == 1);
+  CHECK_THAT(copy.err, Catch::Contains("copy.json"));
+
+  // A file another mode's record lists is vitlens' too: --layer's weights, then the maps' own.
+  const std::string modes = make_dir(f.dir + "/modes");
+  const std::string base = "export " + f.image + " --model " + f.model + " --out " + modes + " --size 0 --raw";
+  CHECK(run(base + " --layer all").code == 0);
+  Run maps = run(base);
+  INFO(maps.err);
+  CHECK(maps.code == 0);
+
+  Run help = run("export --help");
+  CHECK_THAT(help.out, Catch::Contains("--force") && Catch::Contains("vitlens did not write"));
+}
+
+TEST_CASE("cli: no mode's output replaces one of its inputs, whatever path names it", "[cli][trust]") {
+  Fixture f;
+  const std::string dir = make_dir(f.dir + "/inputs");
+  cv::Mat img(16, 16, CV_8UC3, cv::Scalar(30, 60, 90));
+  REQUIRE(cv::imwrite(dir + "/a.png", img));
+  // Earlier outputs of vitlens (in inferno, so that an export over them in viridis would show),
+  // given as inputs: --rollout's picture, --layer all's layer map and its layers montage, the last
+  // through a hard link of another name.
+  const std::string export_a = "export " + dir + "/a.png --model " + f.model + " --out " + dir + " --colormap inferno";
+  REQUIRE(run(export_a + " --rollout").code == 0);
+  REQUIRE(run(export_a + " --layer all").code == 0);
+  const std::string linked = make_dir(f.dir + "/elsewhere") + "/montage.png";
+  REQUIRE(::link((dir + "/a_layers_montage.png").c_str(), linked.c_str()) == 0);
+  std::map<std::string, std::string> before;
+  for (const char* name : {"a_rollout.png", "a_layer0_mean.png", "a_layers_montage.png"}) before[name] = slurp(dir + "/" + name);
+
+  Run rollout = run("export " + dir + "/a.png " + dir + "/a_rollout.png --rollout --model " + f.model + " --out " + dir);
+  INFO(rollout.err);
+  CHECK(rollout.code == 0);
+  CHECK(slurp(dir + "/a_rollout.png") == before["a_rollout.png"]);
+  CHECK(exists(dir + "/a_2_rollout.png"));  // a's rollout took the next free stem
+  // The second input's rollout is of the picture as it was.
+  CHECK_THAT(nlohmann::json::parse(slurp(dir + "/a_rollout_rollout.json"))["image"].get<std::string>(),
+             Catch::EndsWith("/a_rollout.png"));
+
+  Run layers = run("export " + dir + "/a.png " + dir + "/a_layer0_mean.png " + linked + " --layer all --model " + f.model +
+                   " --out " + dir);
+  INFO(layers.err);
+  CHECK(layers.code == 0);
+  for (const char* name : {"a_layer0_mean.png", "a_layers_montage.png"}) CHECK(slurp(dir + "/" + name) == before[name]);
+  CHECK(exists(dir + "/a_2_layers_montage.png"));
+}
+
+TEST_CASE("cli: each export's summary names exactly the files it wrote", "[cli][trust]") {
+  Fixture f;
+  // A number in the stem (written with a leading zero) is part of every name, not a range.
+  const std::string numbered = f.dir + "/img007.png";
+  std::filesystem::copy_file(f.image, numbered);
+  std::vector<std::pair<std::string, std::string>> runs;  // (image, mode)
+  for (const char* mode : {"", "--raw", "--rollout", "--layer all", "--layer 0-1 --raw", "--rollout --layer 1"})
+    for (const std::string& image : {f.image, numbered}) runs.emplace_back(image, mode);
+  for (const auto& [image, mode] : runs) {
+    INFO("mode '" << mode << "', " << image);
+    const std::string out = test::temp_dir("summary");
+    Run r = run("export " + image + " --model " + f.model + " --out " + out + " --size 0 " + mode);
+    INFO(r.out << r.err);
+    REQUIRE(r.code == 0);
+    // "<image>: N files in <out> (<names>), T ms"
+    const size_t open = r.out.find(out + " (");
+    const size_t close = r.out.rfind("), ");
+    REQUIRE(open != std::string::npos);
+    REQUIRE(close != std::string::npos);
+    const std::string list = r.out.substr(open + out.size() + 2, close - open - out.size() - 2);
+    std::vector<std::string> named;
+    for (size_t start = 0; start <= list.size();) {
+      const size_t comma = std::min(list.find(", ", start), list.size());
+      for (const std::string& name : expand_ranges(list.substr(start, comma - start))) named.push_back(name);
+      start = comma + 2;
+    }
+    std::sort(named.begin(), named.end());
+    CHECK(named == visible_files(out));
+    CHECK_THAT(r.out, Catch::Contains(": " + std::to_string(named.size()) + " files in "));
+  }
+}
+
+// [SECTION] Flags the viewer had, the output folder, formats
 
 namespace {
 
@@ -392,8 +566,9 @@ TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]"
   CHECK(plain["normalize"] == "robust");  // the new default
   CHECK(plain["score_scale"].get<double>() == Approx(1.0 / std::sqrt(12.0)).epsilon(1e-6));
   CHECK(plain["robust_percentile"] == 99.0);
+  CHECK(plain["robust_max_saturated_mass"] == 0.1);
   REQUIRE(plain["colour_scale_top"].size() == 5);
-  for (size_t h = 0; h < 4; ++h)  // the 99th percentile: at most the maximum
+  for (size_t h = 0; h < 4; ++h)  // the robust top: at most the maximum
     CHECK(plain["colour_scale_top"][h].get<double>() <= plain["heads"][h]["max"].get<double>());
   REQUIRE(run(base + "--normalize head").code == 0);
   const auto per_head = read_json(f.dir + "/photo.json");
@@ -417,7 +592,7 @@ TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]"
   REQUIRE(j["threshold"]["heads_then_mean"].size() == 5);
   for (const auto& t : j["threshold"]["heads_then_mean"]) {
     CHECK(t["kept_mass"].get<double>() >= 0.6);
-    CHECK(t["total_patches"] == 30);
+    CHECK(t["total_patches"] == 20);  // the image's 5x4 patches: the 10 padding patches are not part of it
     CHECK(t["no_structure"] == false);
   }
   // The maps as drawn are the kept maps: their sums are what was kept.
@@ -525,4 +700,25 @@ TEST_CASE("cli: a GIF is refused with the formats that work", "[cli][errors]") {
   Run text = run("export " + f.dir + "/notes.txt --model " + f.model + " --out " + f.dir);
   CHECK(text.code == 1);
   CHECK_THAT(text.err, Catch::Contains("vitlens reads PNG, JPEG"));
+}
+
+TEST_CASE("cli: bundled models by name: models, export, info, a bad name", "[cli][names]") {
+  Run m = run("models");
+  INFO(m.err);
+  CHECK(m.code == 0);
+  CHECK(lines(m.out) == 5);  // the folder, then one line a model
+  for (const char* name : {"\n  designed ", "\n  random ", "\n  fashion-mnist ", "\n  mae-photos "})
+    CHECK_THAT(m.out, Catch::Contains(name));
+  const std::string dir = test::temp_dir("cli-names");
+  Run e = run("export " + default_image_path() + " --model fashion-mnist --out " + dir + " --quiet");
+  INFO(e.err);
+  CHECK(e.code == 0);
+  CHECK(exists(dir + "/vitlens-demo_montage.png"));
+  Run i = run("info --model mae-photos");
+  CHECK(i.code == 0);
+  CHECK_THAT(i.out, Catch::Contains("vitlens-mae-photos.safetensors"));
+  Run bad = run("export " + default_image_path() + " --model no-such-model --out " + dir);
+  CHECK(bad.code == 1);
+  CHECK(lines(bad.err) == 1);
+  CHECK_THAT(bad.err, Catch::Contains("no such file, and no bundled model has this name: designed, fashion-mnist"));
 }

@@ -199,14 +199,14 @@ TEST_CASE("the demo image has every class the designed heads look for", "[bundle
   CHECK(mixed == 0);
 }
 
-// Thresholds: the designed heads measure 0.979 / 0.816 / 0.890 / 0.708 (edges / texture / colour /
+// Thresholds: the designed heads measure 0.979 / 0.816 / 0.890 / 0.883 (edges / texture / colour /
 // position); the random control is near uniform, i.e. about the fraction of patches that match
 // (0.003 to 0.163). The bounds leave room for small changes in the demo image but fail if a head
 // stops doing its job or the control starts doing it.
 TEST_CASE("each designed head attends to what its description says", "[bundled][heads]") {
   const Measured& m = measured();
   INFO(table("designed", m.designed) << table("random", m.random));
-  const double minimum[kMeasures] = {0.9, 0.7, 0.8, 0.6};
+  const double minimum[kMeasures] = {0.9, 0.7, 0.8, 0.8};
   for (int h = 0; h < 4; ++h) {
     INFO("head " << h << ": " << kMeasureNames[h] << ", over " << m.designed.queries[h] << " query patches");
     REQUIRE(m.designed.queries[h] >= 50);

@@ -1,5 +1,5 @@
-// Head-role lifts (core/include/vitlens/head_roles.hpp, issue 7) and the designed model's roles on
-// the demo image and on real photographs (issue 9).
+// Head-role lifts (core/include/vitlens/head_roles.hpp) and the designed model's roles on
+// the demo image and on real photographs.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -284,4 +284,68 @@ TEST_CASE("on real photos each designed head does its role", "[head_roles][bundl
     INFO("head " << h);
     CHECK(4 * passes[h] >= 3 * n);
   }
+}
+
+// The position head attends near the query on any photo, whatever the query patch's contrast:
+// LayerNorm's 1 / |f| shrinks every score of a textured patch (s_i s_j), and the old design's
+// score (three frequencies per axis, positive along the query's whole row and column) then sent
+// up to half of a textured query's mass 16 or more patches away. Queries are split by the
+// luminance standard deviation of their patch: flat below 0.01, textured above 0.05 (pixel units).
+TEST_CASE("on real photos the designed position head stays near the query, flat or textured", "[head_roles][bundled][photos]") {
+  const std::string folder = "/usr/share/doc/opencv-doc/examples/data/";
+  // Mostly flat (a logo, an orange on a plain ground, a room) to mostly textured (fur, a painting,
+  // a chessboard photo).
+  const char* const photos[] = {"WindowsLogo.jpg", "orange.jpg", "home.jpg", "aero1.jpg",
+                                "baboon.jpg",      "starry_night.jpg", "board.jpg"};
+  const VitModel model = load_model(default_model_path());
+  std::string report;
+  for (const char* p : photos) {
+    INFO("missing " << folder << p << ": install the Debian package opencv-doc (scripts/setup.sh does)");
+    REQUIRE(std::filesystem::is_regular_file(folder + p));
+    const PreparedImage image = prepare_image(load_image_rgb(folder + p), model.config, default_max_side(model.config), p);
+    const ForwardResult r = forward(model, image.grid, ForwardOptions{});
+    const HeadRoleScores roles = head_role_scores(model, image.grid, r);
+    const int gw = r.grid_w, patches = r.grid_h * r.grid_w, area = 16;
+    std::vector<float> row(static_cast<size_t>(r.tokens));
+    double near[2] = {}, far[2] = {};  // [flat, textured]: mass share within Chebyshev 3, at 16 or more
+    int count[2] = {};
+    for (int i = 0; i < patches; i += 3) {
+      if (image.grid.patch_is_padding[static_cast<size_t>(i)]) continue;
+      const float* v = image.grid.patches.row(i).data();  // (3, 4, 4) normalised, mean = std = 0.5
+      double lum[area] = {}, mean = 0.0, var = 0.0;
+      for (int c = 0; c < 3; ++c)
+        for (int e = 0; e < area; ++e) lum[e] += (0.5 * v[c * area + e] + 0.5) / 3.0;
+      for (const double x : lum) mean += x / area;
+      for (const double x : lum) var += (x - mean) * (x - mean) / area;
+      const double sd = std::sqrt(var);
+      const int kind = sd < 0.01 ? 0 : sd > 0.05 ? 1 : -1;
+      if (kind < 0) continue;
+      attention_row(model, r, 0, kPositionHead, r.prefix + i, row.data());
+      double total = 0.0, within = 0.0, beyond = 0.0;
+      for (int j = 0; j < patches; ++j) {
+        const double w = row[static_cast<size_t>(r.prefix + j)];
+        const int d = std::max(std::abs(j / gw - i / gw), std::abs(j % gw - i % gw));
+        total += w;
+        within += d <= 3 ? w : 0.0;
+        beyond += d >= 16 ? w : 0.0;
+      }
+      near[kind] += within / total;
+      far[kind] += beyond / total;
+      ++count[kind];
+    }
+    const double lift = roles.lift[0][kPositionHead][kRolePosition];
+    char line[200];
+    std::snprintf(line, sizeof line, "%-17s position lift %.2f; flat queries (%d): %.3f within 3, %.3f at 16+; textured (%d): %.3f, %.3f\n",
+                  p, lift, count[0], count[0] ? near[0] / count[0] : 0.0, count[0] ? far[0] / count[0] : 0.0, count[1],
+                  count[1] ? near[1] / count[1] : 0.0, count[1] ? far[1] / count[1] : 0.0);
+    report += line;
+    INFO(line);
+    CHECK(lift >= 9.0);  // 10 = every bit of the mass on the 10 % nearest keys
+    for (int kind = 0; kind < 2; ++kind) {
+      if (count[kind] == 0) continue;
+      CHECK(near[kind] / count[kind] >= 0.9);
+      CHECK(far[kind] / count[kind] <= 0.01);
+    }
+  }
+  std::printf("%s", report.c_str());
 }

@@ -1,12 +1,14 @@
-// Hostile and broken input (issue 9): decompression bombs refused from the header, damaged images
+// Hostile and broken input: decompression bombs refused from the header, damaged images
 // named as damaged, oversized files refused before reading, temporaries removed on SIGINT /
 // SIGTERM and by the next run, one image's outputs all-or-nothing, long stems, streamed --raw.
 #include <catch2/catch.hpp>
 
 #include <chrono>
 #include <csignal>
+#include <functional>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <random>
@@ -14,6 +16,7 @@
 #include <thread>
 
 #include <dirent.h>
+#include <grp.h>
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/mman.h>
@@ -26,47 +29,27 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
+#include "process_support.hpp"
 #include "test_support.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/export.hpp"
+#include "vitlens/export_layers.hpp"
 #include "vitlens/files.hpp"
 #include "vitlens/image.hpp"
 #include "vitlens/image_probe.hpp"
 #include "vitlens/safetensors.hpp"
 
-extern char** environ;
-
 using namespace vitlens;
 
 namespace {
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }
-
-std::vector<std::string> entries(const std::string& dir) {
-  std::vector<std::string> names;
-  if (DIR* d = ::opendir(dir.c_str())) {
-    while (const dirent* e = ::readdir(d)) {
-      const std::string n = e->d_name;
-      if (n != "." && n != "..") names.push_back(n);
-    }
-    ::closedir(d);
-  }
-  std::sort(names.begin(), names.end());
-  return names;
-}
-
-int hidden_entries(const std::string& dir) {
-  int n = 0;
-  for (const std::string& e : entries(dir)) n += e[0] == '.';
-  return n;
-}
+using test::Child;
+using test::entries;
+using test::hidden_entries;
+using test::reap;
+using test::slurp;
+using test::spawn;
+using test::spit;
 
 // ---- PNG made by hand: the bomb ----
 uint32_t crc32_of(const std::string& bytes) {  // the PNG / zlib CRC-32 (polynomial 0xEDB88320)
@@ -105,82 +88,9 @@ std::string bomb_png(uint32_t width, uint32_t height, int depth, int color_type,
   return std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) + png_chunk("IDAT", z) + png_chunk("IEND", "");
 }
 
-// ---- child processes ----
-struct Child {
-  int code = -1, signal = 0;
-  long max_rss_kb = 0;
-  std::string err;
-};
-
-pid_t spawn(const std::vector<std::string>& args, const std::string& err_path) {
-  std::vector<char*> argv;
-  for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t files;
-  posix_spawn_file_actions_init(&files);
-  posix_spawn_file_actions_addopen(&files, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&files, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
-  posix_spawn_file_actions_addopen(&files, STDERR_FILENO, err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  // The default action for the signals the test sends, whatever the test runner ignores.
-  posix_spawnattr_t attr;
-  posix_spawnattr_init(&attr);
-  sigset_t defaults;
-  sigemptyset(&defaults);
-  sigaddset(&defaults, SIGINT);
-  sigaddset(&defaults, SIGTERM);
-  posix_spawnattr_setsigdefault(&attr, &defaults);
-  sigset_t none;
-  sigemptyset(&none);
-  posix_spawnattr_setsigmask(&attr, &none);
-  posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGDEF | POSIX_SPAWN_SETSIGMASK);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, argv[0], &files, &attr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&files);
-  posix_spawnattr_destroy(&attr);
-  REQUIRE(rc == 0);
-  return pid;
-}
-
-Child reap(pid_t pid, const std::string& err_path) {
-  int status = 0;
-  rusage usage {};
-  REQUIRE(::wait4(pid, &status, 0, &usage) == pid);
-  Child c;
-  if (WIFEXITED(status)) c.code = WEXITSTATUS(status);
-  if (WIFSIGNALED(status)) c.signal = WTERMSIG(status);
-  c.max_rss_kb = usage.ru_maxrss;
-  c.err = slurp(err_path);
-  return c;
-}
-
-// Runs vitlens through vitlens_peak_rss (tests/peak_rss.cpp), so that max_rss_kb is vitlens' own
-// peak: a child spawned from this process would report this process's peak as its floor.
-Child run_vitlens(const std::vector<std::string>& args) {
-  static const std::string dir = test::temp_dir("hostile-run");
-  const std::string rss_path = dir + "/rss";
-  std::remove(rss_path.c_str());
-  std::vector<std::string> all = {VITLENS_PEAK_RSS_BINARY, rss_path, VITLENS_BINARY};
-  all.insert(all.end(), args.begin(), args.end());
-  Child c = reap(spawn(all, dir + "/err"), dir + "/err");
-  const std::string rss = slurp(rss_path);
-  INFO("vitlens_peak_rss wrote '" << rss << "'; stderr: " << c.err);
-  REQUIRE(!rss.empty());
-  c.max_rss_kb = std::stol(rss);
-  return c;
-}
-
-// Raises this process's own peak RSS to at least `mb` MB (touched, then unmapped): a measurement
-// of a child that inherited this process's peak would then fail the checks below.
-void raise_own_peak_rss(size_t mb) {
-  const size_t bytes = mb << 20;
-  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  REQUIRE(p != MAP_FAILED);
-  std::memset(p, 1, bytes);
-  munmap(p, bytes);
-  rusage self{};
-  getrusage(RUSAGE_SELF, &self);
-  REQUIRE(self.ru_maxrss >= static_cast<long>(mb << 10));
-}
+using test::raise_own_peak_rss;
+using test::run_vitlens;
+using test::run_measured;
 
 struct Setup {
   std::string dir = test::temp_dir("hostile");
@@ -784,6 +694,56 @@ TEST_CASE("SIGTERM and SIGINT during an export leave no temporaries; stale ones 
   CHECK(hidden == expect);
 }
 
+namespace {
+
+using Snapshot = std::map<std::string, std::string>;
+using ExportInto = std::function<void(const std::string& dir)>;
+
+bool commit_pending(const std::string& dir) {
+  for (const std::string& e : entries(dir))
+    if (e.rfind(".vitlens-set-", 0) == 0) return true;
+  return false;
+}
+
+// Fails each file operation of export_b in turn, in a fresh folder that export_a filled: the
+// folder then holds exactly set_a or set_b, or (cut short after the commit point) a set the next
+// tidy completes to set_b. Returns {failures, interrupted commits}; stops when export_b completes.
+std::pair<int, int> fail_each_operation(const ExportInto& export_a, const ExportInto& export_b, const Snapshot& set_a,
+                                        const Snapshot& set_b) {
+  int failures = 0, interrupted_commits = 0;
+  bool completed = false;
+  for (long n = 1; n < 100 && !completed; ++n) {
+    INFO("failing file operation " << n);
+    const std::string dir = test::temp_dir("inject");
+    export_a(dir);
+    testing::fail_file_operation(n);
+    try {
+      export_b(dir);
+      completed = true;
+    } catch (const Error& e) {
+      ++failures;
+      CHECK_THAT(e.what(), Catch::Contains("No space left on device"));
+    }
+    testing::fail_file_operation(0);
+    if (!commit_pending(dir)) {
+      // Nothing half done: exactly the old set, or exactly the new one.
+      const auto now = snapshot(dir);
+      CHECK((now == set_a || now == set_b));
+      CHECK(hidden_entries(dir) == 0);
+    } else {
+      // Cut short after the commit point (the set was complete): the next run finishes it.
+      ++interrupted_commits;
+      CHECK(tidy_output_dir(dir) == 1);
+      CHECK(snapshot(dir) == set_b);
+      CHECK(hidden_entries(dir) == 0);
+    }
+  }
+  CHECK(completed);
+  return {failures, interrupted_commits};
+}
+
+}  // namespace
+
 TEST_CASE("one image's outputs appear together or not at all, whichever file operation fails", "[export][atomic]") {
   Setup s;
   const ImageAnalysis raw_analysis = [&] {
@@ -815,40 +775,88 @@ TEST_CASE("one image's outputs appear together or not at all, whichever file ope
   REQUIRE(set_a.size() == 8);  // 4 heads, mean, montage, npy, json
   REQUIRE(set_b.size() == 7);
   REQUIRE(set_a.at("photo_head0.png") != set_b.at("photo_head0.png"));
-
-  int failures = 0, interrupted_commits = 0;
-  bool completed = false;
-  for (long n = 1; n < 100 && !completed; ++n) {
-    INFO("failing file operation " << n);
-    const std::string dir = test::temp_dir("inject");
-    export_a(dir);
-    testing::fail_file_operation(n);
-    try {
-      export_b(dir);
-      completed = true;
-    } catch (const Error& e) {
-      ++failures;
-      CHECK_THAT(e.what(), Catch::Contains("No space left on device"));
-    }
-    testing::fail_file_operation(0);
-    bool pending = false;
-    for (const std::string& e : entries(dir)) pending = pending || e.rfind(".vitlens-set-", 0) == 0;
-    if (!pending) {
-      // Nothing half done: exactly the old set, or exactly the new one.
-      const auto now = snapshot(dir);
-      CHECK((now == set_a || now == set_b));
-      CHECK(hidden_entries(dir) == 0);
-    } else {
-      // Cut short after the commit point (the set was complete): the next run finishes it.
-      ++interrupted_commits;
-      CHECK(tidy_output_dir(dir) == 1);
-      CHECK(snapshot(dir) == set_b);
-      CHECK(hidden_entries(dir) == 0);
-    }
-  }
-  CHECK(completed);
+  const auto [failures, interrupted_commits] = fail_each_operation(export_a, export_b, set_a, set_b);
   CHECK(failures >= 12);           // every file written and every rename was made to fail once
   CHECK(interrupted_commits >= 6);  // of which the renames after the commit point
+}
+
+TEST_CASE("a rollout, every layer, and a forced export over files vitlens did not write are all or nothing too", "[export][atomic][trust]") {
+  Setup s;
+  // The rollout's picture and record: one set (it was two files written one after the other).
+  auto rollout_with = [&](const char* colormap) {
+    return [&, colormap](const std::string& dir) {
+      ExportSettings e;
+      e.out_dir = dir;
+      e.max_side = 0;
+      e.style.colormap = colormap;
+      export_rollout(s.loaded, s.image, e, RolloutOptions{});
+    };
+  };
+  const std::string ref_a = test::temp_dir("roll-a"), ref_b = test::temp_dir("roll-b");
+  rollout_with("viridis")(ref_a);
+  rollout_with("inferno")(ref_b);
+  const auto roll_a = snapshot(ref_a), roll_b = snapshot(ref_b);
+  REQUIRE(roll_b.size() == 2);
+  REQUIRE(roll_a.at("photo_rollout.png") != roll_b.at("photo_rollout.png"));
+  const auto [roll_failures, roll_interrupted] = fail_each_operation(rollout_with("viridis"), rollout_with("inferno"), roll_a, roll_b);
+  CHECK(roll_failures >= 6);  // 2 files and the record's 2 internal ones written, 3 renames
+  CHECK(roll_interrupted >= 2);
+
+  // Every layer's files and records, the layers montage and the weights: one set as well.
+  auto layers_with = [&](const char* colormap) {
+    return [&, colormap](const std::string& dir) {
+      ExportSettings e;
+      e.out_dir = dir;
+      e.max_side = 0;
+      e.raw = true;
+      e.style.colormap = colormap;
+      export_layers(s.loaded, s.image, e, 0, 1);
+    };
+  };
+  const std::string layers_a = test::temp_dir("layers-a"), layers_b = test::temp_dir("layers-b");
+  layers_with("viridis")(layers_a);
+  layers_with("inferno")(layers_b);
+  const auto all_a = snapshot(layers_a), all_b = snapshot(layers_b);
+  REQUIRE(all_b.size() == 2 * 7 + 3);  // per layer 4 heads, mean, montage, record; montage, npy, record
+  const auto [layer_failures, layer_interrupted] =
+      fail_each_operation(layers_with("viridis"), layers_with("inferno"), all_a, all_b);
+  CHECK(layer_failures >= 2 * 17 + 3);  // every file and rename of both layers and of the rest
+  CHECK(layer_interrupted >= 16);
+
+  // --force over a user's record and picture of the outputs' names: the user's files stay whole
+  // until the set replaces them, and the commit left by a failure is completed with --force's
+  // leave (the commit folder records it).
+  const ImageAnalysis analysis = analyse_image(s.loaded, s.image, [] {
+    ExportSettings e;
+    e.max_side = 0;
+    return e;
+  }());
+  auto users_files = [](const std::string& dir) {
+    spit(dir + "/photo.json", R"({"labels": ["cat"]})");
+    spit(dir + "/photo_mean.png", "a picture of the user's");
+  };
+  auto forced = [&](const std::string& dir) {
+    ExportSettings e;
+    e.out_dir = dir;
+    e.max_side = 0;
+    e.force = true;
+    write_export(s.loaded, analysis, e);
+  };
+  const std::string user_ref = test::temp_dir("user"), forced_ref = test::temp_dir("forced");
+  users_files(user_ref);
+  forced(forced_ref);
+  const auto [force_failures, force_interrupted] = fail_each_operation(users_files, forced, snapshot(user_ref), snapshot(forced_ref));
+  CHECK(force_failures >= 13);  // one more file than without --force: the commit folder's mark
+  CHECK(force_interrupted >= 6);
+  // Without --force the same export is refused before anything is written.
+  const std::string refused = test::temp_dir("refused");
+  users_files(refused);
+  ExportSettings plain;
+  plain.out_dir = refused;
+  plain.max_side = 0;
+  CHECK_THROWS_AS(write_export(s.loaded, analysis, plain), OutputConflict);
+  CHECK(snapshot(refused) == snapshot(user_ref));
+  CHECK(hidden_entries(refused) == 0);
 }
 
 TEST_CASE("two concurrent exports into one folder leave one complete, consistent set", "[export][atomic]") {
@@ -879,6 +887,25 @@ TEST_CASE("two concurrent exports into one folder leave one complete, consistent
   }
 }
 
+namespace {
+
+// The first failing file operation of an export (export_with(dir, "inferno") over "viridis")
+// that leaves a commit folder: the first rename after the commit point.
+long first_operation_after_commit_point(const std::function<void(const std::string&, const char*)>& export_with) {
+  for (long n = 1; n < 60; ++n) {
+    const std::string dir = test::temp_dir("find");
+    export_with(dir, "viridis");
+    testing::fail_file_operation(n);
+    CHECK_THROWS(export_with(dir, "inferno"));
+    testing::fail_file_operation(0);
+    if (commit_pending(dir)) return n;
+  }
+  FAIL("no failing operation left a commit folder");
+  return 0;
+}
+
+}  // namespace
+
 TEST_CASE("an interrupted commit is completed by the next run, or dropped when a newer set replaced it", "[export][atomic]") {
   Setup s;
   ExportSettings base;
@@ -890,29 +917,15 @@ TEST_CASE("an interrupted commit is completed by the next run, or dropped when a
     e.style.colormap = colormap;
     write_export(s.loaded, analysis, e);
   };
-  auto pending = [](const std::string& dir) {
-    for (const std::string& e : entries(dir))
-      if (e.rfind(".vitlens-set-", 0) == 0) return true;
-    return false;
-  };
+  const auto pending = commit_pending;
   std::map<std::string, std::map<std::string, std::string>> sets;
   for (const char* colormap : {"viridis", "inferno", "magma"}) {
     const std::string ref = test::temp_dir("ref");
     export_with(ref, colormap);
     sets[colormap] = snapshot(ref);
   }
-  // The first failing operation that leaves a commit folder: the first rename after the commit
-  // point. Two later, two of the new files are already in place when it stops.
-  long first = 0;
-  for (long n = 1; n < 60 && first == 0; ++n) {
-    const std::string dir = test::temp_dir("find");
-    export_with(dir, "viridis");
-    testing::fail_file_operation(n);
-    CHECK_THROWS(export_with(dir, "inferno"));
-    testing::fail_file_operation(0);
-    if (pending(dir)) first = n;
-  }
-  REQUIRE(first > 0);
+  // Two operations after the commit point, two of the new files are already in place.
+  const long first = first_operation_after_commit_point(export_with);
   auto interrupted = [&](const std::string& dir) {
     export_with(dir, "viridis");
     testing::fail_file_operation(first + 2);
@@ -967,4 +980,229 @@ TEST_CASE("a file size limit (as a full disk) kills an export mid-write: the old
   REQUIRE(reap(spawn(plain, err), err).code == 0);
   CHECK(snapshot(out) == before);
   CHECK(hidden_entries(out) == 0);
+}
+
+// [SECTION] Shared folders: nothing another user or a stray entry left blocks an export
+
+namespace {
+
+// Collects the warnings of vitlens' file functions for one scope (stderr again on the way out).
+struct CollectWarnings {
+  std::vector<std::string> lines;
+  CollectWarnings() {
+    set_file_warning_handler([this](const std::string& text) { lines.push_back(text); });
+  }
+  ~CollectWarnings() { set_file_warning_handler(nullptr); }
+  CollectWarnings(const CollectWarnings&) = delete;
+  CollectWarnings& operator=(const CollectWarnings&) = delete;
+};
+
+// Entries of a commit folder's name that are not an interrupted set of this user: a file, an
+// empty folder and a folder of something else.
+std::vector<std::string> make_strays(const std::string& dir) {
+  spit(dir + "/.vitlens-set-abc", "");
+  REQUIRE(::mkdir((dir + "/.vitlens-set-empty").c_str(), 0755) == 0);
+  REQUIRE(::mkdir((dir + "/.vitlens-set-junk").c_str(), 0755) == 0);
+  spit(dir + "/.vitlens-set-junk/garbage", "\x01\x02 not an export");
+  return {".vitlens-set-abc", ".vitlens-set-empty", ".vitlens-set-junk"};
+}
+
+// Runs vitlens as the user `uid`: a forked child of this (root) process drops its groups and ids
+// with setgroups / setresgid / setresuid, then runs the binary. Nothing of the system changes.
+Child run_vitlens_as(uid_t uid, const std::vector<std::string>& args, const std::string& err_path) {
+  std::vector<std::string> all = {VITLENS_BINARY};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (const std::string& a : all) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const int err_fd = ::open(err_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int null_fd = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+  REQUIRE(err_fd >= 0);
+  REQUIRE(null_fd >= 0);
+  const pid_t pid = ::fork();
+  if (pid == 0) {  // only async-signal-safe calls from here to exec
+    ::dup2(null_fd, STDIN_FILENO);
+    ::dup2(null_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    const gid_t gid = static_cast<gid_t>(uid);
+    if (::setgroups(0, nullptr) != 0 || ::setresgid(gid, gid, gid) != 0 || ::setresuid(uid, uid, uid) != 0) ::_exit(125);
+    ::execv(argv[0], argv.data());
+    ::_exit(126);
+  }
+  ::close(err_fd);
+  ::close(null_fd);
+  REQUIRE(pid > 0);
+  return reap(pid, err_path);
+}
+
+int count_lines(const std::string& text, const std::string& containing) {
+  int n = 0;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) n += line.find(containing) != std::string::npos;
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("entries of a commit folder's name that are not this user's set are skipped with a warning", "[export][shared]") {
+  Setup s;
+  const std::string dir = test::temp_dir("strays");
+  const std::vector<std::string> strays = make_strays(dir);
+  {
+    CollectWarnings warnings;
+    CHECK(tidy_output_dir(dir) == 0);
+    REQUIRE(warnings.lines.size() == strays.size());
+    std::string all;
+    for (const std::string& line : warnings.lines) {
+      CHECK(line.find('\n') == std::string::npos);
+      all += line + "\n";
+    }
+    INFO(all);
+    for (const std::string& stray : strays) CHECK(count_lines(all, "/" + stray + ":") == 1);
+  }
+  // Nothing of them was removed (not ours), and every export there still works, each run with one
+  // warning line per entry.
+  for (const std::string& stray : strays) CHECK(::access((dir + "/" + stray).c_str(), F_OK) == 0);
+  CHECK(slurp(dir + "/.vitlens-set-junk/garbage") == "\x01\x02 not an export");
+  for (int run = 0; run < 2; ++run) {
+    const Child c = run_vitlens({"export", s.image, "--model", s.model, "--out", dir, "-q"});
+    INFO(c.err);
+    CHECK(c.code == 0);
+    CHECK(count_lines(c.err, "vitlens: warning: ") == 3);
+    CHECK(count_lines(c.err, "") == 3);  // and nothing else
+  }
+  CHECK(::access((dir + "/photo.json").c_str(), F_OK) == 0);
+}
+
+TEST_CASE("another user's interrupted export in a shared folder never blocks this user's", "[export][shared]") {
+  if (::geteuid() != 0) {
+    WARN("skipped: running a second user's export needs root (a forked child drops to uid 65534)");
+    return;
+  }
+  Setup s;
+  REQUIRE(::chmod(s.dir.c_str(), 0755) == 0);  // the other user reads the model and the images
+  cv::Mat other(16, 16, CV_8UC3, cv::Scalar(10, 200, 30));
+  const std::string other_image = s.dir + "/other.png";
+  REQUIRE(cv::imwrite(other_image, other));
+  const std::string shared = test::temp_dir("shared");
+  REQUIRE(::chmod(shared.c_str(), 01777) == 0);  // world-writable and sticky, as /tmp
+
+  // This user's (root's) export, cut short after its commit point as a kill -9 there would: its
+  // commit folder (mode 0700, root's) stays, and so do stray entries of a commit folder's name.
+  ExportSettings base;
+  base.max_side = 0;
+  const ImageAnalysis analysis = analyse_image(s.loaded, s.image, base);
+  auto export_with = [&](const std::string& dir, const char* colormap) {
+    ExportSettings e = base;
+    e.out_dir = dir;
+    e.style.colormap = colormap;
+    write_export(s.loaded, analysis, e);
+  };
+  const long first = first_operation_after_commit_point(export_with);
+  export_with(shared, "viridis");
+  testing::fail_file_operation(first + 2);
+  CHECK_THROWS(export_with(shared, "inferno"));
+  testing::fail_file_operation(0);
+  REQUIRE(commit_pending(shared));
+  make_strays(shared);
+
+  // Another user (nobody) exports there: the interrupted set and the strays are skipped, one
+  // warning line each, and the export is written.
+  const uid_t nobody = 65534;
+  const Child c = run_vitlens_as(nobody, {"export", other_image, "--model", s.model, "--out", shared, "-q"}, s.dir + "/as-nobody");
+  INFO(c.err);
+  CHECK(c.code == 0);
+  CHECK(count_lines(c.err, "vitlens: warning: ") == 4);
+  CHECK(count_lines(c.err, "another user's (uid 0)") == 3);  // the set and the two folders
+  struct stat st {};
+  REQUIRE(::stat((shared + "/other.json").c_str(), &st) == 0);
+  CHECK(st.st_uid == nobody);
+  // Its export of the same name as root's files stops at the first of them, in one line.
+  const Child same = run_vitlens_as(nobody, {"export", s.image, "--model", s.model, "--out", shared, "-q"}, s.dir + "/as-nobody");
+  CHECK(same.code == 1);
+  CHECK(count_lines(same.err, "belongs to another user (uid 0)") == 1);
+  CHECK(count_lines(same.err, "") - count_lines(same.err, "vitlens: warning: ") == 1);
+
+  // The owner's next run completes its own set.
+  {
+    CollectWarnings warnings;
+    CHECK(tidy_output_dir(shared) == 1);
+    CHECK(warnings.lines.size() == 3);  // the strays only
+  }
+  CHECK(nlohmann::json::parse(slurp(shared + "/photo.json"))["colormap"] == "inferno");
+}
+
+// =============================================================================================
+// Hostile training data: `vitlens train` on folders with links, damaged images and bombs. Each run
+// (about 1 s on an idle machine) is killed after 120 s and, without a sanitizer (whose allocator
+// reserves terabytes), limited to 2 GiB of address space: a walk that loops again fails here
+// rather than hanging the machine.
+namespace {
+
+Child run_train_bounded(const std::vector<std::string>& args) {
+  std::vector<std::string> command = {"/usr/bin/timeout", "-s", "KILL", "120"};
+#ifndef VITLENS_TEST_SANITIZER_ALLOCATOR
+  command.insert(command.end(), {"/usr/bin/prlimit", "--as=2147483648"});
+#endif
+  command.push_back(VITLENS_BINARY);
+  command.insert(command.end(), args.begin(), args.end());
+  return run_measured(command);
+}
+
+void small_png(const std::string& path, int value) {
+  REQUIRE(cv::imwrite(path, cv::Mat(8, 8, CV_8UC3, cv::Scalar(value, 255 - value, value / 2))));
+}
+
+void symlink_or_fail(const std::string& target, const std::string& link) { REQUIRE(::symlink(target.c_str(), link.c_str()) == 0); }
+
+}  // namespace
+
+TEST_CASE("train on folders with link loops, a link to / and damaged images: ends, each image once, one line each", "[train][hostile][links]") {
+  const std::string d = test::temp_dir("hostile-data");
+  for (const char* c : {"/a", "/b"}) REQUIRE(::mkdir((d + c).c_str(), 0755) == 0);
+  for (int i = 0; i < 3; ++i) {
+    small_png(d + "/a/" + std::to_string(i) + ".png", 40 * i);
+    small_png(d + "/b/" + std::to_string(i) + ".png", 200 - 40 * i);
+  }
+  symlink_or_fail(".", d + "/a/l1");  // two self-links: hung with memory growing without limit
+  symlink_or_fail(".", d + "/a/l2");
+  symlink_or_fail("/", d + "/b/root");  // walked the whole disk
+  symlink_or_fail("..", d + "/b/up");  // a loop through the parent
+  spit(d + "/a/truncated.png", slurp(d + "/a/0.png").substr(0, 40));
+  std::string flipped = real_photo();
+  for (size_t at = 600; at < flipped.size(); at += 97) flipped[at] = static_cast<char>(flipped[at] ^ 0x5a);
+  spit(d + "/b/flipped.jpg", flipped);
+  spit(d + "/b/bomb.png", bomb_png(60000, 60000, 8, 2, 3));  // 3.6 gigapixels claimed
+  raise_own_peak_rss(256);  // each child's own peak is measured, not this process's
+
+  const std::string common = "--img-size 8 --patch 4 --depth 1 --embed-dim 8 --heads 2 --batch 2 --epochs 1 --val-split 0";
+  auto args = [&](const std::string& data, const std::string& out) {
+    std::vector<std::string> a = {"train", "--data", data, "--out", d + "/" + out};
+    std::istringstream words(common);
+    for (std::string w; words >> w;) a.push_back(w);
+    return a;
+  };
+  SECTION("an ImageFolder") {
+    const Child c = run_train_bounded(args(d, "run"));
+    INFO(c.err);
+    CHECK(c.code == 0);
+    CHECK_THAT(c.err, Catch::Contains("on 6 images of " + d));
+    CHECK_THAT(c.err, Catch::Contains("vitlens: not following 2 links to a folder outside the data folder (" + d +
+                                      "/b/root: a link to /, outside " + d + "/b)"));
+    // Whatever the damage, each bad image is named in the one line of skipped files.
+    CHECK_THAT(c.err, Catch::Contains("vitlens: skipped 3 unreadable image(s) in " + d));
+    for (const char* bad : {"/a/truncated.png", "/b/flipped.jpg", "/b/bomb.png"}) CHECK_THAT(c.err, Catch::Contains(d + bad));
+    CHECK(c.max_rss_kb < 200 * 1024);
+  }
+  SECTION("photos:DIR") {
+    const Child c = run_train_bounded(args("photos:" + d, "mae"));
+    INFO(c.err);
+    CHECK(c.code == 0);
+    // a/, b/ and nothing through a link; d itself again through b/up is the folder read already.
+    CHECK_THAT(c.err, Catch::Contains("on 6 photos of " + d));
+    CHECK_THAT(c.err, Catch::Contains("vitlens: not following 1 link to a folder outside the data folder (" + d +
+                                      "/b/root: a link to /, outside " + d + ")"));
+    CHECK(c.max_rss_kb < 200 * 1024);
+  }
+  std::filesystem::remove_all(d);  // removes the links, never what they point to
 }

@@ -1,9 +1,9 @@
-// The layers x heads grid and prefix tokens as queries (issue 8), against independent references:
+// The layers x heads grid and prefix tokens as queries, against independent references:
 //  - every tile of the grid, for a patch query and for each prefix token (class, distillation,
 //    registers), equals the library's own attention weights (probs.npy that timm wrote for the
 //    fixture, tests/fixtures/make_foreign_fixtures.py) to the fixtures' tolerance, 1e-5;
 //  - the grid's picture is the colour map of exactly those maps, scaled as the heads view scales
-//    one layer (map_scales, display_values), with the threshold of keep_top_mass;
+//    one layer (map_scales, display_values), with the threshold of apply_threshold;
 //  - `--token` names resolve to the right rows, and every name a model cannot take is one line.
 #include <catch2/catch.hpp>
 
@@ -131,9 +131,7 @@ TEST_CASE("The grid picture is each layer's maps coloured as the heads view scal
         request.layer = l;
         request.query_token = q;
         HeadMaps maps = attention_maps(c.model, c.result, request);
-        if (threshold > 0.0f)
-          for (MatRM& m : maps.heads) m = keep_top_mass(m, threshold).kept_map;
-        if (threshold > 0.0f) maps.mean = keep_top_mass(maps.mean, threshold).kept_map;
+        if (threshold > 0.0f) apply_threshold(maps, threshold);  // the scale then counts the kept patches
         const std::vector<float> scales = map_scales(maps, normalize);
         for (int h = 0; h < H; ++h) {
           const MatRM shown = display_values(maps.heads[static_cast<size_t>(h)], scales[static_cast<size_t>(h)], normalize);

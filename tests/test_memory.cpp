@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "test_support.hpp"
 #include "vitlens/memory.hpp"
 
 using namespace vitlens;
@@ -37,16 +38,7 @@ long faults_of_one_round() {
   return minor_faults() - before;
 }
 
-// A sanitizer's allocator (address, leak, thread, memory) takes mallopt and ignores it.
-#if defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(leak_sanitizer) || __has_feature(thread_sanitizer) || \
-    __has_feature(memory_sanitizer)
-#define VITLENS_TEST_SANITIZER_ALLOCATOR 1
-#endif
-#endif
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define VITLENS_TEST_SANITIZER_ALLOCATOR 1
-#endif
+// A sanitizer's allocator takes mallopt and ignores it (VITLENS_TEST_SANITIZER_ALLOCATOR, test_support.hpp).
 
 }  // namespace
 

@@ -552,3 +552,142 @@ TEST_CASE("F16 and BF16 tensors load as the exact float values", "[safetensors]"
     CHECK(same_float(model.w.norm_b[i], bf16_values[i]));
   }
 }
+
+TEST_CASE("the header is exactly its JSON, padded with spaces only: a wrong header length is refused",
+          "[safetensors][format]") {
+  TempDir dir;
+  const std::string bytes = valid_bytes();
+  const uint64_t n = read_le64(bytes);
+  const std::string header = bytes.substr(8, n), data = bytes.substr(8 + n);
+
+  // Space padding is the format's own: more of it still loads.
+  write_bytes(dir.file("spaces.safetensors"), le64(n + 16) + header + std::string(16, ' ') + data);
+  CHECK(vitlens::load_model(dir.file("spaces.safetensors")).config.embed_dim == 8);
+
+  // Four NUL bytes after the JSON counted in the header length: the data then starts in the
+  // right place, but the file is not what the format allows.
+  CHECK_THAT(expect_load_error(dir, "nul_padding", le64(n + 4) + header + std::string(4, '\0') + data),
+             Contains("only spaces"));
+  // The header length 4 too large, the data as it was: every tensor would be read 4 bytes off.
+  expect_load_error(dir, "length_plus_4", le64(n + 4) + header + data + std::string(4, '\0'));
+  // The length 4 too small cuts the JSON.
+  expect_load_error(dir, "length_minus_4", le64(n - 4) + header + data);
+  for (const std::string& pad : {std::string("\n"), std::string("\t"), std::string("\r\n"), std::string("x")}) {
+    INFO("padding " << json(pad).dump());
+    expect_load_error(dir, "other_padding", le64(n + pad.size()) + header + pad + data);
+  }
+  // A NUL inside the header, with more JSON-looking text after it.
+  std::string with_nul = header;
+  with_nul.insert(with_nul.find('}') + 1, std::string("\0}", 2));
+  expect_load_error(dir, "nul_inside", join_text(with_nul, data));
+  // The header must begin with '{' (no leading whitespace either).
+  expect_load_error(dir, "leading_space", join_text(" " + split(bytes).header.dump(), data), {"'{'"});
+}
+
+TEST_CASE("a key given twice anywhere in a model's JSON is refused, never the last one kept", "[safetensors][format]") {
+  TempDir dir;
+  const RawFile valid = split(valid_bytes());
+  const std::string text = valid.header.dump();
+  const std::string tensor = "blocks.0.norm1.weight";
+
+  // The same tensor twice, the second pointing at another tensor's bytes (same shape and dtype).
+  json second = valid.header[tensor];
+  second["data_offsets"] = valid.header["blocks.0.norm1.bias"]["data_offsets"];
+  const std::string twice = "{\"" + tensor + "\":" + second.dump() + "," + text.substr(1);
+  CHECK_THAT(expect_load_error(dir, "tensor_twice", join_text(twice, valid.data), {tensor}), Contains("twice"));
+
+  // A field twice in one entry.
+  const std::string entry = valid.header[tensor].dump();
+  std::string field_twice = text;
+  field_twice.replace(field_twice.find(entry), entry.size(),
+                      "{\"dtype\":\"F16\"," + entry.substr(1));
+  expect_load_error(dir, "field_twice", join_text(field_twice, valid.data), {tensor, "dtype"});
+
+  // __metadata__ twice, and a key twice inside it.
+  const std::string meta = valid.header["__metadata__"].dump();
+  expect_load_error(dir, "metadata_twice",
+                    join_text("{\"__metadata__\":{\"format\":\"pt\"}," + text.substr(1), valid.data), {"__metadata__"});
+  std::string meta_key_twice = text;
+  meta_key_twice.replace(meta_key_twice.find(meta), meta.size(), "{\"config\":\"{}\"," + meta.substr(1));
+  expect_load_error(dir, "metadata_key_twice", join_text(meta_key_twice, valid.data), {"config", "twice"});
+
+  // A key twice in the config JSON: num_heads 2 then 4 (both consistent with embed_dim 8).
+  const std::string config_text = vitlens::config_to_json(tiny_config()).dump();
+  const std::string config_twice = "{\"num_heads\":4," + config_text.substr(1);
+  expect_load_error(dir, "config_key_twice",
+                    with_header_edit([&](json& h) { h["__metadata__"]["config"] = config_twice; }), {"num_heads"});
+  // And a config nested 100000 deep is refused as it is read, not built.
+  const std::string nested = "{\"a\":" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_load_error(dir, "config_nested",
+                    with_header_edit([&](json& h) { h["__metadata__"]["config"] = nested; }), {"config", "nested"});
+}
+
+TEST_CASE("tensors are packed back to back to the end of the file, entries have the format's fields only",
+          "[safetensors][format]") {
+  TempDir dir;
+  const RawFile valid = split(valid_bytes());
+  // Bytes after the last tensor.
+  expect_load_error(dir, "trailing_data", join(RawFile{valid.header, valid.data + std::string(4, '\0')}));
+  // A gap: the first tensor (by offset) moved 4 bytes on, into 4 more bytes of data.
+  std::string first;
+  for (const auto& [name, entry] : valid.header.items())
+    if (name != "__metadata__" && entry["data_offsets"][0] == 0) first = name;
+  REQUIRE(!first.empty());
+  RawFile gap = valid;
+  for (auto& [name, entry] : gap.header.items())
+    if (name != "__metadata__")
+      entry["data_offsets"] = {entry["data_offsets"][0].get<uint64_t>() + 4, entry["data_offsets"][1].get<uint64_t>() + 4};
+  gap.data = std::string(4, '\0') + gap.data;
+  expect_load_error(dir, "gap", join(gap), {first});
+  // An unknown field, and more than two offsets.
+  const std::string tensor = "norm.bias";
+  expect_load_error(dir, "unknown_field", with_header_edit([&](json& h) { h[tensor]["offsets"] = {0, 32}; }),
+                    {tensor, "offsets"});
+  expect_load_error(dir, "rank_17", with_header_edit([&](json& h) { h[tensor]["shape"] = json(std::vector<int>(17, 1)); }),
+                    {tensor});
+}
+
+TEST_CASE("a header above the format's 100 MB limit is refused before it is read", "[safetensors][format]") {
+  TempDir dir;
+  const RawFile valid = split(valid_bytes());
+  // Only the length says 100 MB + 1: refused on the length, whatever follows.
+  CHECK_THAT(expect_load_error(dir, "header_too_large", le64(vitlens::kMaxSafetensorsHeaderBytes + 1) + valid.header.dump()),
+             Contains("100000000"));
+}
+
+TEST_CASE("--heads that contradicts a vitlens model file is an error; the same count is accepted", "[safetensors][heads]") {
+  TempDir dir;
+  const std::string path = dir.file("model.safetensors");
+  write_bytes(path, valid_bytes());
+  vitlens::LoadOptions options;
+  options.heads = 4;  // the file says 2
+  REQUIRE_THROWS_WITH(vitlens::load_model(path, options), Contains(path) && Contains("--heads 4") && Contains("2 heads"));
+  options.heads = 2;
+  CHECK(vitlens::load_model(path, options).config.num_heads == 2);
+}
+
+TEST_CASE("names and descriptions read from a model are capped as they are read", "[safetensors][text]") {
+  TempDir dir;
+  const std::string big(3 << 20, 'n');
+  std::string utf8;  // 2-byte characters: the cut must not split one
+  while (utf8.size() < 5000) utf8 += "\xc3\xa9";
+  const std::string path = dir.file("long_texts.safetensors");
+  write_bytes(path, with_config_edit([&](json& j) {
+                j["name"] = big;
+                j["description"] = utf8;
+                j["head_descriptions"] = json::array({json::array({big, "short"})});
+              }));
+  const vitlens::VitModel model = vitlens::load_model(path);
+  const vitlens::VitConfig& c = model.config;
+  CHECK(c.name.size() <= vitlens::kMaxModelNameBytes);
+  CHECK(c.name.substr(c.name.size() - 3) == "...");
+  CHECK(c.description.size() <= vitlens::kMaxModelDescriptionBytes);
+  CHECK(c.description.substr(0, c.description.size() - 3).size() % 2 == 0);  // whole characters
+  CHECK(c.head_descriptions[0][0].size() <= vitlens::kMaxHeadDescriptionBytes);
+  CHECK(c.head_descriptions[0][1] == "short");
+
+  // Anything else that makes a config (train --name) cannot make one longer: save refuses it.
+  vitlens::VitConfig named = tiny_config();
+  named.name = std::string(vitlens::kMaxModelNameBytes + 1, 'n');
+  REQUIRE_THROWS_WITH(vitlens::save_model(dir.file("named.safetensors"), named, tiny_tensors(named)), Contains("name"));
+}

@@ -15,6 +15,18 @@
 #include "vitlens/model_io.hpp"
 #include "vitlens/train_ops.hpp"
 
+// Defined when a sanitizer's allocator (address, leak, thread, memory) is in use: it ignores
+// mallopt and reserves terabytes of address space, so no test can limit RLIMIT_AS under it.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(leak_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define VITLENS_TEST_SANITIZER_ALLOCATOR 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define VITLENS_TEST_SANITIZER_ALLOCATOR 1
+#endif
+
 namespace vitlens::test {
 
 // The instruction sets this CPU runs, portable first: the builds of the kernels and of the

@@ -1,4 +1,4 @@
-// Masked-autoencoder pretraining (issue 7): the gradients against PyTorch autograd and finite
+// Masked-autoencoder pretraining: the gradients against PyTorch autograd and finite
 // differences, a short run that learns, bit-exact resume, checkpoints that open as ordinary models
 // (the decoder kept out of the model file on purpose), and one clear line for bad input.
 //

@@ -1,8 +1,10 @@
-// The viewer's TrainSession and Train commands without a display (issue 7): start, pause, resume,
+// The viewer's TrainSession and Train commands without a display: start, pause, resume,
 // stop, snapshot contents, saving, the probe maps against an independent recomputation from the
 // saved file, a bad data path as one line, the script's checks and the Model menu's list; the same
 // for masked patch prediction on photos (MAE).
 #include <catch2/catch.hpp>
+
+#include <opencv2/imgcodecs.hpp>
 
 #include <chrono>
 #include <cmath>
@@ -544,4 +546,35 @@ TEST_CASE("train session: a Save keeps every step's loss up to the cap, then the
   CHECK(kept.front() == 6.0f);
   CHECK(kept.back() == static_cast<float>(kMaxSavedLosses + 5));
   CHECK(record.dump().size() < (size_t{1} << 24) / 8);  // far below the Model menu's 16 MiB header limit
+}
+
+TEST_CASE("train session: an ImageFolder's skipped files and links not followed are in the first message", "[train_session][links]") {
+  const std::string dir = temp_dir("session-folder-links");
+  for (const char* c : {"/a", "/b"}) {
+    std::filesystem::create_directories(dir + c);
+    for (int i = 0; i < 4; ++i)
+      REQUIRE(cv::imwrite(dir + c + "/" + std::to_string(i) + ".png", cv::Mat(8, 8, CV_8UC3, cv::Scalar(30 * i, 60, 90))));
+  }
+  std::filesystem::create_directory_symlink("/", dir + "/a/root");
+  std::filesystem::create_directory_symlink(".", dir + "/b/self");
+  std::ofstream(dir + "/b/notes.png") << "not an image";
+  TrainSettings s = tiny_settings();
+  s.data = dir;
+  s.img_size = 8;
+  s.patch = 4;
+  s.batch = 4;
+  s.val_split = 0.0;
+  s.epochs = 5000;  // 10,000 steps: the run cannot finish (and replace its first message) before pause() lands
+  TrainSession session;
+  REQUIRE(session.start(s) == "");
+  session.pause();  // the run starts paused at step 0, its first message kept
+  const TrainSnapshot snap = wait_for(session, [](const TrainSnapshot& x) {
+    return (x.state == TrainState::Paused && x.parameters > 0) || x.state == TrainState::Failed;
+  });
+  REQUIRE(snap.error == "");
+  CHECK(snap.train_images == 8);
+  CHECK_THAT(snap.message, Catch::Contains("on 8 images; 1 unreadable file(s) skipped; not following 1 link to a folder outside "
+                                           "the data folder (" + dir + "/a/root: a link to /, outside " + dir + "/a)"));
+  session.stop();
+  std::filesystem::remove_all(dir);
 }

@@ -1,4 +1,4 @@
-// The learned models shipped in assets/models (issue 7) are what their files say they are: the
+// The learned models shipped in assets/models are what their files say they are: the
 // Fashion-MNIST classifier, run through the viewer's inference engine (core/vit.cpp, not the
 // trainer's code), classifies the 10,000 test images with the accuracy its training record states,
 // and that accuracy is the documented 90.28 % (assets/README.md).

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <thread>
 
@@ -347,7 +348,9 @@ TEST_CASE("viewer pictures and export are core's export for the same settings", 
   REQUIRE(run_until_idle(app));
   REQUIRE(app.doc.ready());
   CHECK(app.ui.view.query_row == 4);  // pinned at the centre of the 8x8 grid
-  CHECK(app.ui.view.mode == MapMode::Received);  // the same default as `vitlens export`
+  // A newcomer first sees where the centre patch looks (query mode), where heads show their role.
+  CHECK(app.ui.view.mode == MapMode::Query);
+  CHECK_THAT(cli_command(app, "out"), Catch::Contains("--patch 4,4"));
 
   pin_query(app, 2, 5);
   app.ui.display.style.colormap = "inferno";
@@ -509,6 +512,18 @@ TEST_CASE("viewer actions: pin clamps, keys move, painting masks keys, scale and
   CHECK(apply_script_command(app, c).empty());
   REQUIRE(run_until_idle(app));
   CHECK(app.doc.comp->forward.score_scale == Approx(1.0 / (std::sqrt(12.0) * 2.0)));
+  // A temperature is `vitlens export --temperature`: the export is the CLI's, no viewer-only notes.
+  CHECK(viewer_only_settings(app) == "the mask 'painted'");  // the mask painted above
+  set_mask(app, MaskMode::Padding);
+  REQUIRE(run_until_idle(app));
+  CHECK(cli_equivalent(app));
+  CHECK(viewer_only_settings(app).empty());
+  CHECK_THAT(cli_command(app, "out"), Catch::Contains("--temperature 2"));
+  c.args = {"none"};
+  CHECK(apply_script_command(app, c).empty());
+  REQUIRE(run_until_idle(app));
+  CHECK(viewer_only_settings(app) == "no softmax scale");
+  CHECK_FALSE(cli_equivalent(app));
 
   // Script errors name the problem; the state is untouched.
   c.verb = "pin";
@@ -547,7 +562,49 @@ TEST_CASE("viewer worked example reproduces the seed's numbers", "[viewer]") {
   CHECK(app.derived.example.scores(0, 1) == Approx(1.0));
 }
 
-// [SECTION] Threshold through core (issue 9)
+// [SECTION] What the Controls window says
+
+TEST_CASE("viewer map modes each say what they show", "[viewer]") {
+  App app;
+  std::set<std::string> captions;
+  for (MapMode m : {MapMode::Query, MapMode::ClassToken, MapMode::Received}) {
+    app.ui.view.mode = m;
+    captions.insert(map_mode_caption(app));
+  }
+  set_rollout(app, true);
+  captions.insert(map_mode_caption(app));
+  CHECK(captions.size() == 4);
+  for (const std::string& c : captions) CHECK(c.size() > 40);
+}
+
+TEST_CASE("viewer lays its windows out again when the display is resized", "[viewer]") {
+  LayoutState layout;
+  note_display_size(layout, 1440, 900);
+  CHECK(layout.generation == 0);  // the first frame: first use, an imgui.ini may place the windows
+  note_display_size(layout, 1440, 900);
+  CHECK(layout.generation == 0);
+  note_display_size(layout, 1280, 720);
+  CHECK(layout.generation == 1);
+  CHECK(layout.display_w == 1280);
+}
+
+TEST_CASE("viewer working size of a model smaller than the slider's usual minimum is its own", "[viewer]") {
+  // A 28 px model (Fashion-MNIST) computes at 28 px; the Controls line and the status bar both
+  // read that one number (working_side) and the pass made with it.
+  Fixture fx;
+  const std::string small_path = fx.dir + "/small.safetensors";
+  VitConfig config = test::small_config(28, true, 2);
+  save_model(small_path, config, test::random_tensors(config, 3));
+  App app;
+  start_app(app, fx.image_path, small_path);
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  CHECK(working_side(app.doc.model->model.config, app.ui.compute) == 28);
+  CHECK(app.doc.comp->key.max_side == 28);
+  CHECK(app.doc.comp->image.padded_w == 28);
+}
+
+// [SECTION] Threshold through core
 
 TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --threshold; flat maps say so", "[viewer]") {
   Fixture fx;
@@ -563,7 +620,10 @@ TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --thres
   CHECK(cli_equivalent(app));  // the threshold is a CLI flag now
   CHECK_THAT(cli_command(app, "out"), Catch::Contains("--threshold 0.5"));
 
-  ExportSettings s;  // received mode, the last layer, as the viewer starts
+  ExportSettings s;  // the centre patch's query, the last layer, as the viewer starts
+  s.select = QuerySelect::Patch;
+  s.patch_row = app.ui.view.query_row;
+  s.patch_col = app.ui.view.query_col;
   s.threshold = 0.5f;
   const ImageAnalysis reference = analyse_image(model, fx.image_path, s);
   REQUIRE(app.derived.kept.size() == reference.kept.size());
@@ -607,7 +667,7 @@ TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --thres
   }
 }
 
-// [SECTION] Issue 9: status bar, folders, browser, widgets and real-input commands
+// [SECTION] Status bar, folders, browser, widgets and real-input commands
 
 namespace {
 
@@ -698,6 +758,32 @@ TEST_CASE("viewer export folder: $VITLENS_EXPORT_DIR or ~/vitlens-exports, creat
   CHECK_FALSE(fs::exists(fx.dir + "/missing"));
   CHECK_THROWS_WITH(check_output_path(fx.dir + "/nowhere/w.json", "--dump-widgets"), Catch::Contains("does not exist"));
   CHECK_NOTHROW(check_output_path(fx.dir + "/w.json", "--dump-widgets"));
+}
+
+TEST_CASE("viewer export never replaces a file vitlens did not write; it names the file", "[viewer][trust]") {
+  Fixture fx;
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  const std::string folder = fx.dir + "/annotated";
+  fs::create_directory(folder);
+  const std::string annotation = R"({"shapes": [{"label": "cat"}], "imagePath": "picture.png"})";
+  std::ofstream(folder + "/picture.json") << annotation;
+  app.requests.export_folder = folder;
+  REQUIRE(run_until_idle(app));
+  CHECK(app.ui.message.error);
+  CHECK_THAT(app.ui.message.text, Catch::Contains(folder + "/picture.json") && Catch::Contains("did not write") &&
+                                      Catch::Contains("another folder"));
+  CHECK(read_text(folder + "/picture.json") == annotation);
+  CHECK_FALSE(fs::exists(folder + "/picture_montage.png"));
+  // Its own export, once there, is replaced as before.
+  fs::remove(folder + "/picture.json");
+  app.requests.export_folder = folder;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  app.requests.export_folder = folder;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
 }
 
 TEST_CASE("viewer browser lists the folder its path field shows", "[viewer]") {
@@ -812,7 +898,7 @@ TEST_CASE("viewer script comments: a '#' word or line, never a '#' inside a widg
   CHECK(commands[1].args == std::vector<std::string>{"...##export"});
 }
 
-// [SECTION] Issue 8: layers x heads grid, rollout mode, prefix-token queries
+// [SECTION] Layers x heads grid, rollout mode, prefix-token queries
 
 TEST_CASE("viewer layers x heads grid, prefix-token query and rollout mode are core's, and export as the CLI does",
           "[viewer][layer_grid]") {
@@ -892,6 +978,7 @@ TEST_CASE("viewer layers x heads grid, prefix-token query and rollout mode are c
   nlohmann::json b = nlohmann::json::parse(read_text(cli_dir + "/picture_rollout.json"));
   for (nlohmann::json* j : {&a, &b}) {
     j->erase("timings_ms");
+    j->erase("set");  // each export's commit id
     for (auto& f : (*j)["files"]) f = fs::path(f.get<std::string>()).filename().string();
   }
   CHECK(a == b);

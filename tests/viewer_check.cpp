@@ -10,12 +10,27 @@
 //                                           print "X Y", the middle of the widget SPEC in a
 //                                           --dump-widgets file (SPEC: its path's last parts);
 //                                           --enabled: fail while it is disabled
+//   viewer_check widget-point DUMP SPEC FX FY
+//                                           print "X Y" at fractions FX, FY of the widget's frame
 //   viewer_check widget-value DUMP SPEC     print what the field SPEC shows
 //   viewer_check train-step MODEL           print the step a training checkpoint was saved at
 //   viewer_check train-record MODEL [/KEY=VALUE ...]
 //                                           a checkpoint's training record: one finite, positive
 //                                           loss per step run, and each KEY (a JSON pointer) as given
 //   viewer_check xdotool DIR                what the xdotool run (viewer_xdotool.sh) left in DIR
+//   viewer_check layout DUMP W H            the --dump-widgets / `widgets` file of a W x H window:
+//                                           no two windows overlap, each inside the display, every
+//                                           widget and text inside its window or scrolled to, no text
+//                                           cut off (wider than the room it had)
+//   viewer_check layout DUMP W H --only WINDOW
+//                                           the same for one window's contents (no overlap check)
+//   viewer_check labels-before DUMP WINDOW  each field of WINDOW has its label to its left or above
+//   viewer_check text DUMP WINDOW TEXT      a text of WINDOW in the dump holds TEXT
+//   viewer_check text-number DUMP WINDOW PREFIX
+//                                           print the number after PREFIX in a text of WINDOW
+//   viewer_check same-size DUMP             the Controls window's size line and the status bar name
+//                                           the same pixels and tokens
+//   viewer_check tooltip-clear DUMP MENU    the open tooltip covers no entry of MENU
 //   viewer_check skip REASON                exit 77 (ctest SKIP_RETURN_CODE)
 // Exit 0 when every check passes, 1 with one line per failed check otherwise.
 #include <algorithm>
@@ -26,6 +41,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <string>
@@ -212,7 +228,7 @@ int check_png(const std::string& path, int w, int h) {
   return g_failures == 0 ? 0 : 1;
 }
 
-// [SECTION] widgets (issue 9)
+// [SECTION] widgets
 
 // The one visible widget whose path ("WINDOW > SECTION > LABEL") is SPEC or ends with " > SPEC";
 // the path may name the widget by its ID label instead ("Train > ##train_save_path": a field
@@ -277,11 +293,25 @@ int check_xdotool(const std::string& dir) {
           "every tap moved the query: (28, 28) -> " + (e["query"].is_object() ? e["query"]["patch"].dump() : std::string("none")) +
               ", want [30, 31]");
     check(e["normalize"] == "log", "the 'log' radio button was pressed: normalize " + e["normalize"].dump());
+    // The second export, after the temperature slider was dragged: a CLI setting like the others.
+    check(e["temperature"].is_number() && e["temperature"].get<double>() < 0.9,
+          "the dragged temperature was exported: temperature " + e["temperature"].dump());
+    check(!fs::exists(dir + "/exports/vitlens-demo_view.json"), "no <stem>_view.json for a temperature");
   }
   const json settings = read_json(dir + "/config/vitlens/settings.json");
   check(settings["show_grid"] == true, "the 'patch grid' checkbox was ticked and saved");
   check(settings["export_folder"] == dir + "/exports", "the export folder is remembered: " + settings["export_folder"].dump());
   return g_failures == 0 ? 0 : 1;
+}
+
+// A point in the widget SPEC: FX, FY are fractions of its frame (0.5 0.5: the middle).
+int print_widget_point(const std::string& dump_path, const std::string& spec, double fx, double fy) {
+  const json dump = read_json(dump_path);
+  const json& w = find_widget(dump, spec);
+  const auto& f = w["frame"];
+  std::cout << static_cast<int>(f[0].get<double>() + fx * f[2].get<double>()) << " "
+            << static_cast<int>(f[1].get<double>() + fy * f[3].get<double>()) << "\n";
+  return 0;
 }
 
 // What a text or number field of the dump shows.
@@ -291,6 +321,220 @@ int print_widget_value(const std::string& dump_path, const std::string& spec) {
   if (!w.contains("value")) throw std::runtime_error("'" + spec + "' is not a text or number field");
   std::cout << w["value"].get<std::string>() << "\n";
   return 0;
+}
+
+// [SECTION] layout (viewer_layout_*)
+
+struct Box {
+  double x = 0, y = 0, w = 0, h = 0;
+};
+
+Box box_of(const json& r) { return Box{r[0].get<double>(), r[1].get<double>(), r[2].get<double>(), r[3].get<double>()}; }
+
+double overlap_area(const Box& a, const Box& b) {
+  const double w = std::min(a.x + a.w, b.x + b.w) - std::max(a.x, b.x);
+  const double h = std::min(a.y + a.h, b.y + b.h) - std::max(a.y, b.y);
+  return w > 0 && h > 0 ? w * h : 0.0;
+}
+
+std::string box_text(const Box& b) {
+  char t[96];
+  std::snprintf(t, sizeof t, "[%.0f, %.0f, %.0f x %.0f]", b.x, b.y, b.w, b.h);
+  return t;
+}
+
+// What a window's contents can show: its visible part, stretched by how far it scrolls; the main
+// menu bar's menus sit in the bar itself.
+Box reachable(const json& window) {
+  if (window["kind"] == "menu bar") return box_of(window["rect"]);
+  Box v = box_of(window["visible"]);
+  const double sx = window["scroll"][0].get<double>(), sy = window["scroll"][1].get<double>();
+  const double mx = window["scroll_max"][0].get<double>(), my = window["scroll_max"][1].get<double>();
+  return Box{v.x - sx, v.y - sy, v.w + mx, v.h + my};
+}
+
+bool inside(const Box& inner, const Box& outer, double slack = 1.0) {
+  return inner.x >= outer.x - slack && inner.y >= outer.y - slack && inner.x + inner.w <= outer.x + outer.w + slack &&
+         inner.y + inner.h <= outer.y + outer.h + slack;
+}
+
+// `only`: check that window alone (an on-demand window such as Train, which opens over others).
+int check_layout(const std::string& dump_path, int want_w, int want_h, const std::string& only) {
+  const json dump = read_json(dump_path);
+  const int w = dump["display"][0].get<int>(), h = dump["display"][1].get<int>();
+  check(w == want_w && h == want_h, "the window is " + std::to_string(w) + "x" + std::to_string(h) + " (want " +
+                                        std::to_string(want_w) + "x" + std::to_string(want_h) + ")");
+  check(dump["clashes"].empty(), "no two widgets share an ID: " + dump["clashes"].dump());
+  std::map<std::string, const json*> windows;
+  std::vector<const json*> tiled;  // the windows side by side (not menus, popups, tooltips or child windows)
+  for (const json& win : dump["windows"]) {
+    windows[win["name"].get<std::string>()] = &win;
+    const std::string kind = win["kind"].get<std::string>();
+    if (kind == "window" && (only.empty() || win["name"] == only)) tiled.push_back(&win);
+  }
+  check(tiled.size() >= (only.empty() ? 5u : 1u), std::to_string(tiled.size()) + " windows side by side");
+  // Whether an item of window `name` is checked: all, or those of `only` and its child windows.
+  auto counted = [&only](const std::string& name) { return only.empty() || name == only || name.rfind(only + "/", 0) == 0; };
+  const Box display{0, 0, static_cast<double>(w), static_cast<double>(h)};
+  for (size_t i = 0; i < tiled.size(); ++i) {
+    const std::string name = (*tiled[i])["name"].get<std::string>();
+    const Box a = box_of((*tiled[i])["rect"]);
+    check(inside(a, display, 0.0), name + " " + box_text(a) + " is inside the display");
+    for (size_t j = i + 1; j < tiled.size(); ++j) {
+      const Box b = box_of((*tiled[j])["rect"]);
+      const double area = overlap_area(a, b);
+      check(area == 0.0, name + " and " + (*tiled[j])["name"].get<std::string>() + " do not overlap (" +
+                             std::to_string(static_cast<long>(area)) + " px^2 in common)");
+    }
+  }
+  // A child window (a table that scrolls) must itself be reachable in its parent.
+  int children = 0, children_ok = 0;
+  for (const auto& [name, win] : windows) {
+    const std::string parent = (*win)["parent"].get<std::string>();
+    if (parent.empty() || !windows.count(parent)) continue;
+    ++children;
+    const bool ok = inside(box_of((*win)["rect"]), reachable(*windows[parent]));
+    children_ok += ok;
+    if (!ok) check(false, "child window " + name + " " + box_text(box_of((*win)["rect"])) + " is outside " + parent);
+  }
+  check(children == children_ok, std::to_string(children_ok) + " of " + std::to_string(children) + " child windows inside their window");
+  int widgets = 0, widgets_ok = 0;
+  for (const json& item : dump["widgets"]) {
+    const std::string window = item["window"].get<std::string>();
+    if (!windows.count(window) || !counted(window)) continue;  // the drop target (the whole window)
+    ++widgets;
+    const Box r = box_of(item["rect"]);
+    const bool ok = inside(r, reachable(*windows[window]));
+    widgets_ok += ok;
+    if (!ok) check(false, item["path"].get<std::string>() + " " + box_text(r) + " is outside what " + window + " shows or scrolls to");
+  }
+  check(widgets >= (only.empty() ? 40 : 5) && widgets == widgets_ok,
+        std::to_string(widgets_ok) + " of " + std::to_string(widgets) + " widgets inside their window or scrolled to");
+  int texts = 0, texts_ok = 0;
+  for (const json& t : dump["texts"]) {
+    const std::string window = t["window"].get<std::string>();
+    if (!windows.count(window) || !counted(window)) continue;
+    ++texts;
+    const Box r = box_of(t["rect"]);
+    const double width = t["width"].get<double>(), room = t["room"].get<double>();
+    const bool fits = width <= room + 1.0;
+    const bool reached = inside(r, reachable(*windows[window]));
+    texts_ok += fits && reached;
+    char line[160];
+    std::snprintf(line, sizeof line, " needs %.0f px, has %.0f", width, room);
+    if (!fits) check(false, window + ": text cut off: '" + t["text"].get<std::string>() + "'" + line);
+    if (!reached) check(false, window + ": text outside what the window shows or scrolls to: '" + t["text"].get<std::string>() + "'");
+  }
+  check(texts >= (only.empty() ? 20 : 3) && texts == texts_ok, std::to_string(texts_ok) + " of " + std::to_string(texts) + " texts whole and reachable");
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Every labelled field of WINDOW: a text equal to its label ends left of the field on the same
+// row, or sits just above it ("limit [ 24 ]", not "[ 24 ] limit").
+int check_labels_before(const std::string& dump_path, const std::string& window) {
+  const json dump = read_json(dump_path);
+  int fields = 0;
+  for (const json& item : dump["widgets"]) {
+    if (item["window"] != window || item["kind"] != "input" || item["label"].get<std::string>().empty()) continue;
+    ++fields;
+    const Box f = box_of(item["rect"]);
+    bool before = false;
+    for (const json& t : dump["texts"]) {
+      if (t["window"] != window || t["text"] != item["label"]) continue;
+      const Box l = box_of(t["rect"]);
+      const bool left = l.x + l.w <= f.x + 1.0 && l.y < f.y + f.h && l.y + l.h > f.y;
+      const bool above = l.y + l.h <= f.y + 1.0 && f.y - (l.y + l.h) < 8.0 && std::abs(l.x - f.x) < 8.0;
+      before = before || left || above;
+    }
+    check(before, window + ": '" + item["label"].get<std::string>() + "' " + box_text(f) + " has its label before it");
+  }
+  check(fields >= 5, std::to_string(fields) + " labelled fields in " + window);
+  return g_failures == 0 ? 0 : 1;
+}
+
+// The texts of WINDOW in the dump, one per line.
+std::vector<std::string> texts_of(const json& dump, const std::string& window) {
+  std::vector<std::string> out;
+  for (const json& t : dump["texts"])
+    if (t["window"] == window) out.push_back(t["text"].get<std::string>());
+  return out;
+}
+
+int check_text(const std::string& dump_path, const std::string& window, const std::string& text) {
+  const json dump = read_json(dump_path);
+  bool found = false;
+  std::string all;
+  for (const std::string& t : texts_of(dump, window)) {
+    found = found || t.find(text) != std::string::npos;
+    all += "\n      " + t;
+  }
+  check(found, window + " shows '" + text + "'" + (found ? std::string() : "; it shows:" + all));
+  return g_failures == 0 ? 0 : 1;
+}
+
+// The whole number after PREFIX in the first text of WINDOW holding PREFIX ("step " in "running:
+// step 12 of 400"); fails when there is none.
+int print_text_number(const std::string& dump_path, const std::string& window, const std::string& prefix) {
+  const json dump = read_json(dump_path);
+  for (const std::string& t : texts_of(dump, window)) {
+    const auto at = t.find(prefix);
+    if (at == std::string::npos) continue;
+    const std::string rest = t.substr(at + prefix.size());
+    const size_t digits = rest.find_first_not_of("0123456789");
+    if (digits == 0) continue;
+    std::cout << rest.substr(0, digits) << "\n";
+    return 0;
+  }
+  throw std::runtime_error(window + " shows no '" + prefix + "N'");
+}
+
+// "W x H px" and "N tokens" of a line ("... 28x20 px, grid 5x7, 36 tokens").
+// "N tokens" of a line, and the "WxH" before " px" when it names one ("28x20 px, grid 5x7, 36 tokens").
+bool size_and_tokens(const std::string& line, std::string& px, std::string& tokens) {
+  const auto t = line.find(" tokens");
+  if (t == std::string::npos) return false;
+  const auto t0 = line.rfind(' ', t - 1);
+  tokens = line.substr(t0 == std::string::npos ? 0 : t0 + 1, t - (t0 == std::string::npos ? 0 : t0 + 1));
+  const auto p = line.find(" px");
+  if (p == std::string::npos) return true;
+  const auto p0 = line.rfind(' ', p - 1);
+  px = line.substr(p0 == std::string::npos ? 0 : p0 + 1, p - (p0 == std::string::npos ? 0 : p0 + 1));
+  return true;
+}
+
+int check_same_size(const std::string& dump_path) {
+  const json dump = read_json(dump_path);
+  std::string status_px, status_tokens, controls_px, controls_tokens, status_line, controls_line;
+  for (const std::string& t : texts_of(dump, "##status"))
+    if (status_line.empty() && size_and_tokens(t, status_px, status_tokens)) status_line = t;
+  for (const std::string& t : texts_of(dump, "Controls"))
+    if (controls_line.empty() && size_and_tokens(t, controls_px, controls_tokens))
+      controls_line = t;
+  check(!status_line.empty(), "the status bar names the size and tokens: '" + status_line + "'");
+  check(!controls_line.empty(), "the Controls window names the size and tokens: '" + controls_line + "'");
+  check(status_tokens == controls_tokens && (controls_px.empty() || status_px == controls_px),
+        "both say the same: Controls '" + controls_line + "', status bar '" + status_line + "'");
+  return g_failures == 0 ? 0 : 1;
+}
+
+// The tooltip shown while an entry of MENU is hovered covers none of the menu's entries.
+int check_tooltip_clear(const std::string& dump_path, const std::string& menu) {
+  const json dump = read_json(dump_path);
+  std::vector<Box> tips;
+  for (const json& win : dump["windows"])
+    if (win["kind"] == "tooltip") tips.push_back(box_of(win["rect"]));
+  check(tips.size() == 1, std::to_string(tips.size()) + " tooltip open");
+  int entries = 0;
+  for (const json& item : dump["widgets"]) {
+    const auto& sections = item["sections"];
+    if (sections.empty() || sections.back() != menu || item["kind"] != "menu item") continue;
+    ++entries;
+    for (const Box& tip : tips)
+      check(overlap_area(tip, box_of(item["rect"])) == 0.0,
+            "the tooltip " + box_text(tip) + " leaves '" + item["label"].get<std::string>() + "' " + box_text(box_of(item["rect"])) + " clear");
+  }
+  check(entries >= 2, std::to_string(entries) + " entries in the " + menu + " menu");
+  return g_failures == 0 ? 0 : 1;
 }
 
 // [SECTION] training checkpoints (viewer_xdotool_train_mae.sh)
@@ -398,11 +642,22 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "widget-centre") return print_widget_centre(args[1], args[2], false);
     if (args.size() == 4 && args[0] == "widget-centre" && args[3] == "--enabled")
       return print_widget_centre(args[1], args[2], true);
+    if (args.size() == 5 && args[0] == "widget-point")
+      return print_widget_point(args[1], args[2], std::atof(args[3].c_str()), std::atof(args[4].c_str()));
     if (args.size() == 3 && args[0] == "widget-value") return print_widget_value(args[1], args[2]);
     if (args.size() == 2 && args[0] == "train-step") return print_train_step(args[1]);
     if (args.size() >= 2 && args[0] == "train-record")
       return check_train_record(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
     if (args.size() == 2 && args[0] == "xdotool") return check_xdotool(args[1]);
+    if (args.size() == 4 && args[0] == "layout")
+      return check_layout(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()), "");
+    if (args.size() == 6 && args[0] == "layout" && args[4] == "--only")
+      return check_layout(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()), args[5]);
+    if (args.size() == 3 && args[0] == "labels-before") return check_labels_before(args[1], args[2]);
+    if (args.size() == 4 && args[0] == "text") return check_text(args[1], args[2], args[3]);
+    if (args.size() == 2 && args[0] == "same-size") return check_same_size(args[1]);
+    if (args.size() == 4 && args[0] == "text-number") return print_text_number(args[1], args[2], args[3]);
+    if (args.size() == 3 && args[0] == "tooltip-clear") return check_tooltip_clear(args[1], args[2]);
     if (args.size() >= 2 && args[0] == "skip") {
       std::cout << "skipped: " << args[1] << "\n";
       return 77;
@@ -422,6 +677,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "usage: viewer_check screenshots DIR | export VIEWER_DIR CLI_DIR | bad-file DIR | png FILE W H | "
-               "widget-centre DUMP SPEC [--enabled] | widget-value DUMP SPEC | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
+               "widget-centre DUMP SPEC [--enabled] | widget-point DUMP SPEC FX FY | widget-value DUMP SPEC | layout DUMP W H | text DUMP WINDOW TEXT | "
+               "layout DUMP W H --only WINDOW | labels-before DUMP WINDOW | same-size DUMP | text-number DUMP WINDOW PREFIX | tooltip-clear DUMP MENU | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
   return 2;
 }

@@ -1,6 +1,6 @@
 #!/bin/sh
 # viewer_xdotool_train_mae.sh VITLENS VIEWER_CHECK OUT IMAGE MODEL PHOTOS
-# (ctest viewer_xdotool_train_mae, under xvfb-run; issue 7 through real input.)
+# (ctest viewer_xdotool_train_mae, under xvfb-run; through real input.)
 # A user's masked-autoencoder run in the Train window, driven by the real X pointer and keyboard
 # (xdotool) on the rectangles --dump-widgets writes (the viewer rewrites the dump whenever its
 # widgets change and settle, so the Train window's fields are listed once it is open):
@@ -9,8 +9,11 @@
 #   Start; Pause and Save until a checkpoint shows steps; Resume; Stop; Save again; close.
 # Then from the files: both checkpoints' training records (viewer_check train-record: MAE, every
 # typed value, one finite loss per step run, more steps after Resume), `vitlens info` on the
-# encoder (the typed shape), the viewer's exit status. Polls the dump and the files with
-# generous timeouts (a loaded 2-core machine), never a fixed wait for the viewer's work.
+# encoder (the typed shape), the viewer's exit status. Also: the idle window says there is no run
+# yet, every field has its label before it, and the window's text fits at 1440x900.
+# Every wait is for a state (a widget or text in the dump, a file), never for an amount of time;
+# each has a limit far above what it takes on a loaded 2-core machine (the run's steps are waited
+# for by count, so a slow machine takes longer but never fails for it).
 # Exit 77 (skipped) without xdotool.
 set -eu
 VITLENS=$1 CHECK=$2 OUT=$3 IMAGE=$4 MODEL=$5 PHOTOS=$6
@@ -45,12 +48,13 @@ fail() {
 # Polls (every 0.1 s, for up to $1 seconds of wall-clock time) until the command after it
 # succeeds; fails with what it was waiting for if the time runs out or the viewer has gone.
 wait_until() {
-  deadline=$(($(date +%s) + $1))
+  limit=$1
+  deadline=$(($(date +%s) + limit))
   what=$2
   shift 2
   until "$@" >/dev/null 2>&1; do
     kill -0 "$pid" 2>/dev/null || fail "the viewer exited while waiting for $what"
-    [ "$(date +%s)" -le "$deadline" ] || fail "waited $1 s for $what"
+    [ "$(date +%s)" -le "$deadline" ] || fail "waited $limit s for $what"
     sleep 0.1
   done
 }
@@ -122,9 +126,13 @@ save_to() {
 
 click "View"
 click "View > Train"
+wait_until 60 "the idle Train window" "$CHECK" text "$DUMP" Train "No run yet"
 type_into "Train > data (fashion-mnist, folder, photos[:DIR])" "photos:$OUT/photos"
 # The MAE fields appear once the data names photos.
 wait_until 60 "the MAE fields" "$CHECK" widget-centre "$DUMP" "Train > mask ratio"
+cp "$DUMP" "$OUT/train_fields.json"
+"$CHECK" labels-before "$OUT/train_fields.json" Train || fail "a Train field has its label after it"
+"$CHECK" layout "$OUT/train_fields.json" 1440 900 --only Train || fail "the Train window cuts off its contents"
 type_into "Train > limit" $LIMIT
 type_into "Train > epochs" $EPOCHS
 type_into "Train > batch" $BATCH
@@ -142,23 +150,23 @@ type_into "Train > decoder depth" $DECODER_DEPTH
 type_into "Train > decoder heads" $DECODER_HEADS
 click "Train > Start"
 
-# Running once Pause takes input. Pause, save, and go on until the saved run has 4 steps or more.
-paused_step=0
-round=0
-while :; do
-  click "Train > Pause" --enabled
-  wait_until 60 "the Resume button (paused)" "$CHECK" widget-centre "$DUMP" "Train > Resume"
-  save_to "$OUT/paused.safetensors"
-  paused_step=$("$CHECK" train-step "$OUT/paused.safetensors")
-  [ "$paused_step" -lt 4 ] || break
-  round=$((round + 1))
-  [ "$round" -lt 20 ] || fail "after 20 pauses the run is at step $paused_step"
-  click "Train > Resume"
-done
+# The step the Train window shows (its status line: "running: step N of M, ...").
+shown_step() { "$CHECK" text-number "$DUMP" Train "step "; }
+step_at_least() { step=$(shown_step) && [ "$step" -ge "$1" ]; }
+
+# Running once Pause takes input; pause once the window shows 4 steps, and save.
+wait_until 60 "the Pause button (running)" "$CHECK" widget-centre "$DUMP" "Train > Pause" --enabled
+wait_until 240 "4 steps in the Train window" step_at_least 4
+click "Train > Pause" --enabled
+wait_until 60 "the Resume button (paused)" "$CHECK" widget-centre "$DUMP" "Train > Resume"
+save_to "$OUT/paused.safetensors"
+paused_step=$("$CHECK" train-step "$OUT/paused.safetensors")
+[ "$paused_step" -ge 4 ] || fail "paused after 4 steps shown, the checkpoint says step $paused_step"
 echo "paused and saved at step $paused_step"
 click "Train > Resume"
 wait_until 60 "the Pause button (running again)" "$CHECK" widget-centre "$DUMP" "Train > Pause" --enabled
-sleep 1  # let the resumed run take some steps (it takes hundreds a second)
+# Let the resumed run take steps: wait until the window shows more than the paused checkpoint.
+wait_until 240 "a step after $paused_step" step_at_least $((paused_step + 1))
 click "Train > Stop" --enabled
 # Stopped: the Start button is back (it reads Restart while a run is loading, running or paused).
 wait_until 60 "the Start button (stopped)" "$CHECK" widget-centre "$DUMP" "Train > Start"

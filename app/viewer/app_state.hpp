@@ -85,10 +85,11 @@ struct ForwardKey {
   MaskMode mask = MaskMode::Padding;
   std::vector<uint8_t> painted;     // (gh*gw) 1 = forbidden key; empty unless mask is Painted
   float score_scale = -1.0f;        // < 0: the model's 1/sqrt(d)
+  float temperature = 1.0f;         // the softmax temperature score_scale came from (1: none, or "no scale")
   RolloutChoice rollout;            // on: the pass keeps every weight and the rollout is computed
   bool operator==(const ForwardKey& o) const {
     return model == o.model && image == o.image && max_side == o.max_side && mask == o.mask &&
-           painted == o.painted && score_scale == o.score_scale && rollout == o.rollout;
+           painted == o.painted && score_scale == o.score_scale && temperature == o.temperature && rollout == o.rollout;
   }
   bool operator!=(const ForwardKey& o) const { return !(*this == o); }
 };
@@ -126,7 +127,8 @@ struct DisplayState {
 };
 
 struct ViewChoice {
-  MapMode mode = MapMode::Received;     // as `vitlens export`; pinning a query switches to Query
+  MapMode mode = MapMode::Query;        // where the centre patch looks: the mode in which a head's
+                                         // role shows on a photo (received averages every query)
   int layer = -1;                        // < 0: the last layer
   int query_row = -1, query_col = -1;    // pinned query patch; -1: the centre once an image is in
   int hover_row = -1, hover_col = -1;    // patch under the cursor this frame; -1: none
@@ -208,8 +210,31 @@ struct WidgetInfo {
   std::string value;                 // a text or number field: what it shows ("" for other kinds)
 };
 
+// A line of text as it was drawn: `width` is what it needs, `room` what the window (or table
+// column) had to the right of where it starts; width > room means the window cuts it off.
+struct TextInfo {
+  std::string text;
+  std::string window;
+  Rect rect;                         // window pixels
+  float width = 0.0f, room = 0.0f;
+  bool wrapped = false;              // broken into lines at the window's edge
+};
+
+// A window as it was drawn: `visible` is the part its contents show in (inside the title bar,
+// borders and scroll bars); `scroll` and `scroll_max` say how far its contents reach, so a widget
+// below the visible part is reachable when scroll_max covers it.
+struct WindowInfo {
+  std::string name;
+  std::string parent;                // the window a child window (a scrolling table) sits in; "" for top level
+  std::string kind;                  // "window", "child", "popup", "menu", "tooltip", "modal"
+  Rect rect, visible;
+  float scroll_x = 0, scroll_y = 0, scroll_max_x = 0, scroll_max_y = 0;
+};
+
 struct WidgetFrame {
   std::vector<WidgetInfo> widgets;   // in the order they were drawn
+  std::vector<TextInfo> texts;       // every line of text drawn through gui::Text and its kin
+  std::vector<WindowInfo> windows;   // every window drawn this frame, front-most last
   std::vector<std::string> clashes;  // "window: 'a' (button) and 'b' (header) share ID 0x..."
   int display_w = 0, display_h = 0;
 };
@@ -225,6 +250,14 @@ struct InputStep {
   std::string key;                   // KeyDown / KeyUp: left, right, up, down, escape, enter, tab
   std::string path;                  // Drop
   bool same_frame = false;
+};
+
+// The default layout (view_picture.cpp, PlaceWindow): each window is placed on first use, and again
+// once per generation, which a display resize or View > Reset layout starts.
+struct LayoutState {
+  float display_w = 0.0f, display_h = 0.0f;  // the display size of the last frame
+  int generation = 0;
+  std::map<std::string, int> placed;         // window name -> the generation it was placed in
 };
 
 struct UiState {
@@ -244,6 +277,7 @@ struct UiState {
   int working_side_edit = 0;             // the size slider while it is dragged (applied on release)
   std::vector<std::string> recent_images, recent_models;
   std::map<std::string, Rect> layout;    // where the pictures were drawn last frame (for tests)
+  LayoutState layout_windows;            // where the windows go (view_picture.cpp)
   WidgetFrame widgets;                   // every widget drawn last frame (widgets.hpp)
 };
 
@@ -253,8 +287,11 @@ struct Requests {
   std::string open_image, open_model;    // load these (keep the current ones on failure)
   std::string export_folder;             // export the current view into this folder
   std::string screenshot;                // write the framebuffer after this frame
+  int window_w = 0, window_h = 0;        // > 0: resize the window to this; kept until the display has that size
   bool quit = false;
-  bool any() const { return !open_image.empty() || !open_model.empty() || !export_folder.empty() || !screenshot.empty(); }
+  bool any() const {
+    return !open_image.empty() || !open_model.empty() || !export_folder.empty() || !screenshot.empty() || window_w > 0;
+  }
 };
 
 // [SECTION] Derived

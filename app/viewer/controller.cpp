@@ -362,6 +362,13 @@ bool is_idle(const App& app) {
          app.input.empty() && !wanted_key(app) && !training_wait_pending(app);
 }
 
+void note_display_size(LayoutState& layout, float width, float height) {
+  if (width == layout.display_w && height == layout.display_h) return;
+  if (layout.display_w > 0.0f) ++layout.generation;
+  layout.display_w = width;
+  layout.display_h = height;
+}
+
 // [SECTION] Derived state
 
 void update_derived(App& app) {
@@ -629,20 +636,42 @@ void open_grid_cell(App& app, int layer, int head) {
 
 void set_rollout(App& app, bool on) { app.ui.compute.rollout.on = on; }
 
+std::string map_mode_caption(const App& app) {
+  if (app.ui.compute.rollout.on)
+    return "Rollout: the heads fused and the layers multiplied, from the class token or the query: which patches "
+           "reach the output through every layer.";
+  switch (app.ui.view.mode) {
+    case MapMode::Query:
+      return "Query patch: where one patch looks. Click a patch (or use the arrow keys) and each head lights up the "
+             "patches it draws from: edges, texture, colour or nearby patches.";
+    case MapMode::ClassToken: return "Class token: where the class token looks, the summary the classifier reads.";
+    case MapMode::Received:
+      return "Received: how much attention each patch gets, averaged over every query; a few patches that every "
+             "query visits stand out.";
+  }
+  return {};
+}
+
 // [SECTION] Export
 
-bool cli_equivalent(const App& app) {
-  if (!app.doc.ready()) return false;
+std::string viewer_only_settings(const App& app) {
+  if (!app.doc.ready()) return {};
   bool has_padding = false;
   for (uint8_t v : app.doc.comp->image.grid.patch_is_padding) has_padding = has_padding || v;
   // The pass on screen (and exported), not a choice whose pass is still running.
-  const MaskMode mask = app.doc.comp->key.mask;
-  const bool mask_ok = mask == MaskMode::Padding || mask == MaskMode::Causal ||
-                       (mask == MaskMode::None && !has_padding) ||
-                       (mask == MaskMode::Painted && app.doc.comp->key.painted.empty());
+  const ForwardKey& key = app.doc.comp->key;
+  const bool mask_ok = key.mask == MaskMode::Padding || key.mask == MaskMode::Causal ||
+                       (key.mask == MaskMode::None && !has_padding) || (key.mask == MaskMode::Painted && key.painted.empty());
+  // A temperature is `--temperature`; only "no scale" (softmax of the raw q.k) has no flag.
+  const bool scale_ok = key.score_scale < 0.0f || key.temperature != 1.0f;
+  std::string out;
+  if (!mask_ok) out = std::string("the mask '") + mask_mode_name(key.mask) + "'";
+  if (!scale_ok) out += std::string(out.empty() ? "" : " and ") + "no softmax scale";
   // Rollout mode: the export is `--rollout`, which takes no threshold (the viewer draws none on it).
-  return mask_ok && app.doc.comp->key.score_scale < 0.0f;  // the threshold is `--threshold`
+  return out;
 }
+
+bool cli_equivalent(const App& app) { return app.doc.ready() && viewer_only_settings(app).empty(); }
 
 namespace {
 
@@ -687,6 +716,7 @@ std::string cli_command(const App& app, const std::string& out_dir) {
       cmd += " --layer " + std::to_string(current_layer(app));
   }
   if (app.doc.comp->key.mask == MaskMode::Causal) cmd += " --mask causal";
+  if (app.doc.comp->key.temperature != 1.0f) cmd += " --temperature " + format_float(app.doc.comp->key.temperature);
   cmd += " --colormap " + ui.display.style.colormap + " --alpha " + format_float(ui.display.style.alpha);
   cmd += std::string(" --upsample ") + upsample_name(ui.display.style.upsample);
   cmd += std::string(" --normalize ") + normalize_name(ui.display.normalize);
@@ -729,6 +759,7 @@ void start_export(App& app, const std::string& requested_folder) {
   s.out_dir = folder;
   s.layer = current_layer(app);
   s.causal = c.key.mask == MaskMode::Causal;
+  s.temperature = c.key.temperature;
   s.style = ui.display.style;
   s.normalize = ui.display.normalize;
   s.raw = ui.export_raw;
@@ -922,8 +953,19 @@ nlohmann::json widgets_json(const WidgetFrame& frame) {
                     {"enabled", w.enabled}, {"visible", w.visible}});
     if (w.kind == WidgetKind::Input) list.back()["value"] = w.value;
   }
-  return {{"note", "rectangles are [x, y, w, h] in window pixels, origin at the window's top left"},
-          {"display", {frame.display_w, frame.display_h}}, {"widgets", list}, {"clashes", frame.clashes}};
+  json texts = json::array();
+  for (const TextInfo& t : frame.texts)
+    texts.push_back({{"text", t.text}, {"window", t.window}, {"rect", {t.rect.x, t.rect.y, t.rect.w, t.rect.h}},
+                     {"width", t.width}, {"room", t.room}, {"wrapped", t.wrapped}});
+  json windows = json::array();
+  for (const WindowInfo& w : frame.windows)
+    windows.push_back({{"name", w.name}, {"parent", w.parent}, {"kind", w.kind}, {"rect", {w.rect.x, w.rect.y, w.rect.w, w.rect.h}},
+                       {"visible", {w.visible.x, w.visible.y, w.visible.w, w.visible.h}},
+                       {"scroll", {w.scroll_x, w.scroll_y}}, {"scroll_max", {w.scroll_max_x, w.scroll_max_y}}});
+  return {{"note", "rectangles are [x, y, w, h] in window pixels, origin at the window's top left; a text's width is what "
+                   "it needs, room what its window or column had to the right of it; windows back to front"},
+          {"display", {frame.display_w, frame.display_h}}, {"widgets", list}, {"texts", texts}, {"windows", windows},
+          {"clashes", frame.clashes}};
 }
 
 // [SECTION] Script
@@ -1134,6 +1176,9 @@ std::string apply_script_command(App& app, const ScriptCommand& command) {
                       : a[0] == "model"  ? BrowserPurpose::OpenModel
                       : a[0] == "export" ? BrowserPurpose::ExportFolder
                                          : BrowserPurpose::ScreenshotFile);
+  } else if (v == "window") {
+    parse_int_arg(a[0], app.requests.window_w);
+    parse_int_arg(a[1], app.requests.window_h);
   } else if (v == "frames") {
     parse_int_arg(a[0], i);
     app.script.settle_frames = i;

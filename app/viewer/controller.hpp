@@ -66,6 +66,9 @@ void process_requests(App& app);  // file loads and exports (the screenshot is t
 void schedule_compute(App& app);  // start a forward pass when its inputs changed
 void update_derived(App& app);    // maps, pictures, inspector and worked example when stale
 bool is_idle(const App& app);     // nothing loading, computing, exporting or requested
+// The display size of this frame: a new size (after the first) starts a new layout generation,
+// so the windows are laid out again for it (view_picture.cpp, PlaceWindow).
+void note_display_size(LayoutState& layout, float width, float height);
 
 // [SECTION] Actions (mouse, keys, menus and script)
 
@@ -99,6 +102,11 @@ int model_layers(const App& app);
 
 // Whether the current view is exactly what `vitlens export` can write (no viewer-only settings).
 bool cli_equivalent(const App& app);
+// The settings on screen that `vitlens export` has no flag for ("the mask 'painted'", "no softmax
+// scale"), or "" when there are none.
+std::string viewer_only_settings(const App& app);
+// One line on what the map mode on screen shows, for a newcomer (the Controls window shows it).
+std::string map_mode_caption(const App& app);
 // The `vitlens export` flags that give the same files when cli_equivalent, for the UI to show.
 std::string cli_command(const App& app, const std::string& out_dir);
 

@@ -164,11 +164,15 @@ std::string check(const ScriptCommand& c) {
     return n == 1 && one_of(a[0], {"image", "model", "export", "screenshot"}) ? ""
                                                                               : "expects: browse image|model|export|screenshot";
   if (v == "train" || v == "model-menu") return check_train_command(c);
+  if (v == "window")
+    return n == 2 && parse_int_arg(a[0], i) && i >= 320 && i <= 8192 && parse_int_arg(a[1], i) && i >= 240 && i <= 8192
+               ? ""
+               : "expects: window W H (pixels, 320x240 to 8192x8192)";
   if (v == "frames") return n == 1 && parse_int_arg(a[0], i) && i >= 1 && i <= 10000 ? "" : "expects: frames N (1 to 10000)";
   return "unknown command '" + v +
          "' (known: open, model, pin, key, hover, mode, layer, token, head, rollout, colormap, alpha, normalize, upsample, threshold, grid, "
          "mask, paint, erase, clear-paint, scale, size, show, example, browse, export, screenshot, state, train, model-menu, "
-         "frames, quit, click, drag, drop, widgets, expect, expect-contains, expect-file)";
+         "window, frames, quit, click, drag, drop, widgets, expect, expect-contains, expect-file)";
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 //   open PATH | model PATH          load an image / a model (a bad file keeps the current one)
 //   pin ROW COL | key left|right|up|down | hover ROW COL
 //   mode query|cls|received|rollout layer N
-//   token patch|cls|dist|regK       the query: the pinned patch or a prefix token (issue 8)
+//   token patch|cls|dist|regK       the query: the pinned patch or a prefix token
 //   head N|all                      open one head large in the Heads window, or show them all
 //   rollout on|off | rollout fusion mean|max|min | rollout discard R | rollout layers A B |
 //   rollout from cls|query          rollout mode's settings (rollout.hpp)
@@ -19,6 +19,8 @@
 //   example q|k|v ROW COL VALUE | example scaled on|off | example reset
 //   browse image|model|export|screenshot (opens the file browser, as the menus do)
 //   export DIR [raw] | screenshot FILE | state FILE | frames N | quit
+//   window W H                      resize the window (the next command runs once the display has
+//                                   that size and the windows are laid out for it)
 //   train start fashion-mnist|DIR [key=value ...] | train pause|resume|stop | train wait STEPS |
 //   train save FILE | train open | model-menu NAME   (train_panel.hpp)
 // Real input (the window plays it into Dear ImGui's input, one step per frame):

@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "controller.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "vitlens/error.hpp"
 #include "vitlens/model_io.hpp"
 
@@ -86,7 +87,7 @@ std::string apply_train_command(App& app, const ScriptCommand& c) {
   const auto& a = c.args;
   if (c.verb == "model-menu") {
     for (const BundledModel& m : bundled_models(bundled_models_folder())) {
-      if (m.name == a[0] || std::filesystem::path(m.path).stem().string() == a[0]) {
+      if (m.name == a[0] || std::filesystem::path(m.path).stem().string() == a[0] || bundled_model_name(m.path) == a[0]) {
         app.requests.open_model = m.path;
         return "";
       }
@@ -204,20 +205,9 @@ std::vector<BundledModel> bundled_models(const std::string& folder) {
     BundledModel m;
     m.path = p.string();
     m.name = p.stem().string();
-    // safetensors: 8-byte little-endian header length, then the JSON header; the config is in
-    // __metadata__["config"]. Only the header is read, however large the weights.
-    std::ifstream in(m.path, std::ios::binary);
-    unsigned char size_bytes[8] = {};
-    uint64_t size = 0;
-    if (in.read(reinterpret_cast<char*>(size_bytes), 8))
-      for (int i = 7; i >= 0; --i) size = (size << 8) | size_bytes[i];
+    // Only the header is read, however large the weights.
     try {
-      if (!in || size == 0 || size > (1u << 24)) throw Error(m.path + ": not a safetensors file");
-      std::string header(size, '\0');
-      if (!in.read(&header[0], static_cast<std::streamsize>(size))) throw Error(m.path + ": truncated header");
-      const nlohmann::json h = nlohmann::json::parse(header);
-      const nlohmann::json config = nlohmann::json::parse(h.at("__metadata__").at("config").get<std::string>());
-      const VitConfig c = config_from_json(config, m.path);
+      const VitConfig c = read_model_config(m.path);
       m.name = c.name;
       m.description = c.description;
     } catch (const std::exception& e) {

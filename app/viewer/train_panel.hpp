@@ -1,5 +1,5 @@
 #pragma once
-// The viewer's side of training and of the model menu (issue 7), without a display:
+// The viewer's side of training and of the model menu, without a display:
 //   TrainPanel          the Train window's plain state (the session, the fields, the snapshot shown)
 //   script commands     train start fashion-mnist|DIR|photos[:DIR] [key=value ...] | train pause|resume|stop |
 //                       train wait STEPS | train save FILE | train open | model-menu NAME

@@ -249,6 +249,7 @@ namespace {
 struct RunData {
   ImageSet train, eval;            // classifier
   PhotoRunData photos;             // MAE: photos.train, photos.val
+  FolderReport folder_report;      // classifier on an ImageFolder: what its walk left out
   std::string eval_name;           // "test", "val" or "" (no evaluation)
   int train_count = 0, eval_count = 0;  // images or photos
   // The probe: one image the per-head maps are drawn for, (3, probe_h, probe_w) in [0, 1].
@@ -256,6 +257,14 @@ struct RunData {
   int probe_h = 0, probe_w = 0, probe_label = -1;
   std::string probe_what;
 };
+
+// What a data folder's load left out, for the run's first message: "" or "; ..." per kind.
+std::string left_out(const FolderReport& report) {
+  std::string text;
+  if (report.skipped > 0) text += "; " + std::to_string(report.skipped) + " unreadable file(s) skipped";
+  if (report.links_outside > 0) text += "; " + links_outside_warning(report);
+  return text;
+}
 
 // As `vitlens train`: Fashion-MNIST evaluates on the test images unless val-split > 0; a folder
 // holds out val-split of each class; photos are read and split by the CLI's own function. The
@@ -297,8 +306,7 @@ RunData load_run_data(const TrainSettings& s) {
     std::error_code ec;
     if (!std::filesystem::is_directory(s.data, ec))
       throw Error(s.data + ": the training data is neither 'fashion-mnist', a folder nor photos[:DIR]");
-    FolderReport report;
-    all = load_image_folder(s.data, s.img_size, &report);
+    all = load_image_folder(s.data, s.img_size, &d.folder_report);
     if (s.limit > 0 && all.size() > s.limit) {
       all.pixels.resize(static_cast<size_t>(s.limit) * 3 * all.height * all.width);
       all.labels.resize(static_cast<size_t>(s.limit));
@@ -634,8 +642,7 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
                         std::to_string(trainer.mae->net().offsets().encoder_total) + ") on " +
                         std::to_string(data.train_count) + " photos of " + data.photos.dir + " (" +
                         std::to_string(data.eval_count) + " held out)";
-      if (data.photos.report.skipped > 0)
-        started_message += "; " + std::to_string(data.photos.report.skipped) + " unreadable file(s) skipped";
+      started_message += left_out(data.photos.report);
     } else {
       trainer.classifier =
           std::make_unique<Trainer>(config, recipe_of(s), &data.train, data.eval_count > 0 ? &data.eval : nullptr);
@@ -644,7 +651,7 @@ void TrainSession::worker_main(std::shared_ptr<Run> run) {
       record["eval_images"] = data.eval_count;
       record["class_names"] = data.train.class_names;
       started_message = "training " + std::to_string(trainer.parameters()) + " parameters on " +
-                        std::to_string(data.train_count) + " images";
+                        std::to_string(data.train_count) + " images" + left_out(data.folder_report);
     }
     started = true;
     // Step 0's probe (the initial weights' maps, the start of every curve) goes in before the state

@@ -1,5 +1,5 @@
 #pragma once
-// The viewer's Train window without the window (issue 7): a TrainSession owns a Trainer (or, for
+// The viewer's Train window without the window: a TrainSession owns a Trainer (or, for
 // data "photos[:DIR]", a masked-autoencoder MaeTrainer) on one worker thread and takes commands
 // (start, pause, resume, stop, save) from the UI or a script; the UI reads a snapshot (curves, the
 // probe image's per-head maps and statistics) under a mutex and never waits for a training step.

@@ -105,11 +105,11 @@ void DrawFileBrowser(App& app) {
   if (!b.shown) return;
   if (b.listed_folder != b.folder || b.listed_show_all != b.show_all) Relist(b);
 
-  ImGui::TextUnformatted(Title(b.purpose));
+  gui::TextUnformatted(Title(b.purpose));
   if (gui::Button("Up")) Navigate(b, parent_folder(b.folder));
   ImGui::SameLine();
-  ImGui::TextUnformatted(b.folder.c_str());
-  if (!b.list_error.empty()) ImGui::TextColored(ImVec4(1.0f, 0.4f, 0.4f, 1.0f), "%s", b.list_error.c_str());
+  gui::TextWrapped("%s", b.folder.c_str());
+  if (!b.list_error.empty()) gui::TextColored(ImVec4(1.0f, 0.4f, 0.4f, 1.0f), "%s", b.list_error.c_str());
 
   bool close = false;
   const float footer = ImGui::GetFrameHeightWithSpacing() * 2.0f + ImGui::GetStyle().ItemSpacing.y;
@@ -136,7 +136,7 @@ void DrawFileBrowser(App& app) {
       }
     }
   }
-  if (b.entries.empty() && b.list_error.empty()) ImGui::TextDisabled("(nothing here that fits the filter)");
+  if (b.entries.empty() && b.list_error.empty()) gui::TextWrappedDisabled("(nothing here that fits the filter)");
   ImGui::EndChild();
   if (!navigate_to.empty()) Navigate(b, navigate_to);
 

@@ -19,7 +19,7 @@ constexpr float kSeedWeights[2][3] = {{0.401f, 0.401f, 0.198f}, {0.198f, 0.401f,
 constexpr float kSeedContext[2][2] = {{4.011f, 2.203f}, {1.978f, 2.407f}};
 
 void DrawInputMatrix(const char* name, float (*rows)[2], int count) {
-  ImGui::TextUnformatted(name);
+  gui::TextUnformatted(name);
   ImGui::PushID(name);
   for (int r = 0; r < count; ++r) {
     ImGui::PushID(r);
@@ -36,7 +36,7 @@ void DrawResultMatrix(const char* id, const MatRM& m) {
     ImGui::TableNextRow();
     for (Eigen::Index c = 0; c < m.cols(); ++c) {
       ImGui::TableNextColumn();
-      ImGui::Text("%.3f", static_cast<double>(m(r, c)));
+      gui::Text("%.3f", static_cast<double>(m(r, c)));
     }
   }
   ImGui::EndTable();
@@ -56,14 +56,13 @@ bool MatchesSeed(const WorkedResult& r) {
 
 void DrawWorkedExampleView(App& app) {
   if (!app.ui.show_example) return;
-  ImGui::SetNextWindowPos(ImVec2(ImGui::GetIO().DisplaySize.x * 0.3f, 80.0f), ImGuiCond_FirstUseEver);
-  ImGui::SetNextWindowSize(ImVec2(560.0f, 520.0f), ImGuiCond_FirstUseEver);
+  PlaceWindow(app, "Worked example", WindowSlot::Heads);  // on demand, over the heads
   if (!ImGui::Begin("Worked example", &app.ui.show_example)) {
     ImGui::End();
     return;
   }
   WorkedExample& ex = app.ui.example;
-  ImGui::TextWrapped("Two queries, three keys, dimension 2. Each query scores every key with a dot product, the "
+  gui::TextWrapped("Two queries, three keys, dimension 2. Each query scores every key with a dot product, the "
                      "softmax turns the scores into weights that sum to one, and the context is the weighted mix of "
                      "the values. Edit any number.");
   ImGui::BeginGroup();
@@ -84,17 +83,17 @@ void DrawWorkedExampleView(App& app) {
   const Derived& d = app.derived;
   if (d.example_valid) {
     ImGui::Separator();
-    ImGui::Text("scores = Q K^T%s", ex.scaled ? " / sqrt(2)" : "");
+    gui::Text("scores = Q K^T%s", ex.scaled ? " / sqrt(2)" : "");
     DrawResultMatrix("scores", d.example.scores);
-    ImGui::TextUnformatted("weights = softmax(scores) over each row");
+    gui::TextUnformatted("weights = softmax(scores) over each row");
     DrawResultMatrix("weights", d.example.weights);
-    ImGui::TextUnformatted("context = weights V");
+    gui::TextUnformatted("context = weights V");
     DrawResultMatrix("context", d.example.context);
     ImGui::Separator();
-    ImGui::TextDisabled("The seed prints: weights [[0.401, 0.401, 0.198], [0.198, 0.401, 0.401]]");
-    ImGui::TextDisabled("                 context [[4.011, 2.203], [1.978, 2.407]]");
-    if (MatchesSeed(d.example)) ImGui::TextColored(ImVec4(0.4f, 0.9f, 0.4f, 1.0f), "Same numbers as the seed.");
-    else ImGui::TextDisabled("Your inputs differ from the seed's: the numbers above are yours.");
+    gui::TextDisabled("The seed prints: weights [[0.401, 0.401, 0.198], [0.198, 0.401, 0.401]]");
+    gui::TextDisabled("                 context [[4.011, 2.203], [1.978, 2.407]]");
+    if (MatchesSeed(d.example)) gui::TextColored(ImVec4(0.4f, 0.9f, 0.4f, 1.0f), "Same numbers as the seed.");
+    else gui::TextWrappedDisabled("Your inputs differ from the seed's: the numbers above are yours.");
   }
   ImGui::End();
 }

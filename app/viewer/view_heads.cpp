@@ -76,7 +76,7 @@ void DrawHeadPanel(App& app, const ViewTextures& textures, int index, float widt
   const bool is_mean = index == heads;
   const std::string label = is_mean ? std::string("mean of heads") : head_label(model.config, layer, index);
   ImGui::BeginGroup();
-  ImGui::TextUnformatted(label.c_str());
+  gui::TextUnformatted(label.c_str());
   if (!is_mean && layer < static_cast<int>(model.config.head_descriptions.size()) && ImGui::IsItemHovered())
     ImGui::SetTooltip("%s", model.config.head_descriptions[static_cast<size_t>(layer)][static_cast<size_t>(index)].c_str());
   const std::string name = is_mean ? std::string("mean") : "head" + std::to_string(index);
@@ -88,9 +88,9 @@ void DrawHeadPanel(App& app, const ViewTextures& textures, int index, float widt
   if (i < d.entropy.size()) {
     ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
     if (!is_mean && i < d.view.maps.cls_weight.size() && app.doc.comp->forward.has_class_token)
-      ImGui::TextWrapped("entropy %.2f, cls %.3f", d.entropy[i], static_cast<double>(d.view.maps.cls_weight[i]));
+      gui::TextWrapped("entropy %.2f, cls %.3f", d.entropy[i], static_cast<double>(d.view.maps.cls_weight[i]));
     else
-      ImGui::TextWrapped("entropy %.2f", d.entropy[i]);
+      gui::TextWrapped("entropy %.2f", d.entropy[i]);
     if (ImGui::IsItemHovered())
       ImGui::SetTooltip("Shannon entropy of the map in nats (uniform over %d patches: %.2f); cls: the weight on the class token",
                         app.doc.comp->forward.grid_h * app.doc.comp->forward.grid_w,
@@ -100,9 +100,9 @@ void DrawHeadPanel(App& app, const ViewTextures& textures, int index, float widt
   if (i < d.kept.size()) {
     const ThresholdResult& t = d.kept[i];
     if (t.no_structure)  // a flat map has no region to keep: drawn whole, and said so
-      ImGui::TextWrapped("no structure: every patch has the same weight, nothing to threshold");
+      gui::TextWrapped("no structure: every patch has the same weight, nothing to threshold");
     else
-      ImGui::TextWrapped("kept %d/%d (%.1f%%), %.1f%% of mass", t.kept_patches, t.total_patches,
+      gui::TextWrapped("kept %d/%d (%.1f%%), %.1f%% of mass", t.kept_patches, t.total_patches,
                        100.0 * t.kept_patches / std::max(1, t.total_patches), 100.0 * t.kept_mass);
   }
   ImGui::PopTextWrapPos();
@@ -116,7 +116,7 @@ void DrawRolloutPanel(App& app, const ViewTextures& textures) {
   const Derived& d = app.derived;
   const Computation& c = *app.doc.comp;
   const RolloutChoice& r = c.key.rollout;
-  ImGui::TextWrapped("Attention rollout of the %s: layers %d to %d multiplied, heads fused by %s, %.0f%% of the lowest "
+  gui::TextWrapped("Attention rollout of the %s: layers %d to %d multiplied, heads fused by %s, %.0f%% of the lowest "
                      "weights discarded",
                      token_name(app.doc.model->model.config, c.forward.grid_w, d.rollout_query).c_str(), r.first_layer,
                      r.last_layer, head_fusion_name(r.fusion), 100.0 * static_cast<double>(r.discard));
@@ -126,7 +126,7 @@ void DrawRolloutPanel(App& app, const ViewTextures& textures) {
   DrawPicture(app, "rollout", textures.rollout, w, h, false);
   const float top = d.rollout_map.size() ? d.rollout_map.maxCoeff() : 0.0f;
   DrawColourBar(app, textures.ramp, top, w);
-  ImGui::TextDisabled("entropy %.2f, patches hold %.3f of the row; %.0f ms for the pass and the rollout", map_entropy(d.rollout_map),
+  gui::TextWrappedDisabled("entropy %.2f, patches hold %.3f of the row; %.0f ms for the pass and the rollout", map_entropy(d.rollout_map),
                       static_cast<double>(d.rollout_map.sum()), c.rollout_ms);
 }
 
@@ -136,13 +136,13 @@ void DrawRolloutPanel(App& app, const ViewTextures& textures) {
 
 void DrawHeadsView(App& app, const ViewTextures& textures) {
   if (!app.ui.show_heads) return;
-  PlaceWindow(0.56f, 0.0f, 0.44f, 0.68f);
+  PlaceWindow(app, "Heads", WindowSlot::Heads);
   if (!ImGui::Begin("Heads", &app.ui.show_heads)) {
     ImGui::End();
     return;
   }
   if (!app.doc.ready() || textures.heads_shown == 0) {
-    ImGui::TextUnformatted(app.compute_job ? "Computing ..." : "Nothing to show yet.");
+    gui::TextWrapped("%s", app.compute_job ? "Computing ..." : "Nothing to show yet.");
     ImGui::End();
     return;
   }
@@ -151,26 +151,30 @@ void DrawHeadsView(App& app, const ViewTextures& textures) {
   const int layer = current_layer(app);
   if (app.ui.compute.rollout.on) {
     if (c.key.rollout.on && app.derived.rollout_query >= 0) DrawRolloutPanel(app, textures);
-    else ImGui::TextUnformatted(app.compute_job ? "Computing the rollout ..." : "No rollout: see the message below.");
+    else gui::TextWrapped("%s", app.compute_job ? "Computing the rollout ..." : "No rollout: see the message below.");
     ImGui::End();
     return;
   }
   switch (v.mode) {
     case MapMode::Query:
       if (v.query_prefix >= 0 && v.query_prefix < c.forward.prefix)
-        ImGui::Text("Where the %s looks, layer %d of %zu",
+        gui::TextWrapped("Where the %s looks, layer %d of %zu",
                     token_name(app.doc.model->model.config, c.forward.grid_w, v.query_prefix).c_str(), layer,
                     c.forward.layers.size());
       else
-        ImGui::Text("Where query patch (%d, %d) looks, layer %d of %zu", v.query_row, v.query_col, layer,
+        gui::TextWrapped("Where query patch (%d, %d) looks, layer %d of %zu", v.query_row, v.query_col, layer,
                     c.forward.layers.size());
       break;
-    case MapMode::ClassToken: ImGui::Text("Where the class token looks, layer %d", layer); break;
+    case MapMode::ClassToken: gui::TextWrapped("Where the class token looks, layer %d", layer); break;
     case MapMode::Received:
-      ImGui::Text("Attention each patch receives (mean over %d queries), layer %d", c.forward.received_queries, layer);
+      gui::TextWrapped("Attention each patch receives (mean over %d queries), layer %d", c.forward.received_queries, layer);
       break;
   }
-  if (!app.derived.map_error.empty()) ImGui::TextColored(ImVec4(1, 0.4f, 0.4f, 1), "%s", app.derived.map_error.c_str());
+  if (!app.derived.map_error.empty()) {
+    ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1, 0.4f, 0.4f, 1));
+    gui::TextWrapped("%s", app.derived.map_error.c_str());
+    ImGui::PopStyleColor();
+  }
 
   const int heads = app.doc.model->model.config.num_heads;
   if (v.focus_head >= 0 && v.focus_head < std::min(heads, textures.heads_shown)) {

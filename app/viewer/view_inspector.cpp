@@ -29,12 +29,12 @@ std::string TokenName(const App& app, int token) {
 // The 3 P P normalised values of a patch as P rows of P values per channel, side by side.
 void DrawPatchValues(const char* id, const std::vector<float>& values, int p) {
   if (values.empty()) {
-    ImGui::TextDisabled("(a class, distillation or register token has no pixels: it is a learned vector)");
+    gui::TextWrappedDisabled("(a class, distillation or register token has no pixels: it is a learned vector)");
     return;
   }
   const int columns = 3 * p;
   if (columns > 48) {
-    ImGui::TextDisabled("%zu values (patch %dx%d): too many to list", values.size(), p, p);
+    gui::TextWrappedDisabled("%zu values (patch %dx%d): too many to list", values.size(), p, p);
     return;
   }
   if (!ImGui::BeginTable(id, columns, kWideTable, TableSize(p + 1))) return;
@@ -50,7 +50,7 @@ void DrawPatchValues(const char* id, const std::vector<float>& values, int p) {
     for (int c = 0; c < 3; ++c)
       for (int x = 0; x < p; ++x) {
         ImGui::TableNextColumn();
-        ImGui::Text("%+.2f", static_cast<double>(values[static_cast<size_t>((c * p + y) * p + x)]));
+        gui::Text("%+.2f", static_cast<double>(values[static_cast<size_t>((c * p + y) * p + x)]));
       }
   }
   ImGui::EndTable();
@@ -59,10 +59,10 @@ void DrawPatchValues(const char* id, const std::vector<float>& values, int p) {
 void DrawVectorRow(const char* name, const std::vector<float>& values) {
   ImGui::TableNextRow();
   ImGui::TableNextColumn();
-  ImGui::TextUnformatted(name);
+  gui::TextUnformatted(name);
   for (float v : values) {
     ImGui::TableNextColumn();
-    ImGui::Text("%+.3f", static_cast<double>(v));
+    gui::Text("%+.3f", static_cast<double>(v));
   }
 }
 
@@ -84,18 +84,18 @@ void DrawHeadSteps(const App& app, const InspectorStep& step) {
     for (float v : s.contribution) norm += static_cast<double>(v) * v;
     ImGui::TableNextRow();
     ImGui::TableNextColumn();
-    ImGui::TextUnformatted(head_label(config, step.layer, static_cast<int>(h)).c_str());
+    gui::TextUnformatted(head_label(config, step.layer, static_cast<int>(h)).c_str());
     ImGui::TableNextColumn();
-    ImGui::Text("%+.4f", static_cast<double>(s.dot));
+    gui::Text("%+.4f", static_cast<double>(s.dot));
     ImGui::TableNextColumn();
-    ImGui::Text("%+.4f", static_cast<double>(s.scaled));
+    gui::Text("%+.4f", static_cast<double>(s.scaled));
     ImGui::TableNextColumn();
-    if (step.key_allowed) ImGui::Text("%.5f", static_cast<double>(s.weight));
-    else ImGui::TextDisabled("0 (masked)");
+    if (step.key_allowed) gui::Text("%.5f", static_cast<double>(s.weight));
+    else gui::TextDisabled("0 (masked)");
     ImGui::TableNextColumn();
-    ImGui::Text("%.4f", std::sqrt(norm));
+    gui::Text("%.4f", std::sqrt(norm));
     ImGui::TableNextColumn();
-    ImGui::Text("%.5f", static_cast<double>(s.max_weight));
+    gui::Text("%.5f", static_cast<double>(s.max_weight));
   }
   ImGui::EndTable();
 
@@ -113,9 +113,9 @@ void DrawHeadSteps(const App& app, const InspectorStep& step) {
       DrawVectorRow("output", s.output);
       ImGui::EndTable();
     } else {
-      ImGui::TextDisabled("head dimension %d: too wide to list", d);
+      gui::TextWrappedDisabled("head dimension %d: too wide to list", d);
     }
-    ImGui::TextDisabled("q.k = %+.4f; x %.4f = %+.4f; weight %.5f; output = sum over keys of w v", static_cast<double>(s.dot),
+    gui::TextWrappedDisabled("q.k = %+.4f; x %.4f = %+.4f; weight %.5f; output = sum over keys of w v", static_cast<double>(s.dot),
                         static_cast<double>(step.score_scale), static_cast<double>(s.scaled), static_cast<double>(s.weight));
     ImGui::TreePop();
   }
@@ -125,32 +125,32 @@ void DrawHeadSteps(const App& app, const InspectorStep& step) {
 
 void DrawInspectorView(App& app) {
   if (!app.ui.show_inspector) return;
-  PlaceWindow(0.23f, 0.56f, 0.33f, 0.44f);
+  PlaceWindow(app, "Inspector", WindowSlot::Inspector);
   if (!ImGui::Begin("Inspector", &app.ui.show_inspector)) {
     ImGui::End();
     return;
   }
   const Derived& d = app.derived;
   if (!app.doc.ready() || !d.inspector_valid) {
-    ImGui::TextUnformatted("Pin a query and hover a key to see the arithmetic.");
+    gui::TextWrapped("%s", "Pin a query and hover a key to see the arithmetic.");
     ImGui::End();
     return;
   }
   const InspectorStep& step = d.inspector;
   const int p = app.doc.model->model.config.patch_size;
-  ImGui::Text("query %s (token %d)  ->  key %s (token %d), layer %d", TokenName(app, step.query_token).c_str(),
+  gui::TextWrapped("query %s (token %d)  ->  key %s (token %d), layer %d", TokenName(app, step.query_token).c_str(),
               step.query_token, TokenName(app, step.key_token).c_str(), step.key_token, step.layer);
-  ImGui::TextDisabled("hover a patch to choose the key; weight = softmax over all %d keys of q.k x %.4f%s",
+  gui::TextWrappedDisabled("hover a patch to choose the key; weight = softmax over all %d keys of q.k x %.4f%s",
                       app.doc.comp->forward.tokens, static_cast<double>(step.score_scale),
                       step.key_allowed ? "" : "; this key is masked for this query");
   DrawHeadSteps(app, step);
   char values_title[128];
   std::snprintf(values_title, sizeof values_title,
-                "the patches' %d values each, normalised (x - mean) / std as the model reads them###patch values", 3 * p * p);
+                "patch values (%d each, normalised)###patch values", 3 * p * p);
   if (gui::TreeNode(values_title)) {
-    ImGui::TextUnformatted("query");
+    gui::TextUnformatted("query");
     DrawPatchValues("query_values", step.query_patch, p);
-    ImGui::TextUnformatted("key");
+    gui::TextUnformatted("key");
     DrawPatchValues("key_values", step.key_patch, p);
     ImGui::TreePop();
   }

@@ -40,8 +40,7 @@ std::string GridCaption(const App& app) {
 
 void DrawLayersView(App& app, const ViewTextures& textures) {
   if (!app.ui.show_layers) return;
-  PlaceWindow(0.23f, 0.56f, 0.33f, 0.44f);  // over the Inspector: shown on demand, on top
-  ImGui::SetNextWindowBgAlpha(1.0f);          // opaque, so the Inspector's text does not show through
+  PlaceWindow(app, "Layers x heads", WindowSlot::Inspector);  // over the Inspector: shown on demand, on top
   if (!ImGui::Begin("Layers x heads", &app.ui.show_layers)) {
     ImGui::End();
     return;
@@ -49,13 +48,13 @@ void DrawLayersView(App& app, const ViewTextures& textures) {
   const Derived& d = app.derived;
   const LayerGrid& g = d.layers;
   if (!app.doc.ready() || g.layers == 0 || textures.layers.id == 0) {
-    ImGui::TextUnformatted(!d.layers_error.empty() ? d.layers_error.c_str() : app.compute_job ? "Computing ..." : "Nothing to show yet.");
+    gui::TextWrapped("%s", !d.layers_error.empty() ? d.layers_error.c_str() : app.compute_job ? "Computing ..." : "Nothing to show yet.");
     ImGui::End();
     return;
   }
-  ImGui::TextWrapped("%d layers x %d heads, %s; click a tile to open it", g.layers, g.heads, GridCaption(app).c_str());
+  gui::TextWrapped("%d layers x %d heads, %s; click a tile to open it", g.layers, g.heads, GridCaption(app).c_str());
   ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
-  ImGui::TextWrapped("every map for this query: %.2f ms (from the cached q and K, no new forward pass)", d.layers_ms);
+  gui::TextWrapped("every map for this query: %.2f ms (from the cached q and K, no new forward pass)", d.layers_ms);
   ImGui::PopStyleColor();
 
   // Scale the one-pixel-per-patch picture up to the window, leaving room for the labels.

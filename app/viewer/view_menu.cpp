@@ -1,12 +1,28 @@
 // The main menu bar and the status bar.
+#include <algorithm>
+#include <string>
+
 #include <imgui.h>
 
 #include "views.hpp"
+#include "vitlens/bundled_models.hpp"
 #include "widgets.hpp"
 
 namespace vitlens::viewer {
 
 namespace {
+
+// `text` cut at its start to fit `room` pixels ("...the end of a long path"), whole when it fits.
+std::string FitToRoom(const std::string& text, float room) {
+  if (ImGui::CalcTextSize(text.c_str()).x <= room) return text;
+  size_t cut = 0;
+  while (cut < text.size()) {
+    ++cut;
+    while (cut < text.size() && (static_cast<unsigned char>(text[cut]) & 0xC0) == 0x80) ++cut;  // a whole UTF-8 character
+    if (ImGui::CalcTextSize(("..." + text.substr(cut)).c_str()).x <= room) break;
+  }
+  return "..." + text.substr(cut);
+}
 
 void DrawRecent(const char* title, const std::vector<std::string>& recent, std::string& request) {
   if (!gui::BeginMenu(title, !recent.empty())) return;
@@ -45,33 +61,36 @@ void DrawViewMenu(App& app) {
   gui::MenuItemToggle("Train", &ui.show_train);
   ImGui::Separator();
   gui::MenuItemToggle("Patch grid", &ui.display.show_grid);
+  if (gui::MenuItem("Reset layout")) ++ui.layout_windows.generation;
   gui::EndMenu();
 }
 
 // Every model file in assets/models, read again each time the menu opens, so a new bundled model
-// appears without code changes.
+// appears without code changes. Its description shows beside the menu, never over the entries.
 void DrawModelMenu(App& app) {
-  if (!ImGui::BeginMenu("Model")) return;
+  if (!gui::BeginMenu("Model")) return;
   static std::vector<BundledModel> listed;
   if (ImGui::IsWindowAppearing()) listed = bundled_models(bundled_models_folder());
-  if (listed.empty()) ImGui::TextDisabled("no models in %s", bundled_models_folder().c_str());
+  if (listed.empty()) gui::TextDisabled("no models in %s", bundled_models_folder().c_str());
   for (size_t i = 0; i < listed.size(); ++i) {
     const BundledModel& m = listed[i];
     ImGui::PushID(static_cast<int>(i));
     const bool current = app.doc.model && app.doc.model->model.config.name == m.name;
-    if (ImGui::MenuItem(m.name.c_str(), nullptr, current, m.error.empty())) app.requests.open_model = m.path;
-    if (ImGui::IsItemHovered()) ImGui::SetTooltip("%s", m.error.empty() ? m.description.c_str() : m.error.c_str());
+    // Listed by the name --model takes (designed, fashion-mnist, ...); the file's own name beside it.
+    const std::string label = bundled_model_name(m.path).empty() ? m.name : bundled_model_name(m.path);
+    if (gui::MenuItemChecked(label.c_str(), current, m.error.empty())) app.requests.open_model = m.path;
+    gui::SideTooltip(m.name + "\n" + (m.error.empty() ? m.description : m.error));
     ImGui::PopID();
   }
-  ImGui::EndMenu();
+  gui::EndMenu();
 }
 
 void DrawHelpMenu() {
   if (!gui::BeginMenu("Help")) return;
-  ImGui::TextUnformatted("Click a patch: pin it as the query. Arrow keys: move the query.");
-  ImGui::TextUnformatted("Hover a patch: it becomes the inspector's key.");
-  ImGui::TextUnformatted("Drop an image or a .safetensors model onto the window to open it.");
-  ImGui::TextUnformatted("Painted mask: choose 'painted', then drag on a picture (right drag erases).");
+  gui::TextUnformatted("Click a patch: pin it as the query. Arrow keys: move the query.");
+  gui::TextUnformatted("Hover a patch: it becomes the inspector's key.");
+  gui::TextUnformatted("Drop an image or a .safetensors model onto the window to open it.");
+  gui::TextUnformatted("Painted mask: choose 'painted', then drag on a picture (right drag erases).");
   gui::EndMenu();
 }
 
@@ -86,9 +105,16 @@ void DrawMainMenu(App& app) {
   ImGui::EndMainMenuBar();
 }
 
+float StatusBarHeight() {
+  // One line of widgets and the window's padding, never below a window's minimum height (ImGui
+  // would grow it past the display's bottom edge).
+  const ImGuiStyle& style = ImGui::GetStyle();
+  return std::max(ImGui::GetFrameHeight() + 2.0f * style.WindowPadding.y, style.WindowMinSize.y);
+}
+
 void DrawStatusBar(App& app) {
   const ImGuiViewport* viewport = ImGui::GetMainViewport();
-  const float height = ImGui::GetFrameHeight() + 8.0f;
+  const float height = StatusBarHeight();
   ImGui::SetNextWindowPos(ImVec2(viewport->WorkPos.x, viewport->WorkPos.y + viewport->WorkSize.y - height));
   ImGui::SetNextWindowSize(ImVec2(viewport->WorkSize.x, height));
   const ImGuiWindowFlags flags = ImGuiWindowFlags_NoDecoration | ImGuiWindowFlags_NoMove | ImGuiWindowFlags_NoSavedSettings |
@@ -106,19 +132,24 @@ void DrawStatusBar(App& app) {
   // The current computation first (never an old message's grid), then the last message.
   const std::string status = status_text(app);
   if (!status.empty()) {
-    ImGui::TextUnformatted(status.c_str());
+    gui::TextUnformatted(status.c_str());
     ImGui::SameLine();
-    ImGui::TextDisabled("|");
+    gui::TextDisabled("|");
     ImGui::SameLine();
   }
   const Message& m = app.ui.message;
   if (!m.text.empty()) {
-    if (m.error) ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "%s", m.text.c_str());
-    else ImGui::TextUnformatted(m.text.c_str());
+    // One line: a message longer than the bar shows its end (where the files went), all of it on hover.
+    const float room = ImGui::GetContentRegionAvail().x - gui::ButtonWidth("x") - 2.0f * ImGui::GetStyle().ItemSpacing.x;
+    const std::string shown = FitToRoom(m.text, std::max(40.0f, room));
+    if (m.error) gui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "%s", shown.c_str());
+    else gui::TextUnformatted(shown);
+    if (shown != m.text && ImGui::IsItemHovered()) ImGui::SetTooltip("%s", m.text.c_str());
     ImGui::SameLine();
     if (gui::SmallButton("x")) app.ui.message = {};
   } else if (!working) {
-    ImGui::TextDisabled("Drop an image or a .safetensors model onto the window, or use File > Open.");
+    gui::TextUnformatted(FitToRoom("Drop an image or a .safetensors model onto the window, or use File > Open.",
+                                   ImGui::GetContentRegionAvail().x));
   }
   ImGui::End();
 }

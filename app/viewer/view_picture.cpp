@@ -1,4 +1,4 @@
-// The picture widget shared by the image view and every head panel.
+// The picture widget shared by the image view and every head panel, and the windows' default layout.
 #include <algorithm>
 #include <cmath>
 
@@ -9,13 +9,42 @@
 
 namespace vitlens::viewer {
 
-void PlaceWindow(float x, float y, float w, float h) {
+// The default layout: Controls down the left; the image over the Inspector in the middle; the
+// heads over their statistics on the right. The columns and rows touch and never overlap, so
+// every window shows whole at any display size; on-demand windows take a slot and sit on top.
+Rect WindowSlotRect(WindowSlot slot, float display_w, float display_h) {
+  const float top = ImGui::GetFrameHeight();             // below the main menu bar
+  const float bottom = StatusBarHeight();
+  const float usable = std::floor(display_h - top - bottom);
+  // Controls: wide enough for its rows of radio buttons (font-relative), at most a quarter.
+  const float font = ImGui::GetFontSize();
+  const float controls_w = std::floor(std::clamp(0.24f * display_w, 23.0f * font, 31.0f * font));
+  const float rest = display_w - controls_w;
+  const float middle_w = std::floor(0.42f * rest), right_w = rest - middle_w;
+  const float image_h = std::floor(0.58f * usable), heads_h = std::floor(0.64f * usable);
+  const float middle_x = controls_w, right_x = controls_w + middle_w;
+  switch (slot) {
+    case WindowSlot::Controls: return Rect{0.0f, top, controls_w, usable};
+    case WindowSlot::Image: return Rect{middle_x, top, middle_w, image_h};
+    case WindowSlot::Inspector: return Rect{middle_x, top + image_h, middle_w, usable - image_h};
+    case WindowSlot::Heads: return Rect{right_x, top, right_w, heads_h};
+    case WindowSlot::Stats: return Rect{right_x, top + heads_h, right_w, usable - heads_h};
+    case WindowSlot::Train: return Rect{middle_x, top, rest, usable};
+  }
+  return Rect{};
+}
+
+void PlaceWindow(App& app, const char* name, WindowSlot slot) {
+  LayoutState& layout = app.ui.layout_windows;
+  // Placed once per layout: on first use (an imgui.ini may remember where the user put it), and
+  // again after the display was resized or the layout reset.
+  int& placed = layout.placed[name];
+  const ImGuiCond cond = layout.generation > 0 && placed != layout.generation ? ImGuiCond_Always : ImGuiCond_FirstUseEver;
+  placed = layout.generation;
   const ImVec2 display = ImGui::GetIO().DisplaySize;
-  const float top = ImGui::GetFrameHeight();  // below the main menu bar
-  const float bottom = ImGui::GetFrameHeight() + 8.0f;  // above the status bar
-  const float usable = display.y - top - bottom;
-  ImGui::SetNextWindowPos(ImVec2(std::floor(x * display.x), std::floor(top + y * usable)), ImGuiCond_FirstUseEver);
-  ImGui::SetNextWindowSize(ImVec2(std::floor(w * display.x), std::floor(h * usable)), ImGuiCond_FirstUseEver);
+  const Rect r = WindowSlotRect(slot, display.x, display.y);
+  ImGui::SetNextWindowPos(ImVec2(r.x, r.y), cond);
+  ImGui::SetNextWindowSize(ImVec2(r.w, r.h), cond);
 }
 
 void FitPicture(const App& app, float max_w, float max_h, float& width, float& height) {

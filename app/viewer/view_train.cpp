@@ -1,4 +1,4 @@
-// The Train window (issue 7): data and recipe fields, start / pause / resume / stop / save / open,
+// The Train window: data and recipe fields, start / pause / resume / stop / save / open,
 // loss and accuracy curves, the probe image's per-head maps and the per-head statistics over
 // training. It reads app.train.view (a snapshot refreshed by poll_training) and calls the actions
 // in train_panel.hpp; training itself runs on the session's worker thread. Its fields and buttons
@@ -24,41 +24,45 @@ namespace {
 
 // [SECTION] Pieces: fields, buttons, curves, probe maps, statistics
 
+// A number field with its label before it, on this line when the pair fits, else on the next.
+constexpr float kFieldWidth = 64.0f;
+
+float FieldPairWidth(const char* label) {
+  return ImGui::CalcTextSize(label, nullptr, true).x + ImGui::GetStyle().ItemSpacing.x + kFieldWidth;
+}
+
+void IntField(const char* label, int* value, bool first) {
+  if (!first) gui::SameLineIfFits(FieldPairWidth(label) + ImGui::GetStyle().ItemSpacing.x);
+  gui::LabelledInputInt(label, value, kFieldWidth);
+}
+
+void DoubleField(const char* label, double* value, const char* format, bool first) {
+  if (!first) gui::SameLineIfFits(FieldPairWidth(label) + ImGui::GetStyle().ItemSpacing.x);
+  gui::LabelledInputDouble(label, value, format, kFieldWidth);
+}
+
 void DrawSettings(TrainSettings& s, bool editable) {
   if (!editable) ImGui::BeginDisabled();
-  gui::InputText("data (fashion-mnist, folder, photos[:DIR])##train_data", &s.data);
+  gui::LabelledInputText("data (fashion-mnist, folder, photos[:DIR])##train_data", &s.data);
   const bool mae = is_photo_data(s.data);
-  ImGui::PushItemWidth(90.0f);
-  gui::InputInt("limit##train_limit", &s.limit);
-  ImGui::SameLine();
-  gui::InputInt("epochs##train_epochs", &s.epochs);
-  ImGui::SameLine();
-  gui::InputInt("batch##train_batch", &s.batch);
-  gui::InputInt("depth##train_depth", &s.depth);
-  ImGui::SameLine();
-  gui::InputInt("dim##train_dim", &s.embed_dim);
-  ImGui::SameLine();
-  gui::InputInt("heads##train_heads", &s.heads);
-  ImGui::SameLine();
-  gui::InputInt("patch##train_patch", &s.patch);
-  gui::InputDouble("lr##train_lr", &s.lr, "%.5f");
-  ImGui::SameLine();
-  gui::InputDouble("warmup##train_warmup", &s.warmup, "%.2f");
-  ImGui::SameLine();
-  gui::InputInt("probe every##train_probe", &s.probe_every);
+  IntField("limit##train_limit", &s.limit, true);
+  IntField("epochs##train_epochs", &s.epochs, false);
+  IntField("batch##train_batch", &s.batch, false);
+  IntField("depth##train_depth", &s.depth, false);
+  IntField("dim##train_dim", &s.embed_dim, false);
+  IntField("heads##train_heads", &s.heads, false);
+  IntField("patch##train_patch", &s.patch, false);
+  DoubleField("lr##train_lr", &s.lr, "%.5f", false);
+  DoubleField("warmup##train_warmup", &s.warmup, "%.2f", false);
+  IntField("probe every##train_probe", &s.probe_every, false);
   if (mae) {  // masked patch prediction: the decoder and the crops, as `vitlens train --data photos`
-    gui::InputDouble("mask ratio##train_mask_ratio", &s.mask_ratio, "%.2f");
-    ImGui::SameLine();
-    gui::InputInt("crops/photo##train_crops", &s.crops_per_photo);
-    ImGui::SameLine();
-    gui::InputInt("img size##train_img_size", &s.img_size);
-    gui::InputInt("decoder dim##train_decoder_dim", &s.decoder_dim);
-    ImGui::SameLine();
-    gui::InputInt("decoder depth##train_decoder_depth", &s.decoder_depth);
-    ImGui::SameLine();
-    gui::InputInt("decoder heads##train_decoder_heads", &s.decoder_heads);
+    DoubleField("mask ratio##train_mask_ratio", &s.mask_ratio, "%.2f", true);
+    IntField("crops/photo##train_crops", &s.crops_per_photo, false);
+    IntField("img size##train_img_size", &s.img_size, false);
+    IntField("decoder dim##train_decoder_dim", &s.decoder_dim, false);
+    IntField("decoder depth##train_decoder_depth", &s.decoder_depth, false);
+    IntField("decoder heads##train_decoder_heads", &s.decoder_heads, false);
   }
-  ImGui::PopItemWidth();
   if (mae) gui::Checkbox("flip crops##train_flip_crops", &s.flip_crops);
   else gui::Checkbox("augment##train_augment", &s.augment);
   if (!editable) ImGui::EndDisabled();
@@ -94,53 +98,57 @@ void DrawButtons(App& app) {
 
 void DrawStatus(const TrainPanel& t) {
   const TrainSnapshot& v = t.view;
-  if (!t.start_error.empty()) ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "%s", t.start_error.c_str());
+  if (!t.start_error.empty()) gui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "%s", t.start_error.c_str());
   if (v.state == TrainState::Failed) {
-    ImGui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "Training failed: %s", v.error.c_str());
+    gui::TextColored(ImVec4(1.0f, 0.45f, 0.45f, 1.0f), "Training failed: %s", v.error.c_str());
     return;
   }
-  ImGui::Text("%s  step %lld / %lld  epoch %d / %d  %.1f s", train_state_name(v.state), static_cast<long long>(v.step),
-              static_cast<long long>(v.total_steps), v.epoch + 1, v.epochs, v.seconds);
+  if (v.state == TrainState::Idle) {
+    gui::TextWrappedDisabled("No run yet: choose the data and the recipe above, then Start.");
+    return;
+  }
+  if (v.epochs > 0)
+    gui::TextWrapped("%s: step %lld of %lld, epoch %d of %d, %.1f s", train_state_name(v.state),
+                     static_cast<long long>(v.step), static_cast<long long>(v.total_steps), std::min(v.epoch + 1, v.epochs),
+                     v.epochs, v.seconds);
+  else
+    gui::TextWrapped("%s: step %lld, %.1f s", train_state_name(v.state), static_cast<long long>(v.step), v.seconds);
   if (v.total_steps > 0)
     ImGui::ProgressBar(static_cast<float>(v.step) / static_cast<float>(v.total_steps), ImVec2(-1.0f, 0.0f));
-  if (!v.message.empty()) ImGui::TextDisabled("%s", v.message.c_str());
+  if (!v.message.empty()) gui::TextWrappedDisabled("%s", v.message.c_str());
 }
 
-// A curve drawn with the draw list (a frame, the polyline, and the last value with the range as
-// text: the y axis runs from min to max). Values are per step, or per evaluation for validation.
-void DrawCurve(const char* id, const char* what, const std::vector<float>& values, float height) {
+// A curve over the window's (or column's) width: its name and last value above, its range on the
+// y axis, the first and last point under it. Values are per step, or per evaluation.
+void DrawCurve(const std::string& what, const std::vector<float>& values, float height) {
   if (values.empty()) {
-    ImGui::TextDisabled("%s: no points yet", what);
+    gui::TextWrappedDisabled("%s: no points yet", what.c_str());
     return;
   }
   const auto [lo, hi] = std::minmax_element(values.begin(), values.end());
-  const float bottom = *lo, range = *hi > *lo ? *hi - *lo : 1.0f;
-  ImGui::Text("%s %.4f  (min %.4f, max %.4f, %zu points)", what, values.back(), *lo, *hi, values.size());
-  const ImVec2 origin = ImGui::GetCursorScreenPos();
-  const float width = std::max(40.0f, ImGui::GetContentRegionAvail().x);
-  ImGui::InvisibleButton(id, ImVec2(width, height));
-  ImDrawList* draw = ImGui::GetWindowDrawList();
-  draw->AddRectFilled(origin, ImVec2(origin.x + width, origin.y + height), IM_COL32(30, 40, 60, 255));
-  std::vector<ImVec2> points(values.size());
-  const float dx = values.size() > 1 ? width / static_cast<float>(values.size() - 1) : 0.0f;
-  for (size_t i = 0; i < values.size(); ++i)
-    points[i] = ImVec2(origin.x + dx * static_cast<float>(i), origin.y + height * (1.0f - (values[i] - bottom) / range));
-  if (points.size() == 1) draw->AddCircleFilled(points[0], 2.0f, IM_COL32(255, 200, 80, 255));
-  else draw->AddPolyline(points.data(), static_cast<int>(points.size()), IM_COL32(255, 200, 80, 255), 0, 1.5f);
+  char title[160];
+  std::snprintf(title, sizeof title, "%s: %.4g", what.c_str(), static_cast<double>(values.back()));
+  gui::PlotAxes axes;
+  axes.lo = *lo;
+  axes.hi = *hi;
+  axes.y_format = "%.3g";
+  axes.x_first = "1";
+  axes.x_last = std::to_string(values.size());
+  gui::Plot(title, values, false, axes, std::max(40.0f, ImGui::GetContentRegionAvail().x), height);
 }
 
 // The probe image and each head's received-attention map, as small grids of coloured cells.
 void DrawProbe(const TrainSnapshot& v) {
   const ProbeMaps& p = v.probe;
   if (p.step < 0) {
-    ImGui::TextDisabled("probe: waiting for the first maps");
+    gui::TextWrappedDisabled("probe: waiting for the first maps");
     return;
   }
   if (p.label >= 0)
-    ImGui::Text("probe (%s, class %d): attention received, layer %d, after step %lld", p.what.c_str(), p.label, p.layer,
+    gui::TextWrapped("probe (%s, class %d): attention received, layer %d, after step %lld", p.what.c_str(), p.label, p.layer,
                 static_cast<long long>(p.step));
   else
-    ImGui::Text("probe (%s): attention received, layer %d, after step %lld", p.what.c_str(), p.layer,
+    gui::TextWrapped("probe (%s): attention received, layer %d, after step %lld", p.what.c_str(), p.layer,
                 static_cast<long long>(p.step));
   ImDrawList* draw = ImGui::GetWindowDrawList();
   // The image itself, one rectangle per pixel (probe images are small: 28 x 28 for Fashion-MNIST),
@@ -177,7 +185,7 @@ void DrawProbe(const TrainSnapshot& v) {
 
 void DrawHeadStatistics(const TrainSnapshot& v) {
   if (v.stat_steps.empty()) return;
-  ImGui::Text("per head over training (one point per probe refresh, last layer; steps %lld to %lld)",
+  gui::TextWrapped("per head over training (one point per probe refresh, last layer; steps %lld to %lld)",
               static_cast<long long>(v.stat_steps.front()), static_cast<long long>(v.stat_steps.back()));
   if (!ImGui::BeginTable("##train_head_stats", 3, ImGuiTableFlags_SizingStretchSame)) return;
   for (size_t h = 0; h < v.entropy.size(); ++h) {
@@ -185,18 +193,18 @@ void DrawHeadStatistics(const TrainSnapshot& v) {
     char label[64];
     ImGui::TableNextColumn();
     std::snprintf(label, sizeof label, "head %zu entropy (nats)", h);
-    DrawCurve("##train_entropy", label, v.entropy[h], 40.0f);
+    DrawCurve(label, v.entropy[h], 40.0f);
     ImGui::TableNextColumn();
     std::snprintf(label, sizeof label, "head %zu distance (px)", h);
-    DrawCurve("##train_distance", label, v.distance[h], 40.0f);
+    DrawCurve(label, v.distance[h], 40.0f);
     ImGui::TableNextColumn();
     // The role with the largest lift now, and its curve.
     int best = 0;
     for (int r = 1; r < kHeadRoles; ++r)
       if (v.roles[h][r].back() > v.roles[h][best].back()) best = r;
     std::snprintf(label, sizeof label, "head %zu %s lift", h, head_role_name(best));
-    DrawCurve("##train_role", label, v.roles[h][best], 40.0f);
-    ImGui::TextDisabled("%s %.2f  %s %.2f  %s %.2f  %s %.2f", head_role_name(0), v.roles[h][0].back(), head_role_name(1),
+    DrawCurve(label, v.roles[h][best], 40.0f);
+    gui::TextWrappedDisabled("%s %.2f  %s %.2f  %s %.2f  %s %.2f", head_role_name(0), v.roles[h][0].back(), head_role_name(1),
                         v.roles[h][1].back(), head_role_name(2), v.roles[h][2].back(), head_role_name(3),
                         v.roles[h][3].back());
     ImGui::PopID();
@@ -210,7 +218,7 @@ void DrawHeadStatistics(const TrainSnapshot& v) {
 
 void DrawTrainView(App& app) {
   if (!app.ui.show_train) return;
-  PlaceWindow(0.23f, 0.0f, 0.55f, 0.9f);
+  PlaceWindow(app, "Train", WindowSlot::Train);
   if (!ImGui::Begin("Train", &app.ui.show_train)) {
     ImGui::End();
     return;
@@ -224,14 +232,14 @@ void DrawTrainView(App& app) {
   ImGui::Separator();
   const std::string eval = v.eval_name.empty() ? std::string("validation") : v.eval_name;
   if (v.mae) {  // masked patch prediction has a reconstruction loss and nothing to be accurate about
-    DrawCurve("##train_loss", "train MAE loss", v.loss, 60.0f);
-    DrawCurve("##train_eval_loss", (eval + " MAE loss").c_str(), v.eval_loss, 50.0f);
-    ImGui::TextDisabled("no accuracy for MAE (masked patch prediction has no labels)");
+    DrawCurve("train MAE loss", v.loss, 60.0f);
+    DrawCurve(eval + " MAE loss", v.eval_loss, 50.0f);
+    gui::TextDisabled("no accuracy for MAE (masked patch prediction has no labels)");
   } else {
-    DrawCurve("##train_loss", "train loss", v.loss, 60.0f);
-    DrawCurve("##train_acc", "train accuracy", v.accuracy, 60.0f);
-    DrawCurve("##train_eval_loss", (eval + " loss").c_str(), v.eval_loss, 50.0f);
-    DrawCurve("##train_eval_acc", (eval + " accuracy").c_str(), v.eval_accuracy, 50.0f);
+    DrawCurve("train loss", v.loss, 60.0f);
+    DrawCurve("train accuracy", v.accuracy, 60.0f);
+    DrawCurve(eval + " loss", v.eval_loss, 50.0f);
+    DrawCurve(eval + " accuracy", v.eval_accuracy, 50.0f);
   }
   ImGui::Separator();
   DrawProbe(v);

@@ -62,7 +62,8 @@ ScriptRunner BuildScript(const ViewerArgs& args) {
 
 // [SECTION] GLFW callbacks
 
-// Ctrl+C or a TERM signal closes the window the normal way, so the settings are saved.
+// Ctrl+C, a TERM signal or a HUP (the terminal closed) closes the window the normal way, so the
+// settings are saved.
 volatile std::sig_atomic_t g_stop_requested = 0;
 void OnStopSignal(int) { g_stop_requested = 1; }
 
@@ -120,13 +121,17 @@ void CaptureScreenshot(App& app, int width, int height) {
 // --dump-widgets: the widget list once the first image is on screen and settled (or, when
 // nothing can load, once the app is idle), and again whenever it changes and settles (a window
 // opened, a field appeared, a button's label or state changed), so a real-input test finds the
-// widgets of what it just opened. Settled: the app idle and the list the same for 3 frames
-// (windows take a frame or two to find their size). Each write replaces the file atomically.
+// widgets of what it just opened. Settled: the app idle and the widgets and windows the same for
+// 3 frames (windows take a frame or two to find their size). The texts ride along: a text that
+// changes while the widgets stay (a training run's step count) is written too, at most every
+// kTextOnlyWriteSeconds, so a test can wait for it. Each write replaces the file atomically.
 struct DumpState {
-  std::string pending;  // the list as JSON text while it settles
-  int same_frames = 0;  // frames in a row it was `pending`
-  std::string written;  // what the file holds
+  std::string pending;             // the widgets and windows as JSON text while they settle
+  int same_frames = 0;             // frames in a row it was `pending`
+  std::string written, written_structure;  // what the file holds, and its widgets and windows
+  double written_at = 0.0;         // glfwGetTime() of the last write
 };
+constexpr double kTextOnlyWriteSeconds = 0.2;
 
 void DumpWidgets(App& app, const std::string& path, DumpState& dump) {
   if (path.empty()) return;
@@ -135,19 +140,55 @@ void DumpWidgets(App& app, const std::string& path, DumpState& dump) {
     return;
   }
   // A label or field may hold a file name that is not UTF-8: replaced, never thrown on.
-  std::string text = widgets_json(app.ui.widgets).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
-  if (text != dump.pending) {
-    dump.pending = std::move(text);
+  const auto as_text = [](const nlohmann::json& j) {
+    return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+  };
+  nlohmann::json list = widgets_json(app.ui.widgets);
+  std::string text = as_text(list);
+  list.erase("texts");
+  std::string structure = as_text(list);
+  if (structure != dump.pending) {
+    dump.pending = std::move(structure);
     dump.same_frames = 1;
     return;
   }
-  if (++dump.same_frames < 3 || dump.pending == dump.written) return;
-  dump.written = dump.pending;
+  if (++dump.same_frames < 3 || text == dump.written) return;
+  const double now = glfwGetTime();
+  if (dump.pending == dump.written_structure && now - dump.written_at < kTextOnlyWriteSeconds) return;
+  dump.written = std::move(text);
+  dump.written_structure = dump.pending;
+  dump.written_at = now;
   try {
     write_file_atomic(path, dump.written);
   } catch (const Error& e) {
     app.ui.message = {std::string("--dump-widgets: ") + e.what(), true};
     std::fprintf(stderr, "vitlens: --dump-widgets: %s\n", e.what());
+  }
+}
+
+// The script's `window W H`: asks the window system once, then keeps the request (so the script
+// waits) until the display has that size; a size it never gets fails the script.
+struct ResizeState {
+  int asked_w = 0, asked_h = 0;
+  int frames = 0;  // frames since it was asked
+};
+constexpr int kResizeFrames = 600;  // far more than any window system needs to apply a resize
+
+void ResizeWindow(App& app, GLFWwindow* window, const ImVec2& display, ResizeState& resize) {
+  Requests& r = app.requests;
+  if (r.window_w <= 0) return;
+  if (r.window_w != resize.asked_w || r.window_h != resize.asked_h) {
+    glfwSetWindowSize(window, r.window_w, r.window_h);
+    resize = ResizeState{r.window_w, r.window_h, 0};
+  }
+  if (static_cast<int>(display.x) == r.window_w && static_cast<int>(display.y) == r.window_h) {
+    r.window_w = r.window_h = 0;
+    resize = ResizeState{};
+  } else if (++resize.frames > kResizeFrames && app.script.error.empty()) {
+    app.script.error = app.script.path + ": the window did not become " + std::to_string(r.window_w) + "x" +
+                       std::to_string(r.window_h) + " (it is " + std::to_string(static_cast<int>(display.x)) + "x" +
+                       std::to_string(static_cast<int>(display.y)) + "; is the screen smaller?)";
+    r.window_w = r.window_h = 0;
   }
 }
 
@@ -212,6 +253,9 @@ int run_viewer(const ViewerArgs& args) {
     io.IniFilename = nullptr;
   }
   ImGui::StyleColorsDark();
+  // Opaque windows and popups: a window on top never shows the text of the one under it.
+  ImGui::GetStyle().Colors[ImGuiCol_WindowBg].w = 1.0f;
+  ImGui::GetStyle().Colors[ImGuiCol_PopupBg].w = 1.0f;
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   ImGui_ImplOpenGL3_Init("#version 130");
   install_input_callbacks(window, input);
@@ -225,8 +269,10 @@ int run_viewer(const ViewerArgs& args) {
   ViewTextures textures;
   std::string title;
   DumpState dump;
+  ResizeState resize;
   std::signal(SIGINT, OnStopSignal);
   std::signal(SIGTERM, OnStopSignal);
+  std::signal(SIGHUP, OnStopSignal);
   while (!glfwWindowShouldClose(window) && !g_stop_requested) {
     // Poll and handle events. Never spin: while the worker runs, wake often enough to show its
     // progress and result promptly, and leave the CPU to it; idle, wait for input.
@@ -255,6 +301,8 @@ int run_viewer(const ViewerArgs& args) {
     feed_imgui_input(window, input);
     ImGui::NewFrame();
     gui::BeginFrame();
+    note_display_size(app.ui.layout_windows, io.DisplaySize.x, io.DisplaySize.y);
+    ResizeWindow(app, window, io.DisplaySize, resize);
     HandleKeys(app);
     DrawViews(app, textures);
     app.ui.widgets = gui::EndFrame(io.DisplaySize.x, io.DisplaySize.y);
@@ -279,6 +327,7 @@ int run_viewer(const ViewerArgs& args) {
   // Cleanup
   std::signal(SIGINT, SIG_DFL);
   std::signal(SIGTERM, SIG_DFL);
+  std::signal(SIGHUP, SIG_DFL);
   std::string failure = app.script.error;
   if (failure.empty() && automated && !app.doc.ready() && !g_stop_requested)
     failure = "nothing to show: " + (app.last_load_error.empty() ? std::string("no image or model") : app.last_load_error);

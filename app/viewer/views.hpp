@@ -13,7 +13,7 @@
 //   view_stats.cpp      entropy and mean attention distance per head, timings, descriptions
 //   view_example.cpp    the seed's worked example with editable Q, K, V
 //   view_browser.cpp    the in-app file browser (open image / model, export folder, screenshot)
-//   view_picture.cpp    the picture widget the image and heads views share
+//   view_picture.cpp    the picture widget the image and heads views share; the default layout
 // Every interactive widget is drawn through widgets.hpp (gui::Button, ...), which records its
 // label, ID and rectangle for the script's `click` and --dump-widgets; a collapsing header's
 // widgets sit in its gui::Section, so IDs never repeat within a window.
@@ -49,7 +49,13 @@ void DrawPicture(App& app, const char* name, const Texture& texture, float width
 // The largest size with the image's aspect ratio that fits in (max_w, max_h).
 void FitPicture(const App& app, float max_w, float max_h, float& width, float& height);
 
-// Default window placement on first use, as fractions of the display.
-void PlaceWindow(float x, float y, float w, float h);
+// The status bar's height (view_menu.cpp), which the layout leaves free at the bottom.
+float StatusBarHeight();
+
+// Where each window goes in the default layout (view_picture.cpp).
+enum class WindowSlot { Controls, Image, Inspector, Heads, Stats, Train };
+Rect WindowSlotRect(WindowSlot slot, float display_w, float display_h);
+// Places the next window `name` in its slot on first use and after a resize or a layout reset.
+void PlaceWindow(App& app, const char* name, WindowSlot slot);
 
 }  // namespace vitlens::viewer

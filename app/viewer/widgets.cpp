@@ -2,6 +2,7 @@
 #include "widgets.hpp"
 
 #include <algorithm>
+#include <cstdarg>
 #include <cstdio>
 #include <unordered_map>
 #include <vector>
@@ -86,6 +87,72 @@ void Record(const char* label, WidgetKind kind, float frame_width = 0.0f) {
   Record(VisiblePart(label), label, kind, frame_width);
 }
 
+// Every window drawn this frame, back to front, with what its contents can show and reach.
+void RecordWindows() {
+  const ImGuiContext& g = *ImGui::GetCurrentContext();
+  for (const ImGuiWindow* w : g.Windows) {
+    if (!w->Active || w->Hidden || w->IsFallbackWindow) continue;
+    WindowInfo info;
+    info.name = w->Name;
+    const ImGuiWindowFlags f = w->Flags;
+    info.kind = (f & ImGuiWindowFlags_Tooltip)     ? "tooltip"
+                : (f & ImGuiWindowFlags_ChildMenu) ? "menu"
+                : (f & ImGuiWindowFlags_Modal)     ? "modal"
+                : (f & ImGuiWindowFlags_Popup)     ? "popup"
+                : (f & ImGuiWindowFlags_ChildWindow) ? "child"
+                : (f & ImGuiWindowFlags_MenuBar) && std::string(w->Name) == "##MainMenuBar" ? "menu bar"
+                                                     : "window";
+    if (w->ParentWindow && (f & ImGuiWindowFlags_ChildWindow)) info.parent = w->ParentWindow->Name;
+    info.rect = ToRect(w->Pos, ImVec2(w->Pos.x + w->Size.x, w->Pos.y + w->Size.y));
+    info.visible = ToRect(w->InnerRect.Min, w->InnerRect.Max);
+    info.scroll_x = w->Scroll.x;
+    info.scroll_y = w->Scroll.y;
+    info.scroll_max_x = w->ScrollMax.x;
+    info.scroll_max_y = w->ScrollMax.y;
+    g_recorder.frame.windows.push_back(std::move(info));
+  }
+}
+
+std::string Format(const char* fmt, va_list args) {
+  va_list copy;
+  va_copy(copy, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, fmt, args);
+  return out;
+}
+
+// Draws `text` (wrapped at the window's or column's edge, or on one line) and notes it with the
+// width it needed and the room it had.
+void DrawText(const std::string& text, bool wrapped) {
+  const float room = ImGui::GetContentRegionAvail().x;
+  if (wrapped) {
+    const ImGuiWindow* window = ImGui::GetCurrentContext()->CurrentWindow;
+    const bool own_wrap = window->DC.TextWrapPos < 0.0f;  // no wrap position pushed: the edge
+    if (own_wrap) ImGui::PushTextWrapPos(0.0f);
+    ImGui::TextUnformatted(text.c_str(), text.c_str() + text.size());
+    if (own_wrap) ImGui::PopTextWrapPos();
+  } else {
+    ImGui::TextUnformatted(text.c_str(), text.c_str() + text.size());
+  }
+  const ImGuiContext& g = *ImGui::GetCurrentContext();
+  TextInfo t;
+  t.text = text;
+  t.window = g.CurrentWindow ? g.CurrentWindow->Name : "";
+  t.rect = ToRect(ImGui::GetItemRectMin(), ImGui::GetItemRectMax());
+  t.width = t.rect.w;
+  t.room = room;
+  t.wrapped = wrapped;
+  g_recorder.frame.texts.push_back(std::move(t));
+}
+
+void DrawTextColoured(const ImVec4& colour, const std::string& text, bool wrapped) {
+  ImGui::PushStyleColor(ImGuiCol_Text, colour);
+  DrawText(text, wrapped);
+  ImGui::PopStyleColor();
+}
+
 }  // namespace
 
 void BeginFrame() { g_recorder = Recorder{}; }
@@ -99,6 +166,7 @@ WidgetFrame EndFrame(float display_w, float display_h) {
   g_recorder.frame.widgets.push_back(drop);
   g_recorder.frame.display_w = static_cast<int>(display_w);
   g_recorder.frame.display_h = static_cast<int>(display_h);
+  RecordWindows();
   WidgetFrame out = std::move(g_recorder.frame);
   g_recorder = Recorder{};
   return out;
@@ -112,6 +180,89 @@ Section::Section(const char* name) {
 Section::~Section() {
   g_recorder.sections.pop_back();
   ImGui::PopID();
+}
+
+void Text(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  const std::string text = Format(fmt, args);
+  va_end(args);
+  DrawText(text, false);
+}
+
+void TextDisabled(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  const std::string text = Format(fmt, args);
+  va_end(args);
+  DrawTextColoured(ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled), text, false);
+}
+
+void TextColored(const ImVec4& colour, const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  const std::string text = Format(fmt, args);
+  va_end(args);
+  DrawTextColoured(colour, text, false);
+}
+
+void TextWrapped(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  const std::string text = Format(fmt, args);
+  va_end(args);
+  DrawText(text, true);
+}
+
+void TextWrappedDisabled(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  const std::string text = Format(fmt, args);
+  va_end(args);
+  DrawTextColoured(ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled), text, true);
+}
+
+void TextUnformatted(const std::string& text) { DrawText(text, false); }
+
+void HelpMarker(const char* text) {
+  SameLineIfFits(ImGui::CalcTextSize("(?)").x);
+  TextDisabled("(?)");
+  if (ImGui::IsItemHovered()) {
+    ImGui::BeginTooltip();
+    ImGui::PushTextWrapPos(ImGui::GetFontSize() * 30.0f);
+    ImGui::TextUnformatted(text);
+    ImGui::PopTextWrapPos();
+    ImGui::EndTooltip();
+  }
+}
+
+void SameLineIfFits(float width) {
+  ImGui::SameLine();
+  if (ImGui::GetContentRegionAvail().x < width) ImGui::NewLine();
+}
+
+float RadioWidth(const char* label) {
+  const ImGuiStyle& style = ImGui::GetStyle();
+  return ImGui::GetFrameHeight() + style.ItemInnerSpacing.x + ImGui::CalcTextSize(label, nullptr, true).x;
+}
+
+float ButtonWidth(const char* label) {
+  return ImGui::CalcTextSize(label, nullptr, true).x + 2.0f * ImGui::GetStyle().FramePadding.x;
+}
+
+void SideTooltip(const std::string& text) {
+  if (!ImGui::IsItemHovered(ImGuiHoveredFlags_AllowWhenDisabled) || text.empty()) return;
+  const ImGuiWindow* window = ImGui::GetCurrentContext()->CurrentWindow;
+  const float wrap = ImGui::GetFontSize() * 30.0f;
+  const float display_w = ImGui::GetIO().DisplaySize.x;
+  // Beside the window, or inside the display's right edge when the window is near it.
+  const float x = std::min(window->Pos.x + window->Size.x + 4.0f, display_w - wrap - 2.0f * ImGui::GetStyle().WindowPadding.x);
+  ImGui::SetNextWindowPos(ImVec2(std::max(0.0f, x), ImGui::GetItemRectMin().y));
+  ImGui::BeginTooltip();
+  ImGui::PushTextWrapPos(wrap);
+  ImGui::TextUnformatted(text.c_str(), text.c_str() + text.size());
+  ImGui::PopTextWrapPos();
+  ImGui::EndTooltip();
 }
 
 bool Button(const char* label) {
@@ -192,6 +343,95 @@ bool InputDouble(const char* label, double* value, const char* format) {
   return changed;
 }
 
+namespace {
+
+// The label's visible part drawn before the field; the field's own label is "##" and its ID part.
+std::string FieldBeforeLabel(const char* label, float width) {
+  const std::string visible = VisiblePart(label);
+  const std::string full = label;
+  const auto hashes = full.find("##");
+  ImGui::AlignTextToFramePadding();
+  DrawText(visible, false);
+  ImGui::SameLine();
+  ImGui::SetNextItemWidth(width);
+  return hashes == std::string::npos ? "##" + full : full.substr(hashes);
+}
+
+}  // namespace
+
+bool LabelledInputInt(const char* label, int* value, float width) {
+  const std::string id = FieldBeforeLabel(label, width);
+  const bool changed = ImGui::InputInt(id.c_str(), value, 0);
+  Record(VisiblePart(label), id.c_str(), WidgetKind::Input, width);
+  RecordValue(std::to_string(*value));
+  return changed;
+}
+
+bool LabelledInputDouble(const char* label, double* value, const char* format, float width) {
+  const std::string id = FieldBeforeLabel(label, width);
+  const bool changed = ImGui::InputDouble(id.c_str(), value, 0.0, 0.0, format);
+  Record(VisiblePart(label), id.c_str(), WidgetKind::Input, width);
+  char shown[64];
+  std::snprintf(shown, sizeof shown, format, *value);
+  RecordValue(shown);
+  return changed;
+}
+
+bool LabelledInputText(const char* label, std::string* text) {
+  const std::string full = label;
+  const auto hashes = full.find("##");
+  const std::string id = hashes == std::string::npos ? "##" + full : full.substr(hashes);
+  DrawText(VisiblePart(label), false);
+  const float width = ImGui::GetContentRegionAvail().x;
+  ImGui::SetNextItemWidth(width);
+  const bool changed = ImGui::InputText(id.c_str(), text);
+  Record(VisiblePart(label), id.c_str(), WidgetKind::Input, width);
+  RecordValue(*text);
+  return changed;
+}
+
+void Plot(const std::string& title, const std::vector<float>& values, bool bars, const PlotAxes& axes,
+          float width, float height) {
+  if (!title.empty()) DrawText(title, true);
+  char hi_text[32], lo_text[32];
+  std::snprintf(hi_text, sizeof hi_text, axes.y_format, static_cast<double>(axes.hi));
+  std::snprintf(lo_text, sizeof lo_text, axes.y_format, static_cast<double>(axes.lo));
+  const float text_h = ImGui::GetTextLineHeight();
+  const float margin = std::max(ImGui::CalcTextSize(hi_text).x, ImGui::CalcTextSize(lo_text).x) + 4.0f;
+  const ImVec2 origin = ImGui::GetCursorScreenPos();
+  width = std::max(width, margin + 16.0f);
+  ImGui::Dummy(ImVec2(width, height + text_h + 2.0f));
+  ImDrawList* draw = ImGui::GetWindowDrawList();
+  const ImU32 text = ImGui::GetColorU32(ImGuiCol_Text), muted = ImGui::GetColorU32(ImGuiCol_TextDisabled);
+  const ImU32 fill = ImGui::GetColorU32(ImGuiCol_PlotHistogram), line = ImGui::GetColorU32(ImGuiCol_PlotLines);
+  const ImVec2 a(origin.x + margin, origin.y), b(origin.x + width, origin.y + height);  // the plot area
+  draw->AddRectFilled(a, b, ImGui::GetColorU32(ImGuiCol_FrameBg));
+  draw->AddText(ImVec2(origin.x + margin - 4.0f - ImGui::CalcTextSize(hi_text).x, a.y), muted, hi_text);
+  draw->AddText(ImVec2(origin.x + margin - 4.0f - ImGui::CalcTextSize(lo_text).x, b.y - text_h), muted, lo_text);
+  const float range = axes.hi > axes.lo ? axes.hi - axes.lo : 1.0f;
+  auto y_of = [&](float v) { return b.y - (b.y - a.y) * std::clamp((v - axes.lo) / range, 0.0f, 1.0f); };
+  const size_t n = values.size();
+  if (bars && n > 0) {
+    const float slot = (b.x - a.x) / static_cast<float>(n), gap = std::min(4.0f, 0.2f * slot);
+    for (size_t i = 0; i < n; ++i) {
+      const float x0 = a.x + slot * static_cast<float>(i) + gap * 0.5f;
+      draw->AddRectFilled(ImVec2(x0, y_of(values[i])), ImVec2(x0 + slot - gap, b.y), fill);
+    }
+  } else if (n == 1) {
+    draw->AddCircleFilled(ImVec2(0.5f * (a.x + b.x), y_of(values[0])), 2.5f, line);
+  } else if (n > 1) {
+    std::vector<ImVec2> points(n);
+    for (size_t i = 0; i < n; ++i)
+      points[i] = ImVec2(a.x + (b.x - a.x) * static_cast<float>(i) / static_cast<float>(n - 1), y_of(values[i]));
+    draw->AddPolyline(points.data(), static_cast<int>(n), line, 0, 1.5f);
+  }
+  // The first and last x under the plot area's two ends.
+  draw->AddText(ImVec2(a.x, b.y + 2.0f), text, axes.x_first.c_str());
+  const float last_w = ImGui::CalcTextSize(axes.x_last.c_str()).x;
+  if (b.x - last_w > a.x + ImGui::CalcTextSize(axes.x_first.c_str()).x + 8.0f)
+    draw->AddText(ImVec2(b.x - last_w, b.y + 2.0f), text, axes.x_last.c_str());
+}
+
 bool CollapsingHeader(const char* label, ImGuiTreeNodeFlags flags) {
   const bool open = ImGui::CollapsingHeader(label, flags);
   Record(label, WidgetKind::Header);
@@ -260,6 +500,12 @@ void EndMenu() {
 
 bool MenuItem(const char* label, bool enabled) {
   const bool pressed = ImGui::MenuItem(label, nullptr, false, enabled);
+  Record(label, WidgetKind::MenuItem);
+  return pressed;
+}
+
+bool MenuItemChecked(const char* label, bool checked, bool enabled) {
+  const bool pressed = ImGui::MenuItem(label, nullptr, checked, enabled);
   Record(label, WidgetKind::MenuItem);
   return pressed;
 }

@@ -29,7 +29,7 @@ ForwardKey make_forward_key(const LoadedModel& model, const SourceImage& image, 
   ForwardKey key;
   key.model = model.serial;
   key.image = image.serial;
-  key.max_side = choice.max_side > 0 ? choice.max_side : default_max_side(model.model.config);
+  key.max_side = working_side(model.model.config, choice);
   key.mask = choice.mask;
   if (choice.mask == MaskMode::Painted) {
     for (uint8_t v : choice.painted)
@@ -48,12 +48,21 @@ ForwardKey make_forward_key(const LoadedModel& model, const SourceImage& image, 
   switch (choice.scale) {
     case ScaleMode::Model: key.score_scale = -1.0f; break;
     case ScaleMode::Unscaled: key.score_scale = 1.0f; break;
-    case ScaleMode::Temperature:
-      // softmax(q.k / (sqrt(d) T)): T > 1 flattens every row, T < 1 sharpens it.
-      key.score_scale = 1.0f / (std::sqrt(static_cast<float>(model.model.config.head_dim())) * choice.temperature);
+    case ScaleMode::Temperature: {
+      // softmax(q.k / (sqrt(d) T)): T > 1 flattens every row, T < 1 sharpens it. The factor is
+      // core's, as `vitlens export --temperature` makes it, so both passes agree bit for bit.
+      ExportSettings settings;
+      settings.temperature = choice.temperature;
+      key.temperature = choice.temperature;
+      key.score_scale = forward_options_for(model.model, settings).score_scale;
       break;
+    }
   }
   return key;
+}
+
+int working_side(const VitConfig& config, const ComputeChoice& choice) {
+  return choice.max_side > 0 ? choice.max_side : default_max_side(config);
 }
 
 ForwardOptions forward_options_for_key(const ForwardKey& key) {
@@ -278,17 +287,15 @@ ExportResult Worker::run_export(uint64_t id, ExportJob& job) {
       job.analysis.forward = forward(model, job.analysis.image.grid, options);
     }
     set_activity("writing the export");
+    job.settings.view_notes = job.view_notes;  // <stem>_view.json, in the same set as the rest
     if (job.rollout_query >= 0)  // rollout mode: what `vitlens export --rollout` writes
       result.files = write_rollout(model, job.analysis.image_path, job.analysis.image, job.analysis.forward,
                                    job.rollout_matrix, job.rollout_query, job.rollout_options, job.settings, job.rollout_ms);
     else
       result.files = write_export(model, job.analysis, job.settings);
-    if (!job.view_notes.is_null() && !result.files.empty()) {
-      std::string notes = result.files.back();  // <stem>.json comes last
-      notes = notes.substr(0, notes.size() - 5) + "_view.json";
-      write_file_atomic(notes, job.view_notes.dump(2) + "\n");
-      result.files.push_back(notes);
-    }
+  } catch (const OutputConflict& e) {
+    // The viewer never replaces a file vitlens did not write (the CLI's --force does, when asked).
+    result.error = std::string(e.what()) + (e.forcible ? "; move it away or export to another folder" : "; export to another folder");
   } catch (const Error& e) {
     result.error = e.what();
   } catch (const std::exception& e) {

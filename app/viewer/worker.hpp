@@ -25,6 +25,9 @@ namespace vitlens::viewer {
 
 // Resolves a UI choice into the key of the forward pass it needs (working size, mask, scale).
 ForwardKey make_forward_key(const LoadedModel& model, const SourceImage& image, const ComputeChoice& choice);
+// The working size a choice computes at: its own, or the model's img_size long side (the one
+// number the Controls slider, its caption and the pass share).
+int working_side(const VitConfig& config, const ComputeChoice& choice);
 // The options core's forward() takes for a key.
 ForwardOptions forward_options_for_key(const ForwardKey& key);
 

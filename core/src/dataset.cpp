@@ -1,14 +1,22 @@
-// Training data (issue 7): Fashion-MNIST IDX files, ImageFolder trees, the photo corpus, the seeded
+// Training data: Fashion-MNIST IDX files, ImageFolder trees, the photo corpus, the seeded
 // generator and the augmentations. Legend: n = images, C = classes, H x W = image size, S = side.
 #include "vitlens/dataset.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <set>
 #include <system_error>
+#include <tuple>
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 
 #include <opencv2/imgproc.hpp>
 #include <zlib.h>
@@ -91,60 +99,52 @@ const float* ImageSet::image(int i) const {
 
 namespace {
 
-// The largest decompressed IDX file we accept: the Fashion-MNIST training images are 47 MB, and a
-// few KB of gzip can expand to gigabytes.
-constexpr size_t kMaxIdxBytes = size_t{1} << 30;
+// The most data bytes an IDX file may announce. The largest Fashion-MNIST file (the training images)
+// holds 47,040,000; the loader turns each byte into 3 floats (12 bytes), so this cap keeps any IDX
+// file, however it was made, under about 0.8 GB of pixels. A gzip'd file is inflated only up to
+// the size its own header announces: a few KB that inflate to gigabytes cost at most this.
+constexpr size_t kMaxIdxBytes = size_t{64} << 20;
 
-std::string gunzip(const std::string& packed, const std::string& path) {
-  z_stream zs;
-  std::memset(&zs, 0, sizeof zs);
-  if (inflateInit2(&zs, 15 + 16) != Z_OK) throw Error(path + ": cannot start the gzip decoder");
-  std::string out;
-  // The gzip trailer stores the size mod 2^32: a good first guess for a well-formed file.
-  size_t guess = packed.size() * 4;
-  if (packed.size() >= 18) {
-    const auto* t = reinterpret_cast<const unsigned char*>(packed.data() + packed.size() - 4);
-    guess = std::max<size_t>(guess, t[0] | (t[1] << 8) | (t[2] << 16) | (static_cast<size_t>(t[3]) << 24));
-    // deflate expands at most about 1032:1: a damaged trailer must not make us reserve 4 GB.
-    guess = std::min(guess, packed.size() * 1032 + 1024);
+// Inflates a gzip file (one or more members, as `cat a.gz b.gz`) piece by piece into the caller's
+// buffers, so the caller decides from the header how much to take.
+class GzipReader {
+ public:
+  GzipReader(const std::string& packed, std::string path) : path_(std::move(path)) {
+    std::memset(&zs_, 0, sizeof zs_);
+    if (inflateInit2(&zs_, 15 + 16) != Z_OK) throw Error(path_ + ": cannot start the gzip decoder");
+    zs_.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(packed.data()));
+    zs_.avail_in = static_cast<uInt>(packed.size());  // packed.size() <= kMaxIdxBytes + 16 < 4 GiB
   }
-  out.resize(std::min(guess + 1, kMaxIdxBytes));
-  zs.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(packed.data()));
-  zs.avail_in = static_cast<uInt>(packed.size());
-  size_t produced = 0;
-  int rc = Z_OK;
-  while (true) {
-    if (produced == out.size()) {
-      if (out.size() >= kMaxIdxBytes) {
-        inflateEnd(&zs);
-        throw Error(path + ": decompresses to more than " + std::to_string(kMaxIdxBytes >> 20) + " MiB; not an IDX file vitlens reads");
+  ~GzipReader() { inflateEnd(&zs_); }
+  GzipReader(const GzipReader&) = delete;
+  GzipReader& operator=(const GzipReader&) = delete;
+
+  // Fills `out` with up to `n` bytes; fewer only where the data ends.
+  size_t read(char* out, size_t n) {
+    size_t produced = 0;
+    while (produced < n && !ended_) {
+      const size_t room = std::min<size_t>(n - produced, 1u << 30);
+      zs_.next_out = reinterpret_cast<Bytef*>(out + produced);
+      zs_.avail_out = static_cast<uInt>(room);
+      const int rc = inflate(&zs_, Z_NO_FLUSH);
+      produced += room - zs_.avail_out;
+      if (rc == Z_STREAM_END) {
+        if (zs_.avail_in == 0) ended_ = true;
+        else inflateReset(&zs_);  // another gzip member follows: gzip reads on
+      } else if (rc == Z_BUF_ERROR && zs_.avail_in == 0) {  // no progress, nothing left to read
+        throw Error(path_ + ": gzip data is truncated (the file ends inside the compressed stream)");
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        throw Error(path_ + ": damaged gzip data (" + (zs_.msg ? std::string(zs_.msg) : "error " + std::to_string(rc)) + ")");
       }
-      out.resize(std::min(out.size() * 2, kMaxIdxBytes));
     }
-    const size_t room = std::min<size_t>(out.size() - produced, 1u << 30);
-    zs.next_out = reinterpret_cast<Bytef*>(&out[produced]);
-    zs.avail_out = static_cast<uInt>(room);
-    rc = inflate(&zs, Z_NO_FLUSH);
-    produced += room - zs.avail_out;
-    if (rc == Z_STREAM_END) {
-      if (zs.avail_in == 0) break;
-      inflateReset(&zs);  // another gzip member follows (as `cat a.gz b.gz`): gzip reads on
-      continue;
-    }
-    if (rc == Z_OK) continue;
-    if (rc == Z_BUF_ERROR && zs.avail_out != 0) {  // no progress with room to write: input ran out
-      inflateEnd(&zs);
-      throw Error(path + ": gzip data is truncated (the file ends inside the compressed stream)");
-    }
-    if (rc == Z_BUF_ERROR) continue;
-    const std::string why = zs.msg ? zs.msg : "error " + std::to_string(rc);
-    inflateEnd(&zs);
-    throw Error(path + ": damaged gzip data (" + why + ")");
+    return produced;
   }
-  inflateEnd(&zs);
-  out.resize(produced);
-  return out;
-}
+
+ private:
+  z_stream zs_;
+  std::string path_;
+  bool ended_ = false;
+};
 
 uint32_t big_endian_u32(const std::string& b, size_t at) {
   const auto* p = reinterpret_cast<const unsigned char*>(b.data() + at);
@@ -158,8 +158,44 @@ struct IdxArray {
   size_t data_offset = 0;      // where the unsigned bytes start
 };
 
-// Reads `dir/name` or `dir/name.gz`, checks the magic (unsigned bytes, `ndim` dimensions) and that
-// the file holds exactly the bytes its header announces.
+// Checks the magic (unsigned bytes, `ndim` dimensions) of the header at the start of `head` and
+// fills a.dims; returns the number of data bytes the header announces (at most kMaxIdxBytes).
+size_t parse_idx_header(const std::string& head, int ndim, const std::string& what, IdxArray& a) {
+  const size_t header = 4 + 4 * static_cast<size_t>(ndim);
+  if (head.empty()) throw Error(a.path + ": file is empty, not an IDX " + what + " file");
+  if (head.size() < 4) throw Error(a.path + ": truncated IDX file (" + std::to_string(head.size()) + " bytes, no header)");
+  const uint32_t magic = big_endian_u32(head, 0);
+  const uint32_t expected = 0x800u + static_cast<uint32_t>(ndim);
+  if (magic != expected) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, "bad magic 0x%08x, expected 0x%08x (unsigned bytes, %d dimension%s)", magic,
+                  expected, ndim, ndim == 1 ? "" : "s");
+    throw Error(a.path + ": not an IDX " + what + " file: " + buf);
+  }
+  if (head.size() < header)
+    throw Error(a.path + ": truncated IDX file (" + std::to_string(head.size()) + " bytes, the header alone is " +
+                std::to_string(header) + ")");
+  size_t total = 1;
+  for (int d = 0; d < ndim; ++d) {
+    a.dims.push_back(big_endian_u32(head, 4 + 4 * static_cast<size_t>(d)));
+    total *= a.dims.back();  // checked after each factor, so the product never overflows
+    if (total > kMaxIdxBytes)
+      throw Error(a.path + ": IDX header announces more than " + std::to_string(kMaxIdxBytes >> 20) +
+                  " MiB of data, more than any Fashion-MNIST file; nothing was decoded");
+  }
+  a.data_offset = header;
+  return total;
+}
+
+void check_idx_size(const IdxArray& a, size_t total) {
+  const size_t have = a.bytes.size() - a.data_offset;
+  if (have < total)
+    throw Error(a.path + ": truncated IDX file (header announces " + std::to_string(total) + " data bytes, the file holds " +
+                std::to_string(have) + ")");
+}
+
+// Reads `dir/name` or `dir/name.gz`, checks the header and that the file holds exactly the bytes
+// its header announces. A gzip'd file is inflated header first, then only as far as it announces.
 IdxArray read_idx(const std::string& dir, const std::string& name, int ndim, const std::string& what) {
   IdxArray a;
   const fs::path plain = fs::path(dir) / name, packed = fs::path(dir) / (name + ".gz");
@@ -172,42 +208,32 @@ IdxArray read_idx(const std::string& dir, const std::string& name, int ndim, con
     throw Error(packed.string() + ": cannot open Fashion-MNIST " + what + " (no such file, nor " + name +
                 " without .gz); is the dataset-fashion-mnist package installed?");
   }
-  a.bytes = read_whole_file(a.path, "an IDX file", kMaxIdxBytes);
-  const bool gzip = a.bytes.size() >= 2 && static_cast<unsigned char>(a.bytes[0]) == 0x1f &&
-                    static_cast<unsigned char>(a.bytes[1]) == 0x8b;
-  if (gzip) {
-    a.bytes = gunzip(a.bytes, a.path);
-  } else if (a.path.size() > 3 && a.path.compare(a.path.size() - 3, 3, ".gz") == 0) {
-    throw Error(a.path + ": not gzip data (the name ends in .gz but the file does not start with the gzip magic 1f 8b)");
-  }
   const size_t header = 4 + 4 * static_cast<size_t>(ndim);
-  if (a.bytes.empty()) throw Error(a.path + ": file is empty, not an IDX " + what + " file");
-  if (a.bytes.size() < 4) throw Error(a.path + ": truncated IDX file (" + std::to_string(a.bytes.size()) + " bytes, no header)");
-  const uint32_t magic = big_endian_u32(a.bytes, 0);
-  const uint32_t expected = 0x800u + static_cast<uint32_t>(ndim);
-  if (magic != expected) {
-    char buf[96];
-    std::snprintf(buf, sizeof buf, "bad magic 0x%08x, expected 0x%08x (unsigned bytes, %d dimension%s)", magic,
-                  expected, ndim, ndim == 1 ? "" : "s");
-    throw Error(a.path + ": not an IDX " + what + " file: " + buf);
+  std::string file = read_whole_file(a.path, "an IDX file", kMaxIdxBytes + header);
+  const bool gzip = file.size() >= 2 && static_cast<unsigned char>(file[0]) == 0x1f &&
+                    static_cast<unsigned char>(file[1]) == 0x8b;
+  if (!gzip && a.path.size() > 3 && a.path.compare(a.path.size() - 3, 3, ".gz") == 0)
+    throw Error(a.path + ": not gzip data (the name ends in .gz but the file does not start with the gzip magic 1f 8b)");
+  if (!gzip) {
+    a.bytes = std::move(file);
+    const size_t total = parse_idx_header(a.bytes, ndim, what, a);
+    check_idx_size(a, total);
+    if (a.bytes.size() - header > total)
+      throw Error(a.path + ": malformed IDX file (" + std::to_string(a.bytes.size() - header - total) +
+                  " bytes after the " + std::to_string(total) + " data bytes its header announces)");
+    return a;
   }
-  if (a.bytes.size() < header)
-    throw Error(a.path + ": truncated IDX file (" + std::to_string(a.bytes.size()) + " bytes, the header alone is " +
-                std::to_string(header) + ")");
-  size_t total = 1;
-  for (int d = 0; d < ndim; ++d) {
-    a.dims.push_back(big_endian_u32(a.bytes, 4 + 4 * static_cast<size_t>(d)));
-    total *= a.dims.back();  // <= 2^32 per dimension, and the product is checked against the file size below
-    if (total > kMaxIdxBytes) throw Error(a.path + ": IDX header announces more than " + std::to_string(kMaxIdxBytes >> 20) + " MiB of data");
-  }
-  a.data_offset = header;
-  const size_t have = a.bytes.size() - header;
-  if (have < total)
-    throw Error(a.path + ": truncated IDX file (header announces " + std::to_string(total) + " data bytes, the file holds " +
-                std::to_string(have) + ")");
-  if (have > total)
-    throw Error(a.path + ": malformed IDX file (" + std::to_string(have - total) + " bytes after the " +
-                std::to_string(total) + " data bytes its header announces)");
+  GzipReader reader(file, a.path);
+  a.bytes.resize(header);
+  a.bytes.resize(reader.read(&a.bytes[0], header));
+  const size_t total = parse_idx_header(a.bytes, ndim, what, a);
+  a.bytes.resize(header + total);
+  a.bytes.resize(header + reader.read(&a.bytes[header], total));
+  check_idx_size(a, total);
+  char more = 0;
+  if (reader.read(&more, 1) != 0)
+    throw Error(a.path + ": malformed IDX file (more bytes after the " + std::to_string(total) +
+                " data bytes its header announces)");
   return a;
 }
 
@@ -264,20 +290,157 @@ ImageSet load_fashion_mnist(const std::string& dir, bool train, int limit) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// DataWalker: the one walk of a data folder (see dataset.hpp for the rules and why).
+// ---------------------------------------------------------------------------------------------
+
+namespace {
+
+using FileId = std::pair<dev_t, ino_t>;
+
+bool hidden_name(const char* name) { return name[0] == '.'; }
+
+// The canonical path (every link resolved), or "" when it cannot be resolved.
+std::string real_path(const std::string& path) {
+  char* resolved = ::realpath(path.c_str(), nullptr);
+  if (!resolved) return "";
+  std::string out = resolved;
+  std::free(resolved);
+  return out;
+}
+
+bool inside(const std::string& real, const std::string& root_real) {
+  if (real.empty() || root_real.empty()) return false;
+  if (root_real == "/") return true;
+  return real.compare(0, root_real.size(), root_real) == 0 &&
+         (real.size() == root_real.size() || real[root_real.size()] == '/');
+}
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+}  // namespace
+
+DataWalker::DataWalker(std::string data_root, long max_entries)
+    : data_root_(std::move(data_root)), max_entries_(max_entries) {}
+
+FolderWalk DataWalker::walk(const std::string& folder, bool recursive) {
+  struct stat st {};
+  if (::stat(folder.c_str(), &st) != 0) {
+    const int err = errno;
+    throw Error(folder + (err == ENOENT ? ": no such folder" : ": cannot open the folder (" + errno_text(err) + ")"));
+  }
+  if (!S_ISDIR(st.st_mode)) throw Error(folder + ": not a folder");
+  const std::string root_real = real_path(folder);
+  std::set<FileId> seen_folders{{st.st_dev, st.st_ino}};
+  std::set<FileId> seen_files;
+  std::vector<std::tuple<fs::path, dev_t, ino_t>> found;  // every regular file reached, with its identity
+  FolderWalk out;
+  // Depth first, names in byte order: the folder a link and its target both reach is read under
+  // the same path every time. An explicit stack, so a deep tree cannot exhaust the call stack.
+  std::vector<std::string> pending{folder};
+  while (!pending.empty()) {
+    const std::string dir = std::move(pending.back());
+    pending.pop_back();
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) {
+      const std::string line = dir + ": cannot read the folder (" + errno_text(errno) + ")";
+      if (dir == folder) throw Error(line);
+      out.skipped.push_back(line);
+      continue;
+    }
+    struct Closer {
+      DIR* d;
+      ~Closer() { ::closedir(d); }
+    } closer{d};
+    std::vector<std::string> names;
+    errno = 0;
+    while (const dirent* e = ::readdir(d)) {
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+      // Every entry counts, hidden ones too: reading them is what takes the time.
+      if (++entries_ > max_entries_)
+        throw Error(data_root_ + ": holds more than " + std::to_string(max_entries_) +
+                    " files and folders, the most vitlens reads from one data folder (stopped in " + dir + ")");
+      if (!hidden_name(e->d_name)) names.emplace_back(e->d_name);
+      errno = 0;
+    }
+    if (errno != 0) {
+      const std::string line = dir + ": cannot read the folder (" + errno_text(errno) + ")";
+      if (dir == folder) throw Error(line);
+      out.skipped.push_back(line);
+      continue;
+    }
+    std::sort(names.begin(), names.end());
+    std::vector<std::string> subfolders;
+    for (const std::string& name : names) {
+      const std::string path = !dir.empty() && dir.back() == '/' ? dir + name : dir + "/" + name;
+      struct stat link {};
+      if (::fstatat(::dirfd(d), name.c_str(), &link, AT_SYMLINK_NOFOLLOW) != 0) {
+        out.skipped.push_back(path + ": cannot read (" + errno_text(errno) + ")");
+        continue;
+      }
+      struct stat target = link;
+      const bool is_link = S_ISLNK(link.st_mode);
+      if (is_link && ::fstatat(::dirfd(d), name.c_str(), &target, 0) != 0) {
+        const int err = errno;
+        out.skipped.push_back(path + (err == ELOOP   ? ": a link in a loop of links"
+                                      : err == ENOENT ? ": a broken link (its target does not exist)"
+                                                      : ": a link that cannot be followed (" + errno_text(err) + ")"));
+        continue;
+      }
+      if (S_ISDIR(target.st_mode)) {
+        if (is_link) {
+          const std::string real = real_path(path);
+          if (!inside(real, root_real)) {
+            out.links_outside.push_back(path + ": a link to " + (real.empty() ? "a folder" : real) + ", outside " + folder);
+            continue;
+          }
+        }
+        if (!recursive) {
+          out.folders.push_back(path);
+          continue;
+        }
+        // Read already (an ancestor: a loop; or reached through another link): nothing new there.
+        if (!seen_folders.insert({target.st_dev, target.st_ino}).second) continue;
+        subfolders.push_back(path);
+      } else if (S_ISREG(target.st_mode)) {
+        found.emplace_back(path, target.st_dev, target.st_ino);
+      } else {
+        out.skipped.push_back(path + ": not a regular file (a device, pipe or socket), not an image");
+      }
+    }
+    for (auto it = subfolders.rbegin(); it != subfolders.rend(); ++it) pending.push_back(std::move(*it));
+  }
+  // fs::path order (component by component), as the files were always listed: a run resumed
+  // from a checkpoint sees its images in the same order.
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) { return std::get<0>(a) < std::get<0>(b); });
+  for (const auto& [path, dev, ino] : found)
+    if (seen_files.insert({dev, ino}).second) out.files.push_back(path.string());
+  return out;
+}
+
+std::string links_outside_warning(const FolderReport& report) {
+  if (report.links_outside == 0) return "";
+  return "not following " + std::to_string(report.links_outside) + " link" + (report.links_outside == 1 ? "" : "s") +
+         " to a folder outside the data folder (" + report.first_link_outside + ")";
+}
+
+// ---------------------------------------------------------------------------------------------
 // ImageFolder and the photo corpus
 // ---------------------------------------------------------------------------------------------
 
 namespace {
 
-bool hidden(const fs::path& p) {
-  const std::string name = p.filename().string();
-  return !name.empty() && name[0] == '.';
-}
-
 void note_skip(FolderReport* report, const std::string& message) {
   if (!report) return;
   ++report->skipped;
   if (report->examples.size() < 5) report->examples.push_back(message);
+}
+
+// What a walk left out goes into the report: the same lines the user sees for unreadable images.
+void note_walk(FolderReport* report, const FolderWalk& walk) {
+  for (const std::string& line : walk.skipped) note_skip(report, line);
+  if (!report) return;
+  if (report->links_outside == 0 && !walk.links_outside.empty()) report->first_link_outside = walk.links_outside[0];
+  report->links_outside += static_cast<int>(walk.links_outside.size());
 }
 
 // Area and bilinear resampling round a sum of weights that should be 1: a white pixel can come
@@ -325,39 +488,14 @@ cv::Mat resize_and_centre_crop(const cv::Mat& source, int side) {
   return resized(cv::Rect(left, top, side, side));
 }
 
-// Regular files under `dir` (recursively when asked), hidden ones left out, sorted by path.
-std::vector<fs::path> list_files(const fs::path& dir, bool recursive) {
-  std::vector<fs::path> files;
-  std::error_code ec;
-  if (recursive) {
-    fs::recursive_directory_iterator it(dir, fs::directory_options::follow_directory_symlink |
-                                                 fs::directory_options::skip_permission_denied, ec);
-    if (ec) throw Error(dir.string() + ": cannot list the folder (" + ec.message() + ")");
-    for (; it != fs::recursive_directory_iterator(); it.increment(ec)) {
-      if (ec) throw Error(dir.string() + ": cannot list the folder (" + ec.message() + ")");
-      if (hidden(it->path())) {
-        if (it->is_directory(ec)) it.disable_recursion_pending();
-        continue;
-      }
-      if (!it->is_directory(ec)) files.push_back(it->path());
-      if (it.depth() > 32) it.disable_recursion_pending();  // a symlink loop must end somewhere
-    }
-  } else {
-    fs::directory_iterator it(dir, ec);
-    if (ec) throw Error(dir.string() + ": cannot list the folder (" + ec.message() + ")");
-    for (; it != fs::directory_iterator(); it.increment(ec)) {
-      if (ec) throw Error(dir.string() + ": cannot list the folder (" + ec.message() + ")");
-      if (!hidden(it->path()) && !it->is_directory(ec)) files.push_back(it->path());
-    }
-  }
-  std::sort(files.begin(), files.end());
-  return files;
-}
-
 void require_folder(const std::string& dir, const std::string& what) {
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) throw Error(dir + ": no such folder (" + what + ")");
-  if (!fs::is_directory(dir, ec)) throw Error(dir + ": not a folder (" + what + ")");
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) {
+    const int err = errno;  // EACCES or a loop of links is not "no such folder"
+    if (err == ENOENT) throw Error(dir + ": no such folder (" + what + ")");
+    throw Error(dir + ": cannot open the folder (" + errno_text(err) + ")");
+  }
+  if (!S_ISDIR(st.st_mode)) throw Error(dir + ": not a folder (" + what + ")");
 }
 
 }  // namespace
@@ -366,17 +504,11 @@ ImageSet load_image_folder(const std::string& dir, int img_size, FolderReport* r
   if (img_size < 1 || img_size > 4096)
     throw Error(dir + ": image size must be 1 to 4096 px, got " + std::to_string(img_size));
   require_folder(dir, "expected one subfolder of images per class");
-  std::vector<fs::path> class_dirs;
-  std::error_code ec;
-  fs::directory_iterator it(dir, ec);
-  if (ec) throw Error(dir + ": cannot list the folder (" + ec.message() + ")");
-  for (; it != fs::directory_iterator(); it.increment(ec)) {
-    if (ec) throw Error(dir + ": cannot list the folder (" + ec.message() + ")");
-    if (it->is_directory(ec) && !hidden(it->path())) class_dirs.push_back(it->path());
-  }
-  // Byte order of the names, as Python's sorted() in torchvision's find_classes.
-  std::sort(class_dirs.begin(), class_dirs.end(),
-            [](const fs::path& a, const fs::path& b) { return a.filename().string() < b.filename().string(); });
+  DataWalker walker(dir);
+  const FolderWalk top = walker.walk(dir, false);
+  note_walk(report, top);
+  // Byte order of the names (the walk's order), as Python's sorted() in torchvision's find_classes.
+  std::vector<fs::path> class_dirs(top.folders.begin(), top.folders.end());
   if (class_dirs.empty()) throw Error(dir + ": has no class folders (expected one subfolder of images per class)");
   if (class_dirs.size() == 1)
     throw Error(dir + ": has a single class folder (" + class_dirs[0].filename().string() +
@@ -389,13 +521,15 @@ ImageSet load_image_folder(const std::string& dir, int img_size, FolderReport* r
   for (size_t c = 0; c < class_dirs.size(); ++c) {
     const std::string name = class_dirs[c].filename().string();
     set.class_names.push_back(name);
-    const std::vector<fs::path> files = list_files(class_dirs[c], true);
+    const FolderWalk walk = walker.walk(class_dirs[c].string(), true);
+    note_walk(report, walk);
+    const std::vector<std::string>& files = walk.files;
     if (files.empty()) throw Error(class_dirs[c].string() + ": class folder '" + name + "' is empty; put images in it or remove it");
     int kept = 0;
-    for (const fs::path& file : files) {
+    for (const std::string& file : files) {
       cv::Mat rgb;
       try {
-        rgb = load_image(file.string(), kMaxLoadSide, img_size).rgb01;  // short side kept for the crop
+        rgb = load_image(file, kMaxLoadSide, img_size).rgb01;  // short side kept for the crop
       } catch (const Error& e) {
         note_skip(report, e.what());
         continue;
@@ -463,10 +597,13 @@ PhotoCorpus load_photo_corpus(const std::string& dir, int max_side, FolderReport
   require_folder(dir, "expected photos in it");
   PhotoCorpus corpus;
   corpus.source = dir;
-  for (const fs::path& file : list_files(dir, true)) {
+  DataWalker walker(dir);
+  const FolderWalk walk = walker.walk(dir, true);
+  note_walk(report, walk);
+  for (const std::string& file : walk.files) {
     cv::Mat rgb;
     try {
-      rgb = load_image(file.string(), max_side).rgb01;  // capped at max_side by the loader, by area
+      rgb = load_image(file, max_side).rgb01;  // capped at max_side by the loader, by area
     } catch (const Error& e) {
       note_skip(report, e.what());
       continue;
@@ -476,7 +613,7 @@ PhotoCorpus load_photo_corpus(const std::string& dir, int max_side, FolderReport
     corpus.photos.push_back(std::move(planar));
     corpus.heights.push_back(rgb.rows);
     corpus.widths.push_back(rgb.cols);
-    corpus.names.push_back(file.lexically_relative(dir).string());  // "a.jpg", "sub/b.jpg"
+    corpus.names.push_back(fs::path(file).lexically_relative(dir).string());  // "a.jpg", "sub/b.jpg"
   }
   if (corpus.photos.empty()) throw Error(dir + ": has no readable photo");
   return corpus;

@@ -170,18 +170,18 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
   return a;
 }
 
+float map_scale(const MatRM& map, Normalize normalize, const PatchSelection& patches) {
+  return normalize == Normalize::Robust ? robust_scale_top(map, patches) : map.maxCoeff();
+}
+
 std::vector<float> map_scales(const HeadMaps& maps, Normalize normalize) {
   std::vector<float> scales;
-  float shared = 0.0f;
-  for (const MatRM& m : maps.heads) {
-    scales.push_back(m.maxCoeff());
-    shared = std::max(shared, scales.back());
-  }
-  scales.push_back(maps.mean.maxCoeff());
-  if (normalize == Normalize::Shared) scales.assign(scales.size(), shared);
-  if (normalize == Normalize::Robust) {
-    for (size_t h = 0; h < maps.heads.size(); ++h) scales[h] = map_percentile(maps.heads[h], kRobustPercentile);
-    scales.back() = map_percentile(maps.mean, kRobustPercentile);
+  for (size_t h = 0; h < maps.heads.size(); ++h) scales.push_back(map_scale(maps.heads[h], normalize, shown_patches(maps, h)));
+  scales.push_back(map_scale(maps.mean, normalize, shown_patches(maps, maps.heads.size())));
+  if (normalize == Normalize::Shared) {
+    // The largest over the heads (the mean never exceeds it).
+    const float shared = maps.heads.empty() ? scales.back() : *std::max_element(scales.begin(), scales.end() - 1);
+    scales.assign(scales.size(), shared);
   }
   return scales;
 }
@@ -213,28 +213,54 @@ std::string softmax_phrase(const VitModel& model, const ForwardResult& f) {
 }
 
 // Patches a painted mask forbids, beyond the padding.
-int painted_patches(const ImageAnalysis& a) {
-  const auto& allowed = a.forward.mask.key_allowed;
+int painted_patches(const ForwardResult& f) {
+  const auto& allowed = f.mask.key_allowed;
   int count = 0;
-  for (size_t p = 0; p < a.image.grid.patch_is_padding.size(); ++p) {
-    const size_t token = static_cast<size_t>(a.forward.prefix) + p;
-    if (!a.image.grid.patch_is_padding[p] && token < allowed.size() && !allowed[token]) ++count;
+  for (size_t p = 0; p < f.patch_is_padding.size(); ++p) {
+    const size_t token = static_cast<size_t>(f.prefix) + p;
+    if (!f.patch_is_padding[p] && token < allowed.size() && !allowed[token]) ++count;
   }
   return count;
 }
 
-int padding_patches(const ImageAnalysis& a) {
-  int padding = 0;
-  for (uint8_t v : a.image.grid.patch_is_padding) padding += v;
-  return padding;
+int padding_patches(const ForwardResult& f) {
+  return static_cast<int>(std::count(f.patch_is_padding.begin(), f.patch_is_padding.end(), uint8_t{1}));
 }
 
 }  // namespace
 
-std::vector<std::string> montage_caption(const VitModel& model, const ImageAnalysis& a, Normalize normalize) {
+std::vector<std::string> forward_caption(const VitModel& model, const ForwardResult& f, const std::string& mask_image) {
+  std::string mask = "mask: padding (" + std::to_string(padding_patches(f)) + " patches)";
+  if (f.mask.causal) mask += ", causal";
+  if (!mask_image.empty()) mask += ", painted " + mask_image + " (" + std::to_string(painted_patches(f)) + " patches)";
+  return {mask, softmax_phrase(model, f)};
+}
+
+std::string scale_phrase(Normalize normalize) {
+  switch (normalize) {
+    case Normalize::PerHead: return "scale: each tile 0 to its maximum";
+    case Normalize::Shared: return "scale: one for every tile, 0 to the largest value";
+    case Normalize::Log: return "scale: log, " + format_weight(kLogDecades) + " decades below each tile's maximum";
+    case Normalize::Robust:
+      return "scale: each tile 0 to its top, the " + format_weight(kRobustPercentile) +
+             "th percentile of its patches, raised so that at most " + format_weight(kMaxSaturatedMass * 100.0f) +
+             "% of its weight saturates";
+  }
+  return "?";
+}
+
+std::string tile_label(const std::string& name, const MatRM& map, float scale, Normalize normalize) {
+  std::string label = name + "\nmax " + format_weight(map.maxCoeff());  // the numbers on a line of their own
+  if (normalize == Normalize::Robust) label += " top " + format_weight(scale);
+  return label;
+}
+
+std::vector<std::string> montage_caption(const VitModel& model, const ImageAnalysis& a, Normalize normalize, int last_layer) {
   std::vector<std::string> caption;
-  caption.push_back("model " + model.config.name + ", layer " + std::to_string(a.request.layer) + " of depth " +
-                    std::to_string(model.config.depth) + ", " + std::to_string(a.forward.tokens) + " tokens");
+  const std::string layers = last_layer >= 0 ? "layers " + std::to_string(a.request.layer) + " to " + std::to_string(last_layer)
+                                             : "layer " + std::to_string(a.request.layer);
+  caption.push_back("model " + model.config.name + ", " + layers + " of depth " + std::to_string(model.config.depth) + ", " +
+                    std::to_string(a.forward.tokens) + " tokens");
   switch (a.request.mode) {
     case MapMode::Received:
       caption.push_back("attention received: each patch's mean weight over " + std::to_string(a.forward.received_queries) +
@@ -255,22 +281,9 @@ std::vector<std::string> montage_caption(const VitModel& model, const ImageAnaly
       break;
     }
   }
-  switch (normalize) {
-    case Normalize::PerHead: caption.push_back("scale: each tile 0 to its maximum"); break;
-    case Normalize::Shared: caption.push_back("scale: one for every tile, 0 to the largest value"); break;
-    case Normalize::Log:
-      caption.push_back("scale: log, " + format_weight(kLogDecades) + " decades below each tile's maximum");
-      break;
-    case Normalize::Robust:
-      caption.push_back("scale: each tile 0 to its " + format_weight(kRobustPercentile) +
-                        "th percentile (top); above it saturates");
-      break;
-  }
-  std::string mask = "mask: padding (" + std::to_string(padding_patches(a)) + " patches)";
-  if (a.forward.mask.causal) mask += ", causal";
-  if (!a.mask_image.empty()) mask += ", painted " + a.mask_image + " (" + std::to_string(painted_patches(a)) + " patches)";
-  caption.push_back(mask);
-  caption.push_back(softmax_phrase(model, a.forward));
+  caption.push_back(last_layer >= 0 && normalize == Normalize::Shared ? "scale: one for every tile of a layer, 0 to its largest value"
+                                                                       : scale_phrase(normalize));
+  for (std::string& phrase : forward_caption(model, a.forward, a.mask_image)) caption.push_back(std::move(phrase));
   if (a.threshold > 0.0f) {
     int flat = 0;
     for (const ThresholdResult& t : a.kept) flat += t.no_structure;
@@ -286,8 +299,13 @@ ColourBarSpec montage_colour_bar(const HeatmapStyle& style, Normalize normalize,
   bar.colormap = style.colormap;
   switch (normalize) {
     case Normalize::Shared:
-      bar.title = "colour: attention weight (every tile)";
-      bar.ticks = {{0.0f, "0"}, {0.5f, format_weight(shared_scale * 0.5f)}, {1.0f, format_weight(shared_scale)}};
+      if (shared_scale > 0.0f) {
+        bar.title = "colour: attention weight (every tile)";
+        bar.ticks = {{0.0f, "0"}, {0.5f, format_weight(shared_scale * 0.5f)}, {1.0f, format_weight(shared_scale)}};
+      } else {
+        bar.title = "colour: weight relative to the largest of the tile's row";
+        bar.ticks = {{0.0f, "0"}, {0.5f, "max/2"}, {1.0f, "max"}};
+      }
       break;
     case Normalize::Log:
       bar.title = "colour: weight relative to the tile's max (log)";
@@ -309,6 +327,32 @@ ColourBarSpec montage_colour_bar(const HeatmapStyle& style, Normalize normalize,
   return bar;
 }
 
+namespace {
+
+// What every picture of one analysis carries beside its tiles: the labels (image, heads, mean), the
+// colour bar and the caption. The montage has them all; each head's own PNG its label and the rest.
+struct Legend {
+  std::vector<std::string> labels;  // (1 + H + 1) image, heads, mean
+  ColourBarSpec bar;
+  std::vector<std::string> caption;
+};
+
+Legend export_legend(const VitModel& model, const ImageAnalysis& analysis, const std::vector<float>& scales,
+                     const HeatmapStyle& style, Normalize normalize) {
+  const HeadMaps& maps = analysis.maps;
+  Legend legend;
+  legend.labels.push_back("image " + std::to_string(analysis.image.padded_w) + "x" + std::to_string(analysis.image.padded_h));
+  for (size_t h = 0; h < maps.heads.size(); ++h)
+    legend.labels.push_back(tile_label(head_label(model.config, analysis.request.layer, static_cast<int>(h)), maps.heads[h],
+                                       scales[h], normalize));
+  legend.labels.push_back(tile_label("mean of heads", maps.mean, scales.back(), normalize));
+  legend.bar = montage_colour_bar(style, normalize, scales.empty() ? 0.0f : scales.front());
+  legend.caption = montage_caption(model, analysis, normalize);
+  return legend;
+}
+
+}  // namespace
+
 ExportImages render_export_images(const VitModel& model, const ImageAnalysis& analysis, const HeatmapStyle& style,
                                   Normalize normalize) {
   const int p = model.config.patch_size;
@@ -316,36 +360,24 @@ ExportImages render_export_images(const VitModel& model, const ImageAnalysis& an
   const std::vector<float> scales = map_scales(maps, normalize);
   ExportImages images;
   std::vector<cv::Mat> tiles;
-  std::vector<std::string> labels;
   cv::Mat base;
   analysis.image.rgb.convertTo(base, CV_8UC3, 255.0);
   tiles.push_back(base);
-  labels.push_back("image " + std::to_string(analysis.image.padded_w) + "x" + std::to_string(analysis.image.padded_h));
   // The map is mapped to its colour positions in [0, 1] first, then drawn with a maximum of 1.
   auto overlay = [&](const MatRM& map, float scale) {
     cv::Mat out = heatmap_overlay(analysis.image.rgb, display_values(map, scale, normalize), p, 1.0f, style);
     if (analysis.request.mode == MapMode::Query) draw_query_marker(out, analysis.forward, analysis.request.query_token, p);
     return out;
   };
-  // The label carries each map's maximum: a uniform map (a head with nothing to look for at
-  // this query) fills its tile with full colour, and only its tiny maximum (1 / tokens) says so.
-  // The robust scale's top value follows, since the colour bar is relative to it.
-  auto with_values = [&](std::string label, const MatRM& map, float scale) {
-    label += "\nmax " + format_weight(map.maxCoeff());  // the numbers on a line of their own
-    if (normalize == Normalize::Robust) label += " top " + format_weight(scale);
-    return label;
-  };
   for (size_t h = 0; h < maps.heads.size(); ++h) {
     images.heads.push_back(overlay(maps.heads[h], scales[h]));
     tiles.push_back(images.heads.back());
-    labels.push_back(with_values(head_label(model.config, analysis.request.layer, static_cast<int>(h)), maps.heads[h], scales[h]));
   }
   images.mean = overlay(maps.mean, scales.back());
   tiles.push_back(images.mean);
-  labels.push_back(with_values("mean of heads", maps.mean, scales.back()));
   const int columns = static_cast<int>(tiles.size()) <= 6 ? 3 : 4;
-  const ColourBarSpec bar = montage_colour_bar(style, normalize, scales.empty() ? 0.0f : scales.front());
-  images.montage = montage(tiles, labels, columns, &bar, montage_caption(model, analysis, normalize));
+  const Legend legend = export_legend(model, analysis, scales, style, normalize);
+  images.montage = montage(tiles, legend.labels, columns, &legend.bar, legend.caption);
   return images;
 }
 
@@ -385,9 +417,9 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
     j["query"] = nullptr;
   }
   j["layer"] = a.request.layer;
-  j["mask"] = {{"causal", settings.causal}, {"padding_patches", padding_patches(a)},
+  j["mask"] = {{"causal", settings.causal}, {"padding_patches", padding_patches(a.forward)},
                {"image", a.mask_image.empty() ? json(nullptr) : json(a.mask_image)},
-               {"painted_patches", painted_patches(a)}};
+               {"painted_patches", painted_patches(a.forward)}};
   j["score_scale"] = a.forward.score_scale;
   // The temperature the scale amounts to: 1 for the model's 1/sqrt(d).
   const float model_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim()));
@@ -396,7 +428,10 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["alpha"] = std::round(static_cast<double>(settings.style.alpha) * 1e6) / 1e6;  // 0.6, not 0.6000000238
   j["upsample"] = upsample_name(settings.style.upsample);
   j["normalize"] = normalize_name(settings.normalize);
-  if (settings.normalize == Normalize::Robust) j["robust_percentile"] = kRobustPercentile;
+  if (settings.normalize == Normalize::Robust) {
+    j["robust_percentile"] = kRobustPercentile;
+    j["robust_max_saturated_mass"] = std::round(static_cast<double>(kMaxSaturatedMass) * 1e6) / 1e6;
+  }
   // The value drawn at the top of the colour map, heads then mean (Log: the top of its decades).
   j["colour_scale_top"] = map_scales(a.maps, settings.normalize);
   if (a.threshold > 0.0f) {
@@ -416,7 +451,7 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   json heads = json::array();
   for (size_t h = 0; h < a.maps.heads.size(); ++h) {
     const MatRM& m = a.maps.heads[h];
-    json head = {{"head", h}, {"min", m.minCoeff()}, {"max", m.maxCoeff()}, {"sum", m.sum()},
+    json head = {{"head", h}, {"min", map_min(m, a.maps.in_image)}, {"max", m.maxCoeff()}, {"sum", m.sum()},
                  {"entropy", map_entropy(m)}};
     head["class_token_weight"] = a.forward.has_class_token ? json(a.maps.cls_weight[h]) : json(nullptr);
     if (a.forward.prefix > 1) {  // distillation and register tokens: their weights, in token order
@@ -433,51 +468,68 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
     heads.push_back(head);
   }
   j["heads"] = heads;
-  j["mean"] = {{"min", a.maps.mean.minCoeff()}, {"max", a.maps.mean.maxCoeff()}, {"entropy", map_entropy(a.maps.mean)}};
+  j["mean"] = {{"min", map_min(a.maps.mean, a.maps.in_image)}, {"max", a.maps.mean.maxCoeff()}, {"entropy", map_entropy(a.maps.mean)}};
   j["timings_ms"] = {{"forward", a.forward_ms}, {"maps", a.maps_ms}};
   return j;
 }
 
-std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
-  require_writable_dir(settings.out_dir);
+MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes) {
+  MapsOutputNames names;
+  for (int h = 0; h < heads; ++h) names.heads.push_back(stem + "_head" + std::to_string(h) + ".png");
+  names.mean = stem + "_mean.png";
+  names.montage = stem + "_montage.png";
+  if (raw) names.raw = stem + "_attn.npy";
+  if (view_notes) names.view_notes = stem + "_view.json";
+  names.record = stem + ".json";
+  return names;
+}
+
+void add_attention_npy(OutputSet& set, const std::string& name, const ForwardResult& f, int heads,
+                       const std::string& image_path) {
+  const size_t n = static_cast<size_t>(f.tokens), h = static_cast<size_t>(heads);
+  for (const LayerState& layer : f.layers)
+    if (layer.probs.size() != h)
+      throw Error(image_path + ": raw export needs the full weights; analyse with settings.raw set");
+  // The header, then each (layer, head) block straight from the forward's buffers (no copy).
+  const std::string header = npy_bytes_f32({f.layers.size(), h, n, n}, nullptr);
+  set.add_stream(name, [&](FileSink& sink) {
+    sink.write(header.data(), header.size());
+    for (const LayerState& layer : f.layers)
+      for (const MatRM& probs : layer.probs) sink.write(probs.data(), static_cast<size_t>(probs.size()) * sizeof(float));
+  });
+}
+
+nlohmann::json add_export_files(OutputSet& set, const VitModel& model, const ImageAnalysis& analysis,
+                                const ExportSettings& settings, const MapsOutputNames& names) {
   const auto t0 = std::chrono::steady_clock::now();
-  const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
   const ExportImages images = render_export_images(model, analysis, settings.style, settings.normalize);
   const double render_ms = ms_since(t0);
-  // The files appear together or not at all (files.hpp: OutputSet), the JSON last.
-  OutputSet set(settings.out_dir);
-  std::vector<std::string> written;
-  auto add_png = [&](const std::string& name, const cv::Mat& rgb8) {
-    set.add_png(name, rgb8);
-    written.push_back(set.final_path(name));
-  };
-  for (size_t h = 0; h < images.heads.size(); ++h) add_png(stem + "_head" + std::to_string(h) + ".png", images.heads[h]);
-  add_png(stem + "_mean.png", images.mean);
-  add_png(stem + "_montage.png", images.montage);
-  if (settings.raw) {
-    // (L, H, N, N) float32, class token first then patches row-major, as numpy.load reads it;
-    // streamed: the header, then each (layer, head) block straight from the forward's buffers.
-    const auto& f = analysis.forward;
-    const size_t n = static_cast<size_t>(f.tokens), heads = static_cast<size_t>(model.config.num_heads);
-    for (const LayerState& layer : f.layers)
-      if (layer.probs.size() != heads)
-        throw Error(analysis.image_path + ": raw export needs the full weights; analyse with settings.raw set");
-    const std::string header = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);
-    set.add_stream(stem + "_attn.npy", [&](FileSink& sink) {
-      sink.write(header.data(), header.size());
-      for (const LayerState& layer : f.layers)
-        for (const MatRM& probs : layer.probs) sink.write(probs.data(), static_cast<size_t>(probs.size()) * sizeof(float));
-    });
-    written.push_back(set.final_path(stem + "_attn.npy"));
-  }
+  if (images.heads.size() != names.heads.size())
+    throw Error(analysis.image_path + ": internal: the maps have " + std::to_string(images.heads.size()) +
+                " heads, the names " + std::to_string(names.heads.size()));
+  // Each head's picture and the mean's: its tile with the montage's label, colour bar and caption.
+  const Legend legend =
+      export_legend(model, analysis, map_scales(analysis.maps, settings.normalize), settings.style, settings.normalize);
+  auto figure = [&](const cv::Mat& tile, size_t label) { return montage({tile}, {legend.labels[label]}, 1, &legend.bar, legend.caption); };
+  for (size_t h = 0; h < images.heads.size(); ++h) set.add_png(names.heads[h], figure(images.heads[h], h + 1));
+  set.add_png(names.mean, figure(images.mean, images.heads.size() + 1));
+  set.add_png(names.montage, images.montage);
+  if (!names.raw.empty()) add_attention_npy(set, names.raw, analysis.forward, model.config.num_heads, analysis.image_path);
+  if (!names.view_notes.empty()) set.add(names.view_notes, settings.view_notes.dump(2) + "\n");
   nlohmann::json sidecar = export_sidecar(model, analysis, settings);
   sidecar["timings_ms"]["render"] = render_ms;
-  sidecar["files"] = written;
-  sidecar["set"] = set.id();
-  written.push_back(set.final_path(stem + ".json"));
-  // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
-  set.commit(stem + ".json", sidecar.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  return written;
+  return sidecar;
+}
+
+std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings) {
+  require_writable_dir(settings.out_dir);
+  const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
+  const MapsOutputNames names =
+      maps_output_names(stem, model.config.num_heads, settings.raw, !settings.view_notes.is_null());
+  // The files appear together or not at all (files.hpp: OutputSet), the JSON record last.
+  OutputSet set(settings.out_dir, settings.force);
+  nlohmann::json sidecar = add_export_files(set, model, analysis, settings, names);
+  return set.commit(names.record, std::move(sidecar));
 }
 
 std::string output_stem(const std::string& image_path) {

@@ -23,7 +23,9 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
   per_layer.layer = first;
   ImageAnalysis a = analyse_image(model, image_path, per_layer);  // one forward pass for every layer
   const std::string stem = settings.stem.empty() ? output_stem(image_path) : settings.stem;
-  std::vector<std::string> written;
+  // Every layer's files and record, the layers montage and the weights are one set: all of them
+  // appear, or none (files.hpp: OutputSet); <stem>_layers.json, the set's record, comes last.
+  OutputSet set(settings.out_dir, settings.force);
   std::vector<cv::Mat> tiles;
   std::vector<std::string> labels;
   for (int l = first; l <= last; ++l) {
@@ -33,31 +35,38 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
       if (settings.threshold > 0.0f) a.kept = apply_threshold(a.maps, settings.threshold);  // as analyse_image
     }
     per_layer.layer = l;
-    per_layer.stem = stem + "_layer" + std::to_string(l);
+    per_layer.stem = layer_stem(stem, l);
     per_layer.raw = false;  // the (L, H, N, N) weights hold every layer: written once below
-    const std::vector<std::string> files = write_export(model, a, per_layer);
-    written.insert(written.end(), files.begin(), files.end());
+    const MapsOutputNames layer_names = maps_output_names(per_layer.stem, model.config.num_heads, false, false);
+    const size_t first_file = set.size();
+    set.add_record(layer_names.record, add_export_files(set, model, a, per_layer, layer_names), first_file);
     const ExportImages images = render_export_images(model, a, settings.style, settings.normalize);
+    const std::vector<float> scales = map_scales(a.maps, settings.normalize);
+    const std::string layer = "L" + std::to_string(l) + " ";
     for (size_t h = 0; h < images.heads.size(); ++h) {
       tiles.push_back(images.heads[h]);
-      labels.push_back("L" + std::to_string(l) + " " + head_label(model.config, l, static_cast<int>(h)));
+      labels.push_back(tile_label(layer + head_label(model.config, l, static_cast<int>(h)), a.maps.heads[h], scales[h],
+                                  settings.normalize));
     }
     tiles.push_back(images.mean);
-    labels.push_back("L" + std::to_string(l) + " mean");
+    labels.push_back(tile_label(layer + "mean", a.maps.mean, scales.back(), settings.normalize));
   }
-  written.push_back(settings.out_dir + "/" + stem + "_layers_montage.png");
-  write_png_atomic(written.back(), montage(tiles, labels, model.config.num_heads + 1));
-  if (settings.raw) {
-    const auto& f = a.forward;
-    const size_t n = static_cast<size_t>(f.tokens), heads = static_cast<size_t>(model.config.num_heads);
-    std::string npy = npy_bytes_f32({f.layers.size(), heads, n, n}, nullptr);
-    for (const LayerState& layer : f.layers)
-      for (const MatRM& probs : layer.probs)
-        npy.append(reinterpret_cast<const char*>(probs.data()), static_cast<size_t>(probs.size()) * sizeof(float));
-    written.push_back(settings.out_dir + "/" + stem + "_attn.npy");
-    write_file_atomic(written.back(), npy);
-  }
-  return written;
+  const LayersOutputNames names = layers_output_names(stem, settings.raw);
+  // The head montage's legend: each layer has its own shared scale, so the bar is relative then.
+  const ColourBarSpec bar = montage_colour_bar(settings.style, settings.normalize, 0.0f);
+  a.request.layer = first;  // the caption names the range first .. last
+  set.add_png(names.montage, montage(tiles, labels, model.config.num_heads + 1, &bar,
+                                     montage_caption(model, a, settings.normalize, last)));
+  if (!names.raw.empty()) add_attention_npy(set, names.raw, a.forward, model.config.num_heads, image_path);
+  nlohmann::json record;
+  record["image"] = image_path;
+  record["model"] = {{"name", model.config.name}, {"file", model.source}, {"depth", depth},
+                     {"num_heads", model.config.num_heads}};
+  record["layers"] = {first, last};
+  nlohmann::json layer_records = nlohmann::json::array();
+  for (int l = first; l <= last; ++l) layer_records.push_back(maps_output_names(layer_stem(stem, l), 0, false, false).record);
+  record["layer_records"] = layer_records;
+  return set.commit(names.record, std::move(record));
 }
 
 std::vector<std::string> export_rollout(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
@@ -82,22 +91,57 @@ int rollout_query(const VitModel& model, const MapRequest& request) {
   return model.config.class_index();
 }
 
+namespace {
+
+// The rollout keeps its maximum (or log) scale whatever the maps' default: its rows are products
+// of whole layers, with no hot patch to saturate.
+Normalize rollout_normalize(const ExportSettings& settings) {
+  return settings.normalize == Normalize::Log ? Normalize::Log : Normalize::PerHead;
+}
+
+}  // namespace
+
 cv::Mat rollout_picture(const VitModel& model, const PreparedImage& image, const MatRM& map, const ExportSettings& settings) {
-  const float top = map.maxCoeff();
-  return settings.normalize == Normalize::Log
-             ? heatmap_overlay(image.rgb, log_scaled_map(map, top), model.config.patch_size, 1.0f, settings.style)
-             : heatmap_overlay(image.rgb, map, model.config.patch_size, top, settings.style);
+  const Normalize normalize = rollout_normalize(settings);
+  return heatmap_overlay(image.rgb, display_values(map, map.maxCoeff(), normalize), model.config.patch_size, 1.0f,
+                         settings.style);
+}
+
+cv::Mat rollout_figure(const VitModel& model, const PreparedImage& image, const ForwardResult& forward, const MatRM& map,
+                       int query, const RolloutOptions& rollout, const ExportSettings& settings) {
+  const Normalize normalize = rollout_normalize(settings);
+  cv::Mat base;
+  image.rgb.convertTo(base, CV_8UC3, 255.0);
+  const std::string from = token_name(model.config, forward.grid_w, query);
+  const std::vector<cv::Mat> tiles = {base, rollout_picture(model, image, map, settings)};
+  const std::vector<std::string> labels = {"image " + std::to_string(image.padded_w) + "x" + std::to_string(image.padded_h),
+                                           tile_label("rollout of the " + from, map, map.maxCoeff(), normalize)};
+  const int last = rollout.last_layer < 0 ? model.config.depth - 1 : rollout.last_layer;
+  std::vector<std::string> caption = {
+      "model " + model.config.name + ", rollout of layers " + std::to_string(rollout.first_layer) + " to " +
+          std::to_string(last) + " of depth " + std::to_string(model.config.depth) + ", " + std::to_string(forward.tokens) +
+          " tokens",
+      "heads fused by " + std::string(head_fusion_name(rollout.fusion)) + ", lowest " +
+          std::to_string(static_cast<int>(std::lround(rollout.discard_ratio * 100.0f))) +
+          "% discarded, identity added, rows renormalised, layers multiplied",
+      "the " + from + "'s row: how much of each patch reaches its output", scale_phrase(normalize)};
+  for (std::string& phrase : forward_caption(model, forward, settings.mask_image)) caption.push_back(std::move(phrase));
+  const ColourBarSpec bar = montage_colour_bar(settings.style, normalize, map.maxCoeff());
+  return montage(tiles, labels, 2, &bar, caption);
 }
 
 std::vector<std::string> write_rollout(const VitModel& model, const std::string& image_path, const PreparedImage& image,
                                        const ForwardResult& forward, const MatRM& matrix, int query,
                                        const RolloutOptions& rollout, const ExportSettings& settings, double ms) {
   const MatRM map = rollout_map(matrix, forward, query);
-  const std::string base = settings.out_dir + "/" + (settings.stem.empty() ? output_stem(image_path) : settings.stem);
-  std::vector<std::string> written;
+  const RolloutOutputNames names = rollout_output_names(settings.stem.empty() ? output_stem(image_path) : settings.stem,
+                                                        !settings.view_notes.is_null());
+  require_writable_dir(settings.out_dir);
   const float top = map.maxCoeff();
-  written.push_back(base + "_rollout.png");
-  write_png_atomic(written.back(), rollout_picture(model, image, map, settings));
+  // The picture and the record appear together or not at all (files.hpp: OutputSet).
+  OutputSet set(settings.out_dir, settings.force);
+  set.add_png(names.picture, rollout_figure(model, image, forward, map, query, rollout, settings));
+  if (!names.view_notes.empty()) set.add(names.view_notes, settings.view_notes.dump(2) + "\n");
 
   nlohmann::json j;
   j["image"] = image_path;
@@ -110,16 +154,61 @@ std::vector<std::string> write_rollout(const VitModel& model, const std::string&
   j["rollout"] = {{"head_fusion", head_fusion_name(rollout.fusion)},
                   {"discard_ratio", std::round(static_cast<double>(rollout.discard_ratio) * 1e6) / 1e6},
                   {"layers", {rollout.first_layer, last}}};
-  j["map"] = {{"min", map.minCoeff()}, {"max", top}, {"sum", map.sum()}, {"entropy", map_entropy(map)}};
+  j["map"] = {{"min", map_min(map, image_patches(forward))}, {"max", top}, {"sum", map.sum()}, {"entropy", map_entropy(map)}};
   // The rest of the query's row: how much of its output comes from the prefix tokens.
   nlohmann::json prefix = nlohmann::json::array();
   for (int t = 0; t < forward.prefix; ++t) prefix.push_back(matrix(query, t));
   j["prefix_weights"] = prefix;
   j["timings_ms"] = {{"forward_and_rollout", ms}};
-  written.push_back(base + "_rollout.json");
-  j["files"] = written;
-  write_file_atomic(written.back(), j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n");
-  return written;
+  return set.commit(names.record, std::move(j));
+}
+
+// [SECTION] Output names
+
+std::string layer_stem(const std::string& stem, int layer) { return stem + "_layer" + std::to_string(layer); }
+
+LayersOutputNames layers_output_names(const std::string& stem, bool raw) {
+  LayersOutputNames names;
+  names.montage = stem + "_layers_montage.png";
+  if (raw) names.raw = stem + "_attn.npy";
+  names.record = stem + "_layers.json";
+  return names;
+}
+
+RolloutOutputNames rollout_output_names(const std::string& stem, bool view_notes) {
+  RolloutOutputNames names;
+  names.picture = stem + "_rollout.png";
+  if (view_notes) names.view_notes = stem + "_rollout_view.json";
+  names.record = stem + "_rollout.json";
+  return names;
+}
+
+std::vector<std::string> export_output_names(const std::string& stem, const ExportPlan& plan) {
+  std::vector<std::string> all;
+  auto add = [&](std::initializer_list<std::string> names) {
+    for (const std::string& name : names)
+      if (!name.empty()) all.push_back(name);
+  };
+  auto add_maps = [&](const MapsOutputNames& maps) {
+    all.insert(all.end(), maps.heads.begin(), maps.heads.end());
+    add({maps.mean, maps.montage, maps.raw, maps.view_notes, maps.record});
+  };
+  switch (plan.kind) {
+    case ExportPlan::Kind::Maps: add_maps(maps_output_names(stem, plan.heads, plan.raw, plan.view_notes)); break;
+    case ExportPlan::Kind::Layers: {
+      for (int l = plan.first_layer; l <= plan.last_layer; ++l)
+        add_maps(maps_output_names(layer_stem(stem, l), plan.heads, false, false));
+      const LayersOutputNames layers = layers_output_names(stem, plan.raw);
+      add({layers.montage, layers.raw, layers.record});
+      break;
+    }
+    case ExportPlan::Kind::Rollout: {
+      const RolloutOutputNames rollout = rollout_output_names(stem, plan.view_notes);
+      add({rollout.picture, rollout.view_notes, rollout.record});
+      break;
+    }
+  }
+  return all;
 }
 
 }  // namespace vitlens

@@ -2,6 +2,7 @@
 // it, a painted key mask read from an image file, a query given in the source image's pixels.
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <vector>
 
 #include <opencv2/imgproc.hpp>
@@ -13,9 +14,21 @@ namespace vitlens {
 
 // [SECTION] Map scale
 
-float map_percentile(const MatRM& map, float percentile) {
-  if (map.size() == 0) return 0.0f;
-  std::vector<float> values(map.data(), map.data() + map.size());
+namespace {
+
+std::vector<float> selected_values(const MatRM& map, const PatchSelection& patches) {
+  std::vector<float> values;
+  values.reserve(static_cast<size_t>(map.size()));
+  for (Eigen::Index i = 0; i < map.size(); ++i)
+    if (selected(patches, i)) values.push_back(map.data()[i]);
+  return values;
+}
+
+}  // namespace
+
+float map_percentile(const MatRM& map, float percentile, const PatchSelection& patches) {
+  std::vector<float> values = selected_values(map, patches);
+  if (values.empty()) return 0.0f;
   // numpy.percentile's default ("linear"): position q/100 * (n - 1) between the sorted values.
   const double position = std::clamp(static_cast<double>(percentile), 0.0, 100.0) / 100.0 * static_cast<double>(values.size() - 1);
   const size_t below = static_cast<size_t>(std::floor(position));
@@ -27,6 +40,30 @@ float map_percentile(const MatRM& map, float percentile) {
   return static_cast<float>(low + (position - static_cast<double>(below)) * (high - low));
 }
 
+float saturation_floor(const MatRM& map, float fraction, const PatchSelection& patches) {
+  std::vector<float> values = selected_values(map, patches);
+  for (float& v : values) v = std::max(0.0f, v);
+  std::sort(values.begin(), values.end(), std::greater<float>());
+  double total = 0.0;
+  for (const float v : values) total += v;
+  const double budget = static_cast<double>(fraction) * total;
+  // g(t) = sum max(0, v - t) falls as t rises; between the k-th and (k+1)-th largest values it is
+  // (sum of the k largest) - k t, so the first k whose solution of g(t) = budget lies at or above
+  // the (k+1)-th value gives the smallest t.
+  double largest = 0.0;
+  for (size_t k = 1; k <= values.size(); ++k) {
+    largest += values[k - 1];
+    const double t = (largest - budget) / static_cast<double>(k);
+    const double next = k < values.size() ? values[k] : 0.0;
+    if (t >= next) return static_cast<float>(std::max(0.0, t));
+  }
+  return 0.0f;
+}
+
+float robust_scale_top(const MatRM& map, const PatchSelection& patches) {
+  return std::max(map_percentile(map, kRobustPercentile, patches), saturation_floor(map, kMaxSaturatedMass, patches));
+}
+
 MatRM display_values(const MatRM& map, float scale, Normalize normalize) {
   if (normalize == Normalize::Log) return log_scaled_map(map, scale);
   MatRM out = MatRM::Zero(map.rows(), map.cols());
@@ -36,14 +73,15 @@ MatRM display_values(const MatRM& map, float scale, Normalize normalize) {
   return out;
 }
 
-double display_detail_share(const MatRM& display01) {
-  if (display01.size() == 0) return 0.0;
-  Eigen::Index inside = 0;
+double display_detail_share(const MatRM& display01, const PatchSelection& patches) {
+  Eigen::Index inside = 0, counted = 0;
   for (Eigen::Index i = 0; i < display01.size(); ++i) {
+    if (!selected(patches, i)) continue;
     const float v = display01.data()[i];
     inside += v >= kDetailBand && v <= 1.0f - kDetailBand;
+    ++counted;
   }
-  return static_cast<double>(inside) / static_cast<double>(display01.size());
+  return counted > 0 ? static_cast<double>(inside) / static_cast<double>(counted) : 0.0;
 }
 
 // [SECTION] Painted mask from a file

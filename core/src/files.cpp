@@ -4,20 +4,26 @@
 // Index
 //   [SECTION] Signal cleanup registry (async-signal-safe)
 //   [SECTION] Failure injection
+//   [SECTION] Warnings
 //   [SECTION] Writing one file through a descriptor
 //   [SECTION] Folder lock, commit and tidy
+//   [SECTION] File groups: commit and completion
 //   [SECTION] Public functions
+//   [SECTION] File groups
 #include "vitlens/files.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <climits>
 #include <csignal>
+#include <cstdio>
 #include <cstring>
 #include <ctime>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 
@@ -41,9 +47,12 @@ namespace {
 
 const char kTempPrefix[] = ".vitlens-tmp-";  // + <pid>-XXXXXX
 const char kSetPrefix[] = ".vitlens-set-";   // + <set id>
+const char kGroupPrefix[] = ".vitlens-group-";  // + <time>-<pid>-<random>: a committed FileGroup
 const char kRecordFile[] = ".record";        // inside a commit folder: the record, moved last
 const char kNameFile[] = ".name";            // inside a commit folder: the record's final name
 const char kReplacesFile[] = ".replaces";    // inside a commit folder: the set id of the record it replaces
+const char kForceFile[] = ".force";          // inside a commit folder: the set may replace foreign files
+constexpr size_t kMaxRecordBytes = 16 << 20;  // ours are kilobytes: a larger file is not read as a record
 
 std::string parent_dir(const std::string& path) {
   const auto slash = path.find_last_of('/');
@@ -199,12 +208,17 @@ class CriticalSection {
 // [SECTION] Failure injection
 // =============================================================================================
 std::atomic<long> g_fail_countdown{0};
+std::atomic<int> g_fail_signal{0};
 
-// True for the operation the test asked to fail (counting down from fail_file_operation's n).
+// True for the operation the test asked to fail (counting down from fail_file_operation's n); with
+// a signal asked for, the process raises it there instead.
 bool injected_failure() {
   long v = g_fail_countdown.load();
   while (v > 0)
-    if (g_fail_countdown.compare_exchange_weak(v, v - 1)) return v == 1;
+    if (g_fail_countdown.compare_exchange_weak(v, v - 1)) {
+      if (v == 1 && g_fail_signal.load() != 0) ::raise(g_fail_signal.load());
+      return v == 1;
+    }
   return false;
 }
 
@@ -214,6 +228,18 @@ int rename_at(int from_dir, const char* from, int to_dir, const char* to) {
     return -1;
   }
   return ::renameat(from_dir, from, to_dir, to);
+}
+
+// =============================================================================================
+// [SECTION] Warnings
+// =============================================================================================
+std::mutex g_warning_lock;
+std::function<void(const std::string&)> g_warning_handler;  // empty: stderr
+
+void warn(const std::string& text) {
+  const std::lock_guard<std::mutex> hold(g_warning_lock);
+  if (g_warning_handler) g_warning_handler(text);
+  else std::fprintf(stderr, "vitlens: warning: %s\n", text.c_str());
 }
 
 // =============================================================================================
@@ -267,6 +293,18 @@ void fill_and_close(int fd, const std::string& what, const std::function<void(Fi
   }
 }
 
+// Creates `path` (a new file in a private folder) and fills it; a failed write removes it.
+void write_new_file(const std::string& path, const std::string& what, const std::function<void(FileSink&)>& fill) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error(what + ": cannot create (" + errno_text(errno) + ")");
+  try {
+    fill_and_close(fd, what, fill);
+  } catch (const Error&) {
+    ::unlink(path.c_str());
+    throw;
+  }
+}
+
 // =============================================================================================
 // [SECTION] Folder lock, commit and tidy
 // =============================================================================================
@@ -310,9 +348,17 @@ std::vector<std::string> list_names(int dir_fd) {
   return names;
 }
 
-bool read_at(int dir_fd, const std::string& name, std::string& out) {
-  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC);
+// Reads the regular file `name` (never a link, a FIFO or a device: a user's file of a record's
+// name must not block or flood the reader) of at most max_bytes. False, with errno, otherwise.
+bool read_at(int dir_fd, const std::string& name, std::string& out, size_t max_bytes = kMaxRecordBytes) {
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return false;
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || static_cast<unsigned long long>(st.st_size) > max_bytes) {
+    ::close(fd);
+    errno = EFBIG;  // not read as a record: too large or not a regular file
+    return false;
+  }
   out.clear();
   char buf[65536];
   ssize_t n;
@@ -323,9 +369,26 @@ bool read_at(int dir_fd, const std::string& name, std::string& out) {
       return false;
     }
     out.append(buf, static_cast<size_t>(n));
+    if (out.size() > max_bytes) {  // grew since fstat
+      ::close(fd);
+      errno = EFBIG;
+      return false;
+    }
   }
   ::close(fd);
   return true;
+}
+
+// The file `name` of the folder as JSON; discarded (not an object) when missing, unreadable or not JSON.
+nlohmann::json read_json_at(int dir_fd, const std::string& name) {
+  std::string bytes;
+  if (!read_at(dir_fd, name, bytes)) return nlohmann::json();
+  return nlohmann::json::parse(bytes, nullptr, false);
+}
+
+// A record vitlens wrote: a JSON object whose kRecordKey is its own file name.
+bool is_our_record(const nlohmann::json& j, const std::string& name) {
+  return j.is_object() && j.contains(kRecordKey) && j[kRecordKey].is_string() && j[kRecordKey].get<std::string>() == name;
 }
 
 // A record's "set" id ("" when it has none or is not JSON).
@@ -343,13 +406,66 @@ std::string current_set_id(int dir_fd, const std::string& name) {
 }
 
 // The file names a record's "files" array lists (empty when it is missing or not JSON).
-std::set<std::string> listed_names(const std::string& record) {
+std::set<std::string> listed_names(const nlohmann::json& j) {
   std::set<std::string> names;
-  const nlohmann::json j = nlohmann::json::parse(record, nullptr, false);
   if (j.is_object() && j.contains("files") && j["files"].is_array())
     for (const auto& f : j["files"])
       if (f.is_string()) names.insert(base_name(f.get<std::string>()));
   return names;
+}
+
+// The names the folder's records prove vitlens wrote: every file a record of ours lists. Reads
+// each JSON file of the folder, so it is called only when the record a set replaces does not
+// prove a name (a file another mode's record lists, as --layer's <stem>_attn.npy).
+std::set<std::string> names_proven_by_folder(int dir_fd) {
+  std::set<std::string> proven;
+  for (const std::string& name : list_names(dir_fd)) {
+    if (name.size() < 6 || name.compare(name.size() - 5, 5, ".json") != 0) continue;
+    const nlohmann::json j = read_json_at(dir_fd, name);
+    if (!is_our_record(j, name)) continue;
+    proven.insert(name);
+    for (const std::string& listed : listed_names(j)) proven.insert(listed);
+  }
+  return proven;
+}
+
+// Throws OutputConflict when one of `members` or the record `record_name` cannot be put in place:
+// its name is taken by a folder, by another user's file in a shared (sticky) folder (which only
+// its owner may replace), or, unless replace_foreign, by a file vitlens cannot prove it wrote.
+// Called with the folder locked, before anything is moved.
+void check_names(int dir_fd, const std::string& dir, const std::string& record_name,
+                 const std::vector<std::string>& members, bool replace_foreign) {
+  struct stat dir_st {};
+  if (::fstat(dir_fd, &dir_st) != 0) throw Error(dir + ": cannot read the output folder (" + errno_text(errno) + ")");
+  const uid_t me = ::geteuid();
+  const bool shared = (dir_st.st_mode & S_ISVTX) != 0 && dir_st.st_uid != me && me != 0;
+  const nlohmann::json old_record = read_json_at(dir_fd, record_name);
+  const bool old_is_ours = is_our_record(old_record, record_name);
+  const std::set<std::string> listed = old_is_ours ? listed_names(old_record) : std::set<std::string>{};
+  std::optional<std::set<std::string>> folder_proven;  // read once, when first needed
+  std::vector<std::string> names = members;
+  names.push_back(record_name);
+  for (const std::string& name : names) {
+    const std::string path = dir + "/" + name;
+    struct stat st {};
+    if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;
+      throw OutputConflict(path, "cannot be checked (" + errno_text(errno) + ")", false);
+    }
+    if (S_ISDIR(st.st_mode)) throw OutputConflict(path, "is a folder where this export writes a file", false);
+    if (shared && st.st_uid != me)
+      throw OutputConflict(path, "belongs to another user (uid " + std::to_string(st.st_uid) +
+                                     ") in a shared folder, where only its owner may replace it", false);
+    if (replace_foreign) continue;
+    bool proven = name == record_name ? old_is_ours : listed.count(name) > 0;
+    if (!proven) {
+      if (!folder_proven) folder_proven = names_proven_by_folder(dir_fd);
+      proven = folder_proven->count(name) > 0;
+    }
+    if (!proven)
+      throw OutputConflict(path, "exists and no record of vitlens here lists it (vitlens did not write it, or a "
+                                 "version before records did)", true);
+  }
 }
 
 void remove_tree_at(int dir_fd, const std::string& name) {
@@ -363,28 +479,31 @@ void remove_tree_at(int dir_fd, const std::string& name) {
   }
 }
 
+bool is_internal_name(const std::string& name) {
+  return name == kRecordFile || name == kNameFile || name == kReplacesFile || name == kForceFile;
+}
+
 // Moves a complete set from the commit folder `commit_name` into the folder, the record last.
-// Idempotent: after an interruption at any step, running it again finishes the same set.
-// Called with the folder locked.
-void finish_commit(int dir_fd, const std::string& dir, const std::string& commit_name) {
+// Idempotent: after an interruption at any step, running it again finishes the same set. With
+// `recovering` (another run's interrupted set), the names still to move are checked again
+// (check_names), as files may have appeared since. Called with the folder locked. Throws
+// vitlens::Error saying what failed; the caller says what happens next.
+void finish_commit(int dir_fd, const std::string& dir, const std::string& commit_name, bool recovering) {
   const int set_fd = ::openat(dir_fd, commit_name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
   if (set_fd < 0) throw Error(dir + "/" + commit_name + ": cannot open (" + errno_text(errno) + ")");
   auto fail = [&](const std::string& what, int err) {
     ::close(set_fd);
-    throw Error(dir + ": moving an export's files into place failed at " + what + " (" + errno_text(err) +
-                "); the next export into this folder completes it");
+    throw Error(dir + ": moving an export's files into place failed at " + what + " (" + errno_text(err) + ")");
   };
+  // A commit folder holds .name until its last step (it is renamed to a temporary before being
+  // emptied): without one it is not ours.
   std::string record_name;
   if (!read_at(set_fd, kNameFile, record_name)) {
-    // Killed after its last step but before removing its folder: nothing is left to move.
-    if (list_names(set_fd).empty()) {
-      ::close(set_fd);
-      ::unlinkat(dir_fd, commit_name.c_str(), AT_REMOVEDIR);
-      return;
-    }
-    fail(commit_name + "/" + kNameFile, ENOENT);
+    ::close(set_fd);
+    throw Error(dir + "/" + commit_name + ": not an export of vitlens (it has no " + kNameFile + ")");
   }
-  if (record_name.empty() || record_name.find('/') != std::string::npos) fail(commit_name + "/" + kNameFile, EINVAL);
+  if (record_name.empty() || record_name.find('/') != std::string::npos || is_internal_name(record_name))
+    fail(commit_name + "/" + kNameFile, EINVAL);
   // Which set is in place now: the one this commit replaces (move on), this one (only the
   // cleanup is left), or a set committed later by another process while this commit lay
   // interrupted (this older set is dropped: moving the rest of it would mix the two).
@@ -398,30 +517,134 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
     ::fsync(dir_fd);
     return;
   }
-  for (const std::string& name : list_names(set_fd)) {
-    if (name == kRecordFile || name == kNameFile || name == kReplacesFile) continue;
-    if (rename_at(set_fd, name.c_str(), dir_fd, name.c_str()) != 0) fail(name, errno);
+  std::vector<std::string> members;
+  for (const std::string& name : list_names(set_fd))
+    if (!is_internal_name(name)) members.push_back(name);
+  if (recovering) {
+    struct stat st {};
+    const bool replace_foreign = ::fstatat(set_fd, kForceFile, &st, AT_SYMLINK_NOFOLLOW) == 0;
+    try {
+      check_names(dir_fd, dir, record_name, members, replace_foreign);
+    } catch (...) {
+      ::close(set_fd);
+      throw;
+    }
   }
+  for (const std::string& name : members)
+    if (rename_at(set_fd, name.c_str(), dir_fd, name.c_str()) != 0) fail(name, errno);
   std::string record;
   if (read_at(set_fd, kRecordFile, record)) {
     // Files of the previous set that this one does not have (fewer heads, no --raw) would be
-    // left beside the new record: remove them, but only names the old record listed under this
-    // stem, before the new record appears.
-    std::string old_record;
-    if (read_at(dir_fd, record_name, old_record)) {
+    // left beside the new record: remove them, but only when the old record is ours and only
+    // names it listed under this stem, before the new record appears.
+    const nlohmann::json old_record = read_json_at(dir_fd, record_name);
+    if (is_our_record(old_record, record_name)) {
       const std::string stem = record_name.substr(0, record_name.find_last_of('.'));
-      const std::set<std::string> keep = listed_names(record);
+      const std::set<std::string> keep = listed_names(nlohmann::json::parse(record, nullptr, false));
       for (const std::string& old : listed_names(old_record))
         if (!keep.count(old) && old != record_name && old.compare(0, stem.size() + 1, stem + "_") == 0)
           ::unlinkat(dir_fd, old.c_str(), 0);
     }
     if (rename_at(set_fd, kRecordFile, dir_fd, record_name.c_str()) != 0) fail(record_name, errno);
   }
+  // The folder leaves its reserved name before it is emptied (a temporary of this process, which
+  // a later tidy removes if this process dies here), so an empty ".vitlens-set-*" is never ours.
+  std::string now_named = commit_name;
+  const std::string done = kTempPrefix + std::to_string(::getpid()) + "-" +
+                           (own_id.size() >= 6 ? own_id.substr(own_id.size() - 6) : std::string("done00"));
+  if (::renameat(dir_fd, commit_name.c_str(), dir_fd, done.c_str()) == 0) now_named = done;
   ::unlinkat(set_fd, kReplacesFile, 0);
+  ::unlinkat(set_fd, kForceFile, 0);
   ::unlinkat(set_fd, kNameFile, 0);
   ::close(set_fd);
-  ::unlinkat(dir_fd, commit_name.c_str(), AT_REMOVEDIR);
+  ::unlinkat(dir_fd, now_named.c_str(), AT_REMOVEDIR);
   ::fsync(dir_fd);
+}
+
+// =============================================================================================
+// [SECTION] File groups: commit and completion
+// =============================================================================================
+// A committed group's folder holds its files under their final names; each rename moves one into
+// place, so running finish_group again after an interruption moves exactly the rest.
+// Exactly the names FileGroup::commit makes: the prefix, then unique_id's "<16 hex digits>-<pid>-
+// <6 letters or digits>"; anything else (a user's file that merely starts alike) is not ours.
+bool is_group_name(const std::string& name) {
+  const size_t prefix = sizeof kGroupPrefix - 1;
+  if (name.compare(0, prefix, kGroupPrefix) != 0) return false;
+  const std::string id = name.substr(prefix);
+  const size_t dash = id.find('-', 17);
+  if (id.size() < 26 || id[16] != '-' || dash == std::string::npos || dash == 17 || id.size() != dash + 7) return false;
+  for (size_t i = 0; i < id.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(id[i]);
+    const bool ok = i < 16 ? std::isxdigit(c) != 0 : i == 16 || i == dash ? true : i < dash ? std::isdigit(c) != 0 : std::isalnum(c) != 0;
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// Moves the files of the committed group `group_name` into the folder, then removes the group's
+// folder. Called with the folder locked.
+void finish_group(int dir_fd, const std::string& dir, const std::string& group_name) {
+  const int group_fd = ::openat(dir_fd, group_name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (group_fd < 0) throw Error(dir + "/" + group_name + ": cannot open (" + errno_text(errno) + ")");
+  std::vector<std::string> names = list_names(group_fd);
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names)
+    if (rename_at(group_fd, name.c_str(), dir_fd, name.c_str()) != 0) {
+      const int err = errno;
+      ::close(group_fd);
+      throw Error(dir + "/" + name + ": moving it into place from " + group_name + " failed (" + errno_text(err) + ")");
+    }
+  ::close(group_fd);
+  // An emptied group folder left behind (a failure or a kill here) is removed by the next call.
+  if (!injected_failure()) ::unlinkat(dir_fd, group_name.c_str(), AT_REMOVEDIR);
+  ::fsync(dir_fd);
+}
+
+// Every committed group in the folder, oldest first (their names begin with the commit time, in
+// fixed-width hex), so that the newest files end up in place. Called with the folder locked.
+int finish_groups(int dir_fd, const std::string& dir) {
+  std::vector<std::string> groups;
+  for (const std::string& name : list_names(dir_fd)) {
+    struct stat st {};
+    if (!is_group_name(name) || ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode))
+      continue;
+    // Another user's group in a shared folder is theirs to complete: moving its files would need
+    // their permissions, and failing here would block this user's own saves.
+    if (st.st_uid != ::geteuid()) {
+      warn(dir + "/" + name + ": another user's (uid " + std::to_string(st.st_uid) + "); only that user can complete it; skipped");
+      continue;
+    }
+    groups.push_back(name);
+  }
+  std::sort(groups.begin(), groups.end());
+  for (const std::string& name : groups) finish_group(dir_fd, dir, name);
+  return static_cast<int>(groups.size());
+}
+
+// An interrupted commit left in the folder: completed when it is this user's; anything else of
+// a commit folder's name (another user's set, a file, a folder that is not a set, a set that
+// cannot be completed) is skipped with a one-line warning, never an error for this export.
+bool complete_interrupted(int dir_fd, const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name;
+  struct stat st {};
+  if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return false;  // gone meanwhile
+  if (!S_ISDIR(st.st_mode)) {
+    warn(path + ": not an export of vitlens (not a folder); left alone");
+    return false;
+  }
+  if (st.st_uid != ::geteuid()) {
+    warn(path + ": another user's (uid " + std::to_string(st.st_uid) +
+         "); if it is an interrupted export, only that user's next export can complete it; skipped");
+    return false;
+  }
+  try {
+    finish_commit(dir_fd, dir, name, true);
+    return true;
+  } catch (const Error& e) {
+    warn(std::string(e.what()) + "; this interrupted export is skipped");
+    return false;
+  }
 }
 
 bool is_temp_name(const std::string& name, long& pid) {
@@ -445,15 +668,14 @@ bool is_set_name(const std::string& name) {
   return true;
 }
 
-// With the folder locked: completes interrupted commits, removes stale temporaries.
+// With the folder locked: completes this user's interrupted commits, removes stale temporaries.
 int tidy_locked(int dir_fd, const std::string& dir) {
-  int done = 0;
+  int done = finish_groups(dir_fd, dir);
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
   for (const std::string& name : list_names(dir_fd)) {
     long pid = 0;
     if (is_set_name(name)) {
-      finish_commit(dir_fd, dir, name);
-      ++done;
+      done += complete_interrupted(dir_fd, dir, name);
     } else if (is_temp_name(name, pid)) {
       struct stat st {};
       if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
@@ -470,6 +692,30 @@ int tidy_locked(int dir_fd, const std::string& dir) {
 
 std::string temp_template(const std::string& dir) {
   return dir + "/" + kTempPrefix + std::to_string(::getpid()) + "-XXXXXX";
+}
+
+// A private folder in `dir` (a temporary, registered for the signal cleanup in `slot`); returns
+// its name.
+std::string make_private_folder(const std::string& dir, int& slot, const std::string& what) {
+  std::string tmpl = temp_template(dir);
+  std::vector<char> name(tmpl.begin(), tmpl.end());
+  name.push_back('\0');
+  {
+    const CriticalSection created_and_registered;
+    if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for " + what + " (" + errno_text(errno) + ")");
+    slot = register_temp(name.data());
+  }
+  return base_name(name.data());
+}
+
+// Unique per process and call: "<nanoseconds since the epoch, 16 hex digits>-<pid>-<the private
+// folder's random part>"; the fixed-width time first sorts names by age.
+std::string unique_id(const std::string& private_name) {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::system_clock::now().time_since_epoch()).count();
+  char time_hex[17];
+  std::snprintf(time_hex, sizeof time_hex, "%016llx", static_cast<unsigned long long>(ns));
+  return std::string(time_hex) + "-" + std::to_string(::getpid()) + "-" + private_name.substr(private_name.size() - 6);
 }
 
 }  // namespace
@@ -492,7 +738,15 @@ void install_cleanup_handlers() {
   });
 }
 
-void testing::fail_file_operation(long n) { g_fail_countdown.store(n); }
+void testing::fail_file_operation(long n, int signal) {
+  g_fail_signal.store(signal);
+  g_fail_countdown.store(n);
+}
+
+void set_file_warning_handler(std::function<void(const std::string&)> handler) {
+  const std::lock_guard<std::mutex> hold(g_warning_lock);
+  g_warning_handler = std::move(handler);
+}
 
 void require_writable_dir(const std::string& dir) {
   struct stat st {};
@@ -553,26 +807,12 @@ static bool first_set_in(const std::string& dir) {
   return seen.insert({st.st_dev, st.st_ino}).second;
 }
 
-OutputSet::OutputSet(const std::string& dir) : dir_(dir) {
+OutputSet::OutputSet(const std::string& dir, bool replace_foreign) : dir_(dir), replace_foreign_(replace_foreign) {
   install_cleanup_handlers();
   if (first_set_in(dir)) tidy_output_dir(dir);
-  std::string tmpl = temp_template(dir);
-  std::vector<char> name(tmpl.begin(), tmpl.end());
-  name.push_back('\0');
-  {
-    const CriticalSection created_and_registered;
-    if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for the export (" + errno_text(errno) + ")");
-    slot_ = register_temp(name.data());
-  }
-  const std::string path(name.data());
+  private_name_ = make_private_folder(dir, slot_, "the export");
   open_ = true;
-  private_name_ = base_name(path);
-  // <pid>-<nanoseconds since the epoch, hex>-<the private folder's random part>
-  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                      std::chrono::system_clock::now().time_since_epoch()).count();
-  std::ostringstream id;
-  id << ::getpid() << '-' << std::hex << ns << '-' << private_name_.substr(private_name_.size() - 6);
-  id_ = id.str();
+  id_ = unique_id(private_name_);
 }
 
 OutputSet::~OutputSet() {
@@ -582,20 +822,17 @@ OutputSet::~OutputSet() {
   ::unlink((path + "/" + kRecordFile).c_str());
   ::unlink((path + "/" + kNameFile).c_str());
   ::unlink((path + "/" + kReplacesFile).c_str());
+  ::unlink((path + "/" + kForceFile).c_str());
   ::rmdir(path.c_str());
   unregister_temp(slot_);
 }
 
 void OutputSet::write_member(const std::string& name, const std::function<void(FileSink&)>& fill) {
   if (!open_) throw Error(final_path(name) + ": internal: the export's files were already moved into place");
-  const std::string path = dir_ + "/" + private_name_ + "/" + name;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error(final_path(name) + ": cannot create (" + errno_text(errno) + "); no file of this export was written");
   names_.push_back(name);
   try {
-    fill_and_close(fd, final_path(name), fill);
+    write_new_file(dir_ + "/" + private_name_ + "/" + name, final_path(name), fill);
   } catch (const Error& e) {
-    ::unlink(path.c_str());
     throw Error(std::string(e.what()) + "; no file of this export was written");
   }
 }
@@ -613,11 +850,37 @@ void OutputSet::add_stream(const std::string& name, const std::function<void(Fil
   write_member(name, fill);
 }
 
-void OutputSet::commit(const std::string& record_name, const std::string& record_bytes) {
-  write_member(kRecordFile, [&](FileSink& sink) { sink.write(record_bytes.data(), record_bytes.size()); });
+// A record's bytes: `record` with the paths of `files` ("files"), the set id ("set") and the
+// proof that vitlens wrote it (kRecordKey: its own name).
+std::string record_bytes(nlohmann::json record, const std::string& name, const std::string& set_id,
+                         const std::vector<std::string>& files) {
+  record["files"] = files;
+  record["set"] = set_id;
+  record[kRecordKey] = name;
+  // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
+  return record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+void OutputSet::add_record(const std::string& name, nlohmann::json record, size_t first) {
+  std::vector<std::string> files;
+  for (size_t i = first; i < names_.size(); ++i) files.push_back(final_path(names_[i]));
+  add(name, record_bytes(std::move(record), name, id_, files));
+}
+
+std::vector<std::string> OutputSet::commit(const std::string& record_name, nlohmann::json record) {
+  const std::vector<std::string> members = names_;  // the set's files, before the internal ones
+  if (record_name.empty() || record_name.find('/') != std::string::npos || is_internal_name(record_name) ||
+      std::find(members.begin(), members.end(), record_name) != members.end())
+    throw Error(final_path(record_name) + ": internal: not a record name for this set");
+  std::vector<std::string> written;
+  for (const std::string& name : members) written.push_back(final_path(name));
+  const std::string bytes = record_bytes(std::move(record), record_name, id_, written);
+  write_member(kRecordFile, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
   write_member(kNameFile, [&](FileSink& sink) { sink.write(record_name.data(), record_name.size()); });
+  if (replace_foreign_) write_member(kForceFile, [](FileSink&) {});
   FolderLock lock(dir_);
   const CriticalSection no_signals;
+  check_names(lock.fd(), dir_, record_name, members, replace_foreign_);
   // The set this one replaces, so that completing it after an interruption never mixes it with
   // a set committed in between (finish_commit).
   write_member(kReplacesFile, [&](FileSink& sink) {
@@ -634,13 +897,64 @@ void OutputSet::commit(const std::string& record_name, const std::string& record
   slot_ = -1;
   open_ = false;
   ::fsync(lock.fd());
-  finish_commit(lock.fd(), dir_, commit_name);
+  try {
+    finish_commit(lock.fd(), dir_, commit_name, false);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; the next export into this folder completes it");
+  }
+  written.push_back(final_path(record_name));
+  return written;
 }
 
 int tidy_output_dir(const std::string& dir) {
   FolderLock lock(dir);
   const CriticalSection no_signals;
   return tidy_locked(lock.fd(), dir);
+}
+
+// =============================================================================================
+// [SECTION] File groups
+// =============================================================================================
+FileGroup::FileGroup(const std::string& dir) : dir_(dir) {
+  install_cleanup_handlers();
+  private_name_ = make_private_folder(dir, slot_, "the new files");
+  open_ = true;
+  id_ = unique_id(private_name_);
+}
+
+FileGroup::~FileGroup() {
+  if (!open_) return;
+  const std::string path = dir_ + "/" + private_name_;
+  for (const std::string& name : names_) ::unlink((path + "/" + name).c_str());
+  ::rmdir(path.c_str());
+  unregister_temp(slot_);
+}
+
+void FileGroup::add_stream(const std::string& name, const std::function<void(FileSink&)>& fill) {
+  if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos)
+    throw Error(dir_ + "/" + name + ": internal: a group's file is named without a folder");
+  if (!open_) throw Error(dir_ + "/" + name + ": internal: the group was already committed");
+  names_.push_back(name);
+  write_new_file(dir_ + "/" + private_name_ + "/" + name, dir_ + "/" + name, fill);
+}
+
+void FileGroup::commit() {
+  FolderLock lock(dir_);
+  const CriticalSection no_signals;
+  // An older group left interrupted goes into place first, so that this one replaces it; our stale
+  // temporaries go too (a group is a few files written now and then, so every commit tidies).
+  tidy_locked(lock.fd(), dir_);
+  const std::string group_name = kGroupPrefix + id_;
+  if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), group_name.c_str()) != 0)
+    throw Error(dir_ + ": committing the new files failed (" + errno_text(errno) + ")");
+  // The commit point: the group is whole and on its way into place; neither the signal handler
+  // nor the destructor may remove it now.
+  unregister_temp(slot_);
+  slot_ = -1;
+  open_ = false;
+  committed_ = true;
+  ::fsync(lock.fd());
+  finish_group(lock.fd(), dir_, group_name);
 }
 
 std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data) {

@@ -481,9 +481,31 @@ PhotoRunData load_photo_run_data(const std::string& data, int img_size, int limi
 // ---------------------------------------------------------------------------------------------
 // MaeTrainer
 
+namespace {
+
+// The config, once this MAE run is known to fit in memory (for the member initialisers): the
+// encoder on the visible tokens, the decoder on every token, the batch whole (no parts).
+const VitConfig& mae_fits_in_memory(const VitConfig& config, const Recipe& recipe, const train::MaeShape& shape) {
+  TrainingMemory need;
+  need.parameters = static_cast<int64_t>(train::mae_param_layout(config, shape, nullptr).total);
+  const int Np = config.grid_h() * config.grid_w();
+  const double B = recipe.batch, P = static_cast<double>(need.parameters), K = config.patch_values();
+  const int dec_hidden = static_cast<int>(shape.decoder_dim * config.mlp_ratio);
+  double floats = 4.0 * P;  // parameters, gradients, Adam's m and v
+  floats += block_stack_floats(config.depth, config.embed_dim, config.num_heads, config.mlp_hidden(), shape.visible(Np) + 1, B);
+  floats += block_stack_floats(shape.decoder_depth, shape.decoder_dim, shape.decoder_heads, dec_hidden, Np + 1, B);
+  // Patches and targets, embeddings, the decoder's input and output, predictions and gradients.
+  floats += B * (4.0 * Np * K + 3.0 * (Np + 1) * (config.embed_dim + shape.decoder_dim) + 6.0 * config.img_h * config.img_w);
+  need.bytes = 4.0 * floats;
+  require_training_memory(need);
+  return config;
+}
+
+}  // namespace
+
 MaeTrainer::MaeTrainer(const VitConfig& config, const Recipe& recipe, const MaeOptions& options,
                        const PhotoCorpus* train, const PhotoCorpus* val)
-    : net_(config, options.shape), recipe_(recipe), options_(options), train_(train), val_(val), rng_(recipe.seed + 1) {
+    : net_(mae_fits_in_memory(config, recipe, options.shape), options.shape), recipe_(recipe), options_(options), train_(train), val_(val), rng_(recipe.seed + 1) {
   std::string why = recipe.validate();
   if (why.empty()) why = options.validate(config);
   if (!why.empty()) throw Error(why);

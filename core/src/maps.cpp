@@ -34,6 +34,7 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
   maps.mean = MatRM::Zero(result.grid_h, result.grid_w);
   maps.cls_weight.assign(static_cast<size_t>(heads), 0.0f);
   maps.prefix_weight = MatRM::Zero(heads, result.prefix);
+  maps.in_image = image_patches(result);
   std::vector<float> row(static_cast<size_t>(result.tokens));
   for (int h = 0; h < heads; ++h) {
     const float* weights = nullptr;
@@ -113,22 +114,61 @@ double map_entropy(const MatRM& map) {
   return h;
 }
 
-ThresholdResult keep_top_mass(const MatRM& map, float mass) {
+bool selected(const PatchSelection& patches, Eigen::Index i) {
+  return patches.empty() || patches[static_cast<size_t>(i)] != 0;
+}
+
+PatchSelection image_patches(const ForwardResult& result) {
+  PatchSelection in_image;
+  in_image.reserve(result.patch_is_padding.size());
+  for (const uint8_t padding : result.patch_is_padding) in_image.push_back(padding ? 0 : 1);
+  return in_image;
+}
+
+const PatchSelection& shown_patches(const HeadMaps& maps, size_t index) {
+  return index < maps.kept.size() ? maps.kept[index] : maps.in_image;
+}
+
+float map_min(const MatRM& map, const PatchSelection& patches) {
+  float lo = 0.0f;
+  bool any = false;
+  for (Eigen::Index i = 0; i < map.size(); ++i)
+    if (selected(patches, i)) {
+      lo = any ? std::min(lo, map.data()[i]) : map.data()[i];
+      any = true;
+    }
+  return lo;
+}
+
+ThresholdResult keep_top_mass(const MatRM& map, float mass, const PatchSelection& patches) {
   if (!(mass > 0.0f && mass <= 1.0f)) throw Error("threshold mass must be in (0, 1], got " + std::to_string(mass));
+  if (!patches.empty() && patches.size() != static_cast<size_t>(map.size()))
+    throw Error("internal: a patch selection of " + std::to_string(patches.size()) + " for a map of " +
+                std::to_string(map.size()) + " patches");
   ThresholdResult out;
-  out.total_patches = static_cast<int>(map.size());
   out.kept_map = MatRM::Zero(map.rows(), map.cols());
-  if (map.size() == 0) {
+  out.kept.assign(static_cast<size_t>(map.size()), 0);
+  // The order DINO sorts, over the selected patches only.
+  std::vector<Eigen::Index> order;
+  for (Eigen::Index i = 0; i < map.size(); ++i)
+    if (selected(patches, i)) order.push_back(i);
+  out.total_patches = static_cast<int>(order.size());
+  if (order.empty()) {
     out.no_structure = true;
     return out;
   }
+  auto value = [&](Eigen::Index i) { return std::max(0.0f, map.data()[i]); };
+  auto keep = [&](Eigen::Index i) {
+    out.kept_map.data()[i] = map.data()[i];
+    out.kept[static_cast<size_t>(i)] = 1;
+    ++out.kept_patches;
+  };
   double total = 0.0;
-  float lo = std::max(0.0f, map.data()[0]), hi = lo;
-  for (Eigen::Index i = 0; i < map.size(); ++i) {
-    const float v = std::max(0.0f, map.data()[i]);
-    total += v;
-    lo = std::min(lo, v);
-    hi = std::max(hi, v);
+  float lo = value(order[0]), hi = lo;
+  for (const Eigen::Index i : order) {
+    total += value(i);
+    lo = std::min(lo, value(i));
+    hi = std::max(hi, value(i));
   }
   const float tolerance = kTieTolerance * hi;
   if (total <= 0.0 || hi - lo <= tolerance) {
@@ -136,16 +176,12 @@ ThresholdResult keep_top_mass(const MatRM& map, float mass) {
     out.no_structure = true;
     // A flat map is shown whole; an all-zero map (every key masked) keeps nothing.
     if (total > 0.0) {
-      out.kept_map = map;
-      out.kept_patches = out.total_patches;
+      for (const Eigen::Index i : order) keep(i);
       out.kept_mass = 1.0;
     }
     return out;
   }
   // val, idx = torch.sort(attentions); val /= sum; cumval = cumsum(val); th = cumval > 1 - t
-  std::vector<Eigen::Index> order(static_cast<size_t>(map.size()));
-  std::iota(order.begin(), order.end(), Eigen::Index{0});
-  auto value = [&](Eigen::Index i) { return std::max(0.0f, map.data()[i]); };
   std::stable_sort(order.begin(), order.end(), [&](Eigen::Index a, Eigen::Index b) { return value(a) < value(b); });
   const double drop_below = 1.0 - static_cast<double>(mass);
   double cumulative = 0.0, kept = 0.0;
@@ -160,8 +196,7 @@ ThresholdResult keep_top_mass(const MatRM& map, float mass) {
     // DINO keeps a patch when the cumulative share up to it exceeds 1 - mass; a tie group is kept
     // whole when its last member would be.
     if (cumulative > drop_below) {
-      for (size_t k = begin; k < end; ++k) out.kept_map.data()[order[k]] = map.data()[order[k]];
-      out.kept_patches += static_cast<int>(end - begin);
+      for (size_t k = begin; k < end; ++k) keep(order[k]);
       kept += group;
     }
     begin = end;
@@ -172,12 +207,14 @@ ThresholdResult keep_top_mass(const MatRM& map, float mass) {
 
 std::vector<ThresholdResult> apply_threshold(HeadMaps& maps, float mass) {
   std::vector<ThresholdResult> results;
-  for (MatRM& m : maps.heads) {
-    results.push_back(keep_top_mass(m, mass));
+  maps.kept.clear();
+  auto threshold = [&](MatRM& m) {
+    results.push_back(keep_top_mass(m, mass, maps.in_image));
     m = results.back().kept_map;
-  }
-  results.push_back(keep_top_mass(maps.mean, mass));
-  maps.mean = results.back().kept_map;
+    maps.kept.push_back(results.back().kept);
+  };
+  for (MatRM& m : maps.heads) threshold(m);
+  threshold(maps.mean);
   return results;
 }
 

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 #include <sstream>
 
 #include "vitlens/error.hpp"
+#include "vitlens/memory.hpp"
 #include "vitlens/parallel.hpp"
 
 namespace vitlens {
@@ -106,10 +108,52 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// The config, once its training is known to fit in memory (for the member initialisers).
+const VitConfig& fits_in_memory(const VitConfig& config, const Recipe& recipe, int num_classes) {
+  require_training_memory(classifier_training_memory(config, recipe, num_classes));
+  return config;
+}
+
 }  // namespace
 
+double block_stack_floats(int L, int D, int H, int Hm, int N, double images) {
+  // Per block and token: resid, ln1, qkv (3D), ctx, mid, ln2 (8D with the last residual), the
+  // GELU and its slope (2 Hm), four norm statistics; per block and head the (N, N) weights. Then
+  // the backward's one-block scratch.
+  const double n = N;
+  return images * (L * (n * (8.0 * D + 2.0 * Hm + 4.0) + H * n * n) + n * D + n * (6.0 * D + Hm));
+}
+
+TrainingMemory classifier_training_memory(const VitConfig& config, const Recipe& recipe, int num_classes) {
+  TrainingMemory need;
+  need.parameters = static_cast<int64_t>(train::param_layout(config, num_classes).total);
+  const double P = static_cast<double>(need.parameters), B = recipe.batch, D = config.embed_dim;
+  const double Np = static_cast<double>(config.grid_h()) * config.grid_w(), N = config.tokens(), K = config.patch_values();
+  const double pixels = 3.0 * config.img_h * config.img_w;
+  // Parameters and gradients in each part's net, Adam's m and v once.
+  double floats = (2.0 * std::max(1, recipe.shards) + 2.0) * P;
+  floats += block_stack_floats(config.depth, config.embed_dim, config.num_heads, config.mlp_hidden(), config.tokens(), B);
+  // Patches, embeddings, the final norm, the images and their gradients, logits (vit_train.cpp).
+  floats += B * (2.0 * Np * K + 2.0 * Np * D + 4.0 * N * D + 2.0 * pixels + 3.0 * num_classes);
+  need.bytes = 4.0 * floats;
+  return need;
+}
+
+void require_training_memory(const TrainingMemory& need) {
+  const long long available = available_memory_bytes();
+  if (available < 0 || need.bytes <= static_cast<double>(available)) return;
+  constexpr double kGiB = 1024.0 * 1024.0 * 1024.0;
+  char text[320];
+  std::snprintf(text, sizeof text,
+                "training this model (%lld parameters) needs about %.1f GiB of memory, but only %.1f GiB is available: "
+                "use a smaller --embed-dim, --depth, --mlp-ratio, --img-size or --batch",
+                static_cast<long long>(need.parameters), need.bytes / kGiB, static_cast<double>(available) / kGiB);
+  throw Error(text);
+}
+
 Trainer::Trainer(const VitConfig& config, const Recipe& recipe, const ImageSet* train, const ImageSet* eval)
-    : net_(config, train && train->num_classes() > 0 ? train->num_classes() : 0),
+    : net_(fits_in_memory(config, recipe, train && train->num_classes() > 0 ? train->num_classes() : 0),
+           train && train->num_classes() > 0 ? train->num_classes() : 0),
       recipe_(recipe),
       train_(train),
       rng_(recipe.seed + 1) {

@@ -38,6 +38,15 @@ std::string VitConfig::validate() const {
       if (!(std[c] >= 1e-6f) || !std::isfinite(std[c]) || std[c] > 1e3f) { why << "std[" << c << "] " << std[c] << " is not in [1e-6, 1000]"; break; }
     }
   }
+  if (why.tellp() == 0 && name.size() > kMaxModelNameBytes)
+    why << "name is " << name.size() << " bytes long, more than " << kMaxModelNameBytes;
+  else if (why.tellp() == 0 && description.size() > kMaxModelDescriptionBytes)
+    why << "description is " << description.size() << " bytes long, more than " << kMaxModelDescriptionBytes;
+  if (why.tellp() == 0)
+    for (const auto& layer : head_descriptions)
+      for (const std::string& text : layer)
+        if (why.tellp() == 0 && text.size() > kMaxHeadDescriptionBytes)
+          why << "a head description is " << text.size() << " bytes long, more than " << kMaxHeadDescriptionBytes;
   if (why.tellp() == 0 && !head_descriptions.empty()) {
     if (static_cast<int>(head_descriptions.size()) != depth)
       why << "head_descriptions has " << head_descriptions.size() << " layers, depth is " << depth;
@@ -308,6 +317,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   result.has_class_token = cfg.class_token;
   result.grid_h = grid.grid_h;
   result.grid_w = grid.grid_w;
+  result.patch_is_padding = grid.patch_is_padding;
   result.score_scale = options.score_scale >= 0.0f ? options.score_scale
                                                    : 1.0f / std::sqrt(static_cast<float>(hd));
   result.mask = build_key_mask(cfg, grid, options);

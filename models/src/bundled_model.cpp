@@ -9,12 +9,12 @@
 // timm's block computes, per token, x = patch_embed(normalised patch) + pos_embed and then
 //   q, k = W_q LN1(x) + b_q, W_k LN1(x);   attention = softmax(q . k / sqrt(d))
 // so before attention the only non-linear step is LayerNorm, and the design uses it on purpose.
-// Each token carries 31 features f, embedded as x = E f with E (48, 31) orthonormal columns
+// Each token carries 23 features f, embedded as x = E f with E (48, 23) orthonormal columns
 // orthogonal to (1, ..., 1): x has mean 0 over the dims and |x| = |f|, so LN1(x) = sqrt(D) E f / |f|
 // (weight 1, bias 0): every head sees its features divided by the token's whole norm |f|.
-//   f = [ b (constant) | 12 positional A cos/sin | K * 15 zero-mean luminance coefficients (2 ramps
+//   f = [ b (constant) | 4 positional A cos/sin | K * 15 zero-mean luminance coefficients (2 ramps
 //         + 13 others, an orthonormal basis) | eps * mean R, G, B ]
-// |f|^2 = F^2 + K^2 |AC|^2 (+ a little colour), with F^2 = b^2 + 6 A^2 = 1 and |AC|^2 the patch's
+// |f|^2 = F^2 + K^2 |AC|^2 (+ a little colour), with F^2 = b^2 + 2 A^2 = 1 and |AC|^2 the patch's
 // luminance contrast energy, which does not depend on where a pattern sits in the patch. So
 // s = F / |f| is 1 on a flat patch and falls with contrast, and rho = K ramp / |f| is the patch's
 // luminance gradient normalised by its contrast: both survive lighting changes, noise and shifts,
@@ -22,7 +22,7 @@
 //   head 0  edges      beta_e rho_i . rho_j                 -> gradient in the same direction
 //   head 1  texture    beta_t (s_i - s0) s_j                 -> textured to textured, smooth to smooth
 //   head 2  colour     beta_c (m_i . m_j) s_i s_j               -> similar mean colour m
-//   head 3  position   beta_p sum_w [cos(w dr) + cos(w dc)] s_i s_j -> spatial neighbours
+//   head 3  position   beta_p [cos(w dr) + cos(w dc) - c] s_i s_j  -> spatial neighbours
 // A depth-1 head cannot do better with a bilinear score: a texture type (rather than amount) or an
 // orientation without polarity would need a product of a patch's pixels with themselves, which
 // only LayerNorm's 1 / |f| provides.
@@ -95,19 +95,23 @@ constexpr int kHeadDim = 12;    // d
 constexpr int kImage = 224;
 constexpr int kGrid = kImage / kPatch;  // 56 patches a side
 
-// The 31 features f of a token (see the top of the file), in this order:
+// The 23 features f of a token (see the top of the file), in this order:
 constexpr int kConstFeature = 0;      // 1: b, the same for every patch
-constexpr int kPositionFeatures = 1;  // 12: A (cos, sin)(w row), A (cos, sin)(w col) per w
-constexpr int kRampFeatures = 13;     // 2: K * luminance ramp coefficients (x, y)
-constexpr int kDetailFeatures = 15;   // 13: K * the other zero-mean luminance coefficients
-constexpr int kColourFeatures = 28;   // 3: eps * mean normalised R, G, B
-constexpr int kFeatures = 31;
+constexpr int kPositionFeatures = 1;  // 4: A (cos, sin)(w row), A (cos, sin)(w col)
+constexpr int kRampFeatures = 5;      // 2: K * luminance ramp coefficients (x, y)
+constexpr int kDetailFeatures = 7;    // 13: K * the other zero-mean luminance coefficients
+constexpr int kColourFeatures = 20;   // 3: eps * mean normalised R, G, B
+constexpr int kFeatures = 23;
 
-// The floor F = |(b, A cos, A sin, ...)| = 1: b^2 + 6 A^2 = 1 with b = A = 1/sqrt 7. Every patch
+// The floor F = |(b, A cos, A sin, ...)| = 1: b^2 + 2 A^2 = 1 with b = A = 1/sqrt 3. Every patch
 // token has |f| >= F, and s = F / |f| is 1 on a flat patch and falls towards 0 with contrast.
-constexpr double kConst = 0.37796447300922722721;        // b = 1/sqrt 7
-constexpr double kPosAmplitude = 0.37796447300922722721;  // A = 1/sqrt 7
-constexpr double kPosOmegas[3] = {kPi / 8.0, kPi / 16.0, kPi / 32.0};
+constexpr double kConst = 0.57735026918962576451;        // b = 1/sqrt 3
+constexpr double kPosAmplitude = 0.57735026918962576451;  // A = 1/sqrt 3
+// One frequency per axis, low enough that cos(w d) falls over the whole grid (56 w < pi): the
+// score has no second peak. (Three frequencies pi/8, pi/16, pi/32 came back to 4 of their 6 at 32
+// patches, and every key of the query's row and column kept half the peak: on textured photos,
+// where s shrinks every score, most of the mass went there.)
+constexpr double kPosOmega = kPi / 64.0;
 // Contrast gain K: a patch whose luminance std is kHalfContrast (in [0, 1] pixel units) has
 // s = 1/2, i.e. K * |AC| = sqrt 3 with |AC| = 4 * 2 * std in normalised units.
 constexpr double kHalfContrast = 0.03;
@@ -124,7 +128,15 @@ constexpr double kBetaEdge = 20.0;
 constexpr double kBetaTexture = 30.0;
 constexpr double kSmoothSwitch = 0.5;  // s0
 constexpr double kBetaColour = 8.0;
-constexpr double kBetaPosition = 8.0;
+// Position: beta_p [cos(w dr) + cos(w dc) - c] s_i s_j is 0 at kPositionRadius patches from the
+// query along a row or column (c = 1 + cos(w R)) and negative beyond it, so a far key scores below
+// a near one whatever either's contrast (a positive far score would favour flat far keys over
+// textured near ones, since s_j scales it). Near the query the bracket is about
+// (w^2 / 2)(R^2 - dr^2 - dc^2): a bump. beta_p is set by kPositionSharpness, the nats between a
+// flat query's own patch and a direct neighbour (beta_p w^2 / 2); s_i s_j scales it down on
+// textured patches (s^2 = 0.03 at a luminance std of 0.1), which the large value leaves local.
+constexpr double kPositionRadius = 3.5;
+constexpr double kPositionSharpness = 8.0;
 
 // An orthonormal basis of the 4x4 luminance patch, rows (16, 16) over pixels (y, x): row 0 the
 // mean (1/4 everywhere), rows 1-2 the ramps (x - 1.5) / sqrt 20 and (y - 1.5) / sqrt 20, rows
@@ -216,7 +228,8 @@ ModelTensors designed_model() {
       "(the patch's contrast energy through LayerNorm)",
       "colour: attends to patches of a similar mean colour (its direction from mid grey), flat ones "
       "more than textured ones",
-      "position: attends to spatial neighbours (a bump of about one patch around the query)",
+      "position: attends to the query's own patch and its spatial neighbours within about 3 patches "
+      "(sharpest on flat patches), on any image",
   }};
   m.tensors = zero_tensors(c);
   const auto view = [&](const char* name, int rows, int cols) {
@@ -254,17 +267,15 @@ ModelTensors designed_model() {
   }
 
   // pos_embed (1, 1 + gh*gw, D): row 0 (class token) stays 0; patch (r, col) gets E times
-  // A * [cos(w r), sin(w r), cos(w col), sin(w col)] for each w.
+  // A * [cos(w r), sin(w r), cos(w col), sin(w col)].
   MapRM pos = view("pos_embed", 1 + kGrid * kGrid, kDim);
   for (int r = 0; r < kGrid; ++r)
     for (int col = 0; col < kGrid; ++col)
       for (int dim = 0; dim < kDim; ++dim) {
+        const double w = kPosOmega;
+        const double values[4] = {std::cos(w * r), std::sin(w * r), std::cos(w * col), std::sin(w * col)};
         double x = 0.0;
-        for (int k = 0; k < 3; ++k) {
-          const double w = kPosOmegas[k];
-          const double values[4] = {std::cos(w * r), std::sin(w * r), std::cos(w * col), std::sin(w * col)};
-          for (int j = 0; j < 4; ++j) x += embedding(dim, kPositionFeatures + 4 * k + j) * kPosAmplitude * values[j];
-        }
+        for (int j = 0; j < 4; ++j) x += embedding(dim, kPositionFeatures + j) * kPosAmplitude * values[j];
         pos(1 + r * kGrid + col, dim) = static_cast<float>(x);
       }
   // cls_token (1, 1, D) stays 0 and so does its pos_embed row: LN1(0) = 0, so k = 0 for the class
@@ -282,7 +293,8 @@ ModelTensors designed_model() {
   //   edge      slots 0-1 read the ramps, w^2 D / sqrt(d) = beta_e
   //   texture   slot 0 reads b, w^2 D b^2 / sqrt(d) = beta_t; q bias -w sqrt(D) b s0
   //   colour    slots 0-2 read the colour, w^2 D eps^2 / sqrt(d) = beta_c
-  //   position  slots 0-11 read the positional features, w^2 D A^2 / sqrt(d) = beta_p
+  //   position  slots 0-3 read the positional features, w^2 D A^2 / sqrt(d) = beta_p; slot 4 reads
+  //             b with -w' in Q and +w' in K, w'^2 D b^2 / sqrt(d) = c beta_p: the bracket's -c
   // V copies the same features with weight 1; blocks.0.attn.proj.weight (D, D), W^O, writes value
   // slot back along the feature's column of E, so the block adds to each feature its
   // attention-weighted mean. No map depends on V or W^O: depth is 1. K has no bias.
@@ -290,11 +302,11 @@ ModelTensors designed_model() {
   MapRM qkv_b = view("blocks.0.attn.qkv.bias", 1, 3 * kDim);
   MapRM proj_w = view("blocks.0.attn.proj.weight", kDim, kDim);
   const double sqrt_d = std::sqrt(static_cast<double>(kHeadDim)), sqrt_dim = std::sqrt(static_cast<double>(kDim));
-  const auto read = [&](int head, int slot, int feature, double w_qk) {
+  const auto read = [&](int head, int slot, int feature, double w_qk, double q_sign = 1.0) {
     const int row = head * kHeadDim + slot;
     for (int dim = 0; dim < kDim; ++dim) {
       const double e = embedding(dim, feature);
-      qkv_w(row, dim) = static_cast<float>(w_qk * e);             // Q
+      qkv_w(row, dim) = static_cast<float>(q_sign * w_qk * e);    // Q
       qkv_w(kDim + row, dim) = static_cast<float>(w_qk * e);      // K
       qkv_w(2 * kDim + row, dim) = static_cast<float>(e);         // V
       proj_w(dim, row) = static_cast<float>(e);                   // W^O
@@ -307,8 +319,11 @@ ModelTensors designed_model() {
   qkv_b(0, kTextureHead * kHeadDim) = static_cast<float>(-w_texture * sqrt_dim * kConst * kSmoothSwitch);
   const double w_colour = std::sqrt(kBetaColour * sqrt_d / kDim) / kColourGain;
   for (int j = 0; j < 3; ++j) read(kColourHead, j, kColourFeatures + j, w_colour);
-  const double w_position = std::sqrt(kBetaPosition * sqrt_d / kDim) / kPosAmplitude;
-  for (int j = 0; j < 12; ++j) read(kPositionHead, j, kPositionFeatures + j, w_position);
+  const double beta_position = 2.0 * kPositionSharpness / (kPosOmega * kPosOmega);
+  const double offset = 1.0 + std::cos(kPosOmega * kPositionRadius);  // c
+  const double w_position = std::sqrt(beta_position * sqrt_d / kDim) / kPosAmplitude;
+  for (int j = 0; j < 4; ++j) read(kPositionHead, j, kPositionFeatures + j, w_position);
+  read(kPositionHead, 4, kConstFeature, std::sqrt(offset * beta_position * sqrt_d / kDim) / kConst, -1.0);
   // The MLP has no designed role: fc1, fc2 and their biases are 0, so x passes through. There is no
   // classifier head.
   return m;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 
 #include "vitlens/error.hpp"
+#include "vitlens/json_file.hpp"
 
 namespace vitlens {
 
@@ -27,18 +28,16 @@ bool is_file(const std::string& path) {
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
 }
 
+// A companion file's strings are names (architecture, model_type, hidden_act, _name_or_path,
+// labels): each is cut to a model name's length as it is read, so none of megabytes travels on.
 json read_json(const std::string& path, const std::string& what) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw Error(what + ": cannot read its companion file " + path);
   std::ostringstream text;
   text << in.rdbuf();
-  try {
-    json j = json::parse(text.str());
-    if (!j.is_object()) throw Error(what + ": companion file " + path + " is not a JSON object");
-    return j;
-  } catch (const json::exception&) {
-    throw Error(what + ": companion file " + path + " is not valid JSON");
-  }
+  json j = parse_json_text(text.str(), what + ": companion file " + path, kMaxModelNameBytes);
+  if (!j.is_object()) throw Error(what + ": companion file " + path + " is not a JSON object");
+  return j;
 }
 
 int json_int(const json& j, const char* key, const std::string& what, const std::string& file) {
@@ -274,7 +273,7 @@ ConvertedModel convert_timm(Tensors t, const std::string& folder, const LoadOpti
   c.norm_eps = 1e-6f;  // timm's VisionTransformer default (partial(nn.LayerNorm, eps=1e-6))
   c.mean = {0.5f, 0.5f, 0.5f};
   c.std = {0.5f, 0.5f, 0.5f};
-  c.name = arch.empty() ? what.substr(what.find_last_of('/') + 1) : arch;
+  c.name = arch.empty() ? capped_text(what.substr(what.find_last_of('/') + 1), kMaxModelNameBytes) : arch;
   c.description = arch.empty() ? "timm layout, architecture inferred from the tensors" : "timm " + arch;
 
   // What only the names or the config say.

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -12,7 +13,10 @@
 
 #include "vitlens/checkpoints.hpp"
 #include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
 #include "vitlens/image.hpp"  // read_whole_file
+#include "vitlens/json_file.hpp"
+#include "vitlens/memory.hpp"
 
 namespace vitlens {
 
@@ -51,10 +55,11 @@ bool get_bool(const json& j, const char* key, const std::string& what) {
   return v.get<bool>();
 }
 
-std::string get_string(const json& j, const char* key, const std::string& what) {
+// Capped as it is read (json_file.hpp): a file's name of megabytes must not reach a caption.
+std::string get_string(const json& j, const char* key, size_t limit, const std::string& what) {
   const json& v = require_key(j, key, what);
   if (!v.is_string()) throw Error(what + ": config key '" + key + "' must be a string");
-  return v.get<std::string>();
+  return capped_text(v.get_ref<const std::string&>(), limit);
 }
 
 std::array<float, 3> get_rgb(const json& j, const char* key, const std::string& what) {
@@ -88,20 +93,13 @@ bool path_exists(const std::string& p) {
 void check_fits_in_memory(const std::string& path) {
   struct stat st {};
   if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // read_whole_file says why
-  std::ifstream meminfo("/proc/meminfo");
-  std::string key;
-  long long kib = 0;
-  long long available = -1;
-  while (meminfo >> key >> kib) {
-    if (key == "MemAvailable:") available = kib * 1024;
-    meminfo.ignore(256, '\n');
-  }
+  const double available = static_cast<double>(available_memory_bytes());
   if (available <= 0) return;  // not Linux-like: let the read try
   const double need = 3.0 * static_cast<double>(st.st_size);
-  if (need > static_cast<double>(available)) {
+  if (need > available) {
     char text[256];
     std::snprintf(text, sizeof text, ": the file is %.1f GiB and loading it needs about %.1f GiB, but only %.1f GiB of memory is available",
-                  static_cast<double>(st.st_size) / (1 << 30), need / (1 << 30), static_cast<double>(available) / (1 << 30));
+                  static_cast<double>(st.st_size) / (1 << 30), need / (1 << 30), available / (1 << 30));
     throw Error(path + text);
   }
 }
@@ -111,8 +109,8 @@ void check_fits_in_memory(const std::string& path) {
 VitConfig config_from_json(const json& j, const std::string& what) {
   if (!j.is_object()) throw Error(what + ": config is not a JSON object");
   VitConfig c;
-  c.name = get_string(j, "name", what);
-  c.description = get_string(j, "description", what);
+  c.name = get_string(j, "name", kMaxModelNameBytes, what);
+  c.description = get_string(j, "description", kMaxModelDescriptionBytes, what);
   c.patch_size = get_int(j, "patch_size", what);
   c.embed_dim = get_int(j, "embed_dim", what);
   c.num_heads = get_int(j, "num_heads", what);
@@ -147,7 +145,7 @@ VitConfig config_from_json(const json& j, const std::string& what) {
   if (j.contains("layer_scale")) c.layer_scale = get_bool(j, "layer_scale", what);
   if (j.contains("final_norm")) c.final_norm = get_bool(j, "final_norm", what);
   if (j.contains("act")) {
-    const std::string act = get_string(j, "act", what);
+    const std::string act = get_string(j, "act", 32, what);
     if (!parse_activation(act, c.act))
       throw Error(what + ": config key 'act' is '" + act + "'; vitlens knows gelu, gelu_tanh and quick_gelu");
   }
@@ -160,7 +158,7 @@ VitConfig config_from_json(const json& j, const std::string& what) {
         std::vector<std::string> texts;
         for (const json& t : layer) {
           if (!t.is_string()) { ok = false; break; }
-          texts.push_back(t.get<std::string>());
+          texts.push_back(capped_text(t.get_ref<const std::string&>(), kMaxHeadDescriptionBytes));
         }
         c.head_descriptions.push_back(std::move(texts));
       }
@@ -323,6 +321,10 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
 
 namespace {
 
+VitConfig config_from_metadata(const std::string& text, const std::string& what) {
+  return config_from_json(parse_json_text(text, what + ": __metadata__[\"config\"]"), what);
+}
+
 // A parsed safetensors file as a model: vitlens' own config in __metadata__, else a foreign
 // layout (timm, Hugging Face) converted by checkpoints.cpp, whose companion config.json is looked
 // for in `folder` (empty: none, as for bytes that came from no file).
@@ -340,17 +342,22 @@ VitModel model_from_file(SafetensorsFile file, const std::string& what, const st
     model.notes = std::move(converted.notes);
     return model;
   }
-  json config_json;
-  try {
-    config_json = json::parse(it->second);
-  } catch (const json::exception&) {
-    throw Error(what + ": __metadata__[\"config\"] is not valid JSON");
-  }
-  const VitConfig config = config_from_json(config_json, what);
+  const VitConfig config = config_from_metadata(it->second, what);
+  // --heads is for checkpoints that do not say their head count; this file says it.
+  if (options.heads > 0 && options.heads != config.num_heads)
+    throw Error(what + ": --heads " + std::to_string(options.heads) + " contradicts the model's config, which has " +
+                std::to_string(config.num_heads) + " heads (leave --heads out for a vitlens model file)");
   return model_from_tensors(config, file.tensors, what);
 }
 
 }  // namespace
+
+VitConfig read_model_config(const std::string& path) {
+  const auto metadata = read_safetensors_metadata(path);
+  const auto it = metadata.find("config");
+  if (it == metadata.end()) throw Error(path + ": no vitlens config: __metadata__[\"config\"] is missing");
+  return config_from_metadata(it->second, path);
+}
 
 VitModel parse_model(const std::string& bytes, const std::string& what) {
   return model_from_file(parse_safetensors(bytes, what), what, "", LoadOptions{});
@@ -365,8 +372,8 @@ VitModel load_model(const std::string& path, const LoadOptions& options) {
   return model_from_file(read_safetensors(path), path, folder, options);
 }
 
-void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
-                const std::map<std::string, std::string>& extra_metadata) {
+std::string model_file_bytes(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                             const std::map<std::string, std::string>& extra_metadata) {
   const std::string why = config.validate();
   if (!why.empty()) throw Error(path + ": refusing to save an inconsistent config: " + why);
   // Check the tensors the same way a load would, so a file we write always loads.
@@ -376,22 +383,31 @@ void save_model(const std::string& path, const VitConfig& config, const TensorMa
   file.metadata = extra_metadata;
   file.metadata["config"] = config_to_json(config).dump();
   file.metadata["format"] = "pt";
-  write_safetensors(path, file);
+  return safetensors_bytes(file);
+}
+
+void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                const std::map<std::string, std::string>& extra_metadata) {
+  write_file_atomic(path, model_file_bytes(path, config, tensors, extra_metadata));
 }
 
 std::string assets_dir() {
   if (const char* env = std::getenv("VITLENS_ASSETS"); env && *env) return env;
-#ifdef VITLENS_SOURCE_ASSETS
-  if (path_exists(VITLENS_SOURCE_ASSETS)) return VITLENS_SOURCE_ASSETS;
-#endif
+  // Beside the executable first, so an installed vitlens (bin/ and share/vitlens/ under one
+  // prefix, wherever the prefix is moved) uses its own assets from any working directory, even
+  // when the source tree it was built from is still there.
   char exe[4096];
   const ssize_t n = ::readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (n > 0) {
     std::string dir(exe, static_cast<size_t>(n));
     dir = dir.substr(0, dir.find_last_of('/'));
-    for (const char* rel : {"/assets", "/../assets", "/../share/vitlens/assets"})
-      if (path_exists(dir + rel)) return dir + rel;
+    for (const std::string& rel : {std::string("/") + VITLENS_INSTALL_DATA_FROM_BIN, std::string("/assets")})
+      if (path_exists(dir + rel + "/models")) return std::filesystem::path(dir + rel).lexically_normal().string();
   }
+  // A binary in the build tree: the source tree's assets (compiled in).
+#ifdef VITLENS_SOURCE_ASSETS
+  if (path_exists(VITLENS_SOURCE_ASSETS)) return VITLENS_SOURCE_ASSETS;
+#endif
   return "assets";
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// Training data for `vitlens train` (issue 7): labelled image sets (Fashion-MNIST IDX files, an
+// Training data for `vitlens train`: labelled image sets (Fashion-MNIST IDX files, an
 // ImageFolder tree) and an unlabelled photo corpus for masked patch prediction, plus the seeded
 // random generator and the augmentations the trainer uses. Images are RGB float (3, H, W) in
 // [0, 1], before the model's mean/std normalisation (the trainer applies it).
@@ -39,13 +39,62 @@ struct ImageSet {
 ImageSet load_fashion_mnist(const std::string& dir, bool train, int limit = 0);
 std::string default_fashion_mnist_dir();  // /usr/share/datasets/fashion-mnist
 
+// What a data folder load left out, for one warning line each. Unreadable files and folders,
+// broken links and special files are skipped and counted in `skipped` (with up to 5 example
+// messages), never fatal; folder links that leave the walk's folder are not followed (counted in
+// `links_outside`, the first one named).
+struct FolderReport {
+  int skipped = 0;
+  std::vector<std::string> examples;
+  int links_outside = 0;
+  std::string first_link_outside;  // "D/a/l: a link to /x, outside D/a"
+};
+// The one line to print about `links_outside` ("" when there were none).
+std::string links_outside_warning(const FolderReport& report);
+
+// Walking a data folder (the ImageFolder classes, the photo corpus), the way a careful tool does:
+//  - each folder is read once per walk (device and inode seen): a link back to a folder already
+//    read (`ln -s . l`, a link to a parent) adds nothing, so no walk loops or repeats;
+//  - a link to a folder is followed only when its target is inside the folder the walk started
+//    from: vitlens never reads outside the data folder it was given through a folder link (a link
+//    to / or to a home folder reads nothing), it reports the link instead;
+//  - a link to a file is read wherever it points (one file, through the image loader's limits:
+//    how training sets are often assembled), and a file reached twice is listed once;
+//  - hidden entries (names starting with '.') are ignored, only regular files are listed;
+//  - one load reads at most kMaxDataEntries directory entries in all; more is a one-line error
+//    naming the folder and the limit, raised before any image is decoded.
+// An unreadable folder is one line naming it: an error for the folder the walk starts from, a
+// skipped entry (FolderWalk::skipped) for a folder inside it.
+constexpr long kMaxDataEntries = 1000000;
+
+struct FolderWalk {
+  std::vector<std::string> files;    // regular files, sorted by path, each (device, inode) once
+  std::vector<std::string> folders;  // walk(.., false) only: the subfolders, sorted by name
+  std::vector<std::string> skipped;  // one line each: unreadable folders, broken links, special files
+  std::vector<std::string> links_outside;  // one line each: folder links not followed
+};
+
+class DataWalker {
+ public:
+  // `data_root` names the data in the limit's message; `max_entries` bounds every walk() together.
+  explicit DataWalker(std::string data_root, long max_entries = kMaxDataEntries);
+  // `folder` and, when `recursive`, every folder under it; otherwise its entries only.
+  FolderWalk walk(const std::string& folder, bool recursive);
+  long entries_read() const { return entries_; }
+
+ private:
+  std::string data_root_;
+  long max_entries_;
+  long entries_ = 0;
+};
+
 // One subfolder per class (sorted by name = class index, as torchvision's ImageFolder), any image
 // OpenCV reads (through vitlens' own image loader: same limits and damage checks), resized to
 // img_size x img_size (shorter side to img_size with area/linear interpolation, then centre crop).
-// Unreadable files are skipped and counted in `skipped` (with up to 5 example messages), never fatal.
+// Unreadable files are skipped and counted in `report` (see FolderReport), never fatal.
 // Throws vitlens::Error on: not a folder, no class folders, a single class, an empty class folder.
-// Hidden entries (names starting with '.') are ignored; class folders are searched recursively.
-struct FolderReport { int skipped = 0; std::vector<std::string> examples; };
+// The classes are walked by DataWalker: a class folder may be a link to a folder inside `dir`,
+// and each class holds the files inside its own folder (a link out of it is not followed).
 ImageSet load_image_folder(const std::string& dir, int img_size, FolderReport* report);
 
 // A seeded held-out split: `val_fraction` of each class (at least 1 image per class when the class
@@ -54,9 +103,9 @@ ImageSet load_image_folder(const std::string& dir, int img_size, FolderReport* r
 void split_holdout(const ImageSet& all, double val_fraction, uint64_t seed, ImageSet* train, ImageSet* val);
 
 // Unlabelled photos for masked patch prediction (MAE): whole images kept at their size (long side
-// capped at `max_side` by area downscaling), sampled as random crops. Reads the files directly in
-// `dir` and its subfolders (recursively, hidden entries ignored), sorted by path; files that are not
-// images are skipped and counted.
+// capped at `max_side` by area downscaling), sampled as random crops. Reads the files in `dir` and
+// its subfolders (DataWalker: recursively, hidden entries ignored, each file once), sorted by path;
+// files that are not images are skipped and counted.
 struct PhotoCorpus {
   std::vector<std::vector<float>> photos;  // each (3, h_i, w_i) in [0, 1]
   std::vector<int> heights, widths;

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "vitlens/files.hpp"
 #include "vitlens/heatmap.hpp"
 #include "vitlens/image.hpp"
 #include "vitlens/maps.hpp"
@@ -25,9 +26,12 @@ enum class QuerySelect { Received, SourcePixel, Pixel, Patch, ClassToken, Token 
 //   PerHead  each head from 0 to its own maximum;
 //   Shared   all heads (and the mean) from 0 to the largest value over the heads, to compare them;
 //   Log      each head on a log scale spanning kLogDecades decades below its maximum;
-//   Robust   each head from 0 to its kRobustPercentile-th percentile (the default): one to three hot
-//            patches saturate instead of squashing the rest of the map into the bottom colours.
-//            The measure behind this default is display_detail_share below (README, "Map scale").
+//   Robust   each head from 0 to its robust top (the default, robust_scale_top): the
+//            kRobustPercentile-th percentile of the patches it shows, so one to three hot patches
+//            saturate instead of squashing the rest of the map into the bottom colours; raised
+//            where needed so that the saturated patches hold at most kMaxSaturatedMass of its
+//            weight, so a head that looks at one patch is drawn as that one patch. The measure
+//            behind this default is display_detail_share below (README, "Map scale").
 enum class Normalize { PerHead, Shared, Log, Robust };
 const char* normalize_name(Normalize normalize);  // "head", "shared", "log", "robust"
 bool parse_normalize_name(const std::string& name, Normalize& normalize);
@@ -38,10 +42,19 @@ constexpr Normalize kDefaultNormalize = Normalize::Robust;
 constexpr float kLogDecades = 3.0f;
 MatRM log_scaled_map(const MatRM& map, float max_value);
 
-// Normalize::Robust: the percentile (over the map's patches, linear interpolation between the
-// sorted values as numpy.percentile's default) drawn at the top of the colour map.
+// Normalize::Robust: the percentile (over the selected patches, linear interpolation between the
+// sorted values as numpy.percentile's default; 0 when none is selected).
 constexpr float kRobustPercentile = 99.0f;
-float map_percentile(const MatRM& map, float percentile);
+float map_percentile(const MatRM& map, float percentile, const PatchSelection& patches = {});
+// The most of a map's weight (over the patches it shows) that may sit above the top of the colour
+// map: a peaked map's percentile can be a millionth of its maximum (most patches near 0), and
+// drawing every patch above that saturated turns a head that looks at one patch into a blob.
+constexpr float kMaxSaturatedMass = 0.1f;
+// The smallest t >= 0 with sum over the selected patches of max(0, v - t) <= fraction * their sum.
+float saturation_floor(const MatRM& map, float fraction, const PatchSelection& patches = {});
+// Normalize::Robust's top: max(map_percentile(kRobustPercentile), saturation_floor(kMaxSaturatedMass))
+// over the selected patches (the ones drawn: the image's, the kept ones after a threshold).
+float robust_scale_top(const MatRM& map, const PatchSelection& patches = {});
 
 // A map as drawn: values in [0, 1] (the position on the colour map), from its scale (map_scales).
 MatRM display_values(const MatRM& map, float scale, Normalize normalize);
@@ -50,8 +63,9 @@ MatRM display_values(const MatRM& map, float scale, Normalize normalize);
 // floor nor saturated, i.e. with a display value in [kDetailBand, 1 - kDetailBand]. The bottom and
 // top 5 % of a colour map are the colours a reader cannot tell from its ends; a tile of one hot
 // patch over a flat floor scores near 0, a map whose patches spread over the colour map near 1.
+// Only the selected patches count (the image's: padding is not part of the picture's content).
 constexpr float kDetailBand = 0.05f;
-double display_detail_share(const MatRM& display01);
+double display_detail_share(const MatRM& display01, const PatchSelection& patches = {});
 
 struct ExportSettings {
   std::string out_dir = ".";
@@ -69,6 +83,8 @@ struct ExportSettings {
   bool raw = false;                // also write <stem>_attn.npy (L, H, N, N)
   int max_side = -1;               // < 0: the model's img_size long side; 0: native size
   std::string stem;                // output file stem; empty: the image file's stem
+  bool force = false;              // replace files of the outputs' names that vitlens did not write (--force)
+  nlohmann::json view_notes;       // null, or what only the viewer can set: <stem>_view.json, in the same set
   std::function<bool(float)> progress;  // the forward pass's progress in [0, 1]; may be empty
 };
 
@@ -134,26 +150,69 @@ struct ExportImages {
   cv::Mat mean;
   cv::Mat montage;
 };
-// The montage carries a colour bar and a caption (montage_caption); per-head PNGs are plain overlays.
+// The montage carries a colour bar and a caption (montage_caption); the per-head images are plain
+// overlays (the viewer's tiles), which write_export writes each with its label, the bar and the caption.
 ExportImages render_export_images(const VitModel& model, const ImageAnalysis& analysis, const HeatmapStyle& style,
                                   Normalize normalize);
 // The value drawn at the top of the colour map for each head's map (index H = the mean): its
-// maximum (PerHead, Log), the largest over the heads (Shared), its kRobustPercentile-th percentile
-// (Robust).
+// maximum (PerHead, Log), the largest over the heads (Shared), robust_scale_top over the patches
+// it shows (Robust, shown_patches).
 std::vector<float> map_scales(const HeadMaps& maps, Normalize normalize);
-// What the montage says it shows: model, layer, mode and query, normalisation, mask, softmax
-// scale and threshold, one phrase per element (the montage wraps them to its width).
-std::vector<std::string> montage_caption(const VitModel& model, const ImageAnalysis& analysis, Normalize normalize);
-// The montage's colour bar: ticks relative to each tile's top value, or absolute when shared.
+// The same for one map on its own (Shared counts as PerHead): what map_scales gives each map.
+float map_scale(const MatRM& map, Normalize normalize, const PatchSelection& patches = {});
+// What the montage says it shows: model, layer (layers `analysis.request.layer` to `last_layer`
+// when last_layer >= 0: the layers montage), mode and query, normalisation, mask, softmax scale
+// and threshold, one phrase per element (the montage wraps them to its width).
+std::vector<std::string> montage_caption(const VitModel& model, const ImageAnalysis& analysis, Normalize normalize,
+                                         int last_layer = -1);
+// The caption's phrases about the forward pass every picture shares: the mask (padding, causal,
+// the painted mask's file and patches) and the softmax's scale (with the temperature when set).
+std::vector<std::string> forward_caption(const VitModel& model, const ForwardResult& forward, const std::string& mask_image);
+// The caption's phrase for a scale: "scale: each tile 0 to its maximum", ...
+std::string scale_phrase(Normalize normalize);
+// The montage's colour bar: ticks relative to each tile's top value, or absolute when shared
+// (shared_scale > 0; 0 when rows of tiles have scales of their own: relative to each row's).
 ColourBarSpec montage_colour_bar(const HeatmapStyle& style, Normalize normalize, float shared_scale);
+// A tile's label: `name`, then on a line of its own the map's maximum and, for Robust, its top.
+// The maximum matters: a uniform map (a head with nothing to look for at this query) fills its
+// tile with full colour, and only its tiny maximum (1 / tokens) says so.
+std::string tile_label(const std::string& name, const MatRM& map, float scale, Normalize normalize);
 // Short label for head h of a layer: "head 0" plus the text before ':' in its description.
 std::string head_label(const VitConfig& config, int layer, int head);
 
 nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings);
 
-// Writes every output of one analysis; returns the paths written. Atomic per file.
+// The names of one layer's maps of `stem`: <stem>_head<h>.png for each head, <stem>_mean.png,
+// <stem>_montage.png, <stem>_attn.npy (raw), <stem>_view.json (the viewer's notes) and the
+// record <stem>.json. write_export names its files from here; every mode's names are listed by
+// export_output_names (export_layers.hpp).
+struct MapsOutputNames {
+  std::vector<std::string> heads;
+  std::string mean, montage;
+  std::string raw;         // "" without raw weights
+  std::string view_notes;  // "" without viewer notes
+  std::string record;
+};
+MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes);
+
+// Adds the files of one analysis, named `names`, to `set` and returns their record (the JSON
+// sidecar, "files" and the proof added by the set), for the caller to commit (write_export) or to
+// add as one record of a larger set (export_layers).
+nlohmann::json add_export_files(OutputSet& set, const VitModel& model, const ImageAnalysis& analysis,
+                                const ExportSettings& settings, const MapsOutputNames& names);
+
+// Writes every output of one analysis as one set (files.hpp: OutputSet); returns the paths
+// written, the record last. Throws vitlens::Error (OutputConflict when a name is taken by a file
+// vitlens did not write and settings.force is off). Every picture (each head, the mean, the
+// montage) has the montage's labels, colour bar and caption.
 std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis& analysis,
                                       const ExportSettings& settings);
+
+// Adds `name` to `set`: the (L, H, N, N) float32 weights of `forward` as .npy, class token first
+// then patches row-major, as numpy.load reads it; streamed from the forward's buffers. Throws
+// vitlens::Error when the forward did not keep every weight.
+void add_attention_npy(OutputSet& set, const std::string& name, const ForwardResult& forward, int heads,
+                       const std::string& image_path);
 
 // The file stem outputs are named after: "dir/photo.jpg" -> "photo" ("image" when empty).
 std::string output_stem(const std::string& image_path);

@@ -1,5 +1,5 @@
 #pragma once
-// A head's role as a number, for any model on any image (issue 7). Each role is an affinity
+// A head's role as a number, for any model on any image. Each role is an affinity
 // between two patches computed from the image alone, with no model:
 //   edge      same local gradient orientation   (structure tensor, doubled angle: no polarity)
 //   texture   same local texture statistics      (log energies of luminance differences)

@@ -1,5 +1,5 @@
 #pragma once
-// The layers x heads grid (issue 8): every head of every layer as a small map for one request
+// The layers x heads grid: every head of every layer as a small map for one request
 // (a query token, the class token's row or attention received), scaled and thresholded exactly as
 // the one-layer maps are (maps.hpp, export.hpp), and drawn into one picture with a tile per head.
 // The viewer's "Layers x heads" window uploads that picture as one texture.

@@ -26,4 +26,10 @@ constexpr size_t kKeptFreeMemory = size_t{256} << 20;  // free heap top kept unt
 // or a sanitizer's allocator, which ignores the request).
 bool keep_freed_memory();
 
+// The memory this process can still count on, in bytes: the kernel's MemAvailable, lowered to
+// what an address-space limit (RLIMIT_AS, `ulimit -v`) leaves; -1 when neither can be read. Used
+// to refuse, with the numbers, work whose size is known before it starts (a model file, a
+// training run) instead of failing half way.
+long long available_memory_bytes();
+
 }  // namespace vitlens

@@ -153,6 +153,22 @@ class Trainer {
 // Rng(seed) in the layout's order.
 void init_vit_params(const train::ParamLayout& layout, float* params, uint64_t seed, int patch_values);
 
+// Memory a training run allocates, estimated from its shape alone (vit_train.cpp's and
+// mae_train.cpp's buffers: parameters and gradients of each part's net, Adam's two moments, every
+// block's cached activations for the batch, the attention weights). Trainer and MaeTrainer call
+// require_training_memory before allocating anything, so a recipe of billions of parameters is
+// refused in one line with the numbers instead of failing in an allocation.
+struct TrainingMemory {
+  int64_t parameters = 0;
+  double bytes = 0.0;
+};
+// Floats of one BlockStack (vit_train.hpp) of L blocks for `images` images of N tokens.
+double block_stack_floats(int L, int D, int H, int Hm, int N, double images);
+TrainingMemory classifier_training_memory(const VitConfig& config, const Recipe& recipe, int num_classes);
+// Throws vitlens::Error "training this model (P parameters) needs about X GiB of memory, but only
+// Y GiB is available ..." when `need` is above available_memory_bytes() (memory.hpp).
+void require_training_memory(const TrainingMemory& need);
+
 // Images in the set that the model cannot take: "" when every image is config.img_h x img_w.
 std::string check_image_set(const VitConfig& config, const ImageSet& set, const std::string& what);
 

@@ -28,6 +28,13 @@ enum class Activation {
 };
 const char* activation_name(Activation act);  // "gelu", "gelu_tanh", "quick_gelu"
 
+// The longest texts a config holds, in bytes: a name is one line of a caption, a description a
+// paragraph. Model readers cut longer texts from a file to these (capped_text, json_file.hpp);
+// validate() refuses longer ones given any other way (e.g. `vitlens train --name`).
+constexpr size_t kMaxModelNameBytes = 200;
+constexpr size_t kMaxModelDescriptionBytes = 2000;
+constexpr size_t kMaxHeadDescriptionBytes = 1000;
+
 // hparams, as stored in the safetensors metadata (`__metadata__["config"]`).
 // Token order (N): [class token] [distillation token] [register tokens] patches, as timm's
 // VisionTransformer / VisionTransformerDistilled concatenate them.
@@ -185,6 +192,7 @@ struct ForwardResult {
   int prefix = 0;   // prefix tokens before the patches (class, distillation, registers)
   bool has_class_token = false;  // token 0 is the class token
   int grid_h = 0, grid_w = 0;
+  std::vector<uint8_t> patch_is_padding;  // (gh*gw) the grid's: 1 = padding, not part of the image
   float score_scale = 0.0f;        // the factor the scores were multiplied by
   KeyMask mask;                    // the mask every layer used
   int received_queries = 0;        // how many query rows the received means average over

@@ -7,8 +7,12 @@
 //                             "adam_m.<param>" / "adam_v.<param>", the epoch's data order as
 //                             "data_order" (F32, exact below 2^24 images), and in __metadata__ the
 //                             step, epoch, position, Adam step, data Rng state, recipe and model size.
-// Each file is written atomically (temporary + rename), the state first: an interrupted write
-// leaves the previous pair as it was, and a pair from different steps is refused on resume.
+// A save replaces both together (FileGroup, files.hpp): a kill, a power loss or a full disk at any
+// point leaves either the previous pair or, once the new pair is whole on disk, the new one, which
+// the next save or load completes. Loading completes such a save first, then refuses a pair that
+// was not saved together and a state the trainers could not have left (NaN or negative moments, a
+// first moment Adam cannot reach beside the second, an Adam step that is not the step, an all-zero
+// Rng, a data order that is not a shuffle), with one line naming the file and the field.
 #include <map>
 #include <string>
 #include <vector>
@@ -41,11 +45,13 @@ struct SavedTraining {
   nlohmann::json training;  // the model's "training" record
 };
 
-// Reads both files; throws vitlens::Error naming the file on anything missing or inconsistent.
+// Completes an interrupted save in the checkpoint's folder, then reads both files; throws
+// vitlens::Error naming the file (and the field) on anything missing, inconsistent or damaged.
 SavedTraining load_checkpoint(const std::string& model_path);
 
 // The training record's "objective" of a checkpoint: "classify" (also when absent: older files) or
-// "mae". Throws vitlens::Error when the file has no training record.
+// "mae" (after completing an interrupted save in its folder). Throws vitlens::Error when the file
+// has no training record.
 std::string checkpoint_objective(const std::string& model_path);
 
 // MAE checkpoints: the model file holds the ENCODER only (timm names, no head, so view/export/info
@@ -65,5 +71,13 @@ struct SavedMae {
   nlohmann::json training;
 };
 SavedMae load_mae_checkpoint(const std::string& model_path);
+
+// The same checks on the two files' bytes already in memory (`model_what` names the model file in
+// errors, its state path is derived from it); nothing is read from or completed on disk. The fuzz
+// harness uses them.
+SavedTraining parse_checkpoint(const std::string& model_bytes, const std::string& state_bytes,
+                               const std::string& model_what);
+SavedMae parse_mae_checkpoint(const std::string& model_bytes, const std::string& state_bytes,
+                              const std::string& model_what);
 
 }  // namespace vitlens

@@ -57,16 +57,23 @@ VitModel load_model(const std::string& path);
 // A vitlens model file's bytes already in memory (`what` names it in errors): the config must be
 // in __metadata__, since no companion config.json can be looked for. The fuzz harness uses it.
 VitModel parse_model(const std::string& bytes, const std::string& what);
+// A vitlens model file's config, reading only its header (a folder of models listed by name).
+VitConfig read_model_config(const std::string& path);
 // extra_metadata goes into __metadata__ beside "config" and "format" (e.g. a trained model's
 // "training" record); those two keys cannot be replaced.
 void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
                 const std::map<std::string, std::string>& extra_metadata = {});
+// The bytes save_model writes to `path` (named in errors): a checkpoint writes them together with
+// its optimizer state (checkpoint.hpp).
+std::string model_file_bytes(const std::string& path, const VitConfig& config, const TensorMap& tensors,
+                             const std::map<std::string, std::string>& extra_metadata = {});
 
 // The expected tensor shapes for a config (name -> shape), optional tensors excluded.
 std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConfig& config);
 
-// Where the bundled assets live: $VITLENS_ASSETS if set, else the source tree's assets/ folder
-// (compiled in), else assets/ beside the executable's folder.
+// Where the bundled assets (models/, images/) live: $VITLENS_ASSETS if set, else the installed
+// share/vitlens beside the executable's bin/ (or an assets/ folder beside the executable), else
+// the source tree's assets/ folder (compiled in, for a binary run from the build tree).
 std::string assets_dir();
 std::string default_model_path();  // assets_dir()/models/vitlens-designed.safetensors
 std::string random_model_path();   // assets_dir()/models/vitlens-random.safetensors

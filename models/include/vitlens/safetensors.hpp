@@ -26,11 +26,23 @@ struct SafetensorsFile {
 // parameters in F32 (7.4 GB). The file is read once; its tensors are then converted to float.
 constexpr uint64_t kMaxModelFileBytes = uint64_t{8} << 30;
 
+// The largest header vitlens reads, as safetensors' own reader (its MAX_HEADER_SIZE): a real
+// model's header is a few hundred KB.
+constexpr uint64_t kMaxSafetensorsHeaderBytes = 100000000;
+
 // Throws vitlens::Error with a one-line message naming the file and the tensor or field on any
-// malformed input: truncated file, header length past the end, header not JSON or not an object,
-// bad dtype/shape/data_offsets (out of range, overlapping, size not matching dtype * shape).
+// malformed input: truncated file, header length past the end or above kMaxSafetensorsHeaderBytes,
+// a header that is not exactly a JSON object padded with spaces (so a wrong header length is
+// refused, not read as data), a key twice in one object, an unknown field, bad
+// dtype/shape/data_offsets (out of range, size not matching dtype * shape, tensors not packed
+// back to back up to the end of the file). The header is read without building a JSON DOM, so
+// its cost stays near its own size.
 SafetensorsFile read_safetensors(const std::string& path);
 SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& what);
+
+// Only the header's __metadata__, reading only the header (checked as above, except the tensors'
+// offsets against the data): a folder of large models can be listed by their configs.
+std::map<std::string, std::string> read_safetensors_metadata(const std::string& path);
 
 std::string safetensors_bytes(const SafetensorsFile& file);  // F32 data, names sorted
 void write_safetensors(const std::string& path, const SafetensorsFile& file);  // atomic

@@ -1,0 +1,522 @@
+// Training checkpoints that survive a full disk, a kill and a closed terminal, and a damaged
+// optimizer state refused with one line naming the file and the field:
+//   - a save made to fail (ENOSPC) at each of its file operations, and killed (SIGKILL) at each:
+//     afterwards exactly the previous pair or exactly the new one loads, the message says which,
+//     and no temporary of ours is left after the next load or save;
+//   - `vitlens train --resume` of a pair whose save was killed halfway resumes from the new pair;
+//   - SIGHUP saves and stops `vitlens train` as SIGINT and SIGTERM do;
+//   - each damaged field of a state file is refused, in the library and through the CLI.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdlib>
+#include <functional>
+#include <map>
+#include <thread>
+
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "process_support.hpp"
+#include "test_support.hpp"
+#include "vitlens/checkpoint.hpp"
+#include "vitlens/dataset.hpp"
+#include "vitlens/error.hpp"
+#include "vitlens/files.hpp"
+#include "vitlens/mae_train.hpp"
+#include "vitlens/safetensors.hpp"
+#include "vitlens/trainer.hpp"
+
+using namespace vitlens;
+using test::entries;
+using test::hidden_entries;
+using test::slurp;
+
+namespace {
+
+// 8 x 8 images of noise in two classes: enough for steps, saves and resumes.
+ImageSet noise_set(int n) {
+  ImageSet s;
+  s.height = s.width = 8;
+  s.class_names = {"even", "odd"};
+  s.source = "noise";
+  Rng rng(11);
+  s.pixels.resize(static_cast<size_t>(n) * 3 * 8 * 8);
+  for (float& p : s.pixels) p = static_cast<float>(rng.uniform());
+  for (int i = 0; i < n; ++i) s.labels.push_back(i % 2);
+  return s;
+}
+
+VitConfig tiny_config() {
+  VitConfig c = test::small_config(8, true, 1);
+  c.embed_dim = 8;
+  c.num_heads = 2;
+  return c;
+}
+
+Recipe tiny_recipe() {
+  Recipe r;
+  r.epochs = 4;
+  r.batch = 4;
+  r.threads = 1;
+  return r;
+}
+
+// The visible files of a folder: name -> bytes.
+std::map<std::string, std::string> snapshot(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const std::string& e : entries(dir))
+    if (e[0] != '.') files[e] = slurp(dir + "/" + e);
+  return files;
+}
+
+// The folder's files after each of two saves made without failures (steps 1 and 2).
+struct TwoSaves {
+  std::map<std::string, std::string> first, second;
+};
+
+TwoSaves reference_saves(const ImageSet& data) {
+  const std::string dir = test::temp_dir("ckpt-ref");
+  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  t.step();
+  save_checkpoint(t, dir + "/last.safetensors", {{"data", "noise"}});
+  TwoSaves ref;
+  ref.first = snapshot(dir);
+  t.step();
+  save_checkpoint(t, dir + "/last.safetensors", {{"data", "noise"}});
+  ref.second = snapshot(dir);
+  REQUIRE(ref.first.size() == 2);  // last.safetensors and last.state.safetensors
+  REQUIRE(ref.first != ref.second);
+  return ref;
+}
+
+std::string one_line(const std::string& text) { return text.substr(0, text.find('\n')); }
+
+}  // namespace
+
+TEST_CASE("checkpoint: a save failing (ENOSPC) at any file operation leaves the previous or the new pair",
+          "[checkpoint][atomic]") {
+  const ImageSet data = noise_set(16);
+  const TwoSaves ref = reference_saves(data);
+  int failures = 0, committed = 0;
+  bool completed = false;
+  for (long n = 1; n < 40 && !completed; ++n) {
+    INFO("failing file operation " << n);
+    const std::string dir = test::temp_dir("ckpt-enospc");
+    const std::string path = dir + "/last.safetensors";
+    Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+    t.step();
+    save_checkpoint(t, path, {{"data", "noise"}});
+    t.step();
+    testing::fail_file_operation(n);
+    std::string error;
+    try {
+      save_checkpoint(t, path, {{"data", "noise"}});
+      completed = true;
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    testing::fail_file_operation(0);
+    if (!error.empty()) {
+      ++failures;
+      INFO(error);
+      CHECK(error.find('\n') == std::string::npos);
+      CHECK_THAT(error, Catch::Contains("No space left on device"));
+      const bool saved = error.find("is saved whole") != std::string::npos;
+      committed += saved;
+      if (!saved) {
+        // Nothing of the new pair reached the folder, as the message says.
+        CHECK_THAT(error, Catch::Contains("was not saved, the last one saved is kept"));
+        CHECK(snapshot(dir) == ref.first);
+        CHECK(hidden_entries(dir) == 0);
+      }
+    }
+    // Loading completes a save that passed its commit point: the newest whole pair.
+    const SavedTraining loaded = load_checkpoint(path);
+    const bool new_pair = completed || error.find("is saved whole") != std::string::npos;
+    CHECK(loaded.position.step == (new_pair ? 2 : 1));
+    CHECK(snapshot(dir) == (new_pair ? ref.second : ref.first));
+    INFO([&] {
+      std::string names;
+      for (const std::string& e : entries(dir)) names += e + " ";
+      return names;
+    }());
+    CHECK(hidden_entries(dir) == 0);
+  }
+  CHECK(completed);
+  // Write the model, write the state, the commit rename, then the two renames into place (after
+  // the commit point); removing the emptied commit folder is the 6th and is not an error.
+  CHECK(failures == 5);
+  CHECK(committed == 2);
+}
+
+TEST_CASE("checkpoint: a save killed at any file operation leaves a pair the next load or save uses",
+          "[checkpoint][atomic][signals]") {
+  const ImageSet data = noise_set(16);
+  const TwoSaves ref = reference_saves(data);
+  int killed = 0;
+  for (long n = 1; n <= 7; ++n) {
+    for (const bool then_save : {false, true}) {
+      INFO("killed at file operation " << n << (then_save ? ", then saved again" : ", then loaded"));
+      const std::string dir = test::temp_dir("ckpt-kill");
+      const std::string path = dir + "/last.safetensors";
+      Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+      t.step();
+      save_checkpoint(t, path, {{"data", "noise"}});
+      t.step();
+      const pid_t pid = ::fork();
+      REQUIRE(pid >= 0);
+      if (pid == 0) {
+        testing::fail_file_operation(n, SIGKILL);
+        try {
+          save_checkpoint(t, path, {{"data", "noise"}});
+        } catch (...) {
+          ::_exit(3);
+        }
+        ::_exit(0);
+      }
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, 0) == pid);
+      const bool was_killed = WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL;
+      if (!was_killed) {
+        // Past the last operation of a save (n = 7): it finished.
+        CHECK(n == 7);
+        CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
+      }
+      killed += was_killed && !then_save;
+      // Killed before the commit rename (operations 1 to 3): the previous pair; after it: the new.
+      const bool new_pair = n >= 4;
+      if (!then_save) {
+        const SavedTraining loaded = load_checkpoint(path);
+        CHECK(loaded.position.step == (new_pair ? 2 : 1));
+        CHECK(snapshot(dir) == (new_pair ? ref.second : ref.first));
+      } else {
+        // The next save (this process) replaces whatever the killed one left.
+        Trainer again(tiny_config(), tiny_recipe(), &data, nullptr);
+        again.step();
+        again.step();
+        save_checkpoint(again, path, {{"data", "noise"}});
+        CHECK(snapshot(dir) == ref.second);
+      }
+      INFO([&] {
+        std::string names;
+        for (const std::string& e : entries(dir)) names += e + " ";
+        return names;
+      }());
+      CHECK(hidden_entries(dir) == 0);
+    }
+  }
+  CHECK(killed == 6);  // every operation of a save: 2 writes, 3 renames, removing the commit folder
+}
+
+TEST_CASE("checkpoint: saving into a missing folder is one line and writes nothing", "[checkpoint][atomic]") {
+  const ImageSet data = noise_set(16);
+  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  t.step();
+  try {
+    save_checkpoint(t, "/nonexistent-vitlens-folder/last.safetensors", {{"data", "noise"}});
+    FAIL("saved into a missing folder");
+  } catch (const Error& e) {
+    const std::string what = e.what();
+    CHECK(what.find('\n') == std::string::npos);
+    CHECK_THAT(what, Catch::Contains("/nonexistent-vitlens-folder"));
+    CHECK_THAT(what, Catch::Contains("was not saved"));
+  }
+}
+
+TEST_CASE("checkpoint: names that only look like ours are never moved or removed", "[checkpoint][atomic]") {
+  const ImageSet data = noise_set(16);
+  const std::string dir = test::temp_dir("ckpt-lookalike");
+  const std::string path = dir + "/last.safetensors";
+  // A folder and a file named like a commit folder but not in its exact form, with a file the
+  // user keeps there; a stale temporary of a process that is gone is ours and goes.
+  const std::vector<std::string> kept = {".vitlens-group-notours", ".vitlens-group-0123456789abcdef-12-abcde",
+                                         ".vitlens-groupie"};
+  REQUIRE(::mkdir((dir + "/" + kept[0]).c_str(), 0755) == 0);
+  test::spit(dir + "/" + kept[0] + "/last.safetensors", "the user's own file");
+  test::spit(dir + "/" + kept[1], "not ours");
+  test::spit(dir + "/" + kept[2], "not ours");
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  test::spit(dir + "/.vitlens-tmp-" + std::to_string(gone) + "-Ab12Cd", "a temporary of ours");
+  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  t.step();
+  save_checkpoint(t, path, {{"data", "noise"}});
+  CHECK(load_checkpoint(path).position.step == 1);
+  std::vector<std::string> hidden;
+  for (const std::string& e : entries(dir))
+    if (e[0] == '.') hidden.push_back(e);
+  std::vector<std::string> expect = kept;
+  std::sort(expect.begin(), expect.end());
+  CHECK(hidden == expect);
+  CHECK(slurp(dir + "/" + kept[0] + "/last.safetensors") == "the user's own file");
+}
+
+// ---- damaged states ----
+namespace {
+
+struct Damage {
+  std::string what;                                 // the case, for the report
+  std::function<void(SafetensorsFile&)> apply;      // edits the state file
+  std::string field;                                // the message names it
+};
+
+// The first entry of a tensor whose name starts with `prefix`.
+float& first_of(SafetensorsFile& f, const std::string& prefix) {
+  for (auto& [name, tensor] : f.tensors)
+    if (name.rfind(prefix, 0) == 0 && !tensor.values.empty()) return tensor.values[0];
+  throw std::runtime_error("no tensor " + prefix);
+}
+
+std::vector<Damage> damages() {
+  return {
+      {"NaN in adam_v", [](SafetensorsFile& f) { first_of(f, "adam_v.") = NAN; }, "adam_v."},
+      {"infinity in adam_m", [](SafetensorsFile& f) { first_of(f, "adam_m.") = INFINITY; }, "adam_m."},
+      {"negative adam_v", [](SafetensorsFile& f) { first_of(f, "adam_v.") = -1e-3f; }, "adam_v."},
+      {"huge adam_m", [](SafetensorsFile& f) { first_of(f, "adam_m.") = 1e30f; }, "adam_m."},
+      {"adam_m beyond Adam's reach beside adam_v",
+       [](SafetensorsFile& f) {
+         first_of(f, "adam_v.") = 1e-6f;
+         first_of(f, "adam_m.") = 0.5f;
+       },
+       "adam_m."},
+      {"adam_step 2^63-1", [](SafetensorsFile& f) { f.metadata["adam_step"] = "9223372036854775807"; }, "adam_step"},
+      {"all-zero Rng",
+       [](SafetensorsFile& f) {
+         for (int i = 0; i < 4; ++i) f.metadata["rng" + std::to_string(i)] = "0";
+       },
+       "rng"},
+      {"negative Rng word", [](SafetensorsFile& f) { f.metadata["rng2"] = "-5"; }, "rng2"},
+      {"repeated data_order entry",
+       [](SafetensorsFile& f) {
+         std::vector<float>& order = f.tensors.at("data_order").values;
+         order[1] = order[0];
+       },
+       "data_order"},
+      {"data_order entry out of range",
+       [](SafetensorsFile& f) {
+         std::vector<float>& order = f.tensors.at("data_order").values;
+         order[0] = static_cast<float>(order.size());
+       },
+       "data_order"},
+      {"position beyond the epoch", [](SafetensorsFile& f) { f.metadata["position"] = "999"; }, "position"},
+      {"negative epoch", [](SafetensorsFile& f) { f.metadata["epoch"] = "-1"; }, "epoch"},
+  };
+}
+
+// Saves a checkpoint, damages its state, and returns the load error ("" when it loads).
+std::string load_error_after(const std::string& dir, const Damage& d, const std::function<void(const std::string&)>& save,
+                             const std::function<void(const std::string&)>& load) {
+  const std::string path = dir + "/last.safetensors";
+  save(path);
+  SafetensorsFile state = read_safetensors(checkpoint_state_path(path));
+  d.apply(state);
+  write_safetensors(checkpoint_state_path(path), state);
+  try {
+    load(path);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("checkpoint: every damaged field of a classifier's state is refused, naming the file and field",
+          "[checkpoint][damaged]") {
+  const ImageSet data = noise_set(16);
+  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  for (int i = 0; i < 3; ++i) t.step();
+  for (const Damage& d : damages()) {
+    INFO(d.what);
+    const std::string dir = test::temp_dir("ckpt-damaged");
+    const std::string error = load_error_after(
+        dir, d, [&](const std::string& p) { save_checkpoint(t, p, {{"data", "noise"}}); },
+        [](const std::string& p) { (void)load_checkpoint(p); });
+    INFO(error);
+    CHECK(error.find('\n') == std::string::npos);
+    CHECK_THAT(error, Catch::Contains(dir + "/last.state.safetensors"));
+    CHECK_THAT(error, Catch::Contains(d.field));
+  }
+  // The undamaged state loads, and restores into the trainer it came from.
+  const std::string dir = test::temp_dir("ckpt-good");
+  save_checkpoint(t, dir + "/last.safetensors", {{"data", "noise"}});
+  const SavedTraining saved = load_checkpoint(dir + "/last.safetensors");
+  Trainer resumed(saved.config, saved.recipe, &data, nullptr);
+  resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  CHECK(resumed.position().step == 3);
+}
+
+TEST_CASE("checkpoint: an MAE state's data order holds each photo crops_per_photo times, and damage is refused",
+          "[checkpoint][damaged][mae]") {
+  const std::string photos_dir = test::photo_folder("ckpt-mae");
+  const PhotoCorpus photos = load_photo_corpus(photos_dir, 16, nullptr);
+  VitConfig config = test::small_config(16, true, 1);
+  config.embed_dim = 8;
+  config.num_heads = 2;
+  MaeOptions options;
+  options.shape.decoder_dim = 8;
+  options.shape.decoder_depth = 1;
+  options.shape.decoder_heads = 2;
+  options.crops_per_photo = 2;
+  Recipe recipe = tiny_recipe();
+  MaeTrainer t(config, recipe, options, &photos, nullptr);
+  t.step();
+  std::vector<Damage> cases = damages();
+  cases.push_back({"a photo more often than its crops",
+                   [](SafetensorsFile& f) {
+                     std::vector<float>& order = f.tensors.at("data_order").values;
+                     const float photo = order[0], other = photo == 0.0f ? 1.0f : 0.0f;
+                     for (float& v : order)
+                       if (v == photo) v = other;  // `other` four times, `photo` never
+                   },
+                   "data_order"});
+  cases.push_back({"NaN in a decoder weight", [](SafetensorsFile& f) { first_of(f, "decoder_") = NAN; }, "decoder_"});
+  for (const Damage& d : cases) {
+    INFO(d.what);
+    const std::string dir = test::temp_dir("ckpt-mae-damaged");
+    const std::string error = load_error_after(
+        dir, d, [&](const std::string& p) { save_mae_checkpoint(t, p, {{"data", "photos"}}); },
+        [](const std::string& p) { (void)load_mae_checkpoint(p); });
+    INFO(error);
+    CHECK(error.find('\n') == std::string::npos);
+    CHECK_THAT(error, Catch::Contains("last.state.safetensors"));
+    CHECK_THAT(error, Catch::Contains(d.field));
+  }
+  const std::string dir = test::temp_dir("ckpt-mae-good");
+  save_mae_checkpoint(t, dir + "/last.safetensors", {{"data", "photos"}});
+  CHECK(load_mae_checkpoint(dir + "/last.safetensors").position.step == 1);
+}
+
+// ---- the CLI ----
+namespace {
+
+bool have_fashion_mnist() {
+  struct stat st {};
+  return ::stat((default_fashion_mnist_dir() + "/train-labels-idx1-ubyte.gz").c_str(), &st) == 0 ||
+         ::stat((default_fashion_mnist_dir() + "/train-labels-idx1-ubyte").c_str(), &st) == 0;
+}
+
+const std::vector<std::string> kTinyRun = {"--data", "fashion-mnist", "--limit", "64", "--depth", "1", "--embed-dim",
+                                           "8", "--heads", "2", "--patch", "7", "--batch", "16", "--threads", "1"};
+
+test::Child run_train(const std::vector<std::string>& args, const std::string& err_path) {
+  std::vector<std::string> all = {VITLENS_BINARY, "train"};
+  all.insert(all.end(), args.begin(), args.end());
+  return test::reap(test::spawn(all, err_path), err_path);
+}
+
+std::vector<std::string> with(std::vector<std::string> a, const std::vector<std::string>& more) {
+  a.insert(a.end(), more.begin(), more.end());
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE("train CLI: SIGHUP saves and stops the run as SIGINT and SIGTERM do", "[checkpoint][cli][signals]") {
+  REQUIRE(have_fashion_mnist());  // scripts/setup.sh installs dataset-fashion-mnist
+  for (int sig : {SIGHUP, SIGTERM, SIGINT}) {
+    INFO("signal " << sig);
+    const std::string dir = test::temp_dir("ckpt-signal");
+    const std::string err = dir + "/err";
+    // 4 steps per epoch, far more epochs than run before the signal; not a terminal, so each step
+    // prints a progress line ("... step N/4000 ...").
+    const pid_t pid = test::spawn(with({VITLENS_BINARY, "train"}, with(kTinyRun, {"--epochs", "1000", "--out", dir + "/run"})), err);
+    int64_t seen = 0;
+    while (seen < 6) {
+      const std::string text = slurp(err);
+      const size_t at = text.rfind(" step ");
+      if (at != std::string::npos) seen = std::atoll(text.c_str() + at + 6);
+      int status = 0;
+      REQUIRE(::waitpid(pid, &status, WNOHANG) == 0);  // still running
+      if (seen < 6) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    ::kill(pid, sig);
+    const test::Child child = test::reap(pid, err);
+    INFO(child.err);
+    CHECK(child.signal == 0);
+    CHECK(child.code == 1);
+    const size_t stopped = child.err.find("stopped at step ");
+    REQUIRE(stopped != std::string::npos);
+    const int64_t step = std::atoll(child.err.c_str() + stopped + 16);
+    CHECK(step >= seen);
+    CHECK_THAT(child.err, Catch::Contains("continue with --resume " + dir + "/run/last.safetensors"));
+    CHECK(load_checkpoint(dir + "/run/last.safetensors").position.step == step);
+    CHECK(hidden_entries(dir + "/run") == 0);
+  }
+}
+
+TEST_CASE("train CLI: --resume of a pair whose save was killed halfway resumes from the new pair",
+          "[checkpoint][cli][atomic]") {
+  REQUIRE(have_fashion_mnist());
+  const std::string dir = test::temp_dir("ckpt-cli-resume");
+  const std::string run = dir + "/run", path = run + "/last.safetensors";
+  const test::Child first = run_train(with(kTinyRun, {"--epochs", "2", "--stop-after", "2", "-q", "--out", run}), dir + "/err");
+  INFO(first.err);
+  REQUIRE(first.code == 0);
+  // Step 3 saved by a process killed after the model file was moved into place but before the
+  // state was: the folder holds the new model beside the old state, and the new state waits in
+  // the commit folder.
+  const SavedTraining saved = load_checkpoint(path);
+  const ImageSet data = load_fashion_mnist(default_fashion_mnist_dir(), true, 64);
+  Trainer t(saved.config, saved.recipe, &data, nullptr);
+  t.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  t.step();
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    testing::fail_file_operation(5, SIGKILL);
+    try {
+      save_checkpoint(t, path, saved.training);
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFSIGNALED(status));
+  REQUIRE(hidden_entries(run) == 1);  // the commit folder
+  const SafetensorsFile half_state = read_safetensors(checkpoint_state_path(path));
+  CHECK(half_state.metadata.at("step") == "2");
+  CHECK(nlohmann::json::parse(read_safetensors(path).metadata.at("training")).at("step") == 3);
+
+  const test::Child resumed = run_train({"--data", "fashion-mnist", "--resume", path, "--stop-after", "1"}, dir + "/err2");
+  INFO(resumed.err);
+  CHECK(resumed.code == 0);
+  CHECK_THAT(resumed.err, Catch::Contains("resuming at step 3"));
+  CHECK(load_checkpoint(path).position.step == 4);
+  CHECK(hidden_entries(run) == 0);
+}
+
+TEST_CASE("train CLI: --resume of a damaged state is one line naming the file and the field, exit 1",
+          "[checkpoint][cli][damaged]") {
+  REQUIRE(have_fashion_mnist());
+  const std::string dir = test::temp_dir("ckpt-cli-damaged");
+  const std::string run = dir + "/run", path = run + "/last.safetensors";
+  const test::Child first = run_train(with(kTinyRun, {"--epochs", "2", "--stop-after", "3", "-q", "--out", run}), dir + "/err");
+  INFO(first.err);
+  REQUIRE(first.code == 0);
+  const std::string good = slurp(checkpoint_state_path(path));
+  for (const Damage& d : damages()) {
+    INFO(d.what);
+    test::spit(checkpoint_state_path(path), good);
+    SafetensorsFile state = read_safetensors(checkpoint_state_path(path));
+    d.apply(state);
+    write_safetensors(checkpoint_state_path(path), state);
+    const std::string before = slurp(checkpoint_state_path(path));
+    const test::Child c = run_train({"--data", "fashion-mnist", "--resume", path, "-q"}, dir + "/err2");
+    INFO(c.err);
+    CHECK(c.code == 1);
+    CHECK(std::count(c.err.begin(), c.err.end(), '\n') == 1);
+    CHECK_THAT(one_line(c.err), Catch::Contains(checkpoint_state_path(path)));
+    CHECK_THAT(one_line(c.err), Catch::Contains(d.field));
+    CHECK(slurp(checkpoint_state_path(path)) == before);  // refused, not rewritten
+  }
+}

@@ -1,0 +1,234 @@
+// Hostile model files and recipes as a user meets them: vitlens run as a child (process_support.hpp)
+// on a file the test makes, with its exit code, its one line on stderr and its own peak memory,
+// each bounded. A name of megabytes, a header of tens of megabytes, an allocation that fails under
+// an address-space limit and a recipe of billions of parameters each cost a few MB and end in one
+// line: never gigabytes, an abort or a library's text.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <functional>
+
+#include <nlohmann/json.hpp>
+#include <opencv2/imgcodecs.hpp>
+
+#include "process_support.hpp"
+#include "test_support.hpp"
+#include "vitlens/files.hpp"
+#include "vitlens/model_io.hpp"
+#include "vitlens/safetensors.hpp"
+
+namespace {
+
+using namespace vitlens;
+using Catch::Contains;
+using nlohmann::json;
+using test::Child;
+using test::run_vitlens;
+
+std::string le64(uint64_t v) {
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((v >> (8 * i)) & 0xFF);
+  return out;
+}
+
+// What the user sees on stderr: one line, no raw escape byte.
+void check_one_line(const Child& c) {
+  INFO("stderr: " << c.err);
+  CHECK(c.signal == 0);
+  REQUIRE(!c.err.empty());
+  CHECK(c.err.find('\n') == c.err.size() - 1);
+  CHECK(c.err.rfind("vitlens: ", 0) == 0);
+  CHECK(c.err.find('\x1b') == std::string::npos);
+}
+
+// The small test model (two blocks) with its config JSON edited, written as F32 safetensors
+// without save_model's checks, so the config may hold what no vitlens writer would write.
+std::string write_edited_model(const std::string& dir, const std::function<void(json&)>& edit) {
+  const VitConfig c = test::small_config(16, true, 2);
+  json config = config_to_json(c);
+  edit(config);
+  SafetensorsFile file;
+  file.tensors = test::random_tensors(c, 5);
+  file.metadata["config"] = config.dump();
+  const std::string path = dir + "/edited.safetensors";
+  write_safetensors(path, file);
+  return path;
+}
+
+// A header of `header_text` (padded with spaces) and `data_bytes` of zero data, the data made by
+// extending the file (sparse: no disk, no memory in this process).
+std::string write_header_and_zeros(const std::string& path, std::string header_text, uint64_t data_bytes) {
+  header_text.append((8 - header_text.size() % 8) % 8, ' ');
+  const std::string start = le64(header_text.size()) + header_text;
+  write_file_atomic(path, start);
+  REQUIRE(::truncate(path.c_str(), static_cast<off_t>(start.size() + data_bytes)) == 0);
+  return path;
+}
+
+// A valid vitlens model file whose every tensor is `dtype` zeros (zeros are fine weights).
+std::string write_zero_model(const std::string& path, const VitConfig& config, const std::string& dtype) {
+  const uint64_t elem = dtype == "F16" ? 2 : 4;
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const auto& [name, shape] : expected_tensor_shapes(config)) {
+    uint64_t n = 1;
+    for (int64_t d : shape) n *= static_cast<uint64_t>(d);
+    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {offset, offset + n * elem}}};
+    offset += n * elem;
+  }
+  header["__metadata__"] = {{"config", config_to_json(config).dump()}, {"format", "pt"}};
+  return write_header_and_zeros(path, header.dump(), offset);
+}
+
+std::string write_photo(const std::string& path, int side) {
+  cv::Mat img(side, side, CV_8UC3);
+  cv::randu(img, 0, 255);
+  REQUIRE(cv::imwrite(path, img));
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("a model's name and description of megabytes cost what short ones cost, and print escaped",
+          "[hostile-model][text]") {
+  const std::string dir = test::temp_dir("name-bomb");
+  const std::string escapes = "\x1b[31mred\x1b]0;retitled\x07\r";
+  const std::string model = write_edited_model(dir, [&](json& j) {
+    j["name"] = escapes + std::string(1 << 20, 'n');  // 1 MB: 22 s, 2.6 GB and a 409 MB montage before
+    j["description"] = escapes + std::string(1 << 20, 'd');
+    j["head_descriptions"] = {{escapes + std::string(1 << 20, 'h'), "b", "c", "d"}, {"e", "f", "g", "h"}};
+  });
+  const std::string image = write_photo(dir + "/photo.png", 40);
+
+  const Child info = run_vitlens({"info", "--model", model});
+  INFO("stderr: " << info.err);
+  CHECK(info.code == 0);
+  CHECK(info.out.find('\x1b') == std::string::npos);  // shown as \x1b, never sent
+  CHECK(info.out.find('\x07') == std::string::npos);
+  CHECK(info.out.find('\r') == std::string::npos);
+  CHECK_THAT(info.out, Contains("\\x1b[31mred"));
+  CHECK(info.out.size() < 16 * 1024);
+  CHECK(info.max_rss_kb < 150 * 1024);
+
+  const Child exported = run_vitlens({"export", image, "--model", model, "--out", dir, "-q"});
+  INFO("stderr: " << exported.err);
+  CHECK(exported.code == 0);
+  const cv::Mat montage = cv::imread(dir + "/photo_montage.png");
+  REQUIRE(!montage.empty());
+  CHECK(montage.rows < 2000);
+  CHECK(montage.cols < 2000);
+  CHECK(exported.max_rss_kb < 300 * 1024);
+  WARN("1 MB name: info peak " << info.max_rss_kb / 1024 << " MiB, export peak " << exported.max_rss_kb / 1024
+                               << " MiB, montage " << montage.cols << "x" << montage.rows);
+
+  // An error quoting the name: one line, escaped, not a megabyte.
+  const Child error = run_vitlens({"export", image, "--model", model, "--out", dir, "--layer", "7"});
+  CHECK(error.code == 2);  // a flag the model cannot take
+  check_one_line(error);
+  CHECK_THAT(error.err, Contains("\\x1b"));
+  CHECK(error.err.size() < 4096);
+
+  // --heads that contradicts the file is one line too (it was silently ignored).
+  const Child heads = run_vitlens({"info", "--model", model, "--heads", "2"});
+  CHECK(heads.code == 1);
+  check_one_line(heads);
+  CHECK_THAT(heads.err, Contains("--heads 2") && Contains("4 heads"));
+}
+
+TEST_CASE("a safetensors header of tens of MB costs about its own size and ends in one line", "[hostile-model][memory]") {
+  const std::string dir = test::temp_dir("header-bomb");
+  struct Case {
+    const char* what;
+    std::string header;
+    uint64_t data;
+  };
+  std::vector<Case> cases;
+  {
+    // 32 MB of small __metadata__ entries: a DOM of each costs about 20 times its text.
+    std::string text = "{\"__metadata__\":{";
+    for (int i = 0; text.size() < (32u << 20); ++i) text += (i ? ",\"" : "\"") + std::to_string(i) + "\":\"\"";
+    cases.push_back({"metadata_keys", text + "}}", 0});
+  }
+  {
+    // 32 MB of tiny tensor entries, each of one F32 value: a valid container, until the count.
+    std::string text = "{";
+    uint64_t i = 0;
+    for (; text.size() < (32u << 20); ++i)
+      text += (i ? ",\"" : "\"") + std::to_string(i) + "\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[" +
+              std::to_string(4 * i) + "," + std::to_string(4 * i + 4) + "]}";
+    cases.push_back({"tensors", text + "}", 4 * i});
+  }
+  {
+    // One 32 MB metadata string: a JSON reader holds two growing copies of the token it reads.
+    cases.push_back({"metadata_string", "{\"__metadata__\":{\"notes\":\"" + std::string(32u << 20, 'x') + "\"}}", 0});
+  }
+  {
+    // 32 MB of 256 KB metadata strings: allowed, and each is kept once.
+    std::string text = "{\"__metadata__\":{";
+    for (int i = 0; i < 128; ++i) text += (i ? ",\"" : "\"") + std::to_string(i) + "\":\"" + std::string(256 << 10, 'x') + "\"";
+    cases.push_back({"metadata_strings", text + "}}", 0});
+  }
+  for (const Case& c : cases) {
+    INFO(c.what);
+    const std::string path = write_header_and_zeros(dir + "/" + c.what + ".safetensors", c.header, c.data);
+    // Under a 2 GB address-space limit too: the header must never get near it (SIGABRT before).
+    const Child run = run_vitlens({"info", "--model", path}, 2048);
+    CHECK(run.code == 1);
+    check_one_line(run);
+    const double header_mb = static_cast<double>(c.header.size()) / (1 << 20);
+    WARN(c.what << ": " << header_mb << " MB header, peak " << run.max_rss_kb / 1024 << " MiB: " << run.err);
+    // The file is read whole (1x), the header parsed once more at most (a metadata string): 3x
+    // plus the program is generous; a DOM was 10 to 20 times the header.
+    CHECK(run.max_rss_kb / 1024.0 < 3.0 * header_mb + 60.0);
+  }
+}
+
+TEST_CASE("an allocation that fails is one line and exit code 1, never an abort", "[hostile-model][oom]") {
+  const std::string dir = test::temp_dir("oom");
+  // A ViT of width 1024 and 12 blocks (151 M parameters) as F16 zeros: a 288 MB file (sparse
+  // here). Loading holds the file and its 576 MB of floats, then the floats and the 576 MB model:
+  // the file-size check predicts 864 MB (3x the file), loading takes 1152 MB. vitlens itself maps
+  // about 190 MB before it loads a model.
+  VitConfig c = test::small_config(16, true, 12);
+  c.embed_dim = 1024;
+  c.num_heads = 8;
+  c.mlp_ratio = 4.0;
+  const std::string half = write_zero_model(dir + "/half.safetensors", c, "F16");
+  // The limit lies half way between what the check predicts and what loading takes.
+  const Child oom = run_vitlens({"info", "--model", half}, 1200);
+  INFO("stderr: " << oom.err);
+  CHECK(oom.code == 1);
+  check_one_line(oom);
+  CHECK_THAT(oom.err, Contains("out of memory"));
+
+  // The same model in F32 under a limit below 3x its file: refused up front, with the numbers.
+  const std::string full = write_zero_model(dir + "/full.safetensors", c, "F32");
+  const Child refused = run_vitlens({"info", "--model", full}, 1200);
+  INFO("stderr: " << refused.err);
+  CHECK(refused.code == 1);
+  check_one_line(refused);
+  CHECK_THAT(refused.err, Contains("GiB of memory is available"));
+  CHECK(refused.max_rss_kb < 100 * 1024);
+}
+
+TEST_CASE("a recipe of billions of parameters is refused before training, with the memory it needs",
+          "[hostile-model][train]") {
+  const std::string dir = test::temp_dir("huge-recipe");
+  REQUIRE(::mkdir((dir + "/data").c_str(), 0755) == 0);
+  for (const char* cls : {"a", "b"}) {
+    REQUIRE(::mkdir((dir + "/data/" + cls).c_str(), 0755) == 0);
+    for (int i = 0; i < 2; ++i) write_photo(dir + "/data/" + cls + "/" + std::to_string(i) + ".png", 32);
+  }
+  // 64 blocks of width 1024 with a 16x MLP: 2.4 billion parameters, 38 GB with Adam.
+  const Child run = run_vitlens({"train", "--data", dir + "/data", "--out", dir + "/run", "--depth", "64", "--embed-dim",
+                                 "1024", "--mlp-ratio", "16", "--batch", "2", "--val-split", "0", "--epochs", "1", "-q"},
+                                8192);
+  INFO("stderr: " << run.err);
+  CHECK(run.code == 1);
+  check_one_line(run);
+  CHECK_THAT(run.err, Contains("parameters) needs about") && Contains("GiB"));
+  CHECK(run.max_rss_kb < 200 * 1024);
+}
