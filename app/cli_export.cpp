@@ -93,7 +93,7 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
       ->check(CLI::IsMember({"robust", "head", "shared", "log"}))
       ->capture_default_str();
   cmd->add_option("--size", args.settings.max_side,
-                  "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size; "
+                  "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size (at most 2048); "
                   "default: the model's img_size long side. An image of exactly the model's img_size is never resampled")
       ->check(CLI::Range(0, 2048));
   cmd->add_flag("--raw", args.settings.raw,

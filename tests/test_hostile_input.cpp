@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <sstream>
 #include <thread>
 
@@ -26,6 +27,7 @@
 
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
+#include <opencv2/imgproc.hpp>
 
 #include "process_support.hpp"
 #include "test_support.hpp"
@@ -288,6 +290,289 @@ TEST_CASE("files larger than any image or model vitlens can use are refused befo
   spit(small, "0123456789");
   CHECK_THROWS_WITH(read_whole_file(small, "a test file", 9), Catch::Contains("larger than any test file"));
   CHECK(read_whole_file(small, "a test file", 10) == "0123456789");
+}
+
+// ---- the hostile-image suite: every format OpenCV reads here, whole, cut and bit-flipped ----
+namespace {
+
+// Deflate bits (RFC 1951): values LSB first, Huffman codes MSB first.
+struct DeflateBits {
+  std::string out;
+  uint32_t acc = 0;
+  int count = 0;
+  void put(uint32_t bits, int n) {
+    acc |= bits << count;
+    count += n;
+    for (; count >= 8; count -= 8, acc >>= 8) out += static_cast<char>(acc & 0xff);
+  }
+  void code(uint32_t c, int n) {
+    uint32_t reversed = 0;
+    for (int i = 0; i < n; ++i) reversed |= ((c >> i) & 1u) << (n - 1 - i);
+    put(reversed, n);
+  }
+};
+
+// A valid PNG of width x height whose pixels are all zero, compressed for real (one fixed-Huffman
+// deflate block: a zero, then copies of 258 bytes at distance 1): a few kilobytes to megabytes that
+// decode to hundreds of megabytes, as an image editor's "save at maximum compression" does.
+std::string zeros_png(uint32_t width, uint32_t height, int depth, int color_type, int channels) {
+  std::string ihdr = be32(width) + be32(height);
+  ihdr += static_cast<char>(depth);
+  ihdr += static_cast<char>(color_type);
+  ihdr += std::string(3, '\0');
+  const uint64_t row = 1 + (uint64_t{width} * static_cast<uint64_t>(channels) * static_cast<uint64_t>(depth) + 7) / 8;
+  const uint64_t raw = row * height;  // filter byte 0 and zero samples: every byte is zero
+  DeflateBits d;
+  d.put(1, 1);        // BFINAL
+  d.put(1, 2);        // BTYPE 01: fixed Huffman codes
+  d.code(0x30, 8);    // literal 0
+  for (uint64_t i = 0; i < (raw - 1) / 258; ++i) {
+    d.code(0xC5, 8);  // length 258 (code 285)
+    d.code(0, 5);     // distance 1 (code 0)
+  }
+  for (uint64_t i = 0; i < (raw - 1) % 258; ++i) d.code(0x30, 8);
+  d.code(0, 7);       // end of block
+  if (d.count > 0) d.put(0, 8 - d.count);
+  const uint32_t adler = static_cast<uint32_t>((raw % 65521) << 16 | 1);  // Adler-32 of zeros
+  const std::string z = std::string("\x78\x01", 2) + d.out + be32(adler);
+  return std::string("\x89PNG\r\n\x1a\n", 8) + png_chunk("IHDR", ihdr) + png_chunk("IDAT", z) + png_chunk("IEND", "");
+}
+
+std::string le_bytes(uint32_t v, int n) {
+  std::string s;
+  for (int i = 0; i < n; ++i) s += static_cast<char>((v >> (8 * i)) & 0xff);
+  return s;
+}
+
+// A 1 KB RLE8 BMP declaring width x height with a colour palette: one run, then end of bitmap
+// (the decoder fills the rest), 3 bytes a pixel decoded.
+std::string rle8_bmp(uint32_t width, uint32_t height) {
+  std::string palette;
+  for (int i = 0; i < 256; ++i) palette += std::string{static_cast<char>(i), static_cast<char>(255 - i), '\x40', '\0'};
+  const std::string pixels = std::string("\xff\x07\x00\x01", 4);  // 255 pixels of colour 7, end of bitmap
+  const uint32_t offset = 14 + 40 + static_cast<uint32_t>(palette.size());
+  const std::string file_header = "BM" + le_bytes(offset + static_cast<uint32_t>(pixels.size()), 4) + le_bytes(0, 4) +
+                                  le_bytes(offset, 4);
+  const std::string info = le_bytes(40, 4) + le_bytes(width, 4) + le_bytes(height, 4) + le_bytes(1, 2) + le_bytes(8, 2) +
+                           le_bytes(1, 4) /* BI_RLE8 */ + le_bytes(static_cast<uint32_t>(pixels.size()), 4) +
+                           le_bytes(2835, 4) + le_bytes(2835, 4) + le_bytes(256, 4) + le_bytes(0, 4);
+  return file_header + info + palette + pixels;
+}
+
+struct FormatCase {
+  std::string name;  // file name: the extension picks OpenCV's encoder
+  cv::Mat pixels;
+  std::vector<int> params;
+};
+
+// Small valid images of every format OpenCV writes, in 8 bits and, where the format has them,
+// 16 bits, float and 1 bit a sample.
+std::vector<FormatCase> format_cases() {
+  cv::Mat rgb(37, 53, CV_8UC3);  // OpenJPEG needs this much for its default resolution levels
+  cv::randu(rgb, 0, 255);
+  cv::GaussianBlur(rgb, rgb, cv::Size(5, 5), 0);  // photo-like, so the codecs' paths are the usual ones
+  cv::Mat gray, rgb16, gray16, rgba, rgba16, rgbf, bilevel;
+  cv::extractChannel(rgb, gray, 1);
+  rgb.convertTo(rgb16, CV_16U, 257);
+  gray.convertTo(gray16, CV_16U, 257);
+  cv::cvtColor(rgb, rgba, cv::COLOR_BGR2BGRA);
+  rgba.convertTo(rgba16, CV_16U, 257);
+  rgb.convertTo(rgbf, CV_32F, 1.0 / 255);
+  cv::threshold(gray, bilevel, 128, 255, cv::THRESH_BINARY);
+  return {{"rgb.png", rgb, {}},
+          {"rgba16.png", rgba16, {}},
+          {"bilevel.png", bilevel, {cv::IMWRITE_PNG_BILEVEL, 1}},
+          {"gray16.png", gray16, {}},
+          {"rgb.jpg", rgb, {}},
+          {"progressive.jpg", rgb, {cv::IMWRITE_JPEG_PROGRESSIVE, 1}},
+          {"gray.jpg", gray, {}},
+          {"rgb.bmp", rgb, {}},
+          {"gray.bmp", gray, {}},
+          {"rgb.tiff", rgb, {}},
+          {"rgb16.tiff", rgb16, {}},
+          {"float.tiff", rgbf, {}},
+          {"lossy.webp", rgb, {cv::IMWRITE_WEBP_QUALITY, 80}},
+          {"lossless.webp", rgba, {cv::IMWRITE_WEBP_QUALITY, 101}},
+          {"rgb.jp2", rgb, {}},
+          {"rgb16.jp2", rgb16, {}},
+          {"rgb.ppm", rgb, {}},
+          {"rgb16.ppm", rgb16, {}},
+          {"gray16.pgm", gray16, {}},
+          {"bilevel.pbm", bilevel, {}},
+          {"rgb.pam", rgb, {}},
+          {"rgb.pfm", rgbf, {}},
+          {"rgb.ras", rgb, {}},
+          {"rgb.hdr", rgbf, {}},
+          {"rgb.exr", rgbf, {}}};
+}
+
+// The loader on bytes: an image of the declared size, or a vitlens::Error of one line naming the
+// file and no library's own text. Anything else (another exception, a crash) fails the test.
+void loads_or_one_line(const std::string& bytes, const std::string& what) {
+  try {
+    const LoadedImage image = decode_image(reinterpret_cast<const unsigned char*>(bytes.data()), bytes.size(), what);
+    CHECK(image.rgb01.type() == CV_32FC3);
+    CHECK(image.rgb01.cols >= 1);
+    CHECK(image.rgb01.rows >= 1);
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    INFO(message);
+    CHECK(message.rfind(what + ": ", 0) == 0);
+    CHECK(message.find('\n') == std::string::npos);
+    CHECK(message.find("OpenCV(") == std::string::npos);
+    CHECK(message.find("libpng") == std::string::npos);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("hostile images: every format, whole, cut and bit-flipped, gives an image or one line", "[image][hostile]") {
+  const std::string dir = test::temp_dir("hostile-images");
+  std::mt19937 rng(20261206);
+  int formats = 0;
+  for (const FormatCase& f : format_cases()) {
+    INFO(f.name);
+    std::vector<unsigned char> encoded;
+    bool written = false;
+    try {
+      written = cv::imencode(f.name.substr(f.name.find('.')), f.pixels, encoded, f.params);
+    } catch (const cv::Exception&) {  // an encoder this OpenCV was built without (OpenEXR)
+    }
+    const std::string path = dir + "/" + f.name;
+    if (written) spit(path, std::string(encoded.begin(), encoded.end()));
+    if (!written || !cv::haveImageReader(path)) {
+      WARN(f.name << ": this OpenCV has no reader for it; skipped");
+      continue;
+    }
+    ++formats;
+    const std::string bytes(encoded.begin(), encoded.end());
+    // Whole: the size the file declares, pixels in [0, 1].
+    const LoadedImage whole = load_image(path);
+    CHECK(whole.source_w == 53);
+    CHECK(whole.source_h == 37);
+    CHECK(whole.rgb01.size() == cv::Size(53, 37));
+    // Cut at the start, in the header, in the pixels, one byte short.
+    for (size_t cut : {size_t{1}, size_t{8}, size_t{20}, bytes.size() / 4, bytes.size() / 2, bytes.size() * 9 / 10,
+                       bytes.size() - 1})
+      loads_or_one_line(bytes.substr(0, std::min(cut, bytes.size() - 1)), dir + "/cut" + std::to_string(cut) + "_" + f.name);
+    // One bit flipped at seeded positions, half of them in the first 64 bytes (the header).
+    for (int k = 0; k < 24; ++k) {
+      std::string flipped = bytes;
+      const size_t span = k % 2 ? std::min<size_t>(64, bytes.size()) : bytes.size();
+      const size_t at = std::uniform_int_distribution<size_t>(0, span - 1)(rng);
+      flipped[at] = static_cast<char>(flipped[at] ^ (1 << std::uniform_int_distribution<int>(0, 7)(rng)));
+      loads_or_one_line(flipped, dir + "/flip" + std::to_string(at) + "_" + f.name);
+    }
+  }
+  CHECK(formats >= 20);  // every format but OpenEXR, which Debian's OpenCV reads only when enabled
+  // OpenCV 4.6 cannot read back its own 4-channel PAM: one line, not its exception.
+  cv::Mat rgba(8, 8, CV_8UC4, cv::Scalar(1, 2, 3, 4));
+  std::vector<unsigned char> pam;
+  REQUIRE(cv::imencode(".pam", rgba, pam));
+  loads_or_one_line(std::string(pam.begin(), pam.end()), dir + "/rgba.pam");
+}
+
+TEST_CASE("hostile images through the real binary: exit 0, or exit 1 with one line", "[image][hostile][cli]") {
+  Setup s;
+  std::mt19937 rng(7);
+  int ran = 0;
+  for (const FormatCase& f : format_cases()) {
+    if (f.name != "rgb.png" && f.name != "progressive.jpg" && f.name != "rgb16.tiff" && f.name != "lossless.webp" &&
+        f.name != "rgb.bmp")
+      continue;
+    std::vector<unsigned char> encoded;
+    REQUIRE(cv::imencode(f.name.substr(f.name.find('.')), f.pixels, encoded, f.params));
+    std::string bytes(encoded.begin(), encoded.end());
+    for (int k = 0; k < 2; ++k) {
+      std::string damaged = k == 0 ? bytes.substr(0, bytes.size() * 2 / 3) : bytes;
+      if (k == 1)
+        for (int i = 0; i < 4; ++i) damaged[std::uniform_int_distribution<size_t>(0, damaged.size() - 1)(rng)] ^= 0x10;
+      const std::string path = s.dir + "/bad" + std::to_string(k) + "_" + f.name;
+      spit(path, damaged);
+      const Child c = run_vitlens({"export", path, "--model", s.model, "--out", s.dir, "--quiet"});
+      INFO(path << ": " << c.err);
+      CHECK(c.signal == 0);
+      CHECK((c.code == 0 || c.code == 1));
+      if (c.code == 1) {
+        CHECK(c.err.rfind("vitlens: " + path + ": ", 0) == 0);
+        CHECK(std::count(c.err.begin(), c.err.end(), '\n') == 1);
+      }
+      ++ran;
+    }
+  }
+  CHECK(ran == 10);
+}
+
+TEST_CASE("small files that decode to hundreds of megabytes are decoded within a bounded memory", "[image][bomb]") {
+  const std::string dir = test::temp_dir("bomb-inside");
+  // Each within the 120-megapixel cap: before the decode was planned, these cost 2.0, 4.2 and
+  // 1.7 GB (full-size float copies). Now the decode is downscaled in its own depth (the 1-bit
+  // PNG: 120 MB of 8-bit grey; the 16-bit RGBA one, whose own depth needs 576 MB, at 8 bits:
+  // 216 MB; the BMP: 300 MB), and no float copy is larger than 2048 a side.
+  struct Bomb {
+    std::string name, bytes;
+    int width, height;
+    long max_mb;
+  };
+  const std::vector<Bomb> bombs = {
+      {"bilevel.png", zeros_png(10950, 10950, 1, 0, 1), 10950, 10950, 220},
+      {"rgba16.png", zeros_png(9000, 8000, 16, 6, 4), 9000, 8000, 330},
+      {"rle8.bmp", rle8_bmp(10000, 10000), 10000, 10000, 400},
+  };
+  Setup s;
+  // What an export of a small image takes: the bounds below are on the growth above it.
+  const long base_kb = run_vitlens({"export", s.image, "--model", s.model, "--out", dir, "--quiet"}).max_rss_kb;
+  for (const Bomb& b : bombs) {
+    INFO(b.name << ": " << b.bytes.size() << " bytes");
+    CHECK(b.bytes.size() < 4 << 20);
+    spit(dir + "/" + b.name, b.bytes);
+    const LoadedImage image = load_image(dir + "/" + b.name);
+    CHECK(image.source_w == b.width);
+    CHECK(image.source_h == b.height);
+    CHECK(std::max(image.rgb01.cols, image.rgb01.rows) == kMaxLoadSide);
+    const Child c = run_vitlens({"export", dir + "/" + b.name, "--model", s.model, "--out", dir, "--quiet"});
+    INFO(c.err << "peak " << c.max_rss_kb / 1024 << " MB, " << (c.max_rss_kb - base_kb) / 1024 << " MB above a small image's");
+    CHECK(c.code == 0);
+    CHECK(c.max_rss_kb - base_kb < b.max_mb * 1024);
+  }
+  // A large JPEG is decoded reduced by libjpeg itself: 8400 x 8400 grey at a quarter, 2100 x 2100
+  // (4 MB), then by area to 2048; decoded whole it would be 70 MB before any copy.
+  cv::Mat photo(8400, 8400, CV_8UC1, cv::Scalar(90));
+  std::vector<unsigned char> jpg;
+  REQUIRE(cv::imencode(".jpg", photo, jpg));
+  photo.release();
+  spit(dir + "/large.jpg", std::string(jpg.begin(), jpg.end()));
+  const Child c = run_vitlens({"export", dir + "/large.jpg", "--model", s.model, "--out", dir, "--quiet"});
+  INFO(c.err << "peak " << c.max_rss_kb / 1024 << " MB, " << (c.max_rss_kb - base_kb) / 1024 << " MB above a small image's");
+  CHECK(c.code == 0);
+  CHECK(c.max_rss_kb - base_kb < 80 * 1024);  // the float result alone is 50 MB
+}
+
+TEST_CASE("an image whose decode needs more memory than vitlens uses for one is refused first, naming it", "[image][bomb]") {
+  // A small JPEG 2000 file whose header declares 10000 x 10000 RGB: OpenJPEG would hold 12 bytes a
+  // sample (its image and tiles as int32), 2.7 GB; refused from the header, before decoding.
+  cv::Mat small(64, 64, CV_8UC3, cv::Scalar(1, 2, 3));
+  std::vector<unsigned char> jp2;
+  if (!cv::imencode(".jp2", small, jp2)) {
+    WARN("this OpenCV writes no JPEG 2000; skipped");
+    return;
+  }
+  std::string bytes(jp2.begin(), jp2.end());
+  const size_t ihdr = bytes.find("ihdr"), siz = bytes.find("\xff\x51");
+  REQUIRE(ihdr != std::string::npos);
+  REQUIRE(siz != std::string::npos);
+  bytes.replace(ihdr + 4, 8, be32(10000) + be32(10000));    // ihdr: height, width
+  bytes.replace(siz + 6, 8, be32(10000) + be32(10000));     // SIZ: Xsiz, Ysiz (offsets 0)
+  const std::string dir = test::temp_dir("bomb-memory");
+  spit(dir + "/big.jp2", bytes);
+  CHECK_THROWS_WITH(load_image(dir + "/big.jp2"),
+                    Catch::Contains("big.jp2: the 10000x10000 JPEG 2000 image needs") &&
+                        Catch::Contains("to decode, more than vitlens uses for one image (512 MiB)"));
+  Setup s;
+  const Child c = run_vitlens({"export", dir + "/big.jp2", "--model", s.model, "--out", dir});
+  CHECK(c.code == 1);
+  CHECK(std::count(c.err.begin(), c.err.end(), '\n') == 1);
+  CHECK(c.max_rss_kb < 200 * 1024);
 }
 
 TEST_CASE("a long stem works: temporary names are short whatever the output names", "[export][files]") {

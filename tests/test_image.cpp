@@ -3,6 +3,9 @@
 
 #include <fstream>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <opencv2/imgcodecs.hpp>
 
 #include "test_support.hpp"
@@ -58,6 +61,39 @@ TEST_CASE("bad image files give one clear error naming the file", "[image][error
   REQUIRE(cv::imencode(".png", img, png));
   CHECK_THROWS_AS(load_image_rgb(write_bytes(dir, "cut.png", std::string(png.begin(), png.begin() + png.size() / 2))), Error);
   CHECK_THROWS_WITH(load_image_rgb(dir), Catch::Contains(dir) && Catch::Contains("is a folder"));
+}
+
+TEST_CASE("a path that cannot be opened says why: link loop, permission, pipe, device, not a folder", "[image][errors]") {
+  const std::string dir = test::temp_dir("openerr");
+  // A loop of symbolic links: stat fails with ELOOP, not ENOENT.
+  REQUIRE(::symlink("loop_b.png", (dir + "/loop_a.png").c_str()) == 0);
+  REQUIRE(::symlink("loop_a.png", (dir + "/loop_b.png").c_str()) == 0);
+  CHECK_THROWS_WITH(load_image_rgb(dir + "/loop_a.png"),
+                    Catch::Contains("loop_a.png") && Catch::Contains("loop of symbolic links") &&
+                        !Catch::Contains("no such file"));
+  // A link to nothing is a missing file.
+  REQUIRE(::symlink("nowhere.png", (dir + "/dangling.png").c_str()) == 0);
+  CHECK_THROWS_WITH(load_image_rgb(dir + "/dangling.png"), Catch::Contains("no such file"));
+  // A file used as a folder.
+  const std::string file = write_bytes(dir, "file.png", "x");
+  CHECK_THROWS_WITH(load_image_rgb(file + "/inside.png"), Catch::Contains("a part of the path is not a folder"));
+  // A pipe is refused from stat, before any open that would wait for a writer (the test would hang).
+  REQUIRE(::mkfifo((dir + "/pipe.png").c_str(), 0644) == 0);
+  CHECK_THROWS_WITH(load_image_rgb(dir + "/pipe.png"), Catch::Contains("pipe.png") && Catch::Contains("is a pipe (FIFO)"));
+  CHECK_THROWS_WITH(load_image_rgb("/dev/null"), Catch::Contains("/dev/null") && Catch::Contains("is a device"));
+  // The same reader opens model files: its words name the kind of file expected.
+  CHECK_THROWS_WITH(read_whole_file(dir + "/pipe.png", "a model file", 100), Catch::Contains("a model file was expected"));
+  // Permission: a folder that cannot be searched makes stat fail with EACCES (root is never refused).
+  ::mkdir((dir + "/closed").c_str(), 0755);
+  write_bytes(dir + "/closed", "a.png", "x");
+  REQUIRE(::chmod((dir + "/closed").c_str(), 0) == 0);
+  if (::geteuid() != 0) {
+    CHECK_THROWS_WITH(load_image_rgb(dir + "/closed/a.png"),
+                      Catch::Contains("permission denied") && !Catch::Contains("no such file"));
+  } else {
+    WARN("running as root: the permission case cannot be made here");
+  }
+  ::chmod((dir + "/closed").c_str(), 0755);
 }
 
 TEST_CASE("size policy: never resample the model size, downscale large, pad to whole patches", "[image]") {

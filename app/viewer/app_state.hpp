@@ -62,7 +62,7 @@ struct LoadedModel {
 struct SourceImage {
   uint64_t serial = 0;
   std::string path;
-  cv::Mat rgb01;  // CV_32FC3 RGB [0, 1] as load_image_rgb returns it, before resizing
+  LoadedImage pixels;  // as load_image returns it (at most kMaxLoadSide a side, with the file's own size), before resizing
 };
 
 // Attention rollout as a view mode (rollout.hpp): it needs every layer's (N, N) weights, so it is

@@ -53,18 +53,18 @@ void DrawWorkingSize(App& app) {
   gui::HelpMarker("The image's long side is scaled down to this (never up; aspect kept) and padded to whole patches. "
                   "More pixels give more tokens: the forward pass grows as tokens squared. An image of exactly the "
                   "model's img_size is never resampled, as `vitlens export` does.");
-  const cv::Mat& src = app.doc.image->rgb01;
-  if (src.cols == config.img_w && src.rows == config.img_h)
+  const LoadedImage& src = app.doc.image->pixels;  // the file's own size, whatever size it was loaded at
+  if (src.source_w == config.img_w && src.source_h == config.img_h)
     gui::TextWrappedDisabled("this image is the model's own size: it is never resampled");
   if (app.ui.compute.max_side > 0) {
     if (gui::SmallButton("model size")) app.ui.compute.max_side = 0;
   }
   if (edit != committed) {
-    const GridPrediction g = predict_grid(src.cols, src.rows, config, edit);
+    const GridPrediction g = predict_grid(src.source_w, src.source_h, config, edit);
     gui::TextWrappedDisabled("on release: %dx%d px, grid %dx%d, %d tokens", g.content_w, g.content_h, g.grid_h, g.grid_w,
                              g.tokens);
   } else if (app.doc.comp && app.doc.comp->key.max_side == committed) {
-    gui::TextWrappedDisabled("%dx%d image -> %s", src.cols, src.rows, status_text(app).c_str());
+    gui::TextWrappedDisabled("%dx%d image -> %s", src.source_w, src.source_h, status_text(app).c_str());
   } else {
     gui::TextWrappedDisabled("computing at %d px ...", committed);
   }

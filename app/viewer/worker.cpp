@@ -187,7 +187,7 @@ ComputeResult Worker::run_compute(uint64_t id, const ComputeJob& job) {
     if (!job.load_image.empty()) {
       set_activity("loading image " + job.load_image);
       auto loaded = std::make_shared<SourceImage>();
-      loaded->rgb01 = load_image_rgb(job.load_image);
+      loaded->pixels = load_image(job.load_image);
       loaded->path = job.load_image;
       loaded->serial = g_next_serial++;
       result.image = std::move(loaded);
@@ -204,7 +204,7 @@ ComputeResult Worker::run_compute(uint64_t id, const ComputeJob& job) {
     comp->serial = g_next_serial++;
     comp->key = make_forward_key(*result.model, *result.image, job.choice);
     set_activity("preparing the image");
-    comp->image = prepare_image(result.image->rgb01, model.config, comp->key.max_side, result.image->path);
+    comp->image = prepare_image(result.image->pixels, model.config, comp->key.max_side, result.image->path);
     const size_t patches = static_cast<size_t>(comp->image.grid.grid_h * comp->image.grid.grid_w);
     if (!comp->key.painted.empty() && comp->key.painted.size() != patches) comp->key.painted.clear();
 

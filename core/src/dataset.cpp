@@ -529,7 +529,7 @@ ImageSet load_image_folder(const std::string& dir, int img_size, FolderReport* r
     for (const std::string& file : files) {
       cv::Mat rgb;
       try {
-        rgb = load_image_rgb(file);
+        rgb = load_image(file, kMaxLoadSide, img_size).rgb01;  // short side kept for the crop
       } catch (const Error& e) {
         note_skip(report, e.what());
         continue;
@@ -603,19 +603,10 @@ PhotoCorpus load_photo_corpus(const std::string& dir, int max_side, FolderReport
   for (const std::string& file : walk.files) {
     cv::Mat rgb;
     try {
-      rgb = load_image_rgb(file);
+      rgb = load_image(file, max_side).rgb01;  // capped at max_side by the loader, by area
     } catch (const Error& e) {
       note_skip(report, e.what());
       continue;
-    }
-    const int long_side = std::max(rgb.rows, rgb.cols);
-    if (long_side > max_side) {
-      const double f = static_cast<double>(max_side) / long_side;
-      const int w = std::max(1, static_cast<int>(std::lround(rgb.cols * f)));
-      const int h = std::max(1, static_cast<int>(std::lround(rgb.rows * f)));
-      cv::Mat small;
-      cv::resize(rgb, small, cv::Size(w, h), 0, 0, cv::INTER_AREA);
-      rgb = small;
     }
     std::vector<float> planar(3 * static_cast<size_t>(rgb.rows) * static_cast<size_t>(rgb.cols));
     append_planar(rgb, planar.data());

@@ -125,7 +125,7 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
   ImageAnalysis a;
   a.image_path = image_path;
   const int max_side = settings.max_side < 0 ? default_max_side(model.config) : settings.max_side;
-  a.image = prepare_image(load_image_rgb(image_path), model.config, max_side, image_path);
+  a.image = prepare_image(load_image(image_path), model.config, max_side, image_path);
   const int tokens = model.config.prefix_tokens() + a.image.grid.grid_h * a.image.grid.grid_w;
   if (tokens > kMaxTokens)
     throw Error(image_path + ": " + std::to_string(tokens) + " tokens at working size " + std::to_string(a.image.content_w) +

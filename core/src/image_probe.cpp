@@ -53,6 +53,10 @@ void probe_png(const Bytes& b, ImageProbe& out) {
   }
   out.width = static_cast<int64_t>(b.be(16, 4));
   out.height = static_cast<int64_t>(b.be(20, 4));
+  // Colour type: 0 grey, 2 RGB, 3 palette (RGB, or RGBA with a tRNS chunk), 4 grey + alpha, 6 RGBA.
+  const uint64_t depth = b.be(24, 1), colour = b.be(25, 1);
+  out.channels = colour == 0 ? 1 : colour == 2 ? 3 : colour == 4 ? 2 : 4;
+  out.bits = colour == 3 ? 8 : static_cast<int>(depth);
   // Chunks: length (4, big-endian), type (4), data, CRC (4); the last one is IEND.
   size_t at = 8;
   while (b.has(at, 8)) {
@@ -89,6 +93,9 @@ void probe_jpeg(const Bytes& b, ImageProbe& out) {
     // SOF0..SOF15 except DHT (C4), JPG (C8) and DAC (CC): precision, height, width.
     if (marker >= 0xC0 && marker <= 0xCF && marker != 0xC4 && marker != 0xC8 && marker != 0xCC && !frame) {
       frame = true;
+      out.bits = static_cast<int>(b.be(at + 4, 1));
+      out.channels = static_cast<int>(b.be(at + 9, 1));
+      out.progressive = marker == 0xC2 || marker == 0xC6 || marker == 0xCA || marker == 0xCE;
       out.height = static_cast<int64_t>(b.be(at + 5, 2));
       out.width = static_cast<int64_t>(b.be(at + 7, 2));
       if (out.height == 0) out.height = -1;  // declared later by a DNL marker: unknown here
@@ -121,6 +128,8 @@ void probe_bmp(const Bytes& b, ImageProbe& out) {
     out.damage = "its header is cut short (truncated)";
     return;
   }
+  out.channels = bpp == 32 ? 4 : 3;  // palettes and 16-bit pixels decode to 8-bit colour
+  out.bits = 8;
   // Uncompressed rows are padded to 4 bytes; the pixel data starts at the offset in bytes 10..13.
   if ((compression == 0 || compression == 3 || compression == 6) && out.width > 0 && out.width < (1 << 24) &&
       out.height < (1 << 24) && bpp > 0 && bpp <= 64) {
@@ -156,12 +165,17 @@ void probe_tiff(const Bytes& b, ImageProbe& out, bool big) {
   };
   std::vector<uint64_t> offsets, counts, v;
   bool offsets_ok = true;
+  out.channels = 1;  // the defaults of SamplesPerPixel and BitsPerSample
+  out.bits = 1;
   for (uint64_t i = 0; i < entries; ++i) {
     const size_t entry = static_cast<size_t>(ifd) + static_cast<size_t>(count_len) + static_cast<size_t>(i) * static_cast<size_t>(entry_len);
     const uint64_t tag = num(entry, 2);
     if (b.short_read) break;
     if (tag == 256 && values(entry, v) && !v.empty()) out.width = static_cast<int64_t>(v[0]);
     if (tag == 257 && values(entry, v) && !v.empty()) out.height = static_cast<int64_t>(v[0]);
+    if (tag == 258 && values(entry, v) && !v.empty()) out.bits = static_cast<int>(std::min<uint64_t>(v[0], 64));
+    if (tag == 277 && values(entry, v) && !v.empty()) out.channels = static_cast<int>(std::min<uint64_t>(v[0], 64));
+    if (tag == 339 && values(entry, v) && !v.empty()) out.float_samples = v[0] == 3;  // SampleFormat: IEEE float
     if (tag == 273 || tag == 324) offsets_ok = values(entry, offsets) && offsets_ok;  // strip / tile offsets
     if (tag == 279 || tag == 325) offsets_ok = values(entry, counts) && offsets_ok;   // their byte counts
   }
@@ -186,7 +200,10 @@ void probe_webp(const Bytes& b, ImageProbe& out) {
     out.damage = "the file is shorter than its RIFF header says (truncated)";
     return;
   }
+  out.bits = 8;
+  out.channels = 4;  // lossless and extended files may hold alpha
   if (b.starts(12, "VP8 ", 4)) {  // lossy: frame tag (3), start code 9d 01 2a, 14-bit sizes
+    out.channels = 3;
     out.width = static_cast<int64_t>(b.le(26, 2) & 0x3fff);
     out.height = static_cast<int64_t>(b.le(28, 2) & 0x3fff);
   } else if (b.starts(12, "VP8L", 4)) {  // lossless: signature 0x2f, then 14 bits width-1, 14 bits height-1
@@ -265,6 +282,8 @@ void probe_pnm(const Bytes& b, ImageProbe& out) {
     out.damage = "its header is malformed or cut short";
     return;
   }
+  out.channels = static_cast<int>(std::min<int64_t>(channels, 64));
+  out.bits = maxval > 255 ? 16 : 8;
   if (kind == '4' || kind == '5' || kind == '6' || kind == '7') {  // binary pixels after one whitespace byte
     const uint64_t sample = maxval > 255 ? 2 : 1;
     const uint64_t w = static_cast<uint64_t>(out.width), hgt = static_cast<uint64_t>(out.height);
@@ -286,6 +305,9 @@ void probe_pfm(const Bytes& b, ImageProbe& out) {
     return;
   }
   const uint64_t channels = b.p[1] == 'F' ? 3 : 1;
+  out.channels = static_cast<int>(channels);
+  out.bits = 32;
+  out.float_samples = true;
   const uint64_t w = static_cast<uint64_t>(out.width), hgt = static_cast<uint64_t>(out.height);
   const size_t start = h.at + 1;
   if (w < (1u << 24) && hgt < (1u << 24) && (start > b.n || w * hgt * channels * 4 > b.n - start))
@@ -294,6 +316,9 @@ void probe_pfm(const Bytes& b, ImageProbe& out) {
 
 void probe_hdr(const Bytes& b, ImageProbe& out) {
   out.format = "Radiance HDR";
+  out.channels = 3;
+  out.bits = 32;
+  out.float_samples = true;
   // Header lines up to an empty line, then the resolution line: "-Y 480 +X 640" (or another order).
   size_t at = 0;
   bool blank = false;
@@ -342,6 +367,9 @@ void probe_jp2(const Bytes& b, ImageProbe& out, bool codestream) {
       if (b.starts(at + 4, "ihdr", 4)) {
         out.height = static_cast<int64_t>(b.be(at + 8, 4));
         out.width = static_cast<int64_t>(b.be(at + 12, 4));
+        out.channels = static_cast<int>(b.be(at + 16, 2));
+        out.bits = static_cast<int>(b.be(at + 18, 1) & 0x7f) + 1;  // 255: per component (bpcc); 8 assumed below
+        if (out.bits > 38) out.bits = 16;
         return;
       }
       if (len == 0 || len < header) break;  // a box up to the end of the file, or malformed
@@ -359,11 +387,16 @@ void probe_jp2(const Bytes& b, ImageProbe& out, bool codestream) {
   const int64_t xo = static_cast<int64_t>(b.be(siz + 14, 4)), yo = static_cast<int64_t>(b.be(siz + 18, 4));
   out.width = xs - xo;
   out.height = ys - yo;
+  out.channels = static_cast<int>(b.be(siz + 38, 2));  // Csiz, then Ssiz (depth - 1) per component
+  out.bits = static_cast<int>(b.be(siz + 40, 1) & 0x7f) + 1;
   if (b.short_read) out.damage = "its header is cut short (truncated)";
 }
 
 void probe_exr(const Bytes& b, ImageProbe& out) {
   out.format = "OpenEXR";
+  out.channels = 4;  // at most RGBA is decoded, as float
+  out.bits = 32;
+  out.float_samples = true;
   // Attributes after magic and version: name\0 type\0 size (4, LE) value; an empty name ends them.
   size_t at = 8;
   while (at < b.n) {
@@ -404,6 +437,8 @@ ImageProbe probe_image(const unsigned char* data, size_t size) {
     out.format = "Sun raster";
     out.width = static_cast<int64_t>(b.be(4, 4));
     out.height = static_cast<int64_t>(b.be(8, 4));
+    out.channels = b.be(12, 4) == 32 ? 4 : 3;  // any depth decodes to 8-bit colour
+    out.bits = 8;
     if (b.short_read) out.damage = "its header is cut short (truncated)";
   } else if (b.starts(0, "#?RADIANCE", 10) || b.starts(0, "#?RGBE", 6)) probe_hdr(b, out);
   else if (b.starts(0, "\0\0\0\x0cjP  \r\n\x87\n", 12)) probe_jp2(b, out, false);

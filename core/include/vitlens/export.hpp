@@ -94,10 +94,12 @@ constexpr float kMinTemperature = 0.05f, kMaxTemperature = 20.0f;
 // Largest token count for which --raw is allowed: (L, H, N, N) float32 grows as N^2.
 constexpr int kMaxRawTokens = 4096;
 constexpr double kMaxRawBytes = 2.0 * (1 << 30);  // and at most 2 GiB of (L, H, N, N) floats
-// Largest token count any export takes (a 2048 x 2048 working size at P = 4): attention work
-// grows as N^2 (65537 tokens: about 5 s on two cores, see bench/README.md; the cap: about 16 times
-// that), and beyond it an export would run for many minutes.
-constexpr int kMaxTokens = 262145;
+// Largest token count any export takes (a 1024 x 1024 working size at P = 4, 2048 x 2048 at
+// P = 8): attention work grows as N^2 (65537 tokens: about 5 s on two idle cores, see
+// bench/README.md). Above it an export runs for many minutes (196609 tokens, a 4:3 photo at
+// --size 2048 and P = 4, ran for more than 15 on two busy cores), so it is refused before the
+// forward pass with a message that names the working size.
+constexpr int kMaxTokens = 65537;
 
 struct ImageAnalysis {
   std::string image_path;

@@ -13,6 +13,11 @@ namespace vitlens {
 struct ImageProbe {
   std::string format;          // "PNG", "JPEG", ...; empty: not a format vitlens reads
   int64_t width = -1, height = -1;  // as declared; -1 when the header does not say
+  // What one pixel holds, as declared: samples (a palette counts as the colours it indexes) and
+  // bits per sample (1 to 64). They size the decode before it runs (image.cpp); -1: not declared.
+  int channels = -1, bits = -1;
+  bool float_samples = false;  // PFM, Radiance HDR, OpenEXR, float TIFF: decoded through float buffers
+  bool progressive = false;    // a progressive JPEG: libjpeg holds every DCT coefficient while decoding
   std::string damage;          // empty, or why the file is damaged ("ends before its IEND chunk")
 };
 
