@@ -313,8 +313,7 @@ void poll_worker(App& app) {
   for (ExportResult& r : app.worker.take_export_results()) {
     app.export_jobs.erase(std::remove(app.export_jobs.begin(), app.export_jobs.end(), r.job), app.export_jobs.end());
     if (!r.error.empty()) {
-      set_message(app, "Export failed: " + r.error, true);
-      ++app.export_failures;
+      report_export_failure(app, "Export failed: " + r.error);
       continue;
     }
     std::string names;
@@ -727,25 +726,28 @@ std::string cli_command(const App& app, const std::string& out_dir) {
   return cmd;
 }
 
+void report_export_failure(App& app, const std::string& text) {
+  set_message(app, text, true);
+  ++app.export_failures;
+  app.last_export_failure = text;
+}
+
 void start_export(App& app, const std::string& requested_folder) {
   if (!app.doc.ready() || app.derived.comp_serial != app.doc.comp->serial || app.derived.view.maps.heads.empty()) {
-    set_message(app, "Nothing to export yet: open an image and a model first", true);
-    ++app.export_failures;
+    report_export_failure(app, "Nothing to export yet: open an image and a model first");
     return;
   }
   if (app.ui.compute.rollout.on != app.doc.comp->key.rollout.on) {
     // Rollout mode whose pass failed or is still running: the screen does not show what was asked.
-    set_message(app, "Nothing to export yet: the " + std::string(app.ui.compute.rollout.on ? "rollout" : "maps") +
-                         " for these settings are not on screen" + (app.compute_job ? " (still computing)" : ""), true);
-    ++app.export_failures;
+    report_export_failure(app, "Nothing to export yet: the " + std::string(app.ui.compute.rollout.on ? "rollout" : "maps") +
+                         " for these settings are not on screen" + (app.compute_job ? " (still computing)" : ""));
     return;
   }
   const std::string folder = output_path(requested_folder);
   try {
     prepare_output_folder(folder);
   } catch (const Error& e) {
-    set_message(app, std::string("Export failed: ") + e.what(), true);
-    ++app.export_failures;
+    report_export_failure(app, std::string("Export failed: ") + e.what());
     return;
   }
   const Computation& c = *app.doc.comp;
@@ -780,8 +782,7 @@ void start_export(App& app, const std::string& requested_folder) {
   job.options = forward_options_for_key(c.key);
   if (c.key.rollout.on) {
     if (app.derived.rollout_query < 0) {
-      set_message(app, "Nothing to export yet: the rollout is not computed", true);
-      ++app.export_failures;
+      report_export_failure(app, "Nothing to export yet: the rollout is not computed");
       return;
     }
     job.rollout_query = app.derived.rollout_query;

@@ -45,6 +45,7 @@ struct App {
   std::string settings_file;                // empty: nothing is read or written (scripted runs)
   ScriptRunner script;
   int export_failures = 0;                  // exports or screenshots that failed (script exit code)
+  std::string last_export_failure;          // what the last of them said, for the exit message
   std::string last_load_error;              // the last file or pass that failed, for the exit message
   LoadOptions load_options;                 // --heads, for every model this session opens
   std::deque<InputStep> input;              // synthetic input the window plays, one step per frame
@@ -89,6 +90,8 @@ void set_rollout(App& app, bool on);
 void open_browser(App& app, BrowserPurpose purpose);
 // Exports the current view (what the heads panel shows) into `folder` on the worker.
 void start_export(App& app, const std::string& folder);
+// An export or a screenshot failed: shown as the status message and kept for the exit message.
+void report_export_failure(App& app, const std::string& text);
 
 // The patch (row, col) and processed-image pixel (x, y) under screen point (sx, sy) of a picture
 // drawn at `picture`; false outside it or before an image is in.

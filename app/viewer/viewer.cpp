@@ -113,8 +113,7 @@ void CaptureScreenshot(App& app, int width, int height) {
     write_png_atomic(path, read_framebuffer(width, height));
     app.ui.message = {"Saved the screenshot to " + path, false};
   } catch (const Error& e) {
-    app.ui.message = {std::string("Screenshot failed: ") + e.what(), true};
-    ++app.export_failures;
+    report_export_failure(app, std::string("Screenshot failed: ") + e.what());
   }
 }
 
@@ -332,7 +331,7 @@ int run_viewer(const ViewerArgs& args) {
   if (failure.empty() && automated && !app.doc.ready() && !g_stop_requested)
     failure = "nothing to show: " + (app.last_load_error.empty() ? std::string("no image or model") : app.last_load_error);
   if (failure.empty() && automated && app.export_failures > 0)
-    failure = std::to_string(app.export_failures) + " export(s) or screenshot(s) failed; the last: " + app.ui.message.text;
+    failure = std::to_string(app.export_failures) + " export(s) or screenshot(s) failed; the last: " + app.last_export_failure;
   if (!automated) {
     int w = 0, h = 0;
     glfwGetWindowSize(window, &w, &h);
