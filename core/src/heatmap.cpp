@@ -168,7 +168,12 @@ MontageLayout layout_montage(cv::Size tile_size, const std::vector<std::string>&
   const int line_h = text_extent("Ag", scale).height + kLeading;
   columns = std::max(1, std::min(columns, tile_count));
   const int rows = (tile_count + columns - 1) / columns;
-  layout.canvas.width = columns * (column_w + kGap) + kGap;
+  // A picture with a colour bar or a caption is at least kMinLegendWidth wide (the tiles centred),
+  // so a one-tile picture's caption is not wrapped a few words a line.
+  const int grid_w = columns * (column_w + kGap) + kGap;
+  const bool legend = (bar && !bar->ticks.empty()) || !caption.empty();
+  layout.canvas.width = legend ? std::max(grid_w, kMinLegendWidth) : grid_w;
+  const int grid_x = (layout.canvas.width - grid_w) / 2;
 
   auto add_line = [&](const std::string& text, int x, int top) {
     TextItem item;
@@ -195,7 +200,7 @@ MontageLayout layout_montage(cv::Size tile_size, const std::vector<std::string>&
       strip_lines = std::max(strip_lines, wrapped.back().size());
     }
     for (int c = 0; c < columns && r * columns + c < tile_count; ++c) {
-      const int x = kGap + c * (column_w + kGap);
+      const int x = grid_x + kGap + c * (column_w + kGap);
       for (size_t k = 0; k < wrapped[static_cast<size_t>(c)].size(); ++k)
         add_line(wrapped[static_cast<size_t>(c)][k], x, y + static_cast<int>(k) * line_h);
       const int strip_h = static_cast<int>(strip_lines) * line_h;

@@ -71,6 +71,7 @@ struct MontageLayout {
 // Smallest side a montage tile is drawn at: a 16 x 16 image's tiles are enlarged 10 times, so
 // labels and colour bar fit beside them in a legible font.
 constexpr int kMinMontageTile = 160;
+constexpr int kMinLegendWidth = 480;  // the narrowest picture that carries a colour bar or caption
 
 // Tiles of tile_size in `columns` columns, each with its label (wrapped) above it, then the colour
 // bar (when `bar` has ticks), then the caption lines (each wrapped to the canvas width).
