@@ -520,3 +520,52 @@ TEST_CASE("train CLI: --resume of a damaged state is one line naming the file an
     CHECK(slurp(checkpoint_state_path(path)) == before);  // refused, not rewritten
   }
 }
+
+// A group that cannot be completed never blocks the folder: the tidy warns and goes on, a newer
+// group of the same files supersedes it (it is removed, never completed over the newer files), and
+// a folder in a file's place is refused before anything moves.
+TEST_CASE("checkpoint groups: one that cannot be completed is skipped then superseded; a folder in the way is refused",
+          "[checkpoint][atomic]") {
+  const std::string dir = test::temp_dir("group-skip");
+  std::vector<std::string> warnings;
+  set_file_warning_handler([&](const std::string& line) { warnings.push_back(line); });
+  auto save = [&](const std::string& a, const std::string& b, long fail_at) {
+    FileGroup group(dir);
+    group.add_stream("a", [&](FileSink& sink) { sink.write(a.data(), a.size()); });
+    group.add_stream("b", [&](FileSink& sink) { sink.write(b.data(), b.size()); });
+    testing::fail_file_operation(fail_at);
+    try {
+      group.commit();
+    } catch (const Error&) {
+    }
+    testing::fail_file_operation(0);
+  };
+  // The first group is committed, then its first move into place fails: it stays whole in its folder.
+  save("old a", "old b", 2);
+  REQUIRE(hidden_entries(dir) == 1);
+  // The next save's tidy fails to complete it (its first operation), warns, and the new pair goes in.
+  save("new a", "new b", 1);
+  CHECK(slurp(dir + "/a") == "new a");
+  CHECK(slurp(dir + "/b") == "new b");
+  CHECK(hidden_entries(dir) == 0);  // the older group was superseded, not completed later
+  REQUIRE(warnings.size() == 1);
+  CHECK(warnings[0].find("this interrupted save is skipped") != std::string::npos);
+  CHECK(tidy_output_dir(dir) == 0);
+  CHECK(slurp(dir + "/a") == "new a");
+
+  // A folder where a file goes: refused before the commit point, the pair in place untouched.
+  REQUIRE(std::remove((dir + "/b").c_str()) == 0);
+  REQUIRE(::mkdir((dir + "/b").c_str(), 0755) == 0);
+  FileGroup group(dir);
+  group.add_stream("a", [](FileSink& sink) { sink.write("x", 1); });
+  group.add_stream("b", [](FileSink& sink) { sink.write("y", 1); });
+  try {
+    group.commit();
+    FAIL("a folder in a file's place was replaced");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("is a folder; nothing was saved") != std::string::npos);
+  }
+  CHECK_FALSE(group.committed());
+  CHECK(slurp(dir + "/a") == "new a");
+  set_file_warning_handler(nullptr);
+}

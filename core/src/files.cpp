@@ -618,8 +618,38 @@ int finish_groups(int dir_fd, const std::string& dir) {
     groups.push_back(name);
   }
   std::sort(groups.begin(), groups.end());
-  for (const std::string& name : groups) finish_group(dir_fd, dir, name);
-  return static_cast<int>(groups.size());
+  int done = 0;
+  for (const std::string& name : groups) {
+    // One that cannot be completed (a file in its way it may not replace) never blocks later
+    // saves or reads: the files in place stay, and a newer group of the same files supersedes it.
+    try {
+      finish_group(dir_fd, dir, name);
+      ++done;
+    } catch (const Error& e) {
+      warn(std::string(e.what()) + "; this interrupted save is skipped, the files in place are kept");
+    }
+  }
+  return done;
+}
+
+// Our committed groups older than `newest` whose remaining files are all among `names`: once
+// `newest` is in place, completing them would put older files over newer ones. Removed (they are
+// this user's own folders). Called with the folder locked.
+void remove_superseded_groups(int dir_fd, const std::string& newest, const std::vector<std::string>& names) {
+  for (const std::string& name : list_names(dir_fd)) {
+    struct stat st {};
+    if (!is_group_name(name) || name >= newest || ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
+    const int group_fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (group_fd < 0) continue;
+    const std::vector<std::string> left = list_names(group_fd);
+    ::close(group_fd);
+    const bool covered = std::all_of(left.begin(), left.end(), [&](const std::string& n) {
+      return std::find(names.begin(), names.end(), n) != names.end();
+    });
+    if (covered) remove_tree_at(dir_fd, name);
+  }
 }
 
 // An interrupted commit left in the folder: completed when it is this user's; anything else of
@@ -944,6 +974,19 @@ void FileGroup::commit() {
   // An older group left interrupted goes into place first, so that this one replaces it; our stale
   // temporaries go too (a group is a few files written now and then, so every commit tidies).
   tidy_locked(lock.fd(), dir_);
+  // Refused before the commit point, so nothing moves: a folder at one of the names, or another
+  // user's file in a shared (sticky) folder, which only its owner may replace.
+  struct stat dir_st {};
+  if (::fstat(lock.fd(), &dir_st) != 0) throw Error(dir_ + ": cannot read the folder (" + errno_text(errno) + ")");
+  const uid_t me = ::geteuid();
+  for (const std::string& name : names_) {
+    struct stat st {};
+    if (::fstatat(lock.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (S_ISDIR(st.st_mode)) throw Error(dir_ + "/" + name + ": is a folder; nothing was saved");
+    if ((dir_st.st_mode & S_ISVTX) != 0 && st.st_uid != me && me != 0)
+      throw Error(dir_ + "/" + name + ": belongs to another user (uid " + std::to_string(st.st_uid) +
+                  ") in a shared folder, where only its owner may replace it; nothing was saved");
+  }
   const std::string group_name = kGroupPrefix + id_;
   if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), group_name.c_str()) != 0)
     throw Error(dir_ + ": committing the new files failed (" + errno_text(errno) + ")");
@@ -955,6 +998,7 @@ void FileGroup::commit() {
   committed_ = true;
   ::fsync(lock.fd());
   finish_group(lock.fd(), dir_, group_name);
+  remove_superseded_groups(lock.fd(), group_name, names_);
 }
 
 std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data) {
