@@ -236,6 +236,26 @@ void record_training_ops(nlohmann::json& record, bool resumed) {
   record["training_ops"] = now;
 }
 
+// The run folder, created when missing. A new run (or a resumed one moved to another folder)
+// never replaces a checkpoint or log it did not continue: saving there would destroy that run's
+// resumable pair, or a user's own file of that name.
+void prepare_run_folder(const TrainArgs& a) {
+  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0) throw Error(a.out + ": cannot create the run folder");
+  require_writable_dir(a.out);
+  struct stat out_st {}, resume_st {};
+  const bool continues_here = !a.resume.empty() && ::stat(a.out.c_str(), &out_st) == 0 &&
+                              ::stat(parent_of(a.resume).c_str(), &resume_st) == 0 &&
+                              out_st.st_dev == resume_st.st_dev && out_st.st_ino == resume_st.st_ino;
+  if (continues_here) return;
+  const std::string model_path = a.out + "/last.safetensors";
+  for (const std::string& path : {model_path, checkpoint_state_path(model_path), a.out + "/log.jsonl"}) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0)
+      throw Error(path + ": already exists; continue that run with --resume " + model_path +
+                  ", or give another --out (a new run never replaces it)");
+  }
+}
+
 void check_args(const TrainArgs& a, CLI::App* cmd) {
   auto bad = [](const std::string& s) { throw UsageError(s); };
   if (a.data.empty())
@@ -361,8 +381,7 @@ int run_train_mae(TrainArgs& a) {
 
   MaeTrainer trainer(config, recipe, options, &train_photos, val_photos.size() > 0 ? &val_photos : nullptr);
 
-  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0) throw Error(a.out + ": cannot create the run folder");
-  require_writable_dir(a.out);
+  prepare_run_folder(a);
   const std::string model_path = a.out + "/last.safetensors";
   const std::string log_path = a.out + "/log.jsonl";
   if (!a.resume.empty()) restore_from(trainer, saved, a.resume);
@@ -644,9 +663,7 @@ int run_train(TrainArgs& a) {
     return kExitOk;
   }
 
-  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0)
-    throw Error(a.out + ": cannot create the run folder");
-  require_writable_dir(a.out);
+  prepare_run_folder(a);
   const std::string model_path = a.out + "/last.safetensors";
   const std::string log_path = a.out + "/log.jsonl";
   if (!a.resume.empty()) restore_from(trainer, saved, a.resume);

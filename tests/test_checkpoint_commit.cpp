@@ -569,3 +569,28 @@ TEST_CASE("checkpoint groups: one that cannot be completed is skipped then super
   CHECK(slurp(dir + "/a") == "new a");
   set_file_warning_handler(nullptr);
 }
+
+TEST_CASE("train CLI: a new run never replaces a checkpoint or a file of that name in its --out", "[checkpoint][cli]") {
+  REQUIRE(have_fashion_mnist());
+  const std::string dir = test::temp_dir("train-new-run");
+  const std::string run = dir + "/run";
+  // A finished run, then a second new run into the same folder: refused, the first run's pair kept.
+  REQUIRE(run_train(with(kTinyRun, {"--epochs", "1", "--stop-after", "2", "-q", "--out", run}), dir + "/err").code == 0);
+  const std::string model = slurp(run + "/last.safetensors"), state = slurp(run + "/last.state.safetensors");
+  const test::Child again = run_train(with(kTinyRun, {"--epochs", "1", "-q", "--out", run}), dir + "/err");
+  CHECK(again.code == 1);
+  CHECK(again.err.find("last.safetensors: already exists; continue that run with --resume") != std::string::npos);
+  CHECK(slurp(run + "/last.safetensors") == model);
+  CHECK(slurp(run + "/last.state.safetensors") == state);
+  // A user's own file of a checkpoint's name in a folder given as --out: refused, untouched.
+  const std::string mine = dir + "/mine";
+  REQUIRE(::mkdir(mine.c_str(), 0755) == 0);
+  test::spit(mine + "/last.state.safetensors", "the user's notes");
+  const test::Child user = run_train(with(kTinyRun, {"--epochs", "1", "-q", "--out", mine}), dir + "/err");
+  CHECK(user.code == 1);
+  CHECK(user.err.find("last.state.safetensors: already exists") != std::string::npos);
+  CHECK(slurp(mine + "/last.state.safetensors") == "the user's notes");
+  CHECK(entries(mine).size() == 1);
+  // Continuing the run in its own folder still works.
+  CHECK(run_train({"--data", "fashion-mnist", "--resume", run + "/last.safetensors", "--epochs", "2", "-q"}, dir + "/err").code == 0);
+}
