@@ -423,9 +423,17 @@ TEST_CASE("cli: export replaces or deletes only files vitlens wrote; --force rep
   const std::string modes = make_dir(f.dir + "/modes");
   const std::string base = "export " + f.image + " --model " + f.model + " --out " + modes + " --size 0 --raw";
   CHECK(run(base + " --layer all").code == 0);
+  const std::string layers_npy = slurp(modes + "/photo_layers_attn.npy");
   Run maps = run(base);
   INFO(maps.err);
   CHECK(maps.code == 0);
+  // Each mode's weights are a file of its own: the maps' export leaves the layers' set whole.
+  const nlohmann::json layers = nlohmann::json::parse(slurp(modes + "/photo_layers.json"));
+  for (const auto& file : layers["files"])
+    CHECK(std::filesystem::exists(modes + "/" + std::filesystem::path(file.get<std::string>()).filename().string()));
+  CHECK(slurp(modes + "/photo_layers_attn.npy") == layers_npy);
+  CHECK(!layers_npy.empty());
+  CHECK(std::filesystem::exists(modes + "/photo_attn.npy"));
 
   Run help = run("export --help");
   CHECK_THAT(help.out, Catch::Contains("--force") && Catch::Contains("vitlens did not write"));

@@ -170,7 +170,7 @@ std::string layer_stem(const std::string& stem, int layer) { return stem + "_lay
 LayersOutputNames layers_output_names(const std::string& stem, bool raw) {
   LayersOutputNames names;
   names.montage = stem + "_layers_montage.png";
-  if (raw) names.raw = stem + "_attn.npy";
+  if (raw) names.raw = stem + "_layers_attn.npy";  // not the maps' _attn.npy: each set names its own files
   names.record = stem + "_layers.json";
   return names;
 }

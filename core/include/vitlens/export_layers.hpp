@@ -11,7 +11,7 @@
 namespace vitlens {
 
 // Layers [first, last] of one image: for each layer l what write_export writes, named
-// <stem>_layer<l>_* (the --raw weights once, as <stem>_attn.npy), and <stem>_layers_montage.png:
+// <stem>_layer<l>_* (the --raw weights once, as <stem>_layers_attn.npy), and <stem>_layers_montage.png:
 // one row per layer, one column per head plus the mean, with the head montage's labels, colour
 // bar and caption, and the record <stem>_layers.json. One set: every file appears, or none.
 // Returns the paths written. Throws vitlens::Error.
