@@ -319,8 +319,10 @@ int run_export(ExportArgs& args) {
   plan.first_layer = first_layer;
   plan.last_layer = last_layer;
   std::set<std::pair<dev_t, ino_t>> inputs;
-  for (const std::string& image : args.images)
-    if (const auto id = file_identity(image); id.second != 0) inputs.insert(id);
+  std::vector<std::string> input_files = args.images;  // every file the run reads, the mask too
+  if (!s.mask_image.empty()) input_files.push_back(s.mask_image);
+  for (const std::string& file : input_files)
+    if (const auto id = file_identity(file); id.second != 0) inputs.insert(id);
   auto clobbers_input = [&](const std::string& stem) {
     for (const std::string& name : export_output_names(stem, plan))
       if (inputs.count(file_identity(s.out_dir + "/" + name))) return true;

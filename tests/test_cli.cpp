@@ -470,6 +470,17 @@ TEST_CASE("cli: no mode's output replaces one of its inputs, whatever path names
   CHECK(layers.code == 0);
   for (const char* name : {"a_layer0_mean.png", "a_layers_montage.png"}) CHECK(slurp(dir + "/" + name) == before[name]);
   CHECK(exists(dir + "/a_2_layers_montage.png"));
+
+  // A mask painted over an earlier output and saved in its place (a name a.json lists) is an
+  // input too: never replaced.
+  REQUIRE(run(export_a).code == 0);
+  REQUIRE(cv::imwrite(dir + "/a_mean.png", cv::Mat(16, 16, CV_8UC3, cv::Scalar(255, 255, 255))));
+  const std::string mask_before = slurp(dir + "/a_mean.png");
+  Run masked = run(export_a + " --mask-image " + dir + "/a_mean.png");
+  INFO(masked.err);
+  CHECK(masked.code == 0);
+  CHECK(slurp(dir + "/a_mean.png") == mask_before);
+  CHECK(exists(dir + "/a_2_mean.png"));
 }
 
 TEST_CASE("cli: each export's summary names exactly the files it wrote", "[cli][trust]") {
