@@ -28,6 +28,16 @@
 #endif
 
 namespace vitlens::test {
+// Resident memory a sanitizer's allocator adds to a run (quarantine, redzones), allowed on top of
+// the tight peak-memory bounds; the Release build holds them exactly.
+#ifdef VITLENS_TEST_SANITIZER_ALLOCATOR
+constexpr long kSanitizerSlackMb = 64;
+#else
+constexpr long kSanitizerSlackMb = 0;
+#endif
+}  // namespace vitlens::test
+
+namespace vitlens::test {
 
 // The instruction sets this CPU runs, portable first: the builds of the kernels and of the
 // training ops a test compares (set_kernel_isa() selects both, train_ops.hpp).
