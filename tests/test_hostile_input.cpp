@@ -6,6 +6,7 @@
 #include <chrono>
 #include <csignal>
 #include <functional>
+#include <memory>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -891,6 +892,20 @@ namespace {
 
 // The first failing file operation of an export (export_with(dir, "inferno") over "viridis")
 // that leaves a commit folder: the first rename after the commit point.
+// Exports the setup's image, analysed once at its native size, into a folder in a colour map
+// (a set that differs from another export's in every picture).
+std::function<void(const std::string&, const char*)> exporter_of(const Setup& s) {
+  ExportSettings base;
+  base.max_side = 0;
+  auto analysis = std::make_shared<const ImageAnalysis>(analyse_image(s.loaded, s.image, base));
+  return [&s, base, analysis](const std::string& dir, const char* colormap) {
+    ExportSettings e = base;
+    e.out_dir = dir;
+    e.style.colormap = colormap;
+    write_export(s.loaded, *analysis, e);
+  };
+}
+
 long first_operation_after_commit_point(const std::function<void(const std::string&, const char*)>& export_with) {
   for (long n = 1; n < 60; ++n) {
     const std::string dir = test::temp_dir("find");
@@ -908,15 +923,7 @@ long first_operation_after_commit_point(const std::function<void(const std::stri
 
 TEST_CASE("an interrupted commit is completed by the next run, or dropped when a newer set replaced it", "[export][atomic]") {
   Setup s;
-  ExportSettings base;
-  base.max_side = 0;
-  const ImageAnalysis analysis = analyse_image(s.loaded, s.image, base);
-  auto export_with = [&](const std::string& dir, const char* colormap) {
-    ExportSettings e = base;
-    e.out_dir = dir;
-    e.style.colormap = colormap;
-    write_export(s.loaded, analysis, e);
-  };
+  const auto export_with = exporter_of(s);
   const auto pending = commit_pending;
   std::map<std::string, std::map<std::string, std::string>> sets;
   for (const char* colormap : {"viridis", "inferno", "magma"}) {
@@ -1089,15 +1096,7 @@ TEST_CASE("another user's interrupted export in a shared folder never blocks thi
 
   // This user's (root's) export, cut short after its commit point as a kill -9 there would: its
   // commit folder (mode 0700, root's) stays, and so do stray entries of a commit folder's name.
-  ExportSettings base;
-  base.max_side = 0;
-  const ImageAnalysis analysis = analyse_image(s.loaded, s.image, base);
-  auto export_with = [&](const std::string& dir, const char* colormap) {
-    ExportSettings e = base;
-    e.out_dir = dir;
-    e.style.colormap = colormap;
-    write_export(s.loaded, analysis, e);
-  };
+  const auto export_with = exporter_of(s);
   const long first = first_operation_after_commit_point(export_with);
   export_with(shared, "viridis");
   testing::fail_file_operation(first + 2);
