@@ -6,8 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
-#include "vitlens/error.hpp"
-#include "vitlens/export.hpp"
+#include "core/base/error.hpp"
+#include "core/render/export.hpp"
 
 namespace vitlens::cli {
 

@@ -11,12 +11,12 @@
 #include <unistd.h>
 
 #include "cli.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/export_layers.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/bundled_models.hpp"
-#include "vitlens/model_io.hpp"
+#include "core/base/error.hpp"
+#include "core/render/export_layers.hpp"
+#include "core/io/files.hpp"
+#include "core/io/image.hpp"
+#include "models/bundled_models.hpp"
+#include "models/model_io.hpp"
 
 namespace vitlens::cli {
 

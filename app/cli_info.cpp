@@ -3,8 +3,8 @@
 #include <cstdio>
 
 #include "cli.hpp"
-#include "vitlens/bundled_models.hpp"
-#include "vitlens/model_io.hpp"
+#include "models/bundled_models.hpp"
+#include "models/model_io.hpp"
 
 namespace vitlens::cli {
 

@@ -14,13 +14,13 @@
 #include <tuple>
 
 #include "cli.hpp"
-#include "vitlens/checkpoint.hpp"
-#include "vitlens/dataset.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/mae_train.hpp"
-#include "vitlens/safetensors.hpp"
-#include "vitlens/train_ops.hpp"
-#include "vitlens/trainer.hpp"
+#include "models/training_checkpoint.hpp"
+#include "core/data/dataset.hpp"
+#include "core/io/files.hpp"
+#include "core/train/mae_train.hpp"
+#include "models/safetensors.hpp"
+#include "core/train/train_ops.hpp"
+#include "core/train/trainer.hpp"
 
 namespace vitlens::cli {
 

@@ -8,12 +8,12 @@
 #include <unistd.h>
 
 #include "cli.hpp"
-#include "vitlens/bundled_models.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/memory.hpp"
+#include "models/bundled_models.hpp"
+#include "core/base/error.hpp"
+#include "core/io/files.hpp"
+#include "core/base/memory.hpp"
 #ifdef VITLENS_HAS_VIEWER
-#include "viewer/viewer.hpp"
+#include "viewer/views/viewer.hpp"
 #endif
 
 namespace vitlens::cli {

@@ -45,14 +45,14 @@
 #include <nlohmann/json.hpp>
 #include <opencv2/imgcodecs.hpp>
 
-#include "vitlens/error.hpp"
-#include "vitlens/export.hpp"
-#include "vitlens/fast_attention.hpp"
-#include "vitlens/bundled.hpp"
-#include "vitlens/layer_grid.hpp"
-#include "vitlens/memory.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/rollout.hpp"
+#include "core/base/error.hpp"
+#include "core/render/export.hpp"
+#include "core/cpu/fast_attention.hpp"
+#include "models/bundled.hpp"
+#include "core/render/layer_grid.hpp"
+#include "core/base/memory.hpp"
+#include "models/model_io.hpp"
+#include "core/model/rollout.hpp"
 #include "limits.hpp"
 
 namespace {

@@ -12,8 +12,8 @@
 #include <immintrin.h>
 #endif
 
-#include "vitlens/fast_attention.hpp"
-#include "vitlens/gemm.hpp"
+#include "core/cpu/fast_attention.hpp"
+#include "core/cpu/gemm.hpp"
 
 namespace vitlens::bench {
 namespace {

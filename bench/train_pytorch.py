@@ -48,7 +48,7 @@ MEAN, STD = 0.5, 0.5  # VitConfig's default mean / std, every channel
 
 
 # ------------------------------------------------------------------------------------------------
-# Data: the IDX files, as core/src/dataset.cpp reads them
+# Data: the IDX files, as core/data/dataset.cpp reads them
 # ------------------------------------------------------------------------------------------------
 
 def read_idx(directory, name, ndim):

@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <iostream>
 
-#include "vitlens/bundled.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/files.hpp"
+#include "models/bundled.hpp"
+#include "core/base/error.hpp"
+#include "core/io/files.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

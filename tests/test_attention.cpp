@@ -4,7 +4,7 @@
 #include <cmath>
 #include <random>
 
-#include "vitlens/attention.hpp"
+#include "core/model/attention.hpp"
 
 using namespace vitlens;
 

@@ -7,11 +7,11 @@
 
 #include <unistd.h>
 
-#include "controller.hpp"
+#include "control/controller.hpp"
 #include "test_support.hpp"
-#include "train_panel.hpp"
-#include "vitlens/bundled_models.hpp"
-#include "vitlens/error.hpp"
+#include "training/train_panel.hpp"
+#include "models/bundled_models.hpp"
+#include "core/base/error.hpp"
 
 using namespace vitlens;
 

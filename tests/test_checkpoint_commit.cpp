@@ -25,13 +25,13 @@
 
 #include "process_support.hpp"
 #include "test_support.hpp"
-#include "vitlens/checkpoint.hpp"
-#include "vitlens/dataset.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/mae_train.hpp"
-#include "vitlens/safetensors.hpp"
-#include "vitlens/trainer.hpp"
+#include "models/training_checkpoint.hpp"
+#include "core/data/dataset.hpp"
+#include "core/base/error.hpp"
+#include "core/io/files.hpp"
+#include "core/train/mae_train.hpp"
+#include "models/safetensors.hpp"
+#include "core/train/trainer.hpp"
 
 using namespace vitlens;
 using test::entries;

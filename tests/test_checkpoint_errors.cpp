@@ -12,11 +12,11 @@
 #include <unistd.h>
 
 #include "test_support.hpp"
-#include "vitlens/checkpoints.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/safetensors.hpp"
+#include "models/published_layouts.hpp"
+#include "core/base/error.hpp"
+#include "core/io/image.hpp"
+#include "models/model_io.hpp"
+#include "models/safetensors.hpp"
 
 using Catch::Contains;
 using nlohmann::json;

@@ -18,9 +18,9 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/heatmap.hpp"
+#include "core/base/error.hpp"
+#include "core/io/files.hpp"
+#include "core/render/heatmap.hpp"
 
 using namespace vitlens;
 

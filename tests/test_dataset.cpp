@@ -22,9 +22,9 @@
 #include <zlib.h>
 
 #include "test_support.hpp"
-#include "vitlens/dataset.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/mae_train.hpp"
+#include "core/data/dataset.hpp"
+#include "core/base/error.hpp"
+#include "core/train/mae_train.hpp"
 
 using namespace vitlens;
 namespace fs = std::filesystem;

@@ -11,9 +11,9 @@
 #include <opencv2/imgcodecs.hpp>
 #include <opencv2/imgproc.hpp>
 
-#include "vitlens/bundled.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/vit.hpp"
+#include "models/bundled.hpp"
+#include "core/io/image.hpp"
+#include "core/model/vit.hpp"
 
 using namespace vitlens;
 

@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "vitlens/attention.hpp"
-#include "vitlens/fast_attention.hpp"
-#include "vitlens/vit.hpp"
+#include "core/model/attention.hpp"
+#include "core/cpu/fast_attention.hpp"
+#include "core/model/vit.hpp"
 
 using namespace vitlens;
 

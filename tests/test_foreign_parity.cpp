@@ -18,10 +18,10 @@
 #include <nlohmann/json.hpp>
 
 #include "npy_support.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/maps.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/vit.hpp"
+#include "core/io/image.hpp"
+#include "core/render/maps.hpp"
+#include "models/model_io.hpp"
+#include "core/model/vit.hpp"
 
 namespace {
 

@@ -11,8 +11,8 @@
 #include <random>
 #include <vector>
 
-#include "vitlens/fast_attention.hpp"
-#include "vitlens/gemm.hpp"
+#include "core/cpu/fast_attention.hpp"
+#include "core/cpu/gemm.hpp"
 
 using namespace vitlens;
 

@@ -1,4 +1,4 @@
-// Head-role lifts (core/include/vitlens/head_roles.hpp) and the designed model's roles on
+// Head-role lifts (core/render/head_roles.hpp) and the designed model's roles on
 // the demo image and on real photographs.
 #include <catch2/catch.hpp>
 
@@ -9,10 +9,10 @@
 #include <string>
 
 #include "test_support.hpp"
-#include "vitlens/bundled.hpp"
-#include "vitlens/head_roles.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/vit.hpp"
+#include "models/bundled.hpp"
+#include "core/render/head_roles.hpp"
+#include "core/io/image.hpp"
+#include "core/model/vit.hpp"
 
 using namespace vitlens;
 

@@ -32,13 +32,13 @@
 
 #include "process_support.hpp"
 #include "test_support.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/export.hpp"
-#include "vitlens/export_layers.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/image_probe.hpp"
-#include "vitlens/safetensors.hpp"
+#include "core/base/error.hpp"
+#include "core/render/export.hpp"
+#include "core/render/export_layers.hpp"
+#include "core/io/files.hpp"
+#include "core/io/image.hpp"
+#include "core/io/image_probe.hpp"
+#include "models/safetensors.hpp"
 
 using namespace vitlens;
 

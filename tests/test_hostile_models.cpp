@@ -16,9 +16,9 @@
 
 #include "process_support.hpp"
 #include "test_support.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/safetensors.hpp"
+#include "core/io/files.hpp"
+#include "models/model_io.hpp"
+#include "models/safetensors.hpp"
 
 namespace {
 

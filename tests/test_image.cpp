@@ -9,8 +9,8 @@
 #include <opencv2/imgcodecs.hpp>
 
 #include "test_support.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/image.hpp"
+#include "core/base/error.hpp"
+#include "core/io/image.hpp"
 
 using namespace vitlens;
 

@@ -14,12 +14,12 @@
 
 #include "npy_support.hpp"
 #include "test_support.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/export.hpp"
-#include "vitlens/heatmap.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/layer_grid.hpp"
-#include "vitlens/model_io.hpp"
+#include "core/base/error.hpp"
+#include "core/render/export.hpp"
+#include "core/render/heatmap.hpp"
+#include "core/io/image.hpp"
+#include "core/render/layer_grid.hpp"
+#include "models/model_io.hpp"
 
 using namespace vitlens;
 

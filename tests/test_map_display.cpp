@@ -13,13 +13,13 @@
 #include <sys/stat.h>
 
 #include "test_support.hpp"
-#include "vitlens/bundled.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/export.hpp"
-#include "vitlens/export_layers.hpp"
-#include "vitlens/maps.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/model_io.hpp"
+#include "models/bundled.hpp"
+#include "core/base/error.hpp"
+#include "core/render/export.hpp"
+#include "core/render/export_layers.hpp"
+#include "core/render/maps.hpp"
+#include "core/io/image.hpp"
+#include "models/model_io.hpp"
 
 using namespace vitlens;
 

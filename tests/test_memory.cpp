@@ -8,7 +8,7 @@
 #include <cstring>
 
 #include "test_support.hpp"
-#include "vitlens/memory.hpp"
+#include "core/base/memory.hpp"
 
 using namespace vitlens;
 

@@ -6,8 +6,8 @@
 #include <opencv2/imgcodecs.hpp>
 
 #include "test_support.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/export.hpp"
+#include "core/base/error.hpp"
+#include "core/render/export.hpp"
 
 using namespace vitlens;
 

@@ -1,4 +1,4 @@
-// The worker pool behind every parallel loop (core/include/vitlens/parallel.hpp): each task runs
+// The worker pool behind every parallel loop (core/base/parallel.hpp): each task runs
 // exactly once for any thread count, the first exception reaches the caller after all tasks are
 // done or skipped, calls from inside a task or from two threads at once neither deadlock nor
 // lose tasks, and a child made by fork() after the pool started still runs on several threads.
@@ -13,7 +13,7 @@
 
 #include <catch2/catch.hpp>
 
-#include "vitlens/parallel.hpp"
+#include "core/base/parallel.hpp"
 
 using vitlens::run_tasks;
 

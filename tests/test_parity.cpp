@@ -23,10 +23,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "vitlens/error.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/vit.hpp"
+#include "core/base/error.hpp"
+#include "core/io/image.hpp"
+#include "models/model_io.hpp"
+#include "core/model/vit.hpp"
 #include "npy_support.hpp"
 
 namespace {

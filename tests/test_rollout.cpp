@@ -7,10 +7,10 @@
 #include <nlohmann/json.hpp>
 
 #include "npy_support.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/export_layers.hpp"
-#include "vitlens/rollout.hpp"
+#include "core/base/error.hpp"
+#include "models/model_io.hpp"
+#include "core/render/export_layers.hpp"
+#include "core/model/rollout.hpp"
 
 namespace {
 

@@ -17,9 +17,9 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/safetensors.hpp"
+#include "core/base/error.hpp"
+#include "models/model_io.hpp"
+#include "models/safetensors.hpp"
 
 namespace {
 

@@ -10,10 +10,10 @@
 
 #include <vector>
 
-#include "vitlens/bundled.hpp"
-#include "vitlens/fast_attention.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/train_ops.hpp"
+#include "models/bundled.hpp"
+#include "core/cpu/fast_attention.hpp"
+#include "models/model_io.hpp"
+#include "core/train/train_ops.hpp"
 
 // Defined when a sanitizer's allocator (address, leak, thread, memory) is in use: it ignores
 // mallopt and reserves terabytes of address space, so no test can limit RLIMIT_AS under it.

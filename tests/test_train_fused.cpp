@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "vitlens/gemm.hpp"
-#include "vitlens/train_ops.hpp"
+#include "core/cpu/gemm.hpp"
+#include "core/train/train_ops.hpp"
 
 using namespace vitlens;
 

@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "test_support.hpp"
-#include "vitlens/train_ops.hpp"
+#include "core/train/train_ops.hpp"
 
 using namespace vitlens;
 

@@ -24,10 +24,10 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/safetensors.hpp"
-#include "vitlens/train_ops.hpp"
-#include "vitlens/vit_train.hpp"
+#include "models/model_io.hpp"
+#include "models/safetensors.hpp"
+#include "core/train/train_ops.hpp"
+#include "core/train/vit_train.hpp"
 
 using namespace vitlens;
 

@@ -14,11 +14,11 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
-#include "vitlens/checkpoint.hpp"
-#include "vitlens/dataset.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/trainer.hpp"
+#include "models/training_checkpoint.hpp"
+#include "core/data/dataset.hpp"
+#include "core/base/error.hpp"
+#include "models/model_io.hpp"
+#include "core/train/trainer.hpp"
 
 using namespace vitlens;
 

@@ -21,14 +21,14 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
-#include "train_panel.hpp"
-#include "vitlens/checkpoint.hpp"
-#include "vitlens/dataset.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/mae_train.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/safetensors.hpp"
-#include "vitlens/train_ops.hpp"
+#include "training/train_panel.hpp"
+#include "models/training_checkpoint.hpp"
+#include "core/data/dataset.hpp"
+#include "core/base/error.hpp"
+#include "core/train/mae_train.hpp"
+#include "models/model_io.hpp"
+#include "models/safetensors.hpp"
+#include "core/train/train_ops.hpp"
 
 using namespace vitlens;
 

@@ -12,8 +12,8 @@
 
 #include <nlohmann/json.hpp>
 
-#include "vitlens/optimizer.hpp"
-#include "vitlens/safetensors.hpp"
+#include "core/train/optimizer.hpp"
+#include "models/safetensors.hpp"
 
 using namespace vitlens;
 

@@ -14,15 +14,15 @@
 #include <functional>
 #include <thread>
 
-#include "controller.hpp"
+#include "control/controller.hpp"
 #include "test_support.hpp"
-#include "train_panel.hpp"
-#include "train_session.hpp"
-#include "vitlens/checkpoint.hpp"
-#include "vitlens/dataset.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/maps.hpp"
-#include "vitlens/model_io.hpp"
+#include "training/train_panel.hpp"
+#include "training/train_session.hpp"
+#include "models/training_checkpoint.hpp"
+#include "core/data/dataset.hpp"
+#include "core/io/image.hpp"
+#include "core/render/maps.hpp"
+#include "models/model_io.hpp"
 
 using namespace vitlens;
 using namespace vitlens::viewer;

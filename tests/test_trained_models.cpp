@@ -13,11 +13,11 @@
 #include <nlohmann/json.hpp>
 #include <opencv2/core.hpp>
 
-#include "vitlens/dataset.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/safetensors.hpp"
-#include "vitlens/vit.hpp"
+#include "core/data/dataset.hpp"
+#include "core/io/image.hpp"
+#include "models/model_io.hpp"
+#include "models/safetensors.hpp"
+#include "core/model/vit.hpp"
 
 using namespace vitlens;
 

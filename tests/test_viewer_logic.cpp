@@ -14,17 +14,17 @@
 
 #include <opencv2/imgcodecs.hpp>
 
-#include "attention_stats.hpp"
-#include "controller.hpp"
-#include "file_list.hpp"
-#include "script.hpp"
-#include "settings.hpp"
+#include "control/attention_stats.hpp"
+#include "control/controller.hpp"
+#include "control/file_list.hpp"
+#include "control/script.hpp"
+#include "control/settings.hpp"
 #include "test_support.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/export.hpp"
-#include "vitlens/export_layers.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/image.hpp"
+#include "core/base/error.hpp"
+#include "core/render/export.hpp"
+#include "core/render/export_layers.hpp"
+#include "core/io/files.hpp"
+#include "core/io/image.hpp"
 
 using namespace vitlens;
 using namespace vitlens::viewer;

@@ -7,11 +7,11 @@
 #include <thread>
 
 #include "test_support.hpp"
-#include "vitlens/fast_attention.hpp"
-#include "vitlens/gemm.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/maps.hpp"
-#include "vitlens/vit.hpp"
+#include "core/cpu/fast_attention.hpp"
+#include "core/cpu/gemm.hpp"
+#include "core/io/image.hpp"
+#include "core/render/maps.hpp"
+#include "core/model/vit.hpp"
 
 using namespace vitlens;
 

@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <string>
 
-#include "vitlens/checkpoint.hpp"
-#include "vitlens/error.hpp"
+#include "models/training_checkpoint.hpp"
+#include "core/base/error.hpp"
 
 namespace {
 

@@ -22,8 +22,8 @@
 #include <opencv2/core.hpp>
 #include <opencv2/imgcodecs.hpp>
 
-#include "vitlens/dataset.hpp"
-#include "vitlens/error.hpp"
+#include "core/data/dataset.hpp"
+#include "core/base/error.hpp"
 
 namespace {
 

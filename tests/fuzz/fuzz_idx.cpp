@@ -13,8 +13,8 @@
 
 #include <unistd.h>
 
-#include "vitlens/dataset.hpp"
-#include "vitlens/error.hpp"
+#include "core/data/dataset.hpp"
+#include "core/base/error.hpp"
 
 namespace {
 

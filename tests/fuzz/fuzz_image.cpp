@@ -6,9 +6,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "vitlens/error.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/vit.hpp"
+#include "core/base/error.hpp"
+#include "core/io/image.hpp"
+#include "core/model/vit.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace vitlens;

@@ -10,10 +10,10 @@
 
 #include <opencv2/core.hpp>
 
-#include "vitlens/error.hpp"
-#include "vitlens/image.hpp"
-#include "vitlens/model_io.hpp"
-#include "vitlens/vit.hpp"
+#include "core/base/error.hpp"
+#include "core/io/image.hpp"
+#include "models/model_io.hpp"
+#include "core/model/vit.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace vitlens;

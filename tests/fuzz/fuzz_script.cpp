@@ -1,12 +1,12 @@
 // libFuzzer harness: the viewer's script parser (`vitlens view --script FILE`,
-// app/viewer/script.cpp parse_script), which checks every line before a window opens.
+// app/viewer/control/script.cpp parse_script), which checks every line before a window opens.
 // Any input may be refused with vitlens::Error; anything else is a finding. README "Fuzzing".
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "script.hpp"
-#include "vitlens/error.hpp"
+#include "control/script.hpp"
+#include "core/base/error.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string text(reinterpret_cast<const char*>(data), size);

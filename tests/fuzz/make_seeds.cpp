@@ -31,14 +31,14 @@
 #include <opencv2/imgproc.hpp>
 #include <zlib.h>
 
-#include "vitlens/bundled.hpp"
-#include "vitlens/checkpoint.hpp"
-#include "vitlens/dataset.hpp"
-#include "vitlens/error.hpp"
-#include "vitlens/files.hpp"
-#include "vitlens/image.hpp"  // read_whole_file
-#include "vitlens/model_io.hpp"
-#include "vitlens/safetensors.hpp"
+#include "models/bundled.hpp"
+#include "models/training_checkpoint.hpp"
+#include "core/data/dataset.hpp"
+#include "core/base/error.hpp"
+#include "core/io/files.hpp"
+#include "core/io/image.hpp"  // read_whole_file
+#include "models/model_io.hpp"
+#include "models/safetensors.hpp"
 
 namespace {
 

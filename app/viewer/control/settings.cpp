@@ -1,0 +1,99 @@
+// Persisted viewer settings (see settings.hpp).
+#include "control/settings.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.hpp"
+#include "core/io/files.hpp"
+
+namespace vitlens::viewer {
+
+namespace fs = std::filesystem;
+
+std::string settings_folder() {
+  if (const char* xdg = std::getenv("XDG_CONFIG_HOME"); xdg && *xdg) return std::string(xdg) + "/vitlens";
+  if (const char* home = std::getenv("HOME"); home && *home) return std::string(home) + "/.config/vitlens";
+  return {};
+}
+
+namespace {
+
+template <typename T>
+void read_key(const nlohmann::json& j, const char* key, T& out) {
+  const auto it = j.find(key);
+  if (it == j.end()) return;
+  try {
+    out = it->get<T>();
+  } catch (const nlohmann::json::exception&) {
+    // a value of the wrong type keeps the default
+  }
+}
+
+void read_list(const nlohmann::json& j, const char* key, std::vector<std::string>& out) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_array()) return;
+  out.clear();
+  for (const auto& v : *it)
+    if (v.is_string() && !v.get<std::string>().empty() && out.size() < kMaxRecent) out.push_back(v.get<std::string>());
+}
+
+}  // namespace
+
+Settings load_settings(const std::string& path, std::string* warning) {
+  Settings s;
+  std::error_code ec;
+  if (path.empty() || !fs::exists(path, ec)) return s;
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  if (!in || j.is_discarded() || !j.is_object()) {
+    if (warning) *warning = path + ": settings are not a JSON object; using the defaults";
+    return s;
+  }
+  read_list(j, "recent_images", s.recent_images);
+  read_list(j, "recent_models", s.recent_models);
+  read_key(j, "colormap", s.colormap);
+  read_key(j, "alpha", s.alpha);
+  read_key(j, "normalize", s.normalize);
+  read_key(j, "upsample", s.upsample);
+  read_key(j, "show_grid", s.show_grid);
+  read_key(j, "window_w", s.window_w);
+  read_key(j, "window_h", s.window_h);
+  read_key(j, "last_folder", s.last_folder);
+  read_key(j, "export_folder", s.export_folder);
+  // Values a user could have typed into the file are clamped, not trusted.
+  if (!(s.alpha >= 0.0f && s.alpha <= 1.0f)) s.alpha = 0.6f;
+  s.window_w = std::clamp(s.window_w, 640, 8192);
+  s.window_h = std::clamp(s.window_h, 480, 8192);
+  return s;
+}
+
+void save_settings(const std::string& path, const Settings& s) {
+  const fs::path folder = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!folder.empty()) fs::create_directories(folder, ec);
+  if (ec) throw Error(folder.string() + ": cannot create the settings folder (" + ec.message() + ")");
+  const nlohmann::json j = {
+      {"recent_images", s.recent_images}, {"recent_models", s.recent_models}, {"colormap", s.colormap},
+      {"alpha", s.alpha},                 {"normalize", s.normalize},         {"upsample", s.upsample},
+      {"show_grid", s.show_grid},         {"window_w", s.window_w},           {"window_h", s.window_h},
+      {"last_folder", s.last_folder},     {"export_folder", s.export_folder},
+  };
+  write_file_atomic(path, j.dump(2) + "\n");
+}
+
+void remember_recent(std::vector<std::string>& list, const std::string& path) {
+  if (path.empty()) return;
+  list.erase(std::remove(list.begin(), list.end(), path), list.end());
+  list.insert(list.begin(), path);
+  if (list.size() > kMaxRecent) list.resize(kMaxRecent);
+}
+
+}  // namespace vitlens::viewer

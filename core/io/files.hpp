@@ -1,0 +1,179 @@
+#pragma once
+// Output files, whole or not at all.
+//
+// One file (write_file_atomic): bytes go to a temporary in the same folder, are flushed, and the
+// temporary is renamed over the target. A failure removes the temporary and leaves any existing
+// file untouched.
+//
+// A set of files (OutputSet, one image's export): every file is written into a private folder
+// inside the output folder, then, holding an exclusive flock on the output folder, the private
+// folder is renamed to ".vitlens-set-<id>" (the commit point: from then on the set is complete and
+// will be moved into place) and each file is renamed into the output folder, the record (the
+// JSON sidecar) last; files the previous record listed that the new set does not have are removed
+// before the new record appears. SIGINT and SIGTERM wait for a commit in progress. A commit cut
+// short by SIGKILL or a power loss leaves its ".vitlens-set-<id>" folder, and the next process
+// of the same user writing an OutputSet into that folder (or tidy_output_dir) completes it before
+// writing its own, unless another set of that record was committed since (the commit folder
+// records which set it replaces): then the interrupted, older set is dropped, as completing it
+// would mix the two. A process tidies each folder once, when it first writes there. An entry of
+// that name which is another user's, not a folder of ours, or cannot be completed is skipped with
+// a one-line warning (set_file_warning_handler): recovery never needs another user's permissions,
+// and nothing in a shared folder blocks the next export.
+//
+// Proof of authorship: vitlens replaces or deletes only files it can prove it wrote. A record is
+// a JSON object whose kRecordKey names the record's own file (a user's JSON does not have that
+// by accident, and a renamed copy loses it); any other file is ours when such a record in the
+// folder lists it. Every other file with an output's name stops the set before anything is moved
+// (OutputConflict), unless the set was made to replace foreign files (`--force`); a foreign
+// record's "files" are never deleted, whatever the flag.
+//
+// Temporary names are short and fixed-length whatever the target's name:
+// ".vitlens-tmp-<pid>-XXXXXX" (a file or a private folder). SIGINT and SIGTERM remove the pending
+// ones of this process (see install_cleanup_handlers); ones left by a killed process are removed
+// by the next OutputSet or tidy_output_dir in that folder when their process is gone or they are
+// older than kStaleTempMinutes.
+#include <cstddef>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+#include <opencv2/core.hpp>
+
+#include "core/base/error.hpp"
+
+namespace vitlens {
+
+constexpr int kStaleTempMinutes = 60;
+
+// The key of a record (OutputSet::commit) whose value is the record's own file name: the proof
+// that vitlens wrote the record and the files it lists.
+constexpr const char* kRecordKey = "vitlens_record";
+
+// An output's name is taken by a file vitlens cannot prove it wrote, or cannot replace (another
+// user's file in a shared folder, a folder): nothing of the set was written. `path` is that file;
+// the message names it, and each front end says how to go on (the CLI: --force).
+struct OutputConflict : Error {
+  OutputConflict(const std::string& path_, const std::string& why, bool forcible_)
+      : Error(path_ + ": " + why + "; no file of this export was written"), path(path_), forcible(forcible_) {}
+  std::string path;
+  bool forcible;  // replacing the set with foreign files allowed would go through
+};
+
+// Where one-line warnings go (an interrupted set skipped by a tidy); the default prints
+// "vitlens: warning: <text>" on stderr. Not called from a signal handler.
+void set_file_warning_handler(std::function<void(const std::string&)> handler);
+
+void write_file_atomic(const std::string& path, const std::string& bytes);
+void write_png_atomic(const std::string& path, const cv::Mat& rgb8);  // CV_8UC3 RGB or CV_8UC1
+
+// PNG bytes of an 8-bit RGB or gray picture (OpenCV's encoder, BGR order handled here).
+std::vector<unsigned char> png_bytes(const cv::Mat& rgb8, const std::string& what);
+
+// The .npy format (numpy/lib/format.py, version 1.0): magic, header dict, raw little-endian data.
+// With data == nullptr, only the header (the caller appends the product(shape) floats).
+std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data);
+
+// Throws vitlens::Error when `dir` is missing, not a folder or not writable.
+void require_writable_dir(const std::string& dir);
+
+// Where a streamed file's bytes go (OutputSet::add_stream); write() throws vitlens::Error.
+class FileSink {
+ public:
+  virtual ~FileSink() = default;
+  virtual void write(const void* data, size_t size) = 0;
+};
+
+class OutputSet {
+ public:
+  // Creates the private folder in `dir` (after completing interrupted commits and removing stale
+  // temporaries there, the first time this process writes into `dir`). With replace_foreign, the
+  // set may replace files of its names that vitlens did not write (`--force`). Throws
+  // vitlens::Error.
+  explicit OutputSet(const std::string& dir, bool replace_foreign = false);
+  ~OutputSet();  // not committed: the private folder and everything in it is removed
+  OutputSet(const OutputSet&) = delete;
+  OutputSet& operator=(const OutputSet&) = delete;
+
+  const std::string& id() const { return id_; }  // unique per set: "<time>-<pid>-<random>"
+  std::string final_path(const std::string& name) const { return dir_ + "/" + name; }
+
+  void add(const std::string& name, const std::string& bytes);
+  void add_png(const std::string& name, const cv::Mat& rgb8);
+  // The file's bytes come from `fill`, written as they come (no copy of the whole file in memory).
+  void add_stream(const std::string& name, const std::function<void(FileSink&)>& fill);
+  // Moves every file into `dir`, the record `record_name` last, and returns their paths (the
+  // record last). The record is `record` (a JSON object) with "files" (the paths of the set's
+  // files, in the order added), "set" (id()) and kRecordKey (record_name) set here. Before the
+  // commit point, with the folder locked, every name is checked: an existing file vitlens cannot
+  // prove it wrote throws OutputConflict (see the proof above). Throws vitlens::Error; after the
+  // commit point a failure leaves the set to be completed by the next OutputSet or
+  // tidy_output_dir of this user in `dir`.
+  std::vector<std::string> commit(const std::string& record_name, nlohmann::json record);
+  // Adds the file `name`: a record as commit writes its own, listing the files added since the
+  // set had `first` files (size()). A set may hold several records (an export of many layers, one
+  // record each); the committed one, written last, lists every file.
+  void add_record(const std::string& name, nlohmann::json record, size_t first);
+  size_t size() const { return names_.size(); }  // files added so far
+
+ private:
+  std::string dir_, id_, private_name_;
+  std::vector<std::string> names_;  // written so far, in the private folder
+  int slot_ = -1;                    // the private folder's entry in the signal cleanup registry
+  bool open_ = false;                // the private folder exists and is ours to remove
+  bool replace_foreign_ = false;     // --force: names taken by files vitlens did not write are replaced
+  void write_member(const std::string& name, const std::function<void(FileSink&)>& fill);
+};
+
+// Files replaced together, all of them or none (a training checkpoint: the model and its optimizer
+// state). Each file is written into a private folder in `dir` (a temporary, as above); commit()
+// then, holding the folder lock, tidies `dir` (completing a group an earlier commit left
+// interrupted, removing stale temporaries), renames
+// the private folder to ".vitlens-group-<time>-<pid>-<random>" (the commit point: from then on the
+// group is whole and will be moved into place) and renames each file into `dir`. A commit cut
+// short after its commit point (SIGKILL, a power loss, a failing rename) is completed by the next
+// commit or tidy_output_dir in `dir`; before it, `dir` is untouched. A reader that calls
+// tidy_output_dir first therefore finds the newest whole group in place, never a mix of two.
+class FileGroup {
+ public:
+  // Creates the private folder in `dir`. Throws vitlens::Error.
+  explicit FileGroup(const std::string& dir);
+  ~FileGroup();  // not committed: the private folder and everything in it is removed
+  FileGroup(const FileGroup&) = delete;
+  FileGroup& operator=(const FileGroup&) = delete;
+
+  // `name` is a file name in `dir` (no folder part); its bytes come from `fill`.
+  void add_stream(const std::string& name, const std::function<void(FileSink&)>& fill);
+  // Throws vitlens::Error; committed() then says whether the commit point was passed (the group is
+  // whole in its ".vitlens-group-..." folder and the next commit or tidy completes it) or not
+  // (none of the new files reached `dir`).
+  void commit();
+  bool committed() const { return committed_; }
+
+ private:
+  std::string dir_, private_name_, id_;
+  std::vector<std::string> names_;
+  int slot_ = -1;
+  bool open_ = false, committed_ = false;
+};
+
+// Completes this user's interrupted commits (export sets and file groups) in `dir` (skipping, with
+// a warning, what cannot be completed) and removes our stale temporaries there (never a name that
+// does not match our patterns). Returns how many entries were completed or removed.
+int tidy_output_dir(const std::string& dir);
+
+// SIGINT and SIGTERM remove this process's pending temporaries, then terminate the process as the
+// signal would have (the handler is reinstalled as the default and the signal raised again).
+// Installed once; a handler the host program installed itself is left in place. OutputSet and
+// write_file_atomic call it; programs may call it at start.
+void install_cleanup_handlers();
+
+namespace testing {
+// Failure injection for tests: the n-th file operation from now (writing one file, or one rename
+// of a commit; for a FileGroup also removing its emptied commit folder) fails as a full disk would
+// (ENOSPC); 0 turns it off. With `signal`, the process raises that signal there instead (SIGKILL:
+// the process is killed at that step, as by kill -9 or a power loss).
+void fail_file_operation(long n, int signal = 0);
+}  // namespace testing
+
+}  // namespace vitlens

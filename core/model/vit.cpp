@@ -1,0 +1,469 @@
+// The ViT forward pass, step by step as timm's VisionTransformer.forward_features computes it.
+#include "core/model/vit.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "core/base/error.hpp"
+#include "core/cpu/fast_attention.hpp"
+#include "core/cpu/gemm.hpp"
+#include "core/base/parallel.hpp"
+
+namespace vitlens {
+
+std::string VitConfig::validate() const {
+  std::ostringstream why;
+  if (patch_size < 1 || patch_size > 64) why << "patch_size " << patch_size << " is not in [1, 64]";
+  else if (embed_dim < 1 || embed_dim > 8192) why << "embed_dim " << embed_dim << " is not in [1, 8192]";
+  else if (num_heads < 1 || num_heads > embed_dim) why << "num_heads " << num_heads << " is not in [1, embed_dim]";
+  else if (embed_dim % num_heads != 0)
+    why << "embed_dim " << embed_dim << " is not divisible by num_heads " << num_heads;
+  else if (depth < 1 || depth > 256) why << "depth " << depth << " is not in [1, 256]";
+  else if (img_h < patch_size || img_w < patch_size || img_h > 16384 || img_w > 16384)
+    why << "img_size [" << img_h << ", " << img_w << "] is not in [patch_size, 16384]";
+  else if (img_h % patch_size != 0 || img_w % patch_size != 0)
+    why << "img_size [" << img_h << ", " << img_w << "] is not a multiple of patch_size " << patch_size;
+  else if (!(mlp_ratio > 0.0) || mlp_ratio > 64.0)
+    why << "mlp_ratio " << mlp_ratio << " is not in (0, 64]";
+  else if (mlp_hidden() < 1)
+    why << "mlp_ratio " << mlp_ratio << " gives an MLP hidden size of int(" << embed_dim << " * " << mlp_ratio << ") = 0";
+  else if (!(norm_eps > 0.0f) || norm_eps > 1.0f) why << "norm_eps " << norm_eps << " is not in (0, 1]";
+  else if (register_tokens < 0 || register_tokens > 256) why << "register_tokens " << register_tokens << " is not in [0, 256]";
+  else {
+    for (int c = 0; c < 3; ++c) {
+      if (!std::isfinite(mean[c])) { why << "mean[" << c << "] is not finite"; break; }
+      if (std::abs(mean[c]) > 1e3f) { why << "mean[" << c << "] " << mean[c] << " is not in [-1000, 1000]"; break; }
+      // Pixels are in [0, 1]: a std below 1e-6 would turn them into numbers of 1e6 and more.
+      if (!(std[c] >= 1e-6f) || !std::isfinite(std[c]) || std[c] > 1e3f) { why << "std[" << c << "] " << std[c] << " is not in [1e-6, 1000]"; break; }
+    }
+  }
+  if (why.tellp() == 0 && name.size() > kMaxModelNameBytes)
+    why << "name is " << name.size() << " bytes long, more than " << kMaxModelNameBytes;
+  else if (why.tellp() == 0 && description.size() > kMaxModelDescriptionBytes)
+    why << "description is " << description.size() << " bytes long, more than " << kMaxModelDescriptionBytes;
+  if (why.tellp() == 0)
+    for (const auto& layer : head_descriptions)
+      for (const std::string& text : layer)
+        if (why.tellp() == 0 && text.size() > kMaxHeadDescriptionBytes)
+          why << "a head description is " << text.size() << " bytes long, more than " << kMaxHeadDescriptionBytes;
+  if (why.tellp() == 0 && !head_descriptions.empty()) {
+    if (static_cast<int>(head_descriptions.size()) != depth)
+      why << "head_descriptions has " << head_descriptions.size() << " layers, depth is " << depth;
+    else
+      for (const auto& layer : head_descriptions)
+        if (static_cast<int>(layer.size()) != num_heads) {
+          why << "head_descriptions has a layer with " << layer.size() << " heads, num_heads is " << num_heads;
+          break;
+        }
+  }
+  return why.str();
+}
+
+const char* activation_name(Activation act) {
+  switch (act) {
+    case Activation::Gelu: return "gelu";
+    case Activation::GeluTanh: return "gelu_tanh";
+    case Activation::QuickGelu: return "quick_gelu";
+  }
+  return "?";
+}
+
+std::string token_name(const VitConfig& config, int grid_w, int token) {
+  if (token == config.class_index()) return "class token";
+  if (token == config.dist_index()) return "distillation token";
+  const int prefix = config.prefix_tokens();
+  if (token >= config.first_register() && token < prefix)
+    return "register " + std::to_string(token - config.first_register());
+  if (token < prefix || grid_w < 1) return "token " + std::to_string(token);
+  const int patch = token - prefix;
+  return "patch (row " + std::to_string(patch / grid_w) + ", col " + std::to_string(patch % grid_w) + ")";
+}
+
+int64_t VitModel::parameter_count() const { return static_cast<int64_t>(storage.size()); }
+
+KeyMask build_key_mask(const VitConfig& config, const PatchGrid& grid, const ForwardOptions& options) {
+  KeyMask mask;
+  mask.causal = options.causal;
+  const int prefix = config.prefix_tokens();
+  const int patches = grid.grid_h * grid.grid_w;
+  bool any_forbidden = false;
+  std::vector<uint8_t> allowed(static_cast<size_t>(prefix + patches), 1);
+  for (int p = 0; p < patches; ++p) {
+    bool forbid = false;
+    if (options.mask_padding && !grid.patch_is_padding.empty() && grid.patch_is_padding[p]) forbid = true;
+    if (!options.forbidden_patches.empty()) {
+      if (static_cast<int>(options.forbidden_patches.size()) != patches)
+        throw Error("painted mask has " + std::to_string(options.forbidden_patches.size()) +
+                    " patches, the image has " + std::to_string(patches));
+      if (options.forbidden_patches[p]) forbid = true;
+    }
+    if (forbid) {
+      allowed[static_cast<size_t>(prefix + p)] = 0;
+      any_forbidden = true;
+    }
+  }
+  if (any_forbidden) mask.key_allowed = std::move(allowed);
+  return mask;
+}
+
+namespace {
+
+// torch's upsample_bicubic2d kernel (A = -0.75), aten/src/ATen/native/UpSample.h.
+float cubic_near(float x, float a) { return ((a + 2.0f) * x - (a + 3.0f)) * x * x + 1.0f; }
+float cubic_far(float x, float a) { return ((a * x - 5.0f * a) * x + 8.0f * a) * x - 4.0f * a; }
+
+void cubic_coefficients(float t, float coeffs[4]) {
+  constexpr float kA = -0.75f;
+  coeffs[0] = cubic_far(t + 1.0f, kA);
+  coeffs[1] = cubic_near(t, kA);
+  coeffs[2] = cubic_near(1.0f - t, kA);
+  coeffs[3] = cubic_far(2.0f - t, kA);
+}
+
+// Source taps for output index `out` of an in -> out resize, align_corners=False; for cubic the
+// source coordinate is not clamped at 0, the taps are clamped to the border instead.
+void cubic_taps(int out, int in_size, int out_size, int taps[4], float coeffs[4]) {
+  const float scale = static_cast<float>(in_size) / static_cast<float>(out_size);
+  const float src = (static_cast<float>(out) + 0.5f) * scale - 0.5f;
+  const float base = std::floor(src);
+  cubic_coefficients(src - base, coeffs);
+  for (int k = 0; k < 4; ++k)
+    taps[k] = std::clamp(static_cast<int>(base) - 1 + k, 0, in_size - 1);
+}
+
+// Runs fn(r0, r1) over the rows [0, n) in fixed chunks of 256 rows, spread over `threads` threads.
+// The rest of the block (LayerNorm, Linear, GELU) works row by row, so each chunk is independent;
+// the chunking does not depend on the thread count, so neither do the numbers.
+constexpr int kChunk = 256;
+
+// The thread count for a product inside for_row_chunks: all of them when there is only one chunk.
+int threads_within_chunk(int n, int threads) { return n <= kChunk ? threads : 1; }
+
+template <class Fn>
+void for_row_chunks(int n, int threads, Fn&& fn) {
+  const int chunks = (n + kChunk - 1) / kChunk;
+  run_tasks(chunks, threads, [&](int c) { fn(c * kChunk, std::min(n, (c + 1) * kChunk)); });
+}
+
+// out[r0:r1] = LayerNorm(x[r0:r1]) row by row over D, statistics in double. out is (N, D) already;
+// out may be x (each value is read before it is overwritten).
+void layer_norm(const MatRM& x, const float* weight, const float* bias, float eps, MatRM& out, int r0, int r1) {
+  const int dim = static_cast<int>(x.cols());
+  if (r1 <= r0) return;
+  layer_norm_rows(x.row(r0).data(), dim, r1 - r0, dim, weight, bias, eps, out.row(r0).data(), dim);
+}
+
+// y[r0:r1] = x[r0:r1] W^T + b  (nn.Linear), W (out, in) row-major packed by pack_linear; b may be
+// null; y is sized. `threads` for the SGEMM itself: 1 when the callers already spread row chunks
+// over the cores, all of them when there is a single chunk (a 197-token ViT-S/16 would otherwise
+// run on one core). The SGEMM's numbers do not depend on its thread count (gemm.hpp), and the
+// packed product gives linear_forward's bits.
+void linear(const MatRM& x, const PackedLinear& w, const float* b, MatRM& y, int r0, int r1, int threads = 1,
+            LinearEpilogue epilogue = LinearEpilogue::Store) {
+  if (r1 <= r0) return;
+  linear_forward_packed(x.row(r0).data(), x.cols(), r1 - r0, w, b, y.row(r0).data(), y.cols(), epilogue, threads);
+}
+
+// y = x W^T + b over all rows in one product (which packs W once itself), on `threads`.
+void linear(const MatRM& x, const float* w, const float* b, int out_features, MatRM& y, int threads) {
+  y.resize(x.rows(), out_features);
+  linear_forward(x.data(), x.cols(), static_cast<int>(x.rows()), static_cast<int>(x.cols()), w, out_features, b,
+                 y.data(), y.cols(), LinearEpilogue::Store, threads);
+}
+
+// Whether `packed` holds this model's weights for these kernels (the same source pointers).
+bool packed_for(const PackedModelWeights& packed, const VitModel& model, const detail::GemmKernels* kernels) {
+  if (packed.kernels != kernels || packed.blocks.size() != model.w.blocks.size()) return false;
+  for (size_t l = 0; l < packed.blocks.size(); ++l) {
+    const BlockWeights& b = model.w.blocks[l];
+    const std::array<PackedLinear, 4>& p = packed.blocks[l];
+    if (p[0].w != b.qkv_w || p[1].w != b.proj_w || p[2].w != b.fc1_w || p[3].w != b.fc2_w) return false;
+  }
+  return true;
+}
+
+// Every block's four Linear weights packed for `kernels`.
+std::shared_ptr<const PackedModelWeights> pack_model(const VitModel& model, const detail::GemmKernels* kernels,
+                                                     int threads) {
+  const VitConfig& cfg = model.config;
+  const int dim = cfg.embed_dim, hidden = cfg.mlp_hidden();
+  auto packed = std::make_shared<PackedModelWeights>();
+  packed->kernels = kernels;
+  packed->blocks.resize(static_cast<size_t>(cfg.depth));
+  for (int l = 0; l < cfg.depth; ++l) {
+    const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
+    std::array<PackedLinear, 4>& p = packed->blocks[static_cast<size_t>(l)];
+    pack_linear(b.qkv_w, 3 * dim, dim, p[0], threads);
+    pack_linear(b.proj_w, dim, dim, p[1], threads);
+    pack_linear(b.fc1_w, hidden, dim, p[2], threads);
+    pack_linear(b.fc2_w, dim, hidden, p[3], threads);
+  }
+  return packed;
+}
+
+// The model's Linear weights packed for the active kernels: the cached copy when it was packed
+// for them, else packed now and kept (under the lock, so that forwards starting together make one
+// copy, not one each), or packed for this call alone when the model has no cache (moved from).
+std::shared_ptr<const PackedModelWeights> packed_weights(const VitModel& model, int threads) {
+  const detail::GemmKernels* kernels = &detail::active_gemm_kernels();
+  if (!model.packed_cache) return pack_model(model, kernels, threads);
+  std::lock_guard<std::mutex> lock(model.packed_cache->mutex);
+  std::shared_ptr<const PackedModelWeights>& cached = model.packed_cache->packed;
+  if (!cached || !packed_for(*cached, model, kernels)) {
+    cached.reset();  // the old copy goes now (or when the last forward using it ends), not after the new one is made
+    cached = pack_model(model, kernels, threads);
+  }
+  return cached;
+}
+
+// fc1's epilogue for the MLP activation: the exact GELU runs inside the product (gemm.hpp: the
+// same gelu kernel on the same sums, so the same bits as gelu_inplace after it), on its threads.
+LinearEpilogue fc1_epilogue(Activation act) {
+  return act == Activation::Gelu ? LinearEpilogue::Gelu : LinearEpilogue::Store;
+}
+
+// The MLP activation on rows [r0, r1), in place, after fc1_epilogue(act)'s product.
+void activation_rows(Activation act, MatRM& h, int r0, int r1) {
+  auto rows = h.middleRows(r0, r1 - r0);
+  switch (act) {
+    case Activation::Gelu:  // nn.GELU(): done in fc1's epilogue
+      break;
+    case Activation::GeluTanh:  // nn.GELU(approximate='tanh'), HF gelu_new / gelu_pytorch_tanh
+      rows = rows.unaryExpr([](float t) {
+        return 0.5f * t * (1.0f + std::tanh(0.79788456080286536f * (t + 0.044715f * t * t * t)));
+      });
+      break;
+    case Activation::QuickGelu:  // OpenAI CLIP: x * sigmoid(1.702 x)
+      rows = rows.unaryExpr([](float t) { return t / (1.0f + std::exp(-1.702f * t)); });
+      break;
+  }
+}
+
+// Whether every value of m is finite. x - x is 0 for a finite x and NaN for an infinity or a NaN,
+// summed in eight independent lanes, which the compiler turns into vector instructions; Eigen's
+// allFinite() compared one float at a time (3 % of a ViT-S/16 forward at 224 px).
+bool all_finite(const MatRM& m) {
+  const float* x = m.data();
+  const int64_t count = static_cast<int64_t>(m.size());
+  float lanes[8] = {};
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8)
+    for (int l = 0; l < 8; ++l) lanes[l] += x[i + l] - x[i + l];
+  for (; i < count; ++i) lanes[0] += x[i] - x[i];
+  float all = 0.0f;
+  for (float lane : lanes) all += lane;
+  return all == 0.0f;
+}
+
+// x[r0:r1] += branch[r0:r1], times the LayerScale gamma (D) per column when there is one.
+void add_branch(MatRM& x, const MatRM& branch, const float* gamma, int r0, int r1) {
+  if (gamma)
+    x.middleRows(r0, r1 - r0).array() +=
+        branch.middleRows(r0, r1 - r0).array().rowwise() * ConstMapVec(gamma, x.cols()).transpose().array();
+  else
+    x.middleRows(r0, r1 - r0) += branch.middleRows(r0, r1 - r0);
+}
+
+}  // namespace
+
+MatRM positional_table(const VitModel& model, int grid_h, int grid_w) {
+  const VitConfig& cfg = model.config;
+  const int dim = cfg.embed_dim, prefix = cfg.pos_prefix();
+  const int gh0 = cfg.grid_h(), gw0 = cfg.grid_w();
+  ConstMapRM pos(model.w.pos_embed, cfg.pos_tokens(), dim);
+  if (grid_h == gh0 && grid_w == gw0) return pos;
+
+  MatRM table(prefix + grid_h * grid_w, dim);
+  if (prefix) table.topRows(prefix) = pos.topRows(prefix);
+  // Separable bicubic: first along columns (gw0 -> grid_w) for every source row, then rows.
+  MatRM along_w(gh0 * grid_w, dim);
+  for (int c = 0; c < grid_w; ++c) {
+    int taps[4];
+    float coeffs[4];
+    cubic_taps(c, gw0, grid_w, taps, coeffs);
+    for (int r = 0; r < gh0; ++r) {
+      auto dst = along_w.row(r * grid_w + c);
+      dst.setZero();
+      for (int k = 0; k < 4; ++k) dst += coeffs[k] * pos.row(prefix + r * gw0 + taps[k]);
+    }
+  }
+  for (int r = 0; r < grid_h; ++r) {
+    int taps[4];
+    float coeffs[4];
+    cubic_taps(r, gh0, grid_h, taps, coeffs);
+    for (int c = 0; c < grid_w; ++c) {
+      auto dst = table.row(prefix + r * grid_w + c);
+      dst.setZero();
+      for (int k = 0; k < 4; ++k) dst += coeffs[k] * along_w.row(taps[k] * grid_w + c);
+    }
+  }
+  return table;
+}
+
+ForwardResult forward(const VitModel& model, const PatchGrid& grid, const ForwardOptions& options) {
+  const VitConfig& cfg = model.config;
+  const int dim = cfg.embed_dim, heads = cfg.num_heads, hd = cfg.head_dim();
+  const int prefix = cfg.prefix_tokens();
+  const int patches = grid.grid_h * grid.grid_w;
+  const int n = prefix + patches;
+  if (patches < 1) throw Error("the image has no whole patch");
+  if (grid.patches.rows() != patches || grid.patches.cols() != cfg.patch_values())
+    throw Error("patch grid does not match the model's patch size");
+
+  ForwardResult result;
+  result.tokens = n;
+  result.prefix = prefix;
+  result.has_class_token = cfg.class_token;
+  result.grid_h = grid.grid_h;
+  result.grid_w = grid.grid_w;
+  result.patch_is_padding = grid.patch_is_padding;
+  result.score_scale = options.score_scale >= 0.0f ? options.score_scale
+                                                   : 1.0f / std::sqrt(static_cast<float>(hd));
+  result.mask = build_key_mask(cfg, grid, options);
+
+  // Which query rows the attention-received mean averages over: every token except padding.
+  std::vector<uint8_t> counts_as_query(static_cast<size_t>(n), 1);
+  if (options.mask_padding && !grid.patch_is_padding.empty())
+    for (int p = 0; p < patches; ++p)
+      if (grid.patch_is_padding[p]) counts_as_query[static_cast<size_t>(prefix + p)] = 0;
+  result.received_queries = static_cast<int>(std::count(counts_as_query.begin(), counts_as_query.end(), 1));
+
+  // x = patch_embed(img): Conv2d(3, D, P, stride=P) == patches (Np, 3PP) @ W (D, 3PP)^T + b
+  MatRM x(n, dim);
+  {
+    MatRM tokens;
+    linear(grid.patches, model.w.patch_w, model.w.patch_b, dim, tokens, options.threads);
+    x.bottomRows(patches) = tokens;
+    // timm _pos_embed: x = cat(cls_token, [dist_token], reg_token, x), then x + pos_embed over all
+    // tokens, or with no_embed_class the pos_embed added to the patches only (before the cat).
+    if (cfg.class_token) x.row(cfg.class_index()) = ConstMapVec(model.w.cls_token, dim).transpose();
+    if (cfg.dist_token) x.row(cfg.dist_index()) = ConstMapVec(model.w.dist_token, dim).transpose();
+    if (cfg.register_tokens)
+      x.middleRows(cfg.first_register(), cfg.register_tokens) = ConstMapRM(model.w.reg_tokens, cfg.register_tokens, dim);
+    const MatRM pos = positional_table(model, grid.grid_h, grid.grid_w);
+    x.bottomRows(pos.rows()) += pos;
+  }
+  // x = self.norm_pre(x): CLIP's ln_pre / pre_layrnorm, before the first block.
+  if (cfg.pre_norm)
+    for_row_chunks(n, options.threads, [&](int r0, int r1) {
+      layer_norm(x, model.w.norm_pre_w, model.w.norm_pre_b, cfg.norm_eps, x, r0, r1);
+    });
+
+  MatRM normed, attn_out(n, dim), projected, hidden, mlp_out;
+  const int inner = threads_within_chunk(n, options.threads);
+  // Every block's Linear weights in the SGEMM's panels, packed by the model's first forward and
+  // kept with it (vit.hpp VitModel::packed_cache), not packed again by every product of every
+  // row chunk (13 times per layer at 3137 tokens).
+  const std::shared_ptr<const PackedModelWeights> packed = packed_weights(model, options.threads);
+  result.layers.resize(static_cast<size_t>(cfg.depth));
+  for (int l = 0; l < cfg.depth; ++l) {
+    const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
+    const PackedLinear &packed_qkv = packed->blocks[static_cast<size_t>(l)][0],
+                       &packed_proj = packed->blocks[static_cast<size_t>(l)][1],
+                       &packed_fc1 = packed->blocks[static_cast<size_t>(l)][2],
+                       &packed_fc2 = packed->blocks[static_cast<size_t>(l)][3];
+    LayerState& state = result.layers[static_cast<size_t>(l)];
+    // qkv = self.qkv(self.norm1(x)).reshape(B, N, 3, H, d): columns [Q | K | V], head-major
+    normed.resize(n, dim);
+    state.qkv.resize(n, 3 * dim);
+    for_row_chunks(n, options.threads, [&](int r0, int r1) {
+      layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed, r0, r1);
+      linear(normed, packed_qkv, b.qkv_b, state.qkv, r0, r1, inner);
+    });
+    // NaN scores would look like fully masked rows (zero attention) downstream: stop here instead.
+    if (!all_finite(state.qkv))
+      throw Error("model '" + cfg.name + "' produces non-finite queries/keys/values (NaN or infinity) in layer " +
+                  std::to_string(l) + " on this image: its weights or normalisation are out of range");
+    state.key_panels = key_panels(state.qkv.data() + dim, 3 * dim, n, heads, hd);
+    state.received.resize(heads, n);
+    if (cfg.class_token) state.cls_row.resize(heads, n);
+    std::vector<float*> probs;
+    if (options.keep_probs) {
+      state.probs.assign(static_cast<size_t>(heads), MatRM(n, n));
+      for (MatRM& p : state.probs) probs.push_back(p.data());
+    }
+
+    // Every head at once (fast_attention.hpp; no (N, N) matrix unless keep_probs), as timm's
+    //   attn = (q * scale) @ k.transpose(-2, -1); attn = attn.softmax(dim=-1); x = attn @ v
+    // (the scale applied after the dot product, as the reference does), each head's output in its
+    // columns of (N, D) (the transpose(1, 2).reshape), plus the column sums of attn over the
+    // counted query rows (attention received) and attn's first row (the class token's).
+    AttentionInputs in;
+    in.tokens = n, in.heads = heads, in.head_dim = hd;
+    in.queries = state.qkv.data(), in.keys = state.qkv.data() + dim, in.values = state.qkv.data() + 2 * dim;
+    in.query_stride = in.key_stride = in.value_stride = 3 * dim;
+    in.scale = result.score_scale;
+    in.mask = &result.mask;
+    in.counts_as_query = counts_as_query.data();
+    AttentionOutputs out;
+    out.context = attn_out.data(), out.context_stride = dim;
+    out.column_sums = state.received.data();
+    out.first_rows = cfg.class_token ? state.cls_row.data() : nullptr;
+    out.probs = options.keep_probs ? probs.data() : nullptr;
+    std::function<bool(float)> layer_progress;
+    if (options.progress)
+      layer_progress = [&](float f) { return options.progress((static_cast<float>(l) + f) / cfg.depth); };
+    if (!multi_head_attention(in, out, options.threads, layer_progress)) throw Error("cancelled");
+    // Scores can still overflow (finite q and k, a huge score scale): an error, not NaN maps.
+    if (!all_finite(attn_out) || !all_finite(state.received))
+      throw Error("attention scores overflow in layer " + std::to_string(l) +
+                  " (NaN or infinity): the score scale or the model's weights are too large");
+    if (result.received_queries > 0) state.received /= static_cast<float>(result.received_queries);
+    else state.received.setZero();
+    if (options.progress && !options.progress(static_cast<float>(l + 1) / static_cast<float>(cfg.depth)))
+      throw Error("cancelled");
+
+    projected.resize(n, dim);
+    hidden.resize(n, cfg.mlp_hidden());
+    mlp_out.resize(n, dim);
+    for_row_chunks(n, options.threads, [&](int r0, int r1) {
+      // x = x + self.ls1(self.proj(attn_out))          (W^O; ls1 is Identity without LayerScale)
+      linear(attn_out, packed_proj, b.proj_b, projected, r0, r1, inner);
+      add_branch(x, projected, b.ls1, r0, r1);
+      // x = x + self.ls2(fc2(act(fc1(norm2(x)))))
+      layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
+      linear(normed, packed_fc1, b.fc1_b, hidden, r0, r1, inner, fc1_epilogue(cfg.act));
+      activation_rows(cfg.act, hidden, r0, r1);
+      linear(hidden, packed_fc2, b.fc2_b, mlp_out, r0, r1, inner);
+      add_branch(x, mlp_out, b.ls2, r0, r1);
+    });
+  }
+  // x = self.norm(x); Identity when the model norms only its pooled vector (fc_norm, CLIP's
+  // post_layernorm), so the tokens are the last block's, as timm forward_features / HF
+  // last_hidden_state return them.
+  if (!cfg.final_norm) {
+    result.output = std::move(x);
+    return result;
+  }
+  result.output.resize(n, dim);
+  for_row_chunks(n, options.threads, [&](int r0, int r1) {
+    layer_norm(x, model.w.norm_w, model.w.norm_b, cfg.norm_eps, result.output, r0, r1);
+  });
+  return result;
+}
+
+void attention_row(const VitModel& model, const ForwardResult& result, int layer, int head, int query,
+                   float* out) {
+  const VitConfig& cfg = model.config;
+  if (layer < 0 || layer >= static_cast<int>(result.layers.size()))
+    throw Error("layer " + std::to_string(layer) + " is out of range [0, " + std::to_string(result.layers.size()) + ")");
+  if (head < 0 || head >= cfg.num_heads)
+    throw Error("head " + std::to_string(head) + " is out of range [0, " + std::to_string(cfg.num_heads) + ")");
+  if (query < 0 || query >= result.tokens)
+    throw Error("query token " + std::to_string(query) + " is out of range [0, " + std::to_string(result.tokens) + ")");
+  const int dim = cfg.embed_dim, hd = cfg.head_dim(), n = result.tokens;
+  const LayerState& state = result.layers[static_cast<size_t>(layer)];
+  // scores_j = q_query . k_j * scale for every key j: O(N d), one row of the (N, N) matrix, with
+  // the forward pass's kernels (fast_attention.hpp), so the same numbers as its rows.
+  const float* q = state.qkv.row(query).data() + head * hd;
+  const Eigen::Index panel_floats = static_cast<Eigen::Index>(aligned_keys(n)) * hd;
+  if (state.key_panels.rows() == cfg.num_heads && state.key_panels.cols() == panel_floats) {
+    attention_row_fast(q, state.key_panels.row(head).data(), n, hd, result.score_scale, result.mask, query, out);
+  } else {  // a result put together without forward(): this head's panels made here
+    const MatRM panels = key_panels(state.qkv.data() + dim + head * hd, static_cast<int>(state.qkv.cols()), n, 1, hd);
+    attention_row_fast(q, panels.data(), n, hd, result.score_scale, result.mask, query, out);
+  }
+}
+
+}  // namespace vitlens

@@ -1,0 +1,224 @@
+#pragma once
+// The Vision Transformer forward pass, laid out exactly as timm's VisionTransformer
+// (timm/models/vision_transformer.py): patch embedding, prefix tokens (class, distillation,
+// registers), positional embedding, optional pre-norm, `depth` pre-norm blocks with optional
+// LayerScale, final norm. One block with options covers the families vitlens opens (timm ViT,
+// DeiT, DINO, DINOv2 with or without registers, CLIP's vision tower, Hugging Face ViT / Dinov2 /
+// CLIPVision): models/ maps each file's tensor names onto this layout at load time. Weights are
+// read-only views into one blob that the model owns; the file formats live in models/.
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/model/attention.hpp"
+#include "core/base/eigen.hpp"
+#include "core/cpu/gemm.hpp"
+
+namespace vitlens {
+
+// The MLP's activation (timm act_layer / Hugging Face hidden_act).
+enum class Activation {
+  Gelu,       // exact: 0.5 x (1 + erf(x / sqrt 2)), nn.GELU()          timm 'gelu', HF 'gelu'
+  GeluTanh,   // 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))          timm 'gelu_tanh', HF 'gelu_new'
+  QuickGelu,  // x sigmoid(1.702 x), OpenAI CLIP                            timm/HF 'quick_gelu'
+};
+const char* activation_name(Activation act);  // "gelu", "gelu_tanh", "quick_gelu"
+
+// The longest texts a config holds, in bytes: a name is one line of a caption, a description a
+// paragraph. Model readers cut longer texts from a file to these (capped_text, json_file.hpp);
+// validate() refuses longer ones given any other way (e.g. `vitlens train --name`).
+constexpr size_t kMaxModelNameBytes = 200;
+constexpr size_t kMaxModelDescriptionBytes = 2000;
+constexpr size_t kMaxHeadDescriptionBytes = 1000;
+
+// hparams, as stored in the safetensors metadata (`__metadata__["config"]`).
+// Token order (N): [class token] [distillation token] [register tokens] patches, as timm's
+// VisionTransformer / VisionTransformerDistilled concatenate them.
+struct VitConfig {
+  std::string name = "unnamed";
+  std::string description;
+  int patch_size = 4;       // P
+  int embed_dim = 48;       // D
+  int num_heads = 4;        // H
+  int depth = 1;            // L
+  int img_h = 224, img_w = 224;
+  bool class_token = true;
+  double mlp_ratio = 4.0;   // double, as Python: int(D * mlp_ratio) must match timm
+  float norm_eps = 1e-6f;
+  bool qkv_bias = true;
+  // Architecture options beyond the original vitlens block; the defaults are that block.
+  bool dist_token = false;      // DeiT distilled: a second prefix token after the class token
+  int register_tokens = 0;      // R: DINOv2-with-registers / timm reg_tokens, after class/dist
+  bool pos_embed_prefix = true; // the positional table has rows for the prefix tokens (timm's
+                                // default); false = timm no_embed_class (DeiT III, DINOv2+reg)
+  bool patch_bias = true;       // patch_embed.proj.bias (timm: absent when pre_norm, e.g. CLIP)
+  bool pre_norm = false;        // LayerNorm before the blocks: timm norm_pre, CLIP pre_layrnorm
+  bool layer_scale = false;     // ls1/ls2 gamma (DINOv2 layer_scale1/2.lambda1): x + gamma * branch
+  bool final_norm = true;       // norm over every token after the blocks; false when the model
+                                // only norms the pooled vector (timm fc_norm, CLIP post_layernorm)
+  Activation act = Activation::Gelu;
+  std::array<float, 3> mean{0.5f, 0.5f, 0.5f};  // per RGB channel, applied to x / 255
+  std::array<float, 3> std{0.5f, 0.5f, 0.5f};
+  // Optional human descriptions: head_descriptions[layer][head]. Empty when the file has none.
+  std::vector<std::vector<std::string>> head_descriptions;
+
+  int head_dim() const { return embed_dim / num_heads; }                   // d
+  int mlp_hidden() const { return static_cast<int>(embed_dim * mlp_ratio); }  // Hm (timm: int(), in double)
+  int prefix_tokens() const { return (class_token ? 1 : 0) + (dist_token ? 1 : 0) + register_tokens; }
+  int class_index() const { return class_token ? 0 : -1; }  // the class token's row, -1 without
+  int dist_index() const { return dist_token ? (class_token ? 1 : 0) : -1; }
+  int first_register() const { return (class_token ? 1 : 0) + (dist_token ? 1 : 0); }
+  int pos_prefix() const { return pos_embed_prefix ? prefix_tokens() : 0; }  // prefix rows of pos_embed
+  int grid_h() const { return img_h / patch_size; }
+  int grid_w() const { return img_w / patch_size; }
+  int pos_tokens() const { return pos_prefix() + grid_h() * grid_w(); }  // rows of pos_embed
+  int tokens() const { return prefix_tokens() + grid_h() * grid_w(); }   // N at the config's size
+  int patch_values() const { return 3 * patch_size * patch_size; }  // 48 for P = 4
+  // Empty when consistent, else a one-line reason naming the key (e.g. "embed_dim 50 is not
+  // divisible by num_heads 4").
+  std::string validate() const;
+};
+
+struct BlockWeights {
+  // A null bias is a zero bias (qkv_bias false); ls1/ls2 are null without LayerScale.
+  const float* norm1_w = nullptr;  // (D)
+  const float* norm1_b = nullptr;  // (D)
+  const float* qkv_w = nullptr;    // (3D, D): rows [Q heads 0..H-1 | K heads | V heads]
+  const float* qkv_b = nullptr;    // (3D) or nullptr when qkv_bias is false
+  const float* proj_w = nullptr;   // (D, D)  W^O
+  const float* proj_b = nullptr;   // (D)
+  const float* ls1 = nullptr;      // (D) LayerScale gamma on the attention branch
+  const float* norm2_w = nullptr;  // (D)
+  const float* norm2_b = nullptr;  // (D)
+  const float* ls2 = nullptr;      // (D) LayerScale gamma on the MLP branch
+  const float* fc1_w = nullptr;    // (Hm, D)
+  const float* fc1_b = nullptr;    // (Hm)
+  const float* fc2_w = nullptr;    // (D, Hm)
+  const float* fc2_b = nullptr;    // (D)
+};
+
+struct VitWeights {
+  const float* patch_w = nullptr;    // (D, 3, P, P)  Conv2d weight
+  const float* patch_b = nullptr;    // (D) or nullptr without patch_bias
+  const float* cls_token = nullptr;  // (D) or nullptr without class token
+  const float* dist_token = nullptr; // (D) or nullptr without distillation token
+  const float* reg_tokens = nullptr; // (R, D) or nullptr without registers
+  const float* pos_embed = nullptr;  // (pos_prefix + gh*gw, D) for the config's img_size
+  const float* norm_pre_w = nullptr; // (D) pre_norm only
+  const float* norm_pre_b = nullptr; // (D)
+  std::vector<BlockWeights> blocks;  // (L)
+  const float* norm_w = nullptr;     // (D) final_norm only
+  const float* norm_b = nullptr;     // (D)
+  const float* head_w = nullptr;     // (num_classes, D) or nullptr
+  const float* head_b = nullptr;     // (num_classes) or nullptr
+  int num_classes = 0;
+};
+
+// Every block's four Linear weights (qkv, proj, fc1, fc2) packed into the SGEMM's panels
+// (gemm.hpp pack_linear) for one set of kernels: what forward() reads instead of packing them on
+// every call. Immutable once made; forward() holds a shared_ptr to it while it runs.
+struct PackedModelWeights {
+  const detail::GemmKernels* kernels = nullptr;  // packed for these (kernel_isa() when made)
+  std::vector<std::array<PackedLinear, 4>> blocks;  // (L) x {qkv, proj, fc1, fc2}
+};
+
+// The model's packed weights, made by its first forward() and replaced when kernel_isa() changes
+// (set_kernel_isa). The mutex is held while a copy is made, so forwards starting together on
+// several threads wait for one copy and share it; a forward keeps its copy alive while it runs.
+struct PackedWeightCache {
+  std::mutex mutex;
+  std::shared_ptr<const PackedModelWeights> packed;
+};
+
+// A loaded model: config plus weights viewing `storage`. Move-only, so the views stay valid.
+// The weights must not change after loading (nothing does that: training makes a new model):
+// forward() keeps them packed in `packed_cache`, found again by their addresses and the kernels.
+// That is a second copy of the Linear weights, 12 D^2 floats a block at mlp_ratio 4 (+81 MiB for
+// ViT-S/16, +324 MiB for ViT-B/16), for not packing them on every forward (README "Speed").
+struct VitModel {
+  VitConfig config;
+  std::vector<float> storage;
+  VitWeights w;
+  std::string source;  // the file it came from, for messages
+  std::string format = "vitlens";  // the layout it was read from ("vitlens", "timm", "hf-vit", ...)
+  std::vector<std::string> notes;  // what the loader inferred or assumed, one line each (vitlens info)
+  // Empty until the first forward() fills it; null in a moved-from model (forward() then packs
+  // for each call).
+  std::unique_ptr<PackedWeightCache> packed_cache = std::make_unique<PackedWeightCache>();
+
+  VitModel() = default;
+  VitModel(VitModel&&) = default;
+  VitModel& operator=(VitModel&&) = default;
+  VitModel(const VitModel&) = delete;
+  VitModel& operator=(const VitModel&) = delete;
+
+  int64_t parameter_count() const;
+};
+
+// Tokens of one prepared image, ready for the blocks.
+struct PatchGrid {
+  int grid_h = 0, grid_w = 0;              // gh, gw
+  MatRM patches;                           // (gh*gw, 3*P*P) normalised pixels, (c, y, x) per row
+  std::vector<uint8_t> patch_is_padding;   // (gh*gw) 1 where the patch holds padded pixels
+};
+
+struct ForwardOptions {
+  bool causal = false;                   // raster-order causal mask
+  bool mask_padding = true;              // padded patches are never attended to
+  std::vector<uint8_t> forbidden_patches;  // (gh*gw) 1 = never attended (a painted mask); may be empty
+  bool keep_probs = false;               // keep every (N, N) weight matrix (raw export only)
+  float score_scale = -1.0f;             // < 0: the model's 1/sqrt(d); else this factor instead
+  int threads = 0;                       // attention threads; 0 = one per core (same numbers for any count)
+  // Progress in [0, 1]; return false to cancel (forward then throws vitlens::Error "cancelled").
+  std::function<bool(float)> progress;
+};
+
+struct LayerState {
+  MatRM qkv;       // (N, 3D) LN1(x) W_qkv^T + b: every head's queries, keys and values
+  MatRM received;  // (H, N) attention received: each column's mean over the non-padding query rows
+                   // (a row whose keys are all masked is a zero row and still counts)
+  MatRM cls_row;   // (H, N) the class token's attention row; empty without class token
+  std::vector<MatRM> probs;  // H x (N, N) when keep_probs, else empty
+  MatRM key_panels;  // (H, aligned_keys(N) * d) each head's keys in 16-token panels (fast_attention.hpp),
+                     // so attention_row reads 8 or 16 tokens per vector load
+};
+
+struct ForwardResult {
+  int tokens = 0;   // N
+  int prefix = 0;   // prefix tokens before the patches (class, distillation, registers)
+  bool has_class_token = false;  // token 0 is the class token
+  int grid_h = 0, grid_w = 0;
+  std::vector<uint8_t> patch_is_padding;  // (gh*gw) the grid's: 1 = padding, not part of the image
+  float score_scale = 0.0f;        // the factor the scores were multiplied by
+  KeyMask mask;                    // the mask every layer used
+  int received_queries = 0;        // how many query rows the received means average over
+  std::vector<LayerState> layers;  // (L)
+  MatRM output;                    // (N, D) after the final norm (or the last block's tokens
+                                   // when the model has no final norm over the tokens)
+};
+
+// What token `token` is, for the inspector and messages: "class token", "distillation token",
+// "register 2", "patch (row 3, col 5)".
+std::string token_name(const VitConfig& config, int grid_w, int token);
+
+// The key mask for a grid, from the options (class token always allowed as a key).
+KeyMask build_key_mask(const VitConfig& config, const PatchGrid& grid, const ForwardOptions& options);
+
+// Positional table for a gh x gw grid: the model's own when the grid matches, else the patch part
+// resized with bicubic interpolation (align_corners=False, A = -0.75, as torch.nn.functional
+// .interpolate(mode="bicubic") that DINO and timm's resample_abs_pos_embed use); prefix rows kept.
+MatRM positional_table(const VitModel& model, int grid_h, int grid_w);  // (pos_prefix + gh*gw, D)
+
+// The whole forward pass. Throws vitlens::Error on a grid the model cannot take or on cancel.
+ForwardResult forward(const VitModel& model, const PatchGrid& grid, const ForwardOptions& options);
+
+// One query's attention row for one head, from that query's q and all keys: O(N * d).
+// out: (N) weights over all tokens (class token first). Same numbers as row `query` of probs.
+void attention_row(const VitModel& model, const ForwardResult& result, int layer, int head,
+                   int query, float* out);
+
+}  // namespace vitlens

@@ -1,0 +1,45 @@
+#pragma once
+// Checkpoints as they are published: timm's hub layout and Hugging Face transformers'
+// save_pretrained layout, mapped at load time onto vitlens' one block (vit.hpp) with timm's
+// tensor names, as timm's checkpoint_filter_fn does: a name map, q/k/v fused into qkv, a reshape
+// or two, and the options the family needs. No family gets its own forward pass.
+//
+//   timm      model.safetensors + the config.json timm writes beside it (architecture,
+//             num_classes, model_args, pretrained_cfg.input_size/mean/std); without config.json
+//             every option is read off the tensors and num_heads comes from --heads.
+//   hf-vit    ViTModel / ViTForImageClassification (optional "vit." prefix), model_type "vit"
+//   hf-dinov2 Dinov2Model / Dinov2WithRegistersModel (model_type "dinov2",
+//             "dinov2_with_registers"; optional "dinov2." prefix)
+//   hf-clip   CLIPVisionModel (model_type "clip_vision_model", optional "vision_model." prefix),
+//             or the vision tower of a whole CLIPModel (model_type "clip")
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "models/model_io.hpp"
+
+namespace vitlens {
+
+struct ConvertedModel {
+  VitConfig config;
+  TensorMap tensors;  // timm names, as model_io.hpp lists them
+  std::string format;  // "timm", "hf-vit", "hf-dinov2", "hf-clip"
+  std::vector<std::string> notes;  // what was inferred or assumed, for `vitlens info`
+};
+
+// A safetensors file without vitlens metadata: detects the layout from the tensor names, reads
+// the companion config.json (and preprocessor_config.json for Hugging Face mean/std) from
+// `folder`, and returns the model in vitlens' layout. `tensors` is consumed. Throws vitlens::Error
+// with one line naming the file and what is wrong: unknown or refused family (with the reason),
+// missing config.json, a config contradicting the tensors, a value that needs a flag.
+ConvertedModel convert_checkpoint(TensorMap tensors, const std::string& path, const std::string& folder,
+                                  const LoadOptions& options);
+
+// The timm architecture name -> options table: fills what the tensors cannot say (activation,
+// norm eps, num_heads of the standard widths) or throws naming why the family is refused.
+// `arch` may carry a pretrained tag ("vit_small_patch16_224.dino").
+void timm_architecture_options(const std::string& arch, int embed_dim, VitConfig& config, bool& heads_known,
+                               const std::string& what);
+
+}  // namespace vitlens
