@@ -11,12 +11,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "models/published_layouts.hpp"
 #include "core/base/error.hpp"
-#include "core/io/files.hpp"
-#include "core/io/image.hpp"  // read_whole_file
-#include "models/json_file.hpp"
 #include "core/base/memory.hpp"
+#include "core/io/files.hpp"
+#include "models/json_file.hpp"
+#include "models/published_layouts.hpp"
 
 namespace vitlens {
 
@@ -143,6 +142,7 @@ VitConfig config_from_json(const json& j, const std::string& what) {
   if (j.contains("patch_bias")) c.patch_bias = get_bool(j, "patch_bias", what);
   if (j.contains("pre_norm")) c.pre_norm = get_bool(j, "pre_norm", what);
   if (j.contains("layer_scale")) c.layer_scale = get_bool(j, "layer_scale", what);
+  if (j.contains("post_norm")) c.post_norm = get_bool(j, "post_norm", what);
   if (j.contains("final_norm")) c.final_norm = get_bool(j, "final_norm", what);
   if (j.contains("act")) {
     const std::string act = get_string(j, "act", 32, what);
@@ -183,6 +183,7 @@ json config_to_json(const VitConfig& c) {
   if (c.patch_bias != base.patch_bias) j["patch_bias"] = c.patch_bias;
   if (c.pre_norm != base.pre_norm) j["pre_norm"] = c.pre_norm;
   if (c.layer_scale != base.layer_scale) j["layer_scale"] = c.layer_scale;
+  if (c.post_norm != base.post_norm) j["post_norm"] = c.post_norm;
   if (c.final_norm != base.final_norm) j["final_norm"] = c.final_norm;
   if (c.act != base.act) j["act"] = activation_name(c.act);
   if (!c.head_descriptions.empty()) j["head_descriptions"] = c.head_descriptions;
@@ -228,22 +229,28 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
   return s;
 }
 
-VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, const std::string& what) {
-  auto shapes = expected_tensor_shapes(config);
-  // The classifier head is optional, but when present it must fit the embed dim.
+namespace {
+
+// The optional classifier head: its class count (0 without), its shapes added to `shapes`.
+int check_head(const VitConfig& config, const TensorMap& tensors, std::map<std::string, std::vector<int64_t>>& shapes,
+               const std::string& what) {
   const auto head_w = tensors.find("head.weight");
   const auto head_b = tensors.find("head.bias");
-  int num_classes = 0;
-  if (head_w != tensors.end() || head_b != tensors.end()) {
-    if (head_w == tensors.end() || head_b == tensors.end())
-      throw Error(what + ": tensor 'head.weight' and 'head.bias' must both be present or both absent");
-    if (head_w->second.shape.size() != 2 || head_w->second.shape[0] < 1)
-      throw Error(what + ": tensor 'head.weight' has shape " + shape_text(head_w->second.shape) + ", expected [classes, " +
-                  std::to_string(config.embed_dim) + "]");
-    num_classes = static_cast<int>(head_w->second.shape[0]);
-    shapes["head.weight"] = {num_classes, config.embed_dim};
-    shapes["head.bias"] = {num_classes};
-  }
+  if (head_w == tensors.end() && head_b == tensors.end()) return 0;
+  if (head_w == tensors.end() || head_b == tensors.end())
+    throw Error(what + ": tensor 'head.weight' and 'head.bias' must both be present or both absent");
+  if (head_w->second.shape.size() != 2 || head_w->second.shape[0] < 1)
+    throw Error(what + ": tensor 'head.weight' has shape " + shape_text(head_w->second.shape) + ", expected [classes, " +
+                std::to_string(config.embed_dim) + "]");
+  const int num_classes = static_cast<int>(head_w->second.shape[0]);
+  shapes["head.weight"] = {num_classes, config.embed_dim};
+  shapes["head.bias"] = {num_classes};
+  return num_classes;
+}
+
+// Every tensor the config uses is there with its shape and finite values, and no other is there.
+void check_tensors(const VitConfig& config, const TensorMap& tensors, const std::map<std::string, std::vector<int64_t>>& shapes,
+                   const std::string& what) {
   if (!config.qkv_bias)
     for (int i = 0; i < config.depth; ++i)
       if (tensors.count("blocks." + std::to_string(i) + ".attn.qkv.bias"))
@@ -251,17 +258,10 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
   // A tensor the config does not use would be silently ignored: a timm checkpoint with
   // LayerScale (ls1.gamma), qk-norm, register tokens or more blocks than `depth` computes different
   // attention than vitlens would show. Refuse it instead.
-  for (const auto& entry : tensors) {
-    const std::string& name = entry.first;
-    if (shapes.count(name)) continue;
-    throw Error(what + ": tensor '" + name + "' is not part of the configured model (" + std::to_string(config.depth) +
-                " block(s), timm VisionTransformer names); vitlens would ignore it");
-  }
-
-  VitModel model;
-  model.config = config;
-  model.source = what;
-  size_t total = 0;
+  for (const auto& entry : tensors)
+    if (!shapes.count(entry.first))
+      throw Error(what + ": tensor '" + entry.first + "' is not part of the configured model (" + std::to_string(config.depth) +
+                  " block(s), timm VisionTransformer names); vitlens would ignore it");
   for (const auto& [name, shape] : shapes) {
     const auto it = tensors.find(name);
     if (it == tensors.end()) throw Error(what + ": tensor '" + name + "' is missing");
@@ -269,21 +269,16 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
       throw Error(what + ": tensor '" + name + "' has shape " + shape_text(it->second.shape) + ", expected " + shape_text(shape));
     for (float v : it->second.values)
       if (!std::isfinite(v)) throw Error(what + ": tensor '" + name + "' holds NaN or infinite values");
-    total += it->second.values.size();
   }
-  // One blob; the weight views point into it (the vector never reallocates after this).
-  model.storage.reserve(total);
-  std::map<std::string, const float*> at;
-  for (const auto& entry : shapes) {
-    const auto& values = tensors.at(entry.first).values;
-    at[entry.first] = model.storage.data() + model.storage.size();
-    model.storage.insert(model.storage.end(), values.begin(), values.end());
-  }
+}
+
+// The weight views, by timm name, into the blob (nullptr for a tensor the config does not have).
+VitWeights weight_views(const VitConfig& config, const std::map<std::string, const float*>& at) {
   auto view = [&](const std::string& name) -> const float* {
     const auto it = at.find(name);
     return it == at.end() ? nullptr : it->second;
   };
-  VitWeights& w = model.w;
+  VitWeights w;
   w.patch_w = view("patch_embed.proj.weight");
   w.patch_b = view("patch_embed.proj.bias");
   w.cls_token = view("cls_token");
@@ -315,7 +310,30 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
   w.norm_b = view("norm.bias");
   w.head_w = view("head.weight");
   w.head_b = view("head.bias");
-  w.num_classes = num_classes;
+  return w;
+}
+
+}  // namespace
+
+VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, const std::string& what) {
+  auto shapes = expected_tensor_shapes(config);
+  const int num_classes = check_head(config, tensors, shapes, what);
+  check_tensors(config, tensors, shapes, what);
+  VitModel model;
+  model.config = config;
+  model.source = what;
+  size_t total = 0;
+  for (const auto& entry : shapes) total += tensors.at(entry.first).values.size();
+  // One blob; the weight views point into it (the vector never reallocates after this).
+  model.storage.reserve(total);
+  std::map<std::string, const float*> at;
+  for (const auto& entry : shapes) {
+    const auto& values = tensors.at(entry.first).values;
+    at[entry.first] = model.storage.data() + model.storage.size();
+    model.storage.insert(model.storage.end(), values.begin(), values.end());
+  }
+  model.w = weight_views(config, at);
+  model.w.num_classes = num_classes;
   return model;
 }
 
@@ -326,7 +344,7 @@ VitConfig config_from_metadata(const std::string& text, const std::string& what)
 }
 
 // A parsed safetensors file as a model: vitlens' own config in __metadata__, else a foreign
-// layout (timm, Hugging Face) converted by checkpoints.cpp, whose companion config.json is looked
+// layout (timm, Hugging Face) converted by published_layouts.cpp, whose companion config.json is looked
 // for in `folder` (empty: none, as for bytes that came from no file).
 VitModel model_from_file(SafetensorsFile file, const std::string& what, const std::string& folder,
                          const LoadOptions& options) {

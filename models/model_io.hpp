@@ -24,18 +24,17 @@
 // class_token, mlp_ratio, norm_eps, mean [3], std [3], qkv_bias, name, description, the
 // optional head_descriptions [[str per head] per layer], and the optional architecture keys
 // dist_token, register_tokens, pos_embed_prefix, patch_bias, pre_norm, layer_scale, final_norm,
-// act (written only when they differ from the original block's defaults).
+// post_norm, act (written only when they differ from the original block's defaults).
 #include <map>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
-#include "models/safetensors.hpp"
 #include "core/model/vit.hpp"
+#include "models/published_layouts.hpp"  // LoadOptions, and the layouts load_model converts
+#include "models/safetensors.hpp"
 
 namespace vitlens {
-
-using TensorMap = std::map<std::string, TensorData>;
 
 // Throws vitlens::Error "<what>: config key 'x' ..." on a missing, mistyped or inconsistent key.
 VitConfig config_from_json(const nlohmann::json& j, const std::string& what);
@@ -45,12 +44,8 @@ nlohmann::json config_to_json(const VitConfig& config);
 // points the weight views into it. Throws vitlens::Error naming `what` and the tensor.
 VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, const std::string& what);
 
-struct LoadOptions {
-  int heads = 0;  // --heads: num_heads when the files do not say it (0 = not given)
-};
-
 // Any model file vitlens opens: a vitlens file (config in __metadata__), or a timm / Hugging Face
-// checkpoint with its companion config.json (checkpoints.hpp). Refuses, before reading it, a file
+// checkpoint with its companion config.json (published_layouts.hpp). Refuses, before reading it, a file
 // far larger than the memory available. Throws vitlens::Error with one line.
 VitModel load_model(const std::string& path, const LoadOptions& options);
 VitModel load_model(const std::string& path);

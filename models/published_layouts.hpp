@@ -8,23 +8,29 @@
 //             num_classes, model_args, pretrained_cfg.input_size/mean/std); without config.json
 //             every option is read off the tensors and num_heads comes from --heads.
 //   hf-vit    ViTModel / ViTForImageClassification (optional "vit." prefix), model_type "vit"
+//   hf-deit   DeiTModel / DeiTForImageClassification(WithTeacher) (optional "deit." prefix),
+//             model_type "deit": ViT's block with a distillation token
 //   hf-dinov2 Dinov2Model / Dinov2WithRegistersModel (model_type "dinov2",
-//             "dinov2_with_registers"; optional "dinov2." prefix)
+//             "dinov2_with_registers"; optional "dinov2." / "dinov2_with_registers." prefix)
 //   hf-clip   CLIPVisionModel (model_type "clip_vision_model", optional "vision_model." prefix),
 //             or the vision tower of a whole CLIPModel (model_type "clip")
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "models/model_io.hpp"
+#include "core/model/vit.hpp"
+#include "models/safetensors.hpp"
 
 namespace vitlens {
+
+// What a user can tell the loader that a file may not say.
+struct LoadOptions {
+  int heads = 0;  // --heads: num_heads when the files do not say it (0 = not given)
+};
 
 struct ConvertedModel {
   VitConfig config;
   TensorMap tensors;  // timm names, as model_io.hpp lists them
-  std::string format;  // "timm", "hf-vit", "hf-dinov2", "hf-clip"
+  std::string format;  // "timm", "hf-vit", "hf-deit", "hf-dinov2", "hf-clip"
   std::vector<std::string> notes;  // what was inferred or assumed, for `vitlens info`
 };
 

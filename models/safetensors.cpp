@@ -11,8 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
-#include "core/io/files.hpp"
-#include "core/io/image.hpp"
+#include "core/io/files.hpp"  // read_whole_file
 
 namespace vitlens {
 

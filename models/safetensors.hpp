@@ -17,9 +17,11 @@ struct TensorData {
   size_t numel() const;
 };
 
+using TensorMap = std::map<std::string, TensorData>;  // by tensor name, sorted
+
 struct SafetensorsFile {
   std::map<std::string, std::string> metadata;  // __metadata__
-  std::map<std::string, TensorData> tensors;
+  TensorMap tensors;
 };
 
 // Largest model file vitlens reads (checked before reading): above ViT-G/14's 1.84 billion

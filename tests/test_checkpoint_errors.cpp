@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 
 #include <fcntl.h>
@@ -83,7 +84,7 @@ TEST_CASE("a config.json that contradicts the tensors is one line", "[formats][e
   {
     const std::string dir = copy_case("timm_vit");
     json j = read_config(dir);
-    j["pretrained_cfg"]["input_size"] = {3, 32, 32};
+    j["model_args"]["img_size"] = {32, 32};  // what timm builds the model at
     write_config(dir, j);
     CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("64 patches") && Contains("pos_embed has 17 rows"));
   }
@@ -116,13 +117,6 @@ TEST_CASE("unsupported families are refused, saying which and why", "[formats][e
     j["architecture"] = "eva02_small_patch14_224.mim_in22k";
     write_config(dir, j);
     CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("unsupported model") && Contains("eva02_small_patch14_224"));
-  }
-  {
-    const std::string dir = copy_case("timm_vit");
-    json j = read_config(dir);
-    j["architecture"] = "vit_base_patch16_siglip_224";
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("unsupported model") && Contains("SigLIP"));
   }
   {
     const std::string dir = copy_case("hf_vit");
@@ -158,6 +152,43 @@ TEST_CASE("unsupported families are refused, saying which and why", "[formats][e
     vitlens::write_safetensors(dir + "/model.safetensors", f);
     CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("'conv1.weight'") && Contains("match neither"));
   }
+}
+
+TEST_CASE("models the real libraries made are refused naming the feature, with or without config.json", "[formats][errors]") {
+  // tests/fixtures/make_foreign_fixtures.py, refused/: each saved by timm or transformers.
+  struct Refused {
+    const char* name;
+    const char* with_config;     // in the message when config.json is beside the file
+    const char* without_config;  // when only the tensors speak; nullptr: the file needs its config
+  };
+  const Refused refused[] = {
+      {"timm_dinov3", "DINOv3", "DINOv3"},
+      {"timm_relpos", "relative position biases", "relative position biases"},
+      {"timm_rmsnorm", "RMSNorm", "RMSNorm"},
+      {"timm_swiglu", "SwiGLU", "SwiGLU"},
+      {"timm_parallel", "ParallelThingsBlock", "ParallelThingsBlock"},
+      {"timm_siglip_map", "attention-pool head", "attention-pool head"},
+      {"hf_timm_wrapper", "TimmWrapper", "TimmWrapper"},
+  };
+  const json manifest = json::parse(slurp(kForeign + "manifest.json"));
+  REQUIRE(manifest.at("refused").size() == std::size(refused));
+  for (const Refused& r : refused) {
+    INFO(r.name);
+    const std::string folder = std::string("refused/") + r.name;
+    CHECK_THAT(load_error(kForeign + folder + "/model.safetensors"), Contains("unsupported model") && Contains(r.with_config));
+    const std::string bare = copy_case(folder, false);
+    CHECK_THAT(load_error(bare + "/model.safetensors", 3), Contains("unsupported model") && Contains(r.without_config));
+  }
+}
+
+TEST_CASE("a NaN in a Hugging Face file is named as the file names it", "[formats][errors]") {
+  const std::string dir = copy_case("hf_vit");
+  vitlens::SafetensorsFile f = vitlens::read_safetensors(dir + "/model.safetensors");
+  const std::string name = "encoder.layer.1.attention.attention.key.weight";
+  REQUIRE(f.tensors.count(name));
+  f.tensors[name].values[3] = std::nanf("");
+  vitlens::write_safetensors(dir + "/model.safetensors", f);
+  CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("'" + name + "' holds NaN"));
 }
 
 TEST_CASE("a missing companion file, NaN weights and a model larger than memory are one line", "[formats][errors]") {
@@ -243,4 +274,26 @@ TEST_CASE("the architecture table fills what tensors cannot say", "[formats]") {
   CHECK_FALSE(heads);
   CHECK_THROWS_WITH(vitlens::timm_architecture_options("swin_tiny_patch4_window7_224", 96, g, heads, "m"),
                     Contains("not a VisionTransformer family"));
+  // Options the entrypoint sets without changing a tensor name.
+  vitlens::VitConfig rpn;
+  vitlens::timm_architecture_options("vit_base_patch16_rpn_224.sw_in1k", 768, rpn, heads, "x");
+  CHECK(rpn.post_norm);
+  for (const char* siglip2 : {"vit_so400m_patch16_siglip_gap_384.v2_webli", "vit_base_patch32_siglip_256.v2_webli"}) {
+    vitlens::VitConfig s2;
+    vitlens::timm_architecture_options(siglip2, 768, s2, heads, "x");
+    CHECK(s2.act == vitlens::Activation::GeluTanh);
+  }
+  vitlens::VitConfig s1;
+  vitlens::timm_architecture_options("vit_base_patch16_siglip_gap_224.webli", 768, s1, heads, "x");
+  CHECK(s1.act == vitlens::Activation::Gelu);
+  CHECK_FALSE(s1.post_norm);
+  // Families refused by name, saying why.
+  const std::pair<const char*, const char*> by_name[] = {
+      {"vit_base_patch16_dinov3.lvd1689m", "DINOv3"},
+      {"vit_relpos_base_patch16_224.sw_in1k", "relative position"},
+      {"vit_small_patch16_18x2_224", "parallel blocks"},
+      {"vit_dwee_patch16_reg1_gap_256", "differential attention"},
+  };
+  for (const auto& [arch, why] : by_name)
+    CHECK_THROWS_WITH(vitlens::timm_architecture_options(arch, 768, g, heads, "m"), Contains("unsupported model") && Contains(why));
 }

@@ -3,7 +3,7 @@
 // final tokens, to 1e-5.
 //
 // The fixtures come from tests/fixtures/make_foreign_fixtures.py, which builds each model with
-// the real library (timm 1.0.31, transformers 5.24; pretrained=False, small, seeded random
+// the real library (timm 1.0.31, transformers 5.25; pretrained=False, small, seeded random
 // weights), saves it as the library does (timm save_for_hf: model.safetensors + config.json;
 // transformers save_pretrained) and records probs (L, H, N, N) and the output (N, D) of a float64
 // forward on exactly the saved values. vitlens opens the folder's model.safetensors as a user
@@ -21,6 +21,7 @@
 #include "core/io/image.hpp"
 #include "core/render/maps.hpp"
 #include "models/model_io.hpp"
+#include "models/safetensors.hpp"
 #include "core/model/vit.hpp"
 
 namespace {
@@ -35,7 +36,7 @@ TEST_CASE("timm and Hugging Face checkpoints match their libraries' forward", "[
   const nlohmann::json manifest = foreign_manifest();
   const double tolerance = manifest.at("tolerance").get<double>();
   REQUIRE(tolerance == Approx(1e-5));
-  REQUIRE(manifest.at("cases").size() == 11);  // the script writes eleven; fewer means stale fixtures
+  REQUIRE(manifest.at("cases").size() == 16);  // the script writes sixteen; fewer means stale fixtures
   const cv::Mat rgb = vitlens::load_image_rgb(kForeignDir + manifest.at("image").get<std::string>());
 
   for (const auto& c : manifest.at("cases")) {
@@ -109,6 +110,11 @@ TEST_CASE("checkpoints get the options of their family", "[formats]") {
       {"hf_dinov2", "hf-dinov2", true, false, 0, true, false, true, true, true, A::Gelu, 1e-6f, 0},
       {"hf_dinov2_reg", "hf-dinov2", true, false, 2, false, false, true, true, true, A::Gelu, 1e-6f, 0},
       {"hf_clip", "hf-clip", true, false, 0, true, true, false, false, false, A::QuickGelu, 1e-5f, 0},
+      {"timm_rpn", "timm", false, false, 0, true, false, false, false, true, A::Gelu, 1e-6f, 0},
+      {"timm_dinov2_dynamic", "timm", true, false, 0, true, false, true, true, true, A::Gelu, 1e-6f, 0},
+      {"timm_siglip_gap", "timm", false, false, 0, true, false, false, true, true, A::GeluTanh, 1e-6f, 0},
+      {"hf_deit", "hf-deit", true, true, 0, true, false, false, true, true, A::Gelu, 1e-12f, 0},
+      {"hf_deit_teacher", "hf-deit", true, true, 0, true, false, false, true, true, A::Gelu, 1e-12f, 3},
   };
   for (const Expect& e : expects) {
     INFO(e.name);
@@ -131,6 +137,8 @@ TEST_CASE("checkpoints get the options of their family", "[formats]") {
     CHECK(c.depth == 2);
     CHECK(c.patch_size == 4);
     CHECK(c.img_h == 16);
+    // timm's ResPostBlock is the one family with post-norm blocks.
+    CHECK(c.post_norm == (std::string(e.name) == "timm_rpn"));
   }
 }
 
@@ -168,4 +176,37 @@ TEST_CASE("register and distillation tokens: in the token list, out of the patch
   const vitlens::VitModel deit = vitlens::load_model(kForeignDir + "timm_deit_distilled/model.safetensors");
   CHECK(vitlens::token_name(deit.config, 4, 1) == "distillation token");
   CHECK(vitlens::token_name(deit.config, 4, 2) == "patch (row 0, col 0)");
+}
+
+TEST_CASE("a residual post-norm ViT is not a pre-norm one", "[parity][formats]") {
+  // The same tensors read as pre-norm blocks give other attention: the option is what matches
+  // timm (the parity case above), not a detail the numbers would not show.
+  const vitlens::VitModel post = vitlens::load_model(kForeignDir + "timm_rpn/model.safetensors");
+  REQUIRE(post.config.post_norm);
+  vitlens::VitConfig pre_config = post.config;
+  pre_config.post_norm = false;
+  vitlens::SafetensorsFile file = vitlens::read_safetensors(kForeignDir + "timm_rpn/model.safetensors");
+  file.tensors.erase("fc_norm.weight");
+  file.tensors.erase("fc_norm.bias");
+  const vitlens::VitModel pre = vitlens::model_from_tensors(pre_config, file.tensors, "pre-norm reading");
+  const cv::Mat rgb = vitlens::load_image_rgb(kForeignDir + "image.png");
+  vitlens::ForwardOptions options;
+  options.keep_probs = true;
+  const auto a = vitlens::forward(post, vitlens::prepare_image(rgb, post.config, 0).grid, options);
+  const auto b = vitlens::forward(pre, vitlens::prepare_image(rgb, pre.config, 0).grid, options);
+  const vitlens::MatRM& pa = a.layers[1].probs[0];
+  const vitlens::MatRM& pb = b.layers[1].probs[0];
+  CHECK(max_abs_diff(pa.data(), pb.data(), static_cast<size_t>(pa.size())) > 0.05);
+}
+
+TEST_CASE("timm reads model_args.img_size over pretrained_cfg.input_size, as timm builds the model", "[formats]") {
+  // dynamic_img_size=True: timm keeps the weights' 518 in pretrained_cfg and builds at img_size.
+  const nlohmann::json cfg = nlohmann::json::parse(npy_file_bytes(kForeignDir + "timm_dinov2_dynamic/config.json"));
+  REQUIRE(cfg.at("pretrained_cfg").at("input_size") == nlohmann::json({3, 518, 518}));
+  const vitlens::VitModel m = vitlens::load_model(kForeignDir + "timm_dinov2_dynamic/model.safetensors");
+  CHECK(m.config.img_h == 16);
+  CHECK(m.config.img_w == 16);
+  bool said = false;
+  for (const std::string& note : m.notes) said |= note.find("model_args.img_size") != std::string::npos && note.find("518x518") != std::string::npos;
+  CHECK(said);
 }

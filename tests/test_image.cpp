@@ -10,6 +10,7 @@
 
 #include "test_support.hpp"
 #include "core/base/error.hpp"
+#include "core/io/files.hpp"  // read_whole_file
 #include "core/io/image.hpp"
 
 using namespace vitlens;

@@ -22,6 +22,7 @@
 #include <zlib.h>
 
 #include "core/base/error.hpp"
+#include "core/io/files.hpp"  // read_whole_file
 #include "core/io/image.hpp"
 
 namespace vitlens {

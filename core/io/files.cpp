@@ -10,6 +10,7 @@
 //   [SECTION] File groups: commit and completion
 //   [SECTION] Public functions
 //   [SECTION] File groups
+//   [SECTION] Reading a whole file
 #include "core/io/files.hpp"
 
 #include <algorithm>
@@ -1028,5 +1029,80 @@ std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data) {
   if (data) out.append(reinterpret_cast<const char*>(data), count * 4);  // x86-64 is little-endian
   return out;
 }
+
+// [SECTION] Reading a whole file
+
+// Whole MiB, or bytes below one.
+std::string mebibytes(uint64_t bytes) {
+  return bytes < (1u << 20) ? std::to_string(bytes) + " bytes" : std::to_string(bytes >> 20) + " MiB";
+}
+
+namespace {
+
+// What a failed stat or open of `path` means, in words (errno as they left it).
+std::string open_failure(int error) {
+  switch (error) {
+    case ENOENT: return "no such file";
+    case ELOOP: return "a loop of symbolic links";
+    case EACCES: return "permission denied";
+    case ENOTDIR: return "a part of the path is not a folder";
+    case ENAMETOOLONG: return "the name is too long";
+    default: return std::strerror(error);
+  }
+}
+
+// A path that is not a regular file, named for what it is.
+std::string not_a_file(const struct stat& st) {
+  if (S_ISFIFO(st.st_mode)) return "is a pipe (FIFO), not a regular file";
+  if (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode)) return "is a device, not a regular file";
+  if (S_ISSOCK(st.st_mode)) return "is a socket, not a regular file";
+  return "is not a regular file";
+}
+
+}  // namespace
+
+std::string read_whole_file(const std::string& path, const std::string& kind, uint64_t max_bytes) {
+  {  // before opening: opening a pipe would wait for a writer
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open " + kind + " (" + open_failure(errno) + ")");
+    if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not " + kind);
+    if (!S_ISREG(st.st_mode)) throw Error(path + ": " + not_a_file(st) + " (" + kind + " was expected)");
+  }
+  // O_NONBLOCK: a file swapped for a pipe after the check above is opened without waiting, and
+  // refused by the fstat below.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) throw Error(path + ": cannot open " + kind + " (" + open_failure(errno) + ")");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) throw Error(path + ": cannot read " + kind + " (" + std::strerror(errno) + ")");
+  if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not " + kind);
+  if (!S_ISREG(st.st_mode)) throw Error(path + ": " + not_a_file(st) + " (" + kind + " was expected)");
+  const auto size = static_cast<uint64_t>(st.st_size);
+  if (size > max_bytes)
+    throw Error(path + ": " + mebibytes(size) + " is larger than any " + kind.substr(kind.find(' ') + 1) +
+                " vitlens can use (at most " + mebibytes(max_bytes) + "); nothing was read");
+  std::string bytes;
+  try {
+    bytes.resize(static_cast<size_t>(size));
+  } catch (const std::bad_alloc&) {
+    throw Error(path + ": not enough memory to read " + kind + " of " + mebibytes(size));
+  }
+  size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::read(fd, &bytes[done], bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      throw Error(path + ": read error (" + std::string(std::strerror(errno)) + ")");
+    }
+    if (n == 0) throw Error(path + ": the file shrank while it was read (" + std::to_string(done) + " of " +
+                            std::to_string(bytes.size()) + " bytes)");
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
+}
+
 
 }  // namespace vitlens

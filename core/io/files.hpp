@@ -33,6 +33,7 @@
 // by the next OutputSet or tidy_output_dir in that folder when their process is gone or they are
 // older than kStaleTempMinutes.
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -73,6 +74,16 @@ std::vector<unsigned char> png_bytes(const cv::Mat& rgb8, const std::string& wha
 // The .npy format (numpy/lib/format.py, version 1.0): magic, header dict, raw little-endian data.
 // With data == nullptr, only the header (the caller appends the product(shape) floats).
 std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data);
+
+// A whole file's bytes, read once into the returned string; `kind` names it in errors ("an
+// image file"). Throws vitlens::Error for a path that cannot be opened (saying why: no such
+// file, a loop of symbolic links, permission denied, ...), a folder, a pipe, device or socket
+// (refused from stat, without opening it, so a pipe never blocks), a file larger than max_bytes
+// (checked before reading; the message gives the limit) or too little memory.
+std::string read_whole_file(const std::string& path, const std::string& kind, uint64_t max_bytes);
+
+// Whole MiB, or bytes below one ("12 MiB", "512 bytes"), for messages about a file's size.
+std::string mebibytes(uint64_t bytes);
 
 // Throws vitlens::Error when `dir` is missing, not a folder or not writable.
 void require_writable_dir(const std::string& dir);

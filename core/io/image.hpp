@@ -63,13 +63,6 @@ inline cv::Mat decode_image_rgb(const std::vector<unsigned char>& bytes, const s
   return decode_image_rgb(bytes.data(), bytes.size(), what);
 }
 
-// A whole file's bytes, read once into the returned string; `kind` names it in errors ("an
-// image file"). Throws vitlens::Error for a path that cannot be opened (saying why: no such
-// file, a loop of symbolic links, permission denied, ...), a folder, a pipe, device or socket
-// (refused from stat, without opening it, so a pipe never blocks), a file larger than max_bytes
-// (checked before reading; the message gives the limit) or too little memory.
-std::string read_whole_file(const std::string& path, const std::string& kind, uint64_t max_bytes);
-
 // The processed image the model sees, before normalisation.
 struct PreparedImage {
   cv::Mat rgb;          // CV_32FC3 RGB in [0, 1], padded_h x padded_w, padding = 0 (black)

@@ -364,12 +364,14 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
                        &packed_fc1 = packed->blocks[static_cast<size_t>(l)][2],
                        &packed_fc2 = packed->blocks[static_cast<size_t>(l)][3];
     LayerState& state = result.layers[static_cast<size_t>(l)];
-    // qkv = self.qkv(self.norm1(x)).reshape(B, N, 3, H, d): columns [Q | K | V], head-major
+    // qkv = self.qkv(self.norm1(x)).reshape(B, N, 3, H, d): columns [Q | K | V], head-major.
+    // ResPostBlock (post_norm) feeds x itself and norms the branch's output instead.
+    const MatRM& branch_in = cfg.post_norm ? x : normed;
     normed.resize(n, dim);
     state.qkv.resize(n, 3 * dim);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
-      layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed, r0, r1);
-      linear(normed, packed_qkv, b.qkv_b, state.qkv, r0, r1, inner);
+      if (!cfg.post_norm) layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed, r0, r1);
+      linear(branch_in, packed_qkv, b.qkv_b, state.qkv, r0, r1, inner);
     });
     // NaN scores would look like fully masked rows (zero attention) downstream: stop here instead.
     if (!all_finite(state.qkv))
@@ -419,13 +421,17 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     mlp_out.resize(n, dim);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       // x = x + self.ls1(self.proj(attn_out))          (W^O; ls1 is Identity without LayerScale)
+      // ResPostBlock: x = x + self.norm1(self.proj(attn_out))
       linear(attn_out, packed_proj, b.proj_b, projected, r0, r1, inner);
+      if (cfg.post_norm) layer_norm(projected, b.norm1_w, b.norm1_b, cfg.norm_eps, projected, r0, r1);
       add_branch(x, projected, b.ls1, r0, r1);
       // x = x + self.ls2(fc2(act(fc1(norm2(x)))))
-      layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
-      linear(normed, packed_fc1, b.fc1_b, hidden, r0, r1, inner, fc1_epilogue(cfg.act));
+      // ResPostBlock: x = x + self.norm2(fc2(act(fc1(x))))
+      if (!cfg.post_norm) layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
+      linear(branch_in, packed_fc1, b.fc1_b, hidden, r0, r1, inner, fc1_epilogue(cfg.act));
       activation_rows(cfg.act, hidden, r0, r1);
       linear(hidden, packed_fc2, b.fc2_b, mlp_out, r0, r1, inner);
+      if (cfg.post_norm) layer_norm(mlp_out, b.norm2_w, b.norm2_b, cfg.norm_eps, mlp_out, r0, r1);
       add_branch(x, mlp_out, b.ls2, r0, r1);
     });
   }

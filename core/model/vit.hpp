@@ -1,11 +1,12 @@
 #pragma once
 // The Vision Transformer forward pass, laid out exactly as timm's VisionTransformer
 // (timm/models/vision_transformer.py): patch embedding, prefix tokens (class, distillation,
-// registers), positional embedding, optional pre-norm, `depth` pre-norm blocks with optional
-// LayerScale, final norm. One block with options covers the families vitlens opens (timm ViT,
-// DeiT, DINO, DINOv2 with or without registers, CLIP's vision tower, Hugging Face ViT / Dinov2 /
-// CLIPVision): models/ maps each file's tensor names onto this layout at load time. Weights are
-// read-only views into one blob that the model owns; the file formats live in models/.
+// registers), positional embedding, optional pre-norm, `depth` blocks (pre-norm, or timm's
+// residual post-norm) with optional LayerScale, final norm. One block with options covers the
+// families vitlens opens (timm ViT, DeiT, DINO, DINOv2 with or without registers, CLIP's vision
+// tower, Hugging Face ViT / Dinov2 / CLIPVision): models/ maps each file's tensor names onto this
+// layout at load time. Weights are read-only views into one blob that the model owns; the file
+// formats live in models/.
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -58,6 +59,8 @@ struct VitConfig {
   bool patch_bias = true;       // patch_embed.proj.bias (timm: absent when pre_norm, e.g. CLIP)
   bool pre_norm = false;        // LayerNorm before the blocks: timm norm_pre, CLIP pre_layrnorm
   bool layer_scale = false;     // ls1/ls2 gamma (DINOv2 layer_scale1/2.lambda1): x + gamma * branch
+  bool post_norm = false;       // residual post-norm (timm ResPostBlock, vit_*_rpn_*): x + norm1(attn(x)),
+                                // x + norm2(mlp(x)) instead of x + attn(norm1(x)), x + mlp(norm2(x))
   bool final_norm = true;       // norm over every token after the blocks; false when the model
                                 // only norms the pooled vector (timm fc_norm, CLIP post_layernorm)
   Activation act = Activation::Gelu;

@@ -35,8 +35,8 @@
 #include "models/training_checkpoint.hpp"
 #include "core/data/dataset.hpp"
 #include "core/base/error.hpp"
-#include "core/io/files.hpp"
-#include "core/io/image.hpp"  // read_whole_file
+#include "core/io/files.hpp"  // read_whole_file
+#include "core/io/image.hpp"
 #include "models/model_io.hpp"
 #include "models/safetensors.hpp"
 
