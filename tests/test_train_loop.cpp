@@ -18,6 +18,7 @@
 #include "core/data/dataset.hpp"
 #include "core/base/error.hpp"
 #include "models/model_io.hpp"
+#include "models/safetensors.hpp"
 #include "core/train/classify_objective.hpp"
 #include "core/train/trainer.hpp"
 
@@ -367,6 +368,41 @@ TEST_CASE("train: a damaged state file or a pair from different steps is refused
   CHECK_THROWS_AS(load_checkpoint(path), Error);
   std::remove(checkpoint_state_path(path).c_str());
   CHECK_THROWS_WITH(load_checkpoint(path), Catch::Contains("no training state"));
+}
+
+TEST_CASE("train: a checkpoint without an objective tag (older files) loads as a classifier's", "[train][resume]") {
+  const ImageSet train_set = synthetic_set(64, 7);
+  Recipe r;
+  r.epochs = 2;
+  r.batch = 16;
+  const std::string dir = test::temp_dir("resume-untagged");
+  const std::string path = dir + "/last.safetensors";
+  Trainer straight(std::make_unique<ClassifyObjective>(fm_config(), r, &train_set, nullptr));
+  Trainer first(std::make_unique<ClassifyObjective>(fm_config(), r, &train_set, nullptr));
+  for (int i = 0; i < 3; ++i) first.step();
+  save_checkpoint(first, path, {{"data", "synthetic"}});
+  // Take the tag out of both files, as checkpoints written before objectives had one.
+  SafetensorsFile model = read_safetensors(path), state = read_safetensors(checkpoint_state_path(path));
+  nlohmann::json record = nlohmann::json::parse(model.metadata.at("training"));
+  REQUIRE(record.at("objective") == "classify");
+  REQUIRE(state.metadata.at("objective") == "classify");
+  record.erase("objective");
+  model.metadata["training"] = record.dump();
+  state.metadata.erase("objective");
+  write_safetensors(path, model);
+  write_safetensors(checkpoint_state_path(path), state);
+  const SavedTraining saved = load_checkpoint(path, "classify");
+  CHECK(saved.objective == "classify");
+  CHECK(saved.num_classes == train_set.num_classes());
+  Trainer resumed(std::make_unique<ClassifyObjective>(saved.config, saved.recipe, &train_set, nullptr));
+  resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  while (!straight.finished()) straight.step();
+  while (!resumed.finished()) resumed.step();
+  CHECK(resumed.params() == straight.params());  // bitwise
+  // A state whose tag is not the model's was not saved with it.
+  state.metadata["objective"] = "mae";
+  write_safetensors(checkpoint_state_path(path), state);
+  CHECK_THROWS_WITH(load_checkpoint(path), Catch::Contains("not saved together"));
 }
 
 TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
