@@ -1,5 +1,7 @@
-// `vitlens train`: a ViT classifier from scratch on Fashion-MNIST or an ImageFolder tree, with a
-// progress bar, per-epoch evaluation, atomic checkpoints, a JSON-lines log and bit-exact resume.
+// `vitlens train`: a ViT from scratch -- a classifier on Fashion-MNIST or an ImageFolder tree, or a
+// masked autoencoder on photos -- with a progress bar, per-epoch evaluation, atomic checkpoints, a
+// JSON-lines log and bit-exact resume. The flags become an objective and a Trainer here; the run
+// itself is core's TrainingRun (core/train/training_run.hpp).
 #include <unistd.h>
 
 #include <array>
@@ -8,7 +10,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
-#include <fstream>
+#include <memory>
 #include <optional>
 #include <sys/stat.h>
 #include <tuple>
@@ -17,49 +19,26 @@
 #include "models/training_checkpoint.hpp"
 #include "core/data/dataset.hpp"
 #include "core/io/files.hpp"
-#include "core/train/mae_train.hpp"
+#include "core/train/classify_objective.hpp"
+#include "core/train/mae_objective.hpp"
 #include "models/safetensors.hpp"
 #include "core/train/train_ops.hpp"
 #include "core/train/trainer.hpp"
+#include "core/train/training_run.hpp"
 
 namespace vitlens::cli {
 
 namespace {
 
-// A new run's model: the card's layout (qkv bias; class token unless --pool avg) in the flags' shape,
-// images img x img.
-VitConfig model_shape(const TrainArgs& a, int img) {
-  VitConfig config;
-  config.patch_size = a.patch;
-  config.embed_dim = a.embed_dim;
-  config.num_heads = a.heads;
-  config.depth = a.depth;
-  config.img_h = config.img_w = img;
-  config.class_token = a.pool == "cls";
-  config.mlp_ratio = a.mlp_ratio;
-  config.qkv_bias = true;
-  return config;
-}
+// A new run's model (class token unless --pool avg) and recipe (the classifier's; the MAE path
+// adjusts smoothing and flips) from the flags.
+VitConfig model_shape(const TrainArgs& a, int img) { return model_shape_of(a, img, a.pool == "cls"); }
 
-// A new run's recipe from the flags (the classifier's; the MAE path adjusts smoothing and flips).
 Recipe recipe_from(const TrainArgs& a) {
-  Recipe recipe;
-  recipe.epochs = a.epochs;
-  recipe.batch = a.batch;
-  recipe.lr = a.lr;
-  recipe.min_lr = std::min(1e-5, a.lr);
-  recipe.weight_decay = a.weight_decay;
-  recipe.warmup_epochs = a.warmup;
-  recipe.label_smoothing = a.label_smoothing;
-  recipe.drop_path = a.drop_path;
-  recipe.augment = a.augment;
-  recipe.crop_pad = a.crop_pad;
-  recipe.seed = a.seed;
-  recipe.threads = a.threads;
+  Recipe recipe = recipe_of_settings(a);
   recipe.shards = a.shards;
   return recipe;
 }
-
 
 std::atomic<bool> g_interrupted{false};
 extern "C" void on_interrupt(int) { g_interrupted = true; }
@@ -87,10 +66,9 @@ class StopOnSignals {
   std::array<struct sigaction, 3> saved_{};
 };
 
-// Restores a checkpoint's state into a trainer of either objective; a state that does not fit the
-// data names the checkpoint.
-template <class TrainerT, class Saved>
-void restore_from(TrainerT& trainer, const Saved& saved, const std::string& path) {
+// Restores a checkpoint's state into the trainer; a state that does not fit the data names the
+// checkpoint.
+void restore_from(Trainer& trainer, const SavedTraining& saved, const std::string& path) {
   try {
     trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   } catch (const Error& e) {
@@ -98,7 +76,6 @@ void restore_from(TrainerT& trainer, const Saved& saved, const std::string& path
   }
 }
 
-using Clock = std::chrono::steady_clock;
 
 std::string duration_text(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -122,15 +99,15 @@ std::string parent_of(const std::string& path) {
 }
 
 // The data a run trains and evaluates on, and what to call it in messages and metadata.
-struct RunData {
+struct ImageRunData {
   ImageSet train, eval, test;  // test empty when eval is the test set itself
   std::string name;            // "fashion-mnist" or the folder
   std::string eval_name;       // "test" or "val"
   int img_size = 0;
 };
 
-RunData load_run_data(const TrainArgs& a, bool quiet) {
-  RunData d;
+ImageRunData load_run_data(const TrainArgs& a, bool quiet) {
+  ImageRunData d;
   if (a.data == "fashion-mnist") {
     const std::string dir = default_fashion_mnist_dir();
     d.name = "fashion-mnist";
@@ -215,12 +192,6 @@ class Progress {
   int64_t total_, per_epoch_;
   bool dirty_ = false;
 };
-
-void append_log(const std::string& path, const nlohmann::json& record) {
-  std::ofstream out(path, std::ios::app);
-  out << record.dump() << "\n";
-  if (!out) throw Error(path + ": cannot append to the training log");
-}
 
 // Records which build of the training ops this run uses (train_ops.hpp: AVX-512, AVX2 + FMA or
 // portable; they differ in the last bits), and says so in one line when a resumed run was trained
@@ -312,63 +283,110 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   }
 }
 
-// `--data photos[:DIR]`: masked patch prediction (MAE) on a folder of photos, with the same progress
-// bar, log, atomic checkpoints and bit-exact resume as the classifier; the validation loss (fixed
-// crops and masks of held-out photos) after every epoch.
-int run_train_mae(TrainArgs& a) {
-  CLI::App* cmd = a.command;
-  SavedMae saved;
-  if (!a.resume.empty()) {
-    if (checkpoint_objective(a.resume) != "mae")
-      throw UsageError(a.resume + ": a classifier checkpoint; resume it with the --data it was trained on");
-    saved = load_mae_checkpoint(a.resume);
-    const nlohmann::json& t = saved.training;
-    try {
-      a.limit = t.value("limit", 0);
-      a.val_split = t.value("val_split", 0.0);
-      a.seed = saved.recipe.seed;
-    } catch (const nlohmann::json::exception&) {
-      throw Error(a.resume + ": the training record is malformed");
-    }
-    if (t.value("data", std::string()) != a.data)
-      throw UsageError("--data '" + a.data + "' is not the data this checkpoint was trained on ('" +
-                       t.value("data", std::string()) + "')");
-    if (a.out.empty()) a.out = parent_of(a.resume);
-  }
-
+// What a run of either objective holds once its flags, checkpoint and data are read.
+struct CliRun {
+  SavedTraining saved;      // the checkpoint, when resuming
+  ImageRunData images;      // a classifier's data
+  PhotoRunData photos;      // MAE's photos
   VitConfig config;
   Recipe recipe;
+  std::unique_ptr<Trainer> trainer;
+  nlohmann::json data_record;  // what the record says about the data
+  std::string eval_name;       // "test", "val" or "" (nothing held out)
+  std::string start_line;      // "training N parameters on ...", without the steps and epochs
+};
+
+// Reads the checkpoint to resume; its record gives the data flags.
+void read_resume(TrainArgs& a, CliRun& run, const std::string& objective) {
+  if (checkpoint_objective(a.resume) != objective)
+    throw UsageError(objective == "mae"
+                         ? a.resume + ": a classifier checkpoint; resume it with the --data it was trained on"
+                         : a.resume + ": an MAE checkpoint; resume it with --data photos[:DIR] as it was trained");
+  run.saved = load_checkpoint(a.resume, objective);
+  const nlohmann::json& t = run.saved.training;
+  try {
+    a.limit = t.value("limit", 0);
+    a.val_split = t.value("val_split", 0.0);
+    if (objective != "mae") a.img_size = t.value("img_size", a.img_size);
+    a.seed = run.saved.recipe.seed;
+  } catch (const nlohmann::json::exception&) {
+    throw Error(a.resume + ": the training record is malformed");
+  }
+  if (t.value("data", std::string()) != a.data)
+    throw UsageError("--data '" + a.data + "' is not the data this checkpoint was trained on ('" +
+                     t.value("data", std::string()) + "')");
+  if (a.out.empty()) a.out = parent_of(a.resume);
+}
+
+// The shape and recipe: the checkpoint's when resuming (only --epochs and --threads change), else
+// the flags'. The name and description label the model and never change the training, so a
+// resumed run may set them too (the checkpoint's own are kept unless given).
+void shape_and_recipe(const TrainArgs& a, CliRun& run, int img, const std::string& name, const std::string& description) {
+  if (!a.resume.empty()) {
+    run.config = run.saved.config;
+    run.recipe = run.saved.recipe;
+    if (a.command->count("--epochs")) run.recipe.epochs = a.epochs;
+    run.recipe.threads = a.threads;
+  } else {
+    run.config = model_shape(a, img);
+    run.recipe = recipe_from(a);
+    run.config.name = name;
+  }
+  if (a.command->count("--name")) run.config.name = a.name;
+  if (!a.description.empty()) run.config.description = a.description;
+  else if (a.resume.empty()) run.config.description = description;
+}
+
+void prepare_classifier(TrainArgs& a, CliRun& run) {
+  if (!a.resume.empty()) read_resume(a, run, "classify");
+  run.images = load_run_data(a, a.quiet);
+  const ImageRunData& data = run.images;
+  shape_and_recipe(a, run, data.img_size, a.name, "ViT trained by 'vitlens train' on " + data.name);
+  const std::string why = run.config.validate();
+  if (!why.empty()) throw UsageError("model shape: " + why);
+  if (data.train.num_classes() != run.saved.num_classes && !a.resume.empty())
+    throw Error(a.resume + ": the checkpoint has " + std::to_string(run.saved.num_classes) + " classes, --data has " +
+                std::to_string(data.train.num_classes()));
+  run.trainer = std::make_unique<Trainer>(std::make_unique<ClassifyObjective>(
+      run.config, run.recipe, &data.train, data.eval.size() > 0 ? &data.eval : nullptr));
+  run.eval_name = data.eval_name;
+  run.data_record = {{"data", a.data},
+                     {"limit", a.limit},
+                     {"val_split", a.val_split},
+                     {"img_size", data.img_size},
+                     {"train_images", data.train.size()},
+                     {"eval_set", data.eval_name},
+                     {"eval_images", data.eval.size()},
+                     {"class_names", data.train.class_names}};
+  run.start_line = "training " + std::to_string(run.trainer->objective().layout().total) + " parameters on " +
+                   std::to_string(data.train.size()) + " images of " + data.name;
+}
+
+// `--data photos[:DIR]`: masked patch prediction (MAE) on a folder of photos; the validation loss
+// (fixed crops and masks of held-out photos) after every epoch.
+void prepare_mae(TrainArgs& a, CliRun& run) {
+  if (!a.resume.empty()) read_resume(a, run, "mae");
+  const std::string dir = photo_data_dir(a.data);
+  shape_and_recipe(a, run, a.img_size, "vitlens-mae",
+                   "ViT encoder trained by 'vitlens train' by masked patch prediction (MAE) on the photos in " + dir);
   MaeOptions options;
   if (!a.resume.empty()) {
-    config = saved.config;
-    recipe = saved.recipe;
-    options = saved.options;
-    if (cmd->count("--epochs")) recipe.epochs = a.epochs;
-    if (cmd->count("--name")) config.name = a.name;
-    recipe.threads = a.threads;
+    options = MaeOptions::from_json(run.saved.options);
   } else {
-    config = model_shape(a, a.img_size);
-    config.name = a.command->count("--name") ? a.name : "vitlens-mae";
-    recipe = recipe_from(a);
-    recipe.label_smoothing = 0.0;
+    run.recipe.label_smoothing = 0.0;
     // The random crops are the augmentation; their flip is on unless --no-augment is given.
-    recipe.augment = recipe.flip = a.command->count("--augment") == 0 || a.augment;
+    run.recipe.augment = run.recipe.flip = a.command->count("--augment") == 0 || a.augment;
     options.shape.mask_ratio = a.mask_ratio;
     options.shape.decoder_dim = a.decoder_dim;
     options.shape.decoder_depth = a.decoder_depth;
     options.shape.decoder_heads = a.decoder_heads;
     options.crops_per_photo = a.crops_per_photo;
   }
-  const std::string dir = photo_data_dir(a.data);
-  if (!a.description.empty())
-    config.description = a.description;
-  else if (a.resume.empty())
-    config.description = "ViT encoder trained by 'vitlens train' by masked patch prediction (MAE) on the photos in " + dir;
-  std::string why = config.validate();
-  if (why.empty()) why = options.validate(config);
+  std::string why = run.config.validate();
+  if (why.empty()) why = options.validate(run.config);
   if (!why.empty()) throw UsageError("model shape: " + why);
-
-  const PhotoRunData photos = load_photo_run_data(a.data, config.img_h, a.limit, a.val_split, a.seed);
+  run.photos = load_photo_run_data(a.data, run.config.img_h, a.limit, a.val_split, a.seed);
+  const PhotoRunData& photos = run.photos;
   const FolderReport& report = photos.report;
   if (report.skipped > 0 && !a.quiet) {
     std::fprintf(stderr, "vitlens: skipped %d unreadable file(s) in %s", report.skipped, dir.c_str());
@@ -376,417 +394,147 @@ int run_train_mae(TrainArgs& a) {
     std::fprintf(stderr, "\n");
   }
   if (report.links_outside > 0 && !a.quiet) std::fprintf(stderr, "vitlens: %s\n", links_outside_warning(report).c_str());
-  const PhotoCorpus& train_photos = photos.train;
-  const PhotoCorpus& val_photos = photos.val;
+  run.trainer = std::make_unique<Trainer>(std::make_unique<MaeObjective>(
+      run.config, run.recipe, options, &photos.train, photos.val.size() > 0 ? &photos.val : nullptr));
+  run.eval_name = "val";
+  run.data_record = {{"objective", "mae"},           {"data", a.data},
+                     {"photo_dir", dir},             {"limit", a.limit},
+                     {"val_split", a.val_split},     {"img_size", run.config.img_h},
+                     {"train_photos", photos.train.size()}, {"val_photos", photos.val.size()},
+                     {"skipped_files", photos.report.skipped}};
+  run.start_line = "MAE: training " + std::to_string(run.trainer->objective().layout().total) +
+                   " parameters (encoder " +
+                   std::to_string(run.trainer->objective_as<MaeObjective>().net().offsets().encoder_total) +
+                   ") on " + std::to_string(photos.train.size()) + " photos of " + dir + " (" +
+                   std::to_string(photos.val.size()) + " held out)";
+}
 
-  MaeTrainer trainer(config, recipe, options, &train_photos, val_photos.size() > 0 ? &val_photos : nullptr);
+// `--grad-dump`: the first batch's gradients and the initial weights, then exit.
+int dump_gradients(const TrainArgs& a, CliRun& run) {
+  const double loss = run.trainer->objective_as<ClassifyObjective>().gradients_of_first_batch();
+  const Objective& objective = run.trainer->objective();
+  SafetensorsFile file;
+  file.tensors = layout_tensors(objective.layout(), objective.grads());
+  file.metadata["loss"] = std::to_string(loss);
+  file.metadata["batch"] = std::to_string(run.recipe.batch);
+  file.metadata["what"] = "d loss / d parameter for the first --batch training images in file order, no "
+                          "augmentation, mean cross-entropy with label smoothing " +
+                          std::to_string(run.recipe.label_smoothing);
+  write_safetensors(a.grad_dump, file);
+  std::string weights = a.grad_dump;
+  const std::string tail = ".safetensors";
+  if (weights.size() > tail.size() && weights.compare(weights.size() - tail.size(), tail.size(), tail) == 0)
+    weights.resize(weights.size() - tail.size());
+  save_model(weights + ".weights.safetensors", run.config, layout_tensors(objective.layout(), objective.params()));
+  std::printf("first-batch loss %.6f; gradients written to %s\n", loss, a.grad_dump.c_str());
+  return kExitOk;
+}
 
-  prepare_run_folder(a);
-  const std::string model_path = a.out + "/last.safetensors";
-  const std::string log_path = a.out + "/log.jsonl";
-  if (!a.resume.empty()) restore_from(trainer, saved, a.resume);
-  if (trainer.finished()) {
-    if (cmd->count("--name") || !a.description.empty()) {  // relabel a finished run: same weights and state
-      save_mae_checkpoint(trainer, model_path, saved.training);
-      std::printf("finished run relabelled: '%s' in %s\n", terminal_text(config.name).c_str(), model_path.c_str());
-      return kExitOk;
-    }
-    std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
-                recipe.epochs);
+// A run with nothing left to train: relabelled when --name or --description is given, else left.
+int finished_already(const TrainArgs& a, CliRun& run, const std::string& model_path) {
+  if (a.command->count("--name") || !a.description.empty()) {  // same weights and state, new label
+    save_checkpoint(*run.trainer, model_path, run.saved.training);
+    std::printf("finished run relabelled: '%s' in %s\n", terminal_text(run.config.name).c_str(), model_path.c_str());
     return kExitOk;
   }
+  std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
+              run.recipe.epochs);
+  return kExitOk;
+}
 
-  nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
+void print_finished(const nlohmann::json& record, int epochs, const std::string& model_path) {
+  const std::string took = duration_text(record["seconds"].get<double>());
+  if (record.contains("test_accuracy"))
+    std::printf("finished: test accuracy %.2f%% after %d epochs, %s; model in %s\n",
+                100.0 * record["test_accuracy"].get<double>(), epochs, took.c_str(), model_path.c_str());
+  else if (record.contains("val_accuracy"))
+    std::printf("finished: validation accuracy %.2f%% after %d epochs, %s; model in %s\n",
+                100.0 * record["val_accuracy"].get<double>(), epochs, took.c_str(), model_path.c_str());
+  else if (record.contains("val_loss"))
+    std::printf("finished: validation loss %.4f after %d epochs, %s; model in %s\n", record["val_loss"].get<double>(),
+                epochs, took.c_str(), model_path.c_str());
+  else
+    std::printf("finished after %d epochs; model in %s\n", epochs, model_path.c_str());
+}
+
+// The evaluation's line under the progress bar.
+std::string eval_line(const CliRun& cli, bool accuracy, const StepReport& r, const EvalReport& e) {
+  char text[160];
+  const char* name = cli.eval_name.c_str();
+  if (accuracy)
+    std::snprintf(text, sizeof text, "epoch %d: %s loss %.4f, %s accuracy %.2f%% (%d images)", r.epoch + 1, name,
+                  e.loss, name, 100.0 * e.accuracy, e.images);
+  else
+    std::snprintf(text, sizeof text, "epoch %d: %s loss %.4f (%d crops of %d held-out photos)", r.epoch + 1, name,
+                  e.loss, e.images, cli.photos.val.size());
+  return text;
+}
+
+// The run itself, the same for every objective: progress, log, evaluation and a checkpoint each
+// epoch, a stop on a signal or --stop-after that saves first, the final test pass.
+int train_prepared(const TrainArgs& a, CliRun& cli) {
+  prepare_run_folder(a);
+  const std::string model_path = a.out + "/last.safetensors";
+  Trainer& trainer = *cli.trainer;
+  if (!a.resume.empty()) restore_from(trainer, cli.saved, a.resume);
+  if (trainer.finished()) return finished_already(a, cli, model_path);
+
+  nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : cli.saved.training;
   record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's
   record.erase("train_loss_first_step");
   record_training_ops(record, !a.resume.empty());
-  record["objective"] = "mae";
-  record["data"] = a.data;
-  record["photo_dir"] = dir;
-  record["limit"] = a.limit;
-  record["val_split"] = a.val_split;
-  record["img_size"] = config.img_h;
-  record["train_photos"] = train_photos.size();
-  record["val_photos"] = val_photos.size();
-  record["skipped_files"] = report.skipped;
-  const double seconds_before = record.value("seconds", 0.0);
-
+  record.update(cli.data_record);
+  const int epochs = trainer.recipe().epochs;
   Progress progress(a.quiet, trainer.total_steps(), trainer.steps_per_epoch());
-  if (!a.quiet)
-    progress.line("MAE: training " + std::to_string(trainer.net().layout().total) + " parameters (encoder " +
-                  std::to_string(trainer.net().offsets().encoder_total) + ") on " +
-                  std::to_string(train_photos.size()) + " photos of " + dir + " (" +
-                  std::to_string(val_photos.size()) + " held out), " + std::to_string(trainer.steps_per_epoch()) +
-                  " steps per epoch, " + std::to_string(recipe.epochs) + " epochs" +
-                  (a.resume.empty() ? "" : ", resuming at step " + std::to_string(trainer.position().step)));
+  progress.line(cli.start_line + ", " + std::to_string(trainer.steps_per_epoch()) + " steps per epoch, " +
+                std::to_string(epochs) + " epochs" +
+                (a.resume.empty() ? "" : ", resuming at step " + std::to_string(trainer.position().step)));
 
-  std::optional<StopOnSignals> stop_on_signals(std::in_place);
-  const auto start = Clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
-  double loss_sum = 0.0;
-  int window = 0;
-  int64_t steps_this_run = 0, window_steps = 0;
-  auto window_start = Clock::now();
-  double images_per_s = 0.0;
-  bool stopped = false;
-
-  auto save = [&](const EvalReport* eval) {
-    record["seconds"] = seconds_before + seconds();
-    if (eval) record["val_loss"] = eval->loss;
-    save_mae_checkpoint(trainer, model_path, record);
+  RunSettings settings;
+  settings.checkpoint_path = model_path;
+  settings.log_path = a.out + "/log.jsonl";
+  settings.eval_name = cli.eval_name;
+  const bool accuracy = trainer.objective().kind().reports_accuracy;
+  RunHooks hooks;
+  hooks.save = [](const Trainer& t, const std::string& path, const nlohmann::json& r) { save_checkpoint(t, path, r); };
+  hooks.on_step = [&](const StepReport& r, const RunWindow& w) {
+    progress.step(r, w.loss, w.accuracy, w.images_per_s, w.seconds_left, epochs, accuracy);
   };
-
-  while (!trainer.finished()) {
-    const StepReport r = trainer.step();
-    ++steps_this_run;
-    ++window_steps;
-    loss_sum += r.loss;
-    ++window;
-    const double window_seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
-    if (window_steps >= 5 && window_seconds > 0) {
-      images_per_s = static_cast<double>(window_steps) * recipe.batch / window_seconds;
-      window_steps = 0;
-      window_start = Clock::now();
-    }
-    const double left =
-        images_per_s > 0 ? static_cast<double>(trainer.total_steps() - r.step) * recipe.batch / images_per_s : NAN;
-    progress.step(r, loss_sum / window, 0.0, images_per_s, left, recipe.epochs, false);
-    if (r.step % 10 == 0 || trainer.position().position == 0 || trainer.finished()) {
-      append_log(log_path, {{"step", r.step}, {"epoch", r.epoch}, {"loss", loss_sum / window}, {"lr", r.lr},
-                            {"grad_norm", r.grad_norm}, {"images_per_s", images_per_s},
-                            {"seconds", seconds_before + seconds()}});
-      loss_sum = 0.0;
-      window = 0;
-    }
-    const bool epoch_done = trainer.position().position == 0 || trainer.finished();
-    if (epoch_done) {
-      EvalReport eval;
-      if (trainer.has_eval()) {
-        eval = trainer.evaluate();
-        append_log(log_path, {{"step", r.step}, {"epoch", r.epoch}, {"eval", "val"}, {"loss", eval.loss},
-                              {"seconds", seconds_before + seconds()}});
-        char text[160];
-        std::snprintf(text, sizeof text, "epoch %d: val loss %.4f (%d crops of %d held-out photos)", r.epoch + 1,
-                      eval.loss, eval.images, val_photos.size());
-        progress.line(text);
-      }
-      save(trainer.has_eval() ? &eval : nullptr);
-    }
-    if (g_interrupted || (a.stop_after > 0 && steps_this_run >= a.stop_after)) {
-      if (!epoch_done) save(nullptr);
-      stopped = true;
-      break;
-    }
-  }
+  hooks.on_eval = [&](const StepReport& r, const EvalReport& e) { progress.line(eval_line(cli, accuracy, r, e)); };
+  TrainingRun run(trainer, std::move(record), settings, hooks);
+  std::optional<StopOnSignals> stop_on_signals(std::in_place);
+  const bool stopped = run.run([&](int64_t steps) { return g_interrupted || (a.stop_after > 0 && steps >= a.stop_after); });
   stop_on_signals.reset();
-  if (stopped && !trainer.finished()) {
+  if (stopped) {
     progress.line("stopped at step " + std::to_string(trainer.position().step) + "; continue with --resume " + model_path);
     return g_interrupted ? kExitFailed : kExitOk;
   }
-  if (record.contains("val_loss"))
-    std::printf("finished: validation loss %.4f after %d epochs, %s; model in %s\n", record["val_loss"].get<double>(),
-                recipe.epochs, duration_text(record["seconds"].get<double>()).c_str(), model_path.c_str());
-  else
-    std::printf("finished after %d epochs; model in %s\n", recipe.epochs, model_path.c_str());
+  // The final result: the test set when a validation split was used during training.
+  if (cli.images.test.size() > 0) {
+    run.timed([&] {
+      const EvalReport test = trainer.objective_as<ClassifyObjective>().evaluate_set(cli.images.test);
+      run.record()["test_accuracy"] = test.accuracy;
+      run.record()["test_loss"] = test.loss;
+    });
+    run.save(model_path);
+  }
+  print_finished(run.record(), epochs, model_path);
   return kExitOk;
 }
 
 }  // namespace
 
-void add_train_command(CLI::App& app, TrainArgs& a) {
-  CLI::App* cmd = app.add_subcommand(
-      "train",
-      "Train a ViT from scratch: a classifier (Fashion-MNIST or your own ImageFolder tree) or, with --data "
-      "photos[:DIR], a masked autoencoder (MAE) on unlabelled photos; checkpoints open in 'vitlens view'");
-  cmd->add_option("--data", a.data,
-                  "'fashion-mnist' (the IDX files under " + default_fashion_mnist_dir() +
-                      "), a folder with one subfolder of images per class (ImageFolder layout), or 'photos:DIR' "
-                      "(any folder of images, read recursively; 'photos' alone = " + default_photo_dir() +
-                      ") to train by masked patch prediction (MAE, no labels)");
-  cmd->add_option("--out,-o", a.out,
-                  "Run folder (created if missing): last.safetensors (+ .state.safetensors for --resume), log.jsonl");
-  cmd->add_option("--depth", a.depth, "Transformer blocks")->check(CLI::Range(1, 64))->capture_default_str();
-  cmd->add_option("--embed-dim", a.embed_dim, "Token width D")->check(CLI::Range(4, 1024))->capture_default_str();
-  cmd->add_option("--heads", a.heads, "Attention heads (D must divide by it)")->check(CLI::Range(1, 64))->capture_default_str();
-  cmd->add_option("--patch", a.patch, "Patch side P in pixels")->check(CLI::Range(1, 64))->capture_default_str();
-  cmd->add_option("--mlp-ratio", a.mlp_ratio, "MLP hidden size = int(D * ratio)")->capture_default_str();
-  cmd->add_option("--batch", a.batch, "Images per step (a last partial batch of each epoch is dropped)")
-      ->check(CLI::Range(1, 4096))
-      ->capture_default_str();
-  cmd->add_option("--epochs", a.epochs, "Passes over the training images")->check(CLI::Range(1, 10000))->capture_default_str();
-  cmd->add_option("--lr", a.lr, "Peak learning rate (AdamW), reached after the warmup, then cosine decay to 1e-5")
-      ->capture_default_str();
-  cmd->add_option("--weight-decay", a.weight_decay,
-                  "AdamW decoupled weight decay, on weight matrices only (not biases, norms, pos_embed, cls_token)")
-      ->capture_default_str();
-  cmd->add_option("--warmup", a.warmup, "Linear learning-rate warmup, in epochs (fractions allowed)")->capture_default_str();
-  cmd->add_option("--seed", a.seed, "Seed for initialisation, data order, augmentation and the held-out split")
-      ->capture_default_str();
-  cmd->add_option("--threads", a.threads, "Worker threads; 0 = one per core (results do not depend on it)")
-      ->check(CLI::Range(0, 256))
-      ->capture_default_str();
-  cmd->add_option("--shards", a.shards,
-                  "Split each batch into N parts whose gradients are summed, weighted by size (gradient "
-                  "accumulation). On N to 2N-1 threads, or when N is a multiple of the threads, the parts run side "
-                  "by side, one thread each (each thread takes the next part when done with one); otherwise one "
-                  "after another on every thread. The numbers depend on N (float rounding only), never on --threads")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  cmd->add_option("--label-smoothing", a.label_smoothing, "As torch.nn.CrossEntropyLoss(label_smoothing=...)")
-      ->capture_default_str();
-  cmd->add_option("--drop-path", a.drop_path,
-                  "Stochastic depth (timm's drop_path_rate): each training image skips block l's attention and MLP "
-                  "branches with probability RATE * l / (depth - 1), the kept ones scaled by 1 / (1 - p); 0 = off")
-      ->capture_default_str();
-  cmd->add_flag("--augment,!--no-augment", a.augment,
-                "Augment the training images (random crop with --crop-pad pixels of zero padding, horizontal flip); "
-                "on by default, --no-augment turns it off. With --data photos the flip of the random crops is on unless --no-augment");
-  cmd->add_option("--pool", a.pool,
-                  "What the classifier head reads: 'cls' (the class token, timm's default) or 'avg' (the mean of "
-                  "the patch tokens after the final norm: timm's class_token=False, global_pool='avg', "
-                  "fc_norm=False)")
-      ->check(CLI::IsMember({"cls", "avg"}))
-      ->capture_default_str();
-  cmd->add_option("--crop-pad", a.crop_pad, "With --augment: zero padding of the random crop in pixels; 0 = flips only")
-      ->check(CLI::Range(0, 16))
-      ->capture_default_str();
-  cmd->add_option("--val-split", a.val_split,
-                  "Share of each class (for photos: of the photos) held out for per-epoch validation (seeded). Default 0.1 "
-                  "for a folder or photos; for Fashion-MNIST 0 = evaluate on the 10,000 test images every epoch");
-  cmd->add_option("--img-size", a.img_size, "Side images of a --data folder are resized and centre-cropped to; with --data photos, the side of the random crops")
-      ->check(CLI::Range(4, 1024))
-      ->capture_default_str();
-  cmd->add_option("--resume", a.resume,
-                  "Continue a run bit for bit from a checkpoint (RUNDIR/last.safetensors and its .state file); give "
-                  "the same --data; --epochs may extend the run");
-  cmd->add_option("--limit", a.limit, "Use only the first N training (and test) images, for quick tests")
-      ->check(CLI::Range(1, 100000000));
-  cmd->add_option("--stop-after", a.stop_after, "Stop (and save) after N steps in this invocation; resume later")
-      ->check(CLI::Range(1, 100000000));
-  cmd->add_option("--grad-dump", a.grad_dump,
-                  "Debug: write the gradients of the first batch (file order, no augmentation, no update) as "
-                  "safetensors with timm names to FILE, and the initial weights to FILE's .weights.safetensors; then exit");
-  cmd->add_option("--name", a.name,
-                  "The model's name in its config (what 'vitlens info' and the viewer's Model menu show)")
-      ->capture_default_str();
-  cmd->add_option("--description", a.description,
-                  "The model's description in its config (default: 'ViT trained by vitlens train on DATA')");
-  cmd->add_option("--mask-ratio", a.mask_ratio, "photos: share of patches hidden from the encoder, in (0, 1)")
-      ->capture_default_str();
-  cmd->add_option("--decoder-dim", a.decoder_dim, "photos: width Dd of the MAE decoder")
-      ->check(CLI::Range(4, 1024))
-      ->capture_default_str();
-  cmd->add_option("--decoder-depth", a.decoder_depth, "photos: blocks in the MAE decoder")
-      ->check(CLI::Range(1, 16))
-      ->capture_default_str();
-  cmd->add_option("--decoder-heads", a.decoder_heads, "photos: attention heads in the MAE decoder (Dd must divide by it)")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
-  cmd->add_option("--crops-per-photo", a.crops_per_photo,
-                  "photos: random crops of each training photo per epoch (random scale 0.4-1 of the short side, "
-                  "position and flip, resized to --img-size)")
-      ->check(CLI::Range(1, 100000))
-      ->capture_default_str();
-  cmd->add_flag("--quiet,-q", a.quiet, "Print nothing but errors and the final result");
-  a.command = cmd;
-}
-
 int run_train(TrainArgs& a) {
-  CLI::App* cmd = a.command;
-  if (a.resume.empty() && !cmd->count("--val-split")) a.val_split = a.data == "fashion-mnist" ? 0.0 : 0.1;
-  check_args(a, cmd);
-  if (is_photo_data(a.data)) return run_train_mae(a);
-
-  SavedTraining saved;
-  if (!a.resume.empty()) {
-    if (checkpoint_objective(a.resume) != "classify")
-      throw UsageError(a.resume + ": an MAE checkpoint; resume it with --data photos[:DIR] as it was trained");
-    saved = load_checkpoint(a.resume);
-    // The data flags come from the checkpoint's record.
-    const nlohmann::json& t = saved.training;
-    try {
-      a.limit = t.value("limit", 0);
-      a.val_split = t.value("val_split", 0.0);
-      a.img_size = t.value("img_size", a.img_size);
-      a.seed = saved.recipe.seed;
-    } catch (const nlohmann::json::exception&) {
-      throw Error(a.resume + ": the training record is malformed");
-    }
-    if (t.value("data", std::string()) != a.data)
-      throw UsageError("--data '" + a.data + "' is not the data this checkpoint was trained on ('" +
-                       t.value("data", std::string()) + "')");
-    if (a.out.empty()) a.out = parent_of(a.resume);
-  }
-
-  const RunData data = load_run_data(a, a.quiet);
-  VitConfig config;
-  Recipe recipe;
-  if (!a.resume.empty()) {
-    config = saved.config;
-    recipe = saved.recipe;
-    if (cmd->count("--epochs")) recipe.epochs = a.epochs;
-    recipe.threads = a.threads;
+  if (a.resume.empty() && !a.command->count("--val-split")) a.val_split = a.data == "fashion-mnist" ? 0.0 : 0.1;
+  check_args(a, a.command);
+  CliRun run;
+  if (is_photo_data(a.data)) {
+    prepare_mae(a, run);
   } else {
-    config = model_shape(a, data.img_size);
-    recipe = recipe_from(a);
+    prepare_classifier(a, run);
+    if (!a.grad_dump.empty()) return dump_gradients(a, run);
   }
-  // The name and description label the model and never change the training, so a resumed run may
-  // set them too (the checkpoint's own name is kept unless --name is given).
-  if (a.resume.empty() || cmd->count("--name")) config.name = a.name;
-  if (!a.description.empty())
-    config.description = a.description;
-  else if (a.resume.empty())
-    config.description = "ViT trained by 'vitlens train' on " + data.name;
-  const std::string why = config.validate();
-  if (!why.empty()) throw UsageError("model shape: " + why);
-  if (data.train.num_classes() != saved.num_classes && !a.resume.empty())
-    throw Error(a.resume + ": the checkpoint has " + std::to_string(saved.num_classes) + " classes, --data has " +
-                std::to_string(data.train.num_classes()));
-
-  Trainer trainer(config, recipe, &data.train, data.eval.size() > 0 ? &data.eval : nullptr);
-
-  if (!a.grad_dump.empty()) {
-    const double loss = trainer.gradients_of_first_batch();
-    SafetensorsFile file;
-    file.tensors = layout_tensors(trainer.net().layout(), trainer.net().grads);
-    file.metadata["loss"] = std::to_string(loss);
-    file.metadata["batch"] = std::to_string(recipe.batch);
-    file.metadata["what"] = "d loss / d parameter for the first --batch training images in file order, no "
-                            "augmentation, mean cross-entropy with label smoothing " + std::to_string(recipe.label_smoothing);
-    write_safetensors(a.grad_dump, file);
-    std::string weights = a.grad_dump;
-    const std::string tail = ".safetensors";
-    if (weights.size() > tail.size() && weights.compare(weights.size() - tail.size(), tail.size(), tail) == 0)
-      weights.resize(weights.size() - tail.size());
-    save_model(weights + ".weights.safetensors", config, layout_tensors(trainer.net().layout(), trainer.net().params));
-    std::printf("first-batch loss %.6f; gradients written to %s\n", loss, a.grad_dump.c_str());
-    return kExitOk;
-  }
-
-  prepare_run_folder(a);
-  const std::string model_path = a.out + "/last.safetensors";
-  const std::string log_path = a.out + "/log.jsonl";
-  if (!a.resume.empty()) restore_from(trainer, saved, a.resume);
-  if (trainer.finished()) {
-    if (cmd->count("--name") || !a.description.empty()) {  // relabel a finished run: same weights and state
-      save_checkpoint(trainer, model_path, saved.training);
-      std::printf("finished run relabelled: '%s' in %s\n", terminal_text(config.name).c_str(), model_path.c_str());
-      return kExitOk;
-    }
-    std::printf("nothing to do: the checkpoint has finished all %d epochs (give a larger --epochs to continue)\n",
-                recipe.epochs);
-    return kExitOk;
-  }
-
-  nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : saved.training;
-  record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's
-  record.erase("train_loss_first_step");
-  record_training_ops(record, !a.resume.empty());
-  record["data"] = a.data;
-  record["limit"] = a.limit;
-  record["val_split"] = a.val_split;
-  record["img_size"] = data.img_size;
-  record["train_images"] = data.train.size();
-  record["eval_set"] = data.eval_name;
-  record["eval_images"] = data.eval.size();
-  record["class_names"] = data.train.class_names;
-  double seconds_before = record.value("seconds", 0.0);
-
-  Progress progress(a.quiet, trainer.total_steps(), trainer.steps_per_epoch());
-  if (!a.quiet)
-    progress.line("training " + std::to_string(trainer.net().layout().total) + " parameters on " +
-                  std::to_string(data.train.size()) + " images of " + data.name + ", " +
-                  std::to_string(trainer.steps_per_epoch()) + " steps per epoch, " + std::to_string(recipe.epochs) +
-                  " epochs" + (a.resume.empty() ? "" : ", resuming at step " + std::to_string(trainer.position().step)));
-
-  std::optional<StopOnSignals> stop_on_signals(std::in_place);
-  const auto start = Clock::now();
-  auto seconds = [&] { return std::chrono::duration<double>(Clock::now() - start).count(); };
-  double loss_sum = 0.0, acc_sum = 0.0;
-  int window = 0;
-  int64_t steps_this_run = 0;
-  const int64_t log_every = 10;
-  auto window_start = Clock::now();
-  int64_t window_steps = 0;
-  double images_per_s = 0.0;
-  bool stopped = false;
-
-  auto save = [&](const EvalReport* eval) {
-    record["seconds"] = seconds_before + seconds();
-    if (eval) {
-      record[data.eval_name + "_accuracy"] = eval->accuracy;
-      record[data.eval_name + "_loss"] = eval->loss;
-    }
-    save_checkpoint(trainer, model_path, record);
-  };
-
-  while (!trainer.finished()) {
-    const StepReport r = trainer.step();
-    ++steps_this_run;
-    ++window_steps;
-    loss_sum += r.loss;
-    acc_sum += r.accuracy;
-    ++window;
-    const double window_seconds = std::chrono::duration<double>(Clock::now() - window_start).count();
-    if (window_steps >= 5 && window_seconds > 0) {
-      images_per_s = static_cast<double>(window_steps) * recipe.batch / window_seconds;
-      window_steps = 0;
-      window_start = Clock::now();
-    }
-    const double left = images_per_s > 0 ? static_cast<double>(trainer.total_steps() - r.step) * recipe.batch / images_per_s
-                                         : NAN;
-    progress.step(r, loss_sum / window, acc_sum / window, images_per_s, left, recipe.epochs);
-    if (r.step % log_every == 0 || trainer.position().position == 0 || trainer.finished()) {
-      append_log(log_path, {{"step", r.step}, {"epoch", r.epoch}, {"loss", loss_sum / window},
-                            {"accuracy", acc_sum / window}, {"lr", r.lr}, {"grad_norm", r.grad_norm},
-                            {"images_per_s", images_per_s}, {"seconds", seconds_before + seconds()}});
-      loss_sum = acc_sum = 0.0;
-      window = 0;
-    }
-    const bool epoch_done = trainer.position().position == 0 || trainer.finished();
-    if (epoch_done) {
-      EvalReport eval;
-      if (data.eval.size() > 0) {
-        eval = trainer.evaluate(data.eval);
-        append_log(log_path, {{"step", r.step}, {"epoch", r.epoch}, {"eval", data.eval_name}, {"loss", eval.loss},
-                              {"accuracy", eval.accuracy}, {"seconds", seconds_before + seconds()}});
-        char text[160];
-        std::snprintf(text, sizeof text, "epoch %d: %s loss %.4f, %s accuracy %.2f%% (%d images)", r.epoch + 1,
-                      data.eval_name.c_str(), eval.loss, data.eval_name.c_str(), 100.0 * eval.accuracy, eval.images);
-        progress.line(text);
-      }
-      save(data.eval.size() > 0 ? &eval : nullptr);
-    }
-    if (g_interrupted || (a.stop_after > 0 && steps_this_run >= a.stop_after)) {
-      if (!epoch_done) save(nullptr);
-      stopped = true;
-      break;
-    }
-  }
-  stop_on_signals.reset();
-
-  if (stopped && !trainer.finished()) {
-    progress.line("stopped at step " + std::to_string(trainer.position().step) + "; continue with --resume " + model_path);
-    return g_interrupted ? kExitFailed : kExitOk;
-  }
-  // The final result: the test set when a validation split was used during training.
-  if (data.test.size() > 0) {
-    const EvalReport test = trainer.evaluate(data.test);
-    record["test_accuracy"] = test.accuracy;
-    record["test_loss"] = test.loss;
-    save(nullptr);
-  }
-  if (record.contains("test_accuracy"))
-    std::printf("finished: test accuracy %.2f%% after %d epochs, %s; model in %s\n",
-                100.0 * record["test_accuracy"].get<double>(), recipe.epochs,
-                duration_text(record["seconds"].get<double>()).c_str(), model_path.c_str());
-  else if (record.contains("val_accuracy"))
-    std::printf("finished: validation accuracy %.2f%% after %d epochs, %s; model in %s\n",
-                100.0 * record["val_accuracy"].get<double>(), recipe.epochs,
-                duration_text(record["seconds"].get<double>()).c_str(), model_path.c_str());
-  else
-    std::printf("finished after %d epochs; model in %s\n", recipe.epochs, model_path.c_str());
-  return kExitOk;
+  return train_prepared(a, run);
 }
 
 }  // namespace vitlens::cli

@@ -122,7 +122,7 @@ void check_moments(const train::ParamLayout& layout, const std::vector<float>& m
     }
 }
 
-// The position as the trainers leave it at a step boundary (Trainer::step, MaeTrainer::step): one
+// The position as Trainer::step leaves it at a step boundary: one
 // Adam update per step; a data Rng that is not all zero (xoshiro's one state it never leaves or
 // reaches); the epoch's order a shuffle of `copies` copies of 0..n-1 (the classifier's images once,
 // MAE's photos crops_per_photo times); and step = epoch * steps_per_epoch + position, or, at the end
@@ -347,49 +347,65 @@ Recipe recipe_of(const CheckpointFiles& f) {
   }
 }
 
-SavedTraining classifier_from(const CheckpointFiles& f) {
-  SavedTraining saved;
-  saved.config = f.config;
-  saved.training = training_record(f);
-  if (!saved.training.is_object()) throw Error(f.model_path + ": the training record is not a JSON object");
-  saved.recipe = recipe_of(f);
-  if (saved.training.value("objective", std::string("classify")) != "classify")
-    throw Error(f.model_path + ": a '" + saved.training.value("objective", std::string()) +
-                "' checkpoint, not a classifier's (resume it with the same --data)");
-  const int64_t classes = meta_int_in(f.state, "num_classes", 0, INT_MAX, f.state_path);
-  saved.num_classes = static_cast<int>(classes);
-  if (saved.num_classes != f.num_classes)
-    throw Error(f.state_path + ": state is for " + std::to_string(saved.num_classes) + " classes, the model has " +
-                std::to_string(f.num_classes));
-  const int64_t step = paired_step(f, saved.training);
-  const train::ParamLayout layout = train::param_layout(saved.config, saved.num_classes);
-  saved.params = gather(layout, f.model.tensors, "", f.model_path);
-  read_optimizer_state(f, layout, saved.recipe, step, 1, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
-  return saved;
+// The objective a pair was saved for: the model's record's tag (older classifier files have none)
+// and the state's, which one save writes alike.
+const ObjectiveKind& objective_of(const CheckpointFiles& f, const nlohmann::json& training, const std::string& expected) {
+  const auto tag = [](const nlohmann::json& value) { return value.is_string() ? value.get<std::string>() : value.dump(); };
+  const std::string name = training.contains("objective") ? tag(training["objective"]) : "classify";
+  const auto state_tag = f.state.metadata.find("objective");
+  const std::string state_name = state_tag == f.state.metadata.end() ? "classify" : state_tag->second;
+  if (!expected.empty() && name != expected)
+    throw Error(f.model_path + ": a '" + name + "' checkpoint, not a '" + expected +
+                "' one (resume it with the same --data)");
+  if (state_name != name)
+    throw Error(f.model_path + ": the model's objective '" + name + "' and its state's '" + state_name +
+                "' differ: they were not saved together, so this pair cannot be resumed");
+  const ObjectiveKind* kind = find_objective_kind(name);
+  if (!kind) throw Error(f.model_path + ": trained with the objective '" + name + "', which this vitlens does not know");
+  return *kind;
 }
 
-SavedMae mae_from(const CheckpointFiles& f) {
-  SavedMae saved;
+// The objective's options as its state records them, checked against the model.
+nlohmann::json objective_options(const CheckpointFiles& f, const ObjectiveKind& kind) {
+  const std::string key = kind.options_key;
+  nlohmann::json options;
+  try {
+    options = nlohmann::json::parse(meta(f.state, key, f.state_path));
+  } catch (const nlohmann::json::exception&) {
+    throw Error(f.state_path + ": __metadata__['" + key + "'] is not valid JSON" + kDamaged);
+  }
+  const std::string why = kind.check(f.config, options);
+  if (!why.empty()) throw Error(f.state_path + ": " + why);
+  const int classes = kind.head_classes(options);
+  if (classes != f.num_classes)
+    throw Error(f.state_path + ": state is for " + std::to_string(classes) + " classes, the model has " +
+                std::to_string(f.num_classes));
+  return options;
+}
+
+SavedTraining saved_from(const CheckpointFiles& f, const std::string& expected) {
+  SavedTraining saved;
   saved.config = f.config;
+  saved.num_classes = f.num_classes;
   saved.training = training_record(f);
   if (!saved.training.is_object()) throw Error(f.model_path + ": the training record is not a JSON object");
   saved.recipe = recipe_of(f);
-  try {
-    saved.options = MaeOptions::from_json(nlohmann::json::parse(meta(f.state, "mae", f.state_path)));
-  } catch (const nlohmann::json::exception&) {
-    throw Error(f.state_path + ": __metadata__['mae'] is not valid MAE options");
-  }
-  if (saved.training.value("objective", std::string()) != "mae" || meta(f.state, "objective", f.state_path) != "mae")
-    throw Error(f.model_path + ": not an MAE checkpoint (objective is not 'mae')");
-  const std::string why = saved.options.validate(saved.config);
-  if (!why.empty()) throw Error(f.state_path + ": " + why);
+  const ObjectiveKind& kind = objective_of(f, saved.training, expected);
+  saved.objective = kind.name;
+  saved.options = objective_options(f, kind);
   const int64_t step = paired_step(f, saved.training);
-  const train::ParamLayout layout = train::mae_param_layout(saved.config, saved.options.shape, nullptr);
+  const train::ParamLayout layout = kind.layout(saved.config, saved.options);
+  // The parameters: the model file's, and those the objective keeps in the state (MAE's decoder).
   TensorMap both = f.model.tensors;
-  for (const auto& [name, tensor] : f.state.tensors)
-    if (train::is_decoder_param(name)) both[name] = tensor;
-  saved.params = gather(layout, both, "", f.model_path + " + " + f.state_path);
-  read_optimizer_state(f, layout, saved.recipe, step, saved.options.crops_per_photo, saved.adam_m, saved.adam_v,
+  bool split = false;
+  for (const train::ParamEntry& e : layout.entries)
+    if (!kind.in_model_file(e.name)) {
+      split = true;
+      const auto it = f.state.tensors.find(e.name);
+      if (it != f.state.tensors.end()) both[e.name] = it->second;
+    }
+  saved.params = gather(layout, both, "", split ? f.model_path + " + " + f.state_path : f.model_path);
+  read_optimizer_state(f, layout, saved.recipe, step, kind.order_copies(saved.options), saved.adam_m, saved.adam_v,
                        saved.adam_step, saved.position);
   return saved;
 }
@@ -432,53 +448,44 @@ std::string checkpoint_objective(const std::string& model_path) {
   }
 }
 
-void save_mae_checkpoint(const MaeTrainer& trainer, const std::string& model_path, nlohmann::json training) {
-  const train::ParamLayout& layout = trainer.net().layout();
-  const TrainPosition& pos = trainer.position();
-  training["objective"] = "mae";
-  training["step"] = pos.step;
-  training["epoch"] = pos.epoch;
-  training["recipe"] = trainer.recipe().to_json();
-  training["mae"] = trainer.options().to_json();
-  SafetensorsFile state = state_file(layout, trainer.optimizer(), pos, trainer.recipe());
-  state.metadata["objective"] = "mae";
-  state.metadata["mae"] = trainer.options().to_json().dump();
-  state.metadata["num_classes"] = "0";
-  // The encoder goes to the model file (timm names, no head: what view/export/info open); the
-  // decoder (mask_token, decoder_*) only into the state, which resume reads and viewers never see.
-  TensorMap encoder;
-  for (auto& [name, tensor] : layout_tensors(layout, trainer.net().params)) {
-    if (train::is_decoder_param(name)) state.tensors[name] = std::move(tensor);
-    else encoder[name] = std::move(tensor);
-  }
-  write_checkpoint(model_path, trainer.config(), encoder, training, state, pos.step);
+TensorMap model_file_tensors(const Objective& objective) {
+  TensorMap model;
+  for (auto& [name, tensor] : layout_tensors(objective.layout(), objective.params()))
+    if (objective.kind().in_model_file(name)) model[name] = std::move(tensor);
+  return model;
 }
 
 void save_checkpoint(const Trainer& trainer, const std::string& model_path, nlohmann::json training) {
-  const train::ParamLayout& layout = trainer.net().layout();
+  const Objective& objective = trainer.objective();
+  const ObjectiveKind& kind = objective.kind();
+  const train::ParamLayout& layout = objective.layout();
   const TrainPosition& pos = trainer.position();
+  const nlohmann::json options = objective.options();
+  training["objective"] = kind.name;
   training["step"] = pos.step;
   training["epoch"] = pos.epoch;
   training["recipe"] = trainer.recipe().to_json();
-  training["num_classes"] = trainer.num_classes();
+  training[kind.options_key] = options;
   SafetensorsFile state = state_file(layout, trainer.optimizer(), pos, trainer.recipe());
-  state.metadata["num_classes"] = std::to_string(trainer.num_classes());
-  write_checkpoint(model_path, trainer.config(), layout_tensors(layout, trainer.net().params), training, state,
-                   pos.step);
+  state.metadata["objective"] = kind.name;
+  state.metadata[kind.options_key] = options.dump();
+  // What the model file does not hold (MAE's decoder) goes into the state, which resume reads and
+  // viewers never see.
+  TensorMap model;
+  for (auto& [name, tensor] : layout_tensors(layout, objective.params())) {
+    if (kind.in_model_file(name)) model[name] = std::move(tensor);
+    else state.tensors[name] = std::move(tensor);
+  }
+  write_checkpoint(model_path, objective.config(), model, training, state, pos.step);
 }
 
-SavedTraining load_checkpoint(const std::string& model_path) { return classifier_from(read_checkpoint_files(model_path)); }
-
-SavedMae load_mae_checkpoint(const std::string& model_path) { return mae_from(read_checkpoint_files(model_path)); }
+SavedTraining load_checkpoint(const std::string& model_path, const std::string& objective) {
+  return saved_from(read_checkpoint_files(model_path), objective);
+}
 
 SavedTraining parse_checkpoint(const std::string& model_bytes, const std::string& state_bytes,
                                const std::string& model_what) {
-  return classifier_from(parse_checkpoint_files(model_bytes, state_bytes, model_what));
-}
-
-SavedMae parse_mae_checkpoint(const std::string& model_bytes, const std::string& state_bytes,
-                              const std::string& model_what) {
-  return mae_from(parse_checkpoint_files(model_bytes, state_bytes, model_what));
+  return saved_from(parse_checkpoint_files(model_bytes, state_bytes, model_what), "");
 }
 
 }  // namespace vitlens

@@ -29,7 +29,8 @@
 #include "core/data/dataset.hpp"
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
-#include "core/train/mae_train.hpp"
+#include "core/train/classify_objective.hpp"
+#include "core/train/mae_objective.hpp"
 #include "models/safetensors.hpp"
 #include "core/train/trainer.hpp"
 
@@ -83,7 +84,7 @@ struct TwoSaves {
 
 TwoSaves reference_saves(const ImageSet& data) {
   const std::string dir = test::temp_dir("ckpt-ref");
-  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  Trainer t(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
   t.step();
   save_checkpoint(t, dir + "/last.safetensors", {{"data", "noise"}});
   TwoSaves ref;
@@ -110,7 +111,7 @@ TEST_CASE("checkpoint: a save failing (ENOSPC) at any file operation leaves the 
     INFO("failing file operation " << n);
     const std::string dir = test::temp_dir("ckpt-enospc");
     const std::string path = dir + "/last.safetensors";
-    Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+    Trainer t(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
     t.step();
     save_checkpoint(t, path, {{"data", "noise"}});
     t.step();
@@ -166,7 +167,7 @@ TEST_CASE("checkpoint: a save killed at any file operation leaves a pair the nex
       INFO("killed at file operation " << n << (then_save ? ", then saved again" : ", then loaded"));
       const std::string dir = test::temp_dir("ckpt-kill");
       const std::string path = dir + "/last.safetensors";
-      Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+      Trainer t(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
       t.step();
       save_checkpoint(t, path, {{"data", "noise"}});
       t.step();
@@ -198,7 +199,7 @@ TEST_CASE("checkpoint: a save killed at any file operation leaves a pair the nex
         CHECK(snapshot(dir) == (new_pair ? ref.second : ref.first));
       } else {
         // The next save (this process) replaces whatever the killed one left.
-        Trainer again(tiny_config(), tiny_recipe(), &data, nullptr);
+        Trainer again(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
         again.step();
         again.step();
         save_checkpoint(again, path, {{"data", "noise"}});
@@ -217,7 +218,7 @@ TEST_CASE("checkpoint: a save killed at any file operation leaves a pair the nex
 
 TEST_CASE("checkpoint: saving into a missing folder is one line and writes nothing", "[checkpoint][atomic]") {
   const ImageSet data = noise_set(16);
-  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  Trainer t(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
   t.step();
   try {
     save_checkpoint(t, "/nonexistent-vitlens-folder/last.safetensors", {{"data", "noise"}});
@@ -246,7 +247,7 @@ TEST_CASE("checkpoint: names that only look like ours are never moved or removed
   if (gone == 0) ::_exit(0);
   ::waitpid(gone, nullptr, 0);
   test::spit(dir + "/.vitlens-tmp-" + std::to_string(gone) + "-Ab12Cd", "a temporary of ours");
-  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  Trainer t(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
   t.step();
   save_checkpoint(t, path, {{"data", "noise"}});
   CHECK(load_checkpoint(path).position.step == 1);
@@ -332,7 +333,7 @@ std::string load_error_after(const std::string& dir, const Damage& d, const std:
 TEST_CASE("checkpoint: every damaged field of a classifier's state is refused, naming the file and field",
           "[checkpoint][damaged]") {
   const ImageSet data = noise_set(16);
-  Trainer t(tiny_config(), tiny_recipe(), &data, nullptr);
+  Trainer t(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
   for (int i = 0; i < 3; ++i) t.step();
   for (const Damage& d : damages()) {
     INFO(d.what);
@@ -349,7 +350,7 @@ TEST_CASE("checkpoint: every damaged field of a classifier's state is refused, n
   const std::string dir = test::temp_dir("ckpt-good");
   save_checkpoint(t, dir + "/last.safetensors", {{"data", "noise"}});
   const SavedTraining saved = load_checkpoint(dir + "/last.safetensors");
-  Trainer resumed(saved.config, saved.recipe, &data, nullptr);
+  Trainer resumed(std::make_unique<ClassifyObjective>(saved.config, saved.recipe, &data, nullptr));
   resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   CHECK(resumed.position().step == 3);
 }
@@ -367,7 +368,7 @@ TEST_CASE("checkpoint: an MAE state's data order holds each photo crops_per_phot
   options.shape.decoder_heads = 2;
   options.crops_per_photo = 2;
   Recipe recipe = tiny_recipe();
-  MaeTrainer t(config, recipe, options, &photos, nullptr);
+  Trainer t(std::make_unique<MaeObjective>(config, recipe, options, &photos, nullptr));
   t.step();
   std::vector<Damage> cases = damages();
   cases.push_back({"a photo more often than its crops",
@@ -383,16 +384,16 @@ TEST_CASE("checkpoint: an MAE state's data order holds each photo crops_per_phot
     INFO(d.what);
     const std::string dir = test::temp_dir("ckpt-mae-damaged");
     const std::string error = load_error_after(
-        dir, d, [&](const std::string& p) { save_mae_checkpoint(t, p, {{"data", "photos"}}); },
-        [](const std::string& p) { (void)load_mae_checkpoint(p); });
+        dir, d, [&](const std::string& p) { save_checkpoint(t, p, {{"data", "photos"}}); },
+        [](const std::string& p) { (void)load_checkpoint(p, "mae"); });
     INFO(error);
     CHECK(error.find('\n') == std::string::npos);
     CHECK_THAT(error, Catch::Contains("last.state.safetensors"));
     CHECK_THAT(error, Catch::Contains(d.field));
   }
   const std::string dir = test::temp_dir("ckpt-mae-good");
-  save_mae_checkpoint(t, dir + "/last.safetensors", {{"data", "photos"}});
-  CHECK(load_mae_checkpoint(dir + "/last.safetensors").position.step == 1);
+  save_checkpoint(t, dir + "/last.safetensors", {{"data", "photos"}});
+  CHECK(load_checkpoint(dir + "/last.safetensors", "mae").position.step == 1);
 }
 
 // ---- the CLI ----
@@ -466,7 +467,7 @@ TEST_CASE("train CLI: --resume of a pair whose save was killed halfway resumes f
   // the commit folder.
   const SavedTraining saved = load_checkpoint(path);
   const ImageSet data = load_fashion_mnist(default_fashion_mnist_dir(), true, 64);
-  Trainer t(saved.config, saved.recipe, &data, nullptr);
+  Trainer t(std::make_unique<ClassifyObjective>(saved.config, saved.recipe, &data, nullptr));
   t.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   t.step();
   const pid_t pid = ::fork();

@@ -24,7 +24,7 @@
 #include "test_support.hpp"
 #include "core/data/dataset.hpp"
 #include "core/base/error.hpp"
-#include "core/train/mae_train.hpp"
+#include "core/train/mae_objective.hpp"
 
 using namespace vitlens;
 namespace fs = std::filesystem;

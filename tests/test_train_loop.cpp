@@ -18,6 +18,8 @@
 #include "core/data/dataset.hpp"
 #include "core/base/error.hpp"
 #include "models/model_io.hpp"
+#include "models/safetensors.hpp"
+#include "core/train/classify_objective.hpp"
 #include "core/train/trainer.hpp"
 
 using namespace vitlens;
@@ -125,9 +127,9 @@ TEST_CASE("train: a short Fashion-MNIST run lowers the loss and beats chance by 
   r.label_smoothing = 0.0;
   r.augment = false;
   r.seed = 3;
-  Trainer trainer(fm_config(2, 32, 4), r, &train_set, &test_set);
+  Trainer trainer(std::make_unique<ClassifyObjective>(fm_config(2, 32, 4), r, &train_set, &test_set));
   REQUIRE(trainer.total_steps() == 5 * (4000 / 64));
-  const EvalReport before = trainer.evaluate(test_set);
+  const EvalReport before = trainer.objective_as<ClassifyObjective>().evaluate_set(test_set);
   double first = 0.0, last = 0.0;
   const int window = 20;
   while (!trainer.finished()) {
@@ -135,7 +137,7 @@ TEST_CASE("train: a short Fashion-MNIST run lowers the loss and beats chance by 
     if (s.step <= window) first += s.loss / window;
     if (s.step > trainer.total_steps() - window) last += s.loss / window;
   }
-  const EvalReport after = trainer.evaluate(test_set);
+  const EvalReport after = trainer.objective_as<ClassifyObjective>().evaluate_set(test_set);
   std::printf("short run: %lld steps, mean loss of the first %d steps %.3f, of the last %d %.3f; test accuracy "
               "%.1f%% before, %.1f%% after (1000 test images)\n",
               static_cast<long long>(trainer.total_steps()), window, first, window, last, 100 * before.accuracy,
@@ -154,25 +156,25 @@ TEST_CASE("train: resume after N steps reproduces the uninterrupted run bit for 
   r.augment = true;  // the Rng's state must travel with the checkpoint
   const VitConfig config = fm_config();
 
-  Trainer straight(config, r, &train_set, nullptr);
+  Trainer straight(std::make_unique<ClassifyObjective>(config, r, &train_set, nullptr));
   while (!straight.finished()) straight.step();
 
   const std::string dir = test::temp_dir("resume");
   const std::string path = dir + "/last.safetensors";
   {
-    Trainer first(config, r, &train_set, nullptr);
+    Trainer first(std::make_unique<ClassifyObjective>(config, r, &train_set, nullptr));
     for (int i = 0; i < 4; ++i) first.step();  // stop in the middle of the first epoch
     save_checkpoint(first, path, {{"data", "synthetic"}});
   }
   const SavedTraining saved = load_checkpoint(path);
   CHECK(saved.position.step == 4);
   CHECK(saved.position.position == 4);
-  Trainer resumed(saved.config, saved.recipe, &train_set, nullptr);
+  Trainer resumed(std::make_unique<ClassifyObjective>(saved.config, saved.recipe, &train_set, nullptr));
   resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   while (!resumed.finished()) resumed.step();
 
   CHECK(resumed.position().step == straight.position().step);
-  CHECK(resumed.net().params == straight.net().params);  // bitwise: std::vector<float> ==
+  CHECK(resumed.params() == straight.params());  // bitwise: std::vector<float> ==
   CHECK(resumed.optimizer().m == straight.optimizer().m);
   CHECK(resumed.optimizer().v == straight.optimizer().v);
 
@@ -201,10 +203,10 @@ TEST_CASE("train: the same run for 1 and 2 threads", "[train][threads]") {
       r.threads = threads;
       r.shards = shards;
       r.drop_path = 0.3;
-      Trainer t(fm_config(2), r, &train_set, nullptr);
+      Trainer t(std::make_unique<ClassifyObjective>(fm_config(2), r, &train_set, nullptr));
       while (!t.finished()) t.step();
-      params.push_back(t.net().params);
-      losses.push_back(t.evaluate(train_set).loss);
+      params.push_back(t.params());
+      losses.push_back(t.objective_as<ClassifyObjective>().evaluate_set(train_set).loss);
     }
     CHECK(params[0] == params[1]);
     CHECK(params[0] == params[2]);
@@ -230,11 +232,11 @@ TEST_CASE("train: a batch split into parts has the whole batch's loss, gradient 
       r.label_smoothing = 0.1;
       return r;
     };
-    Trainer whole(fm_config(), recipe(1), &train_set, nullptr);
-    Trainer split(fm_config(), recipe(shards), &train_set, nullptr);
-    REQUIRE(whole.net().params == split.net().params);
+    Trainer whole(std::make_unique<ClassifyObjective>(fm_config(), recipe(1), &train_set, nullptr));
+    Trainer split(std::make_unique<ClassifyObjective>(fm_config(), recipe(shards), &train_set, nullptr));
+    REQUIRE(whole.params() == split.params());
     // Evaluation through the parts: the same images counted once each, the same mean loss.
-    const EvalReport ea = whole.evaluate(train_set), eb = split.evaluate(train_set);
+    const EvalReport ea = whole.objective_as<ClassifyObjective>().evaluate_set(train_set), eb = split.objective_as<ClassifyObjective>().evaluate_set(train_set);
     CHECK(ea.images == 64);
     CHECK(eb.images == 64);
     CHECK(eb.accuracy == Approx(ea.accuracy).margin(1.0 / 64 + 1e-12));
@@ -244,7 +246,7 @@ TEST_CASE("train: a batch split into parts has the whole batch's loss, gradient 
     CHECK(b.grad_norm == Approx(a.grad_norm).epsilon(1e-5));
     CHECK(b.accuracy == a.accuracy);
     // The clipped gradient the update used, component by component, against its largest entry.
-    check_same_gradient(whole.net().grads, split.net().grads);
+    check_same_gradient(whole.grads(), split.grads());
   }
 }
 
@@ -294,52 +296,52 @@ TEST_CASE("train: drop path changes training steps only, resumes bit for bit, an
     return r;
   };
   const VitConfig config = fm_config(3);  // block 0 keeps p = 0, blocks 1 and 2 draw
-  Trainer plain(config, recipe(0.0, 1), &train_set, nullptr);
-  Trainer dropped(config, recipe(0.5, 1), &train_set, nullptr);
-  REQUIRE(plain.net().params == dropped.net().params);
+  Trainer plain(std::make_unique<ClassifyObjective>(config, recipe(0.0, 1), &train_set, nullptr));
+  Trainer dropped(std::make_unique<ClassifyObjective>(config, recipe(0.5, 1), &train_set, nullptr));
+  REQUIRE(plain.params() == dropped.params());
   // Evaluation never drops: the same weights give the same loss.
-  CHECK(plain.evaluate(train_set).loss == dropped.evaluate(train_set).loss);
+  CHECK(plain.objective_as<ClassifyObjective>().evaluate_set(train_set).loss == dropped.objective_as<ClassifyObjective>().evaluate_set(train_set).loss);
   const StepReport a = plain.step(), b = dropped.step();
   CHECK(a.loss != b.loss);  // some branch of some image was dropped in the first step
-  CHECK(plain.net().params != dropped.net().params);
+  CHECK(plain.params() != dropped.params());
   // After the step, net() is clean: a probe forward of a batch of the same size drops nothing.
-  const EvalReport after = dropped.evaluate(train_set), again = dropped.evaluate(train_set);
+  const EvalReport after = dropped.objective_as<ClassifyObjective>().evaluate_set(train_set), again = dropped.objective_as<ClassifyObjective>().evaluate_set(train_set);
   CHECK(after.loss == again.loss);
 
   // A rate whose draws keep everything is the plain run: p = 1e-12 keeps every branch (scaled by
   // 1 / (1 - p), which rounds to 1 in float), so the runs agree bit for bit.
-  Trainer tiny(config, recipe(1e-12, 1), &train_set, nullptr);
-  Trainer plain2(config, recipe(0.0, 1), &train_set, nullptr);
+  Trainer tiny(std::make_unique<ClassifyObjective>(config, recipe(1e-12, 1), &train_set, nullptr));
+  Trainer plain2(std::make_unique<ClassifyObjective>(config, recipe(0.0, 1), &train_set, nullptr));
   tiny.step();
   plain2.step();
-  CHECK(tiny.net().params == plain2.net().params);
+  CHECK(tiny.params() == plain2.params());
 
   // Resume in the middle of the first epoch continues the same masks.
-  Trainer straight(config, recipe(0.3, 2), &train_set, nullptr);
+  Trainer straight(std::make_unique<ClassifyObjective>(config, recipe(0.3, 2), &train_set, nullptr));
   while (!straight.finished()) straight.step();
   const std::string dir = test::temp_dir("droppath-resume");
   const std::string path = dir + "/last.safetensors";
   {
-    Trainer first(config, recipe(0.3, 2), &train_set, nullptr);
+    Trainer first(std::make_unique<ClassifyObjective>(config, recipe(0.3, 2), &train_set, nullptr));
     for (int i = 0; i < 2; ++i) first.step();
     save_checkpoint(first, path, {{"data", "synthetic"}});
   }
   const SavedTraining saved = load_checkpoint(path);
   CHECK(saved.recipe.drop_path == 0.3);
-  Trainer resumed(saved.config, saved.recipe, &train_set, nullptr);
+  Trainer resumed(std::make_unique<ClassifyObjective>(saved.config, saved.recipe, &train_set, nullptr));
   resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   while (!resumed.finished()) resumed.step();
-  CHECK(resumed.net().params == straight.net().params);
+  CHECK(resumed.params() == straight.params());
 
   // Parts see their own images' masks: 2 and 3 parts give the whole batch's step up to rounding.
   for (int shards : {2, 3}) {
     CAPTURE(shards);
-    Trainer whole(config, recipe(0.4, 1), &train_set, nullptr);
-    Trainer split(config, recipe(0.4, shards), &train_set, nullptr);
+    Trainer whole(std::make_unique<ClassifyObjective>(config, recipe(0.4, 1), &train_set, nullptr));
+    Trainer split(std::make_unique<ClassifyObjective>(config, recipe(0.4, shards), &train_set, nullptr));
     const StepReport w = whole.step(), s = split.step();
     CHECK(s.loss == Approx(w.loss).epsilon(1e-6));
     CHECK(s.grad_norm == Approx(w.grad_norm).epsilon(1e-5));
-    check_same_gradient(whole.net().grads, split.net().grads);
+    check_same_gradient(whole.grads(), split.grads());
   }
 }
 
@@ -350,7 +352,7 @@ TEST_CASE("train: a damaged state file or a pair from different steps is refused
   r.batch = 16;
   const std::string dir = test::temp_dir("resume-bad");
   const std::string path = dir + "/last.safetensors";
-  Trainer t(fm_config(), r, &train_set, nullptr);
+  Trainer t(std::make_unique<ClassifyObjective>(fm_config(), r, &train_set, nullptr));
   t.step();
   save_checkpoint(t, path, {{"data", "synthetic"}});
   const std::string state = slurp(checkpoint_state_path(path));
@@ -366,6 +368,41 @@ TEST_CASE("train: a damaged state file or a pair from different steps is refused
   CHECK_THROWS_AS(load_checkpoint(path), Error);
   std::remove(checkpoint_state_path(path).c_str());
   CHECK_THROWS_WITH(load_checkpoint(path), Catch::Contains("no training state"));
+}
+
+TEST_CASE("train: a checkpoint without an objective tag (older files) loads as a classifier's", "[train][resume]") {
+  const ImageSet train_set = synthetic_set(64, 7);
+  Recipe r;
+  r.epochs = 2;
+  r.batch = 16;
+  const std::string dir = test::temp_dir("resume-untagged");
+  const std::string path = dir + "/last.safetensors";
+  Trainer straight(std::make_unique<ClassifyObjective>(fm_config(), r, &train_set, nullptr));
+  Trainer first(std::make_unique<ClassifyObjective>(fm_config(), r, &train_set, nullptr));
+  for (int i = 0; i < 3; ++i) first.step();
+  save_checkpoint(first, path, {{"data", "synthetic"}});
+  // Take the tag out of both files, as checkpoints written before objectives had one.
+  SafetensorsFile model = read_safetensors(path), state = read_safetensors(checkpoint_state_path(path));
+  nlohmann::json record = nlohmann::json::parse(model.metadata.at("training"));
+  REQUIRE(record.at("objective") == "classify");
+  REQUIRE(state.metadata.at("objective") == "classify");
+  record.erase("objective");
+  model.metadata["training"] = record.dump();
+  state.metadata.erase("objective");
+  write_safetensors(path, model);
+  write_safetensors(checkpoint_state_path(path), state);
+  const SavedTraining saved = load_checkpoint(path, "classify");
+  CHECK(saved.objective == "classify");
+  CHECK(saved.num_classes == train_set.num_classes());
+  Trainer resumed(std::make_unique<ClassifyObjective>(saved.config, saved.recipe, &train_set, nullptr));
+  resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
+  while (!straight.finished()) straight.step();
+  while (!resumed.finished()) resumed.step();
+  CHECK(resumed.params() == straight.params());  // bitwise
+  // A state whose tag is not the model's was not saved with it.
+  state.metadata["objective"] = "mae";
+  write_safetensors(checkpoint_state_path(path), state);
+  CHECK_THROWS_WITH(load_checkpoint(path), Catch::Contains("not saved together"));
 }
 
 TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {

@@ -25,6 +25,7 @@
 #include "models/training_checkpoint.hpp"
 #include "core/data/dataset.hpp"
 #include "core/base/error.hpp"
+#include "core/train/mae_objective.hpp"
 #include "core/train/mae_train.hpp"
 #include "models/model_io.hpp"
 #include "models/safetensors.hpp"
@@ -224,7 +225,7 @@ TEST_CASE("mae: a short run on photos lowers the loss; resume is bit-exact; the 
   o.shape.decoder_dim = 16;
   o.shape.decoder_heads = 2;
   o.crops_per_photo = 64;  // 5 photos x 64 / 16 = 20 steps per epoch
-  MaeTrainer full(c, r, o, &train_photos, &val_photos);
+  Trainer full(std::make_unique<MaeObjective>(c, r, o, &train_photos, &val_photos));
   REQUIRE(full.steps_per_epoch() == 20);
   CHECK(r.shards == 4);
   CHECK(full.recipe().shards == 1);  // MAE runs each batch whole, and its checkpoints say so
@@ -250,16 +251,18 @@ TEST_CASE("mae: a short run on photos lowers the loss; resume is bit-exact; the 
   // Interrupted after 23 steps (inside epoch 2), saved, loaded into a fresh trainer, finished.
   const std::string path = dir + "/run.safetensors";
   {
-    MaeTrainer part(c, r, o, &train_photos, &val_photos);
+    Trainer part(std::make_unique<MaeObjective>(c, r, o, &train_photos, &val_photos));
     for (int s = 0; s < 23; ++s) part.step();
-    save_mae_checkpoint(part, path, {{"data", "photos:" + dir}});
+    save_checkpoint(part, path, {{"data", "photos:" + dir}});
   }
-  const SavedMae saved = load_mae_checkpoint(path);
-  CHECK(saved.options.shape.decoder_dim == 16);
-  MaeTrainer resumed(saved.config, saved.recipe, saved.options, &train_photos, &val_photos);
+  const SavedTraining saved = load_checkpoint(path, "mae");
+  CHECK(saved.objective == "mae");
+  CHECK(MaeOptions::from_json(saved.options).shape.decoder_dim == 16);
+  Trainer resumed(std::make_unique<MaeObjective>(saved.config, saved.recipe, MaeOptions::from_json(saved.options),
+                                                 &train_photos, &val_photos));
   resumed.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   while (!resumed.finished()) resumed.step();
-  CHECK(resumed.net().params == full.net().params);
+  CHECK(resumed.params() == full.params());
 
   // The model file is the encoder with timm names and no head: it loads as any model, and its
   // maps are those of the trained encoder. The decoder is in the state file only.
@@ -277,7 +280,7 @@ TEST_CASE("mae: a short run on photos lowers the loss; resume is bit-exact; the 
   with_decoder["mask_token"] = state_file.tensors.at("mask_token");
   CHECK_THROWS_WITH(model_from_tensors(model.config, with_decoder, "x"), Catch::Contains("mask_token"));
   // A classifier resume of an MAE checkpoint is refused with a reason.
-  CHECK_THROWS_WITH(load_checkpoint(path), Catch::Contains("mae"));
+  CHECK_THROWS_WITH(load_checkpoint(path, "classify"), Catch::Contains("mae"));
 }
 
 TEST_CASE("mae CLI: bad input gets one clear line; a tiny run opens in info and export", "[train][mae][cli]") {

@@ -22,6 +22,7 @@
 #include "core/data/dataset.hpp"
 #include "core/io/image.hpp"
 #include "core/render/maps.hpp"
+#include "core/train/mae_objective.hpp"
 #include "models/model_io.hpp"
 
 using namespace vitlens;
@@ -364,10 +365,11 @@ TEST_CASE("train session: MAE on photos records the loss, refreshes the probe, s
   REQUIRE(session.save(path) == "");
   CHECK(session.snapshot().checkpoint == path);
   CHECK(checkpoint_objective(path) == "mae");
-  const SavedMae saved = load_mae_checkpoint(path);
-  CHECK(saved.options.shape.decoder_dim == 16);
-  CHECK(saved.options.shape.mask_ratio == 0.75);
-  CHECK(saved.options.crops_per_photo == 16);
+  const SavedTraining saved = load_checkpoint(path, "mae");
+  const MaeOptions options = MaeOptions::from_json(saved.options);
+  CHECK(options.shape.decoder_dim == 16);
+  CHECK(options.shape.mask_ratio == 0.75);
+  CHECK(options.crops_per_photo == 16);
   CHECK(saved.recipe.flip);  // the CLI's default for photos
   CHECK(saved.recipe.label_smoothing == 0.0);
   CHECK(saved.position.step == 20);
@@ -428,7 +430,7 @@ TEST_CASE("train session: MAE pause, resume and stop; the stopped encoder saves"
   CHECK(s.loss.size() == static_cast<size_t>(stopped_at));
   const std::string path = dir + "/stopped.safetensors";
   REQUIRE(session.save(path) == "");
-  CHECK(load_mae_checkpoint(path).position.step == stopped_at);
+  CHECK(load_checkpoint(path, "mae").position.step == stopped_at);
   CHECK(load_model(path).config.name == "vitlens-mae");
   std::filesystem::remove_all(dir);
 }

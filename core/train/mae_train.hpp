@@ -19,13 +19,12 @@
 // Legend (on top of train_ops.hpp's): Np = patches per image, Nv = visible patches per image,
 // Ne = 1 + Nv encoder tokens, N = 1 + Np decoder tokens, Dd = decoder width.
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "core/data/dataset.hpp"
-#include "core/train/optimizer.hpp"
-#include "core/train/trainer.hpp"
 #include "core/train/vit_train.hpp"
 
 namespace vitlens::train {
@@ -154,88 +153,3 @@ extern template class MaeNet<float>;
 extern template class MaeNet<double>;
 
 }  // namespace vitlens::train
-
-namespace vitlens {
-
-// What MAE pretraining takes beyond the Recipe (whose label_smoothing and crop_pad it ignores, whose
-// shards it records as 1 since each batch runs whole, and whose `flip` flips the crops).
-struct MaeOptions {
-  train::MaeShape shape;
-  int crops_per_photo = 16;     // an epoch = every training photo this many times, shuffled
-  double min_crop = 0.4;        // crop side in [min_crop, 1] x the photo's short side
-  int val_crops = 4;            // crops per held-out photo in each evaluation
-  uint64_t val_seed = 0x5eed;   // the evaluation's crops and masks: the same every epoch
-  nlohmann::json to_json() const;
-  static MaeOptions from_json(const nlohmann::json& j);  // throws vitlens::Error
-  std::string validate(const VitConfig& config) const;
-};
-
-// A seeded split of a photo corpus by photo: `val_fraction` of the photos (at least one when there
-// are 2 or more and the fraction is > 0) go to `val`; both keep the original order.
-void split_photos(const PhotoCorpus& all, double val_fraction, uint64_t seed, PhotoCorpus* train, PhotoCorpus* val);
-
-// `photos` or `photos:DIR`: masked patch prediction on a folder of photos, as `vitlens train --data`
-// and the viewer's Train window spell it. "photos" (and "photos:") mean default_photo_dir().
-bool is_photo_data(const std::string& data);
-std::string photo_data_dir(const std::string& data);
-
-// A run's photos, read once for the CLI and the Train window alike: the corpus of
-// photo_data_dir(data) with the long side capped at max(4 img_size, 64) (crops of 40-100 % of the
-// short side are then downscaled, never upscaled much), only the first `limit` photos when
-// limit > 0, then split_photos(val_split, seed). Throws vitlens::Error on a missing folder, a folder
-// without a readable photo or a val_split outside [0, 1).
-struct PhotoRunData {
-  std::string dir;           // the folder read
-  PhotoCorpus train, val;    // val may be empty (val_split 0, or a single photo)
-  FolderReport report;       // files skipped as unreadable
-};
-PhotoRunData load_photo_run_data(const std::string& data, int img_size, int limit, double val_split, uint64_t seed);
-
-// MAE pretraining one step at a time, as Trainer for the classifier (same Recipe, AdamW, schedule,
-// clipping, TrainPosition; StepReport's accuracy is 0).
-class MaeTrainer {
- public:
-  // The corpora must outlive the trainer; `val` may be null. Throws vitlens::Error on a bad config,
-  // recipe or options, or a training corpus too small for one batch per epoch.
-  MaeTrainer(const VitConfig& config, const Recipe& recipe, const MaeOptions& options, const PhotoCorpus* train,
-             const PhotoCorpus* val);
-
-  const VitConfig& config() const { return net_.config(); }
-  const Recipe& recipe() const { return recipe_; }
-  const MaeOptions& options() const { return options_; }
-  const train::MaeNet<float>& net() const { return net_; }
-  train::MaeNet<float>& net() { return net_; }
-  const train::AdamW& optimizer() const { return adam_; }
-  const TrainPosition& position() const { return pos_; }
-
-  int64_t steps_per_epoch() const;  // (train photos * crops_per_photo) / batch
-  int64_t total_steps() const;
-  bool finished() const { return pos_.step >= total_steps(); }
-
-  StepReport step();
-  // Mean loss over the held-out photos' fixed crops and masks (val_crops each, val_seed).
-  EvalReport evaluate(const std::function<bool(float)>& progress = {});
-  bool has_eval() const { return val_ != nullptr && val_->size() > 0; }
-
-  void restore(const std::vector<float>& params, const std::vector<float>& m, const std::vector<float>& v,
-               int64_t adam_step, const TrainPosition& position);
-  void set_epochs(int epochs) { recipe_.epochs = epochs; }
-
- private:
-  void start_epoch();
-  // Crops of photos[i] for i in `photos` (count of them) into batch_images_ (normalised), drawing from rng.
-  void load_crops(const PhotoCorpus& corpus, const int32_t* photos, int count, Rng& rng, bool flip);
-
-  train::MaeNet<float> net_;
-  Recipe recipe_;
-  MaeOptions options_;
-  const PhotoCorpus* train_ = nullptr;
-  const PhotoCorpus* val_ = nullptr;
-  train::AdamW adam_;
-  TrainPosition pos_;
-  Rng rng_;
-  std::vector<float> batch_images_;  // (B, 3, H, W) normalised
-  std::vector<int32_t> keep_;        // (B, Nv)
-};
-
-}  // namespace vitlens

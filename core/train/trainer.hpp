@@ -1,17 +1,19 @@
 #pragma once
-// Training a ViT classifier: the recipe, and a Trainer that a command line or a GUI drives one
-// step at a time (step(), evaluate(), state readable between steps; run() with a progress callback
-// that returns false to stop). Checkpoint files are written by models/ (checkpoint.hpp) from the
-// state exposed here, so core/ stays free of file formats.
+// Training a ViT: the recipe, and the Trainer every objective (objective.hpp) runs under.
+// Checkpoint files are written by models/ (training_checkpoint.hpp) from the state exposed here, so
+// core/ stays free of file formats.
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "core/base/error.hpp"
 #include "core/data/dataset.hpp"
+#include "core/train/objective.hpp"
 #include "core/train/optimizer.hpp"
 #include "core/train/vit_train.hpp"
 
@@ -63,36 +65,42 @@ struct StepReport {
   double grad_norm = 0.0;  // before clipping
 };
 
-struct EvalReport {
-  double loss = 0.0, accuracy = 0.0;
-  int images = 0;
-};
-
 // Where training stands: everything beyond the parameters that resume needs to continue
 // bit for bit (plus the Adam moments in the optimizer).
 struct TrainPosition {
   int64_t step = 0;                 // updates done
   int epoch = 0;                    // current epoch (0-based)
   int64_t position = 0;             // batches of this epoch already done
-  std::vector<int32_t> order;       // this epoch's shuffled image order
+  std::vector<int32_t> order;       // this epoch's shuffled order of data items
   uint64_t rng[4] = {0, 0, 0, 0};   // data Rng state at the step boundary
 };
 
+// One training loop for every objective (objective.hpp): the epoch's seeded order of the
+// objective's data items, one AdamW step per batch at the scheduled learning rate after gradient
+// clipping, evaluation, and the state resume restores. A command line or a GUI drives it one step at
+// a time (step(), evaluate(), state readable between steps).
 class Trainer {
  public:
-  // A fresh model initialised from recipe.seed as timm initialises a VisionTransformer. `train`
-  // must outlive the trainer; `eval` (may be null) is only checked for image size here, since
-  // evaluate() takes the set to evaluate. Throws vitlens::Error on an inconsistent config, a bad
-  // recipe, an empty set or images of the wrong size.
-  Trainer(const VitConfig& config, const Recipe& recipe, const ImageSet* train, const ImageSet* eval);
+  // Takes a constructed objective (which checked its own config, recipe and data, and that its
+  // training fits in memory), initialises its parameters from recipe.seed as timm initialises a
+  // VisionTransformer and shuffles the first epoch.
+  explicit Trainer(std::unique_ptr<Objective> objective);
 
-  const VitConfig& config() const { return net_.config(); }
+  const Objective& objective() const { return *objective_; }
+  Objective& objective() { return *objective_; }
+  // The objective as its own class (for what only it offers); throws vitlens::Error when it is not.
+  template <class O>
+  O& objective_as() {
+    O* o = dynamic_cast<O*>(objective_.get());
+    if (!o) throw Error(std::string("this run's objective is '") + objective_->kind().name + "'");
+    return *o;
+  }
+  const VitConfig& config() const { return objective_->config(); }
   const Recipe& recipe() const { return recipe_; }
-  const train::VitNet<float>& net() const { return net_; }
-  train::VitNet<float>& net() { return net_; }
+  const std::vector<float>& params() const { return objective_->params(); }
+  const std::vector<float>& grads() const { return objective_->grads(); }
   const train::AdamW& optimizer() const { return adam_; }
   const TrainPosition& position() const { return pos_; }
-  int num_classes() const { return net_.num_classes(); }
 
   int64_t steps_per_epoch() const;   // whole batches per epoch (the last partial batch is dropped)
   int64_t total_steps() const;       // epochs * steps_per_epoch
@@ -100,13 +108,10 @@ class Trainer {
 
   // One batch: forward, backward, clip, AdamW at the scheduled lr. Throws when finished().
   StepReport step();
-  // Mean loss and accuracy over a whole set, in batches of recipe.batch; progress in [0, 1],
-  // returning false cancels (then the report covers the images done so far).
-  EvalReport evaluate(const ImageSet& set, const std::function<bool(float)>& progress = {});
-
-  // Debug (`--grad-dump`): gradients of the first `batch` images in file order, no augmentation,
-  // no drop path, no update. Leaves the gradients in net().grads.
-  double gradients_of_first_batch();
+  // The objective's held-out data (has_eval()); progress in [0, 1], returning false cancels (then
+  // the report covers the images done so far).
+  bool has_eval() const { return objective_->has_eval(); }
+  EvalReport evaluate(const std::function<bool(float)>& progress = {}) { return objective_->evaluate(progress); }
 
   // Restores a saved state (parameters, Adam moments and step, position). Throws vitlens::Error
   // when the sizes do not fit this trainer's model and data.
@@ -117,45 +122,22 @@ class Trainer {
   void set_epochs(int epochs) { recipe_.epochs = epochs; }
 
  private:
-  void initialise();
   void start_epoch();
-  void load_batch(const ImageSet& set, const int32_t* indices, int count, bool augment);
-  void draw_drop_path(int count);  // drop_scale_ for the loaded batch, from the data Rng
 
-  // The first `count` images of the loaded batch, split into Recipe::shards parts: part s is images
-  // [shard_start(s), shard_start(s + 1)), run through shard_net(s) (forward, and backward when
-  // asked, each part's gradient into its own net); the parts' mean losses into shard_loss_.
-  void run_shards(int count, bool with_backward);
-  // run_shards with backward, then the batch's gradient into net_.grads; returns the batch's loss.
-  float forward_backward(int count);
-  int count_correct(int count) const;  // argmax hits of the last run_shards
-  int shard_count(int count) const;
-  int shard_start(int s, int count) const;
-  int shard_size(int s, int count) const;  // images in part s
-  train::VitNet<float>& shard_net(int s);
-  const train::VitNet<float>& shard_net(int s) const;
-
-  train::VitNet<float> net_;             // the parameters, and part 0 of every batch
-  std::vector<train::VitNet<float>> replicas_;  // parts 1.. of a batch: copies of net_'s parameters
+  std::unique_ptr<Objective> objective_;
   Recipe recipe_;
-  const ImageSet* train_ = nullptr;
   train::AdamW adam_;
   TrainPosition pos_;
   Rng rng_;
-  std::vector<float> batch_images_;   // (B, 3, H, W) normalised
-  std::vector<int32_t> batch_labels_;  // (B)
-  std::vector<float> scratch_;         // (3, H, W)
-  std::vector<float> shard_loss_;      // (parts) mean loss of each part of the last batch
-  std::vector<float> drop_scale_;      // (L, 2, B) this step's drop-path scales; empty when off
 };
 
-// timm's initialisation of every tensor in `layout` (Trainer's and MaeTrainer's), drawn from
-// Rng(seed) in the layout's order.
+// timm's initialisation of every tensor in `layout` (every objective's), drawn from Rng(seed) in the
+// layout's order.
 void init_vit_params(const train::ParamLayout& layout, float* params, uint64_t seed, int patch_values);
 
 // Memory a training run allocates, estimated from its shape alone (vit_train.cpp's and
 // mae_train.cpp's buffers: parameters and gradients of each part's net, Adam's two moments, every
-// block's cached activations for the batch, the attention weights). Trainer and MaeTrainer call
+// block's cached activations for the batch, the attention weights). Each objective calls
 // require_training_memory before allocating anything, so a recipe of billions of parameters is
 // refused in one line with the numbers instead of failing in an allocation.
 struct TrainingMemory {
@@ -164,12 +146,8 @@ struct TrainingMemory {
 };
 // Floats of one BlockStack (vit_train.hpp) of L blocks for `images` images of N tokens.
 double block_stack_floats(int L, int D, int H, int Hm, int N, double images);
-TrainingMemory classifier_training_memory(const VitConfig& config, const Recipe& recipe, int num_classes);
 // Throws vitlens::Error "training this model (P parameters) needs about X GiB of memory, but only
 // Y GiB is available ..." when `need` is above available_memory_bytes() (memory.hpp).
 void require_training_memory(const TrainingMemory& need);
-
-// Images in the set that the model cannot take: "" when every image is config.img_h x img_w.
-std::string check_image_set(const VitConfig& config, const ImageSet& set, const std::string& what);
 
 }  // namespace vitlens

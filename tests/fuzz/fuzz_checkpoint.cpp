@@ -1,6 +1,6 @@
 // libFuzzer harness: the training checkpoint reader, as `vitlens train --resume` uses it. The input
 // holds both files of a checkpoint: the model file's length (4 bytes, little-endian), the model
-// file, then the optimizer state file. parse_checkpoint and parse_mae_checkpoint run every check
+// file, then the optimizer state file. parse_checkpoint runs every check
 // resume does (the model as load_model reads it, the pair's steps, the moments, Adam step, Rng and
 // data order); a pair either accepts must then restore into a trainer on data of the size it names
 // and run one step, since a state that passes the checks must also train. Any input may be refused
@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/train/classify_objective.hpp"
+#include "core/train/mae_objective.hpp"
 #include "models/training_checkpoint.hpp"
 #include "core/base/error.hpp"
 
@@ -35,13 +37,14 @@ void train_one_step(const SavedTraining& saved) {
   images.source = "fuzz";
   Recipe recipe = saved.recipe;
   recipe.threads = 1;
-  Trainer trainer(saved.config, recipe, &images, nullptr);
+  Trainer trainer(std::make_unique<ClassifyObjective>(saved.config, recipe, &images, nullptr));
   trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   if (!trainer.finished()) trainer.step();
 }
 
-void train_one_step(const SavedMae& saved) {
-  const int copies = saved.options.crops_per_photo;
+void train_one_mae_step(const SavedTraining& saved) {
+  const MaeOptions options = MaeOptions::from_json(saved.options);
+  const int copies = options.crops_per_photo;
   if (copies < 1 || !small(saved.config, saved.recipe, saved.position.order.size())) return;
   PhotoCorpus photos;
   const int side = saved.config.img_h + 3;  // crops are resized from photos a little larger
@@ -54,7 +57,7 @@ void train_one_step(const SavedMae& saved) {
   photos.source = "fuzz";
   Recipe recipe = saved.recipe;
   recipe.threads = 1;
-  MaeTrainer trainer(saved.config, recipe, saved.options, &photos, nullptr);
+  Trainer trainer(std::make_unique<MaeObjective>(saved.config, recipe, options, &photos, nullptr));
   trainer.restore(saved.params, saved.adam_m, saved.adam_v, saved.adam_step, saved.position);
   if (!trainer.finished()) trainer.step();
 }
@@ -70,11 +73,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string state(reinterpret_cast<const char*>(data) + 4 + model_size, size - 4 - model_size);
   const std::string what = "fuzz/last.safetensors";
   try {
-    train_one_step(parse_checkpoint(model, state, what));
-  } catch (const Error&) {
-  }
-  try {
-    train_one_step(parse_mae_checkpoint(model, state, what));
+    const SavedTraining saved = parse_checkpoint(model, state, what);
+    if (saved.objective == "mae") train_one_mae_step(saved);
+    else train_one_step(saved);
   } catch (const Error&) {
   }
   return 0;

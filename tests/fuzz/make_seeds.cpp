@@ -32,6 +32,8 @@
 #include <zlib.h>
 
 #include "models/bundled.hpp"
+#include "core/train/classify_objective.hpp"
+#include "core/train/mae_objective.hpp"
 #include "models/training_checkpoint.hpp"
 #include "core/data/dataset.hpp"
 #include "core/base/error.hpp"
@@ -193,7 +195,7 @@ void write_checkpoints(const std::string& dir) {
   for (int i = 0; i < 6; ++i) images.labels.push_back(i % 3);
   images.pixels.resize(6 * 3 * 16);
   for (size_t i = 0; i < images.pixels.size(); ++i) images.pixels[i] = static_cast<float>(i % 7) / 7.0f;
-  Trainer classifier(c, recipe, &images, nullptr);
+  Trainer classifier(std::make_unique<ClassifyObjective>(c, recipe, &images, nullptr));
   for (int i = 0; i < 4; ++i) classifier.step();  // into the second epoch
   write_checkpoint_seed(dir + "/classifier.bin",
                         [&](const std::string& p) { save_checkpoint(classifier, p, {{"data", "seed"}}); });
@@ -211,9 +213,9 @@ void write_checkpoints(const std::string& dir) {
   options.shape.decoder_depth = 1;
   options.shape.decoder_heads = 2;
   options.crops_per_photo = 2;
-  MaeTrainer mae(c, recipe, options, &photos, nullptr);
+  Trainer mae(std::make_unique<MaeObjective>(c, recipe, options, &photos, nullptr));
   for (int i = 0; i < 2; ++i) mae.step();
-  write_checkpoint_seed(dir + "/mae.bin", [&](const std::string& p) { save_mae_checkpoint(mae, p, {{"data", "photos"}}); });
+  write_checkpoint_seed(dir + "/mae.bin", [&](const std::string& p) { save_checkpoint(mae, p, {{"data", "photos"}}); });
 }
 
 std::string be32(uint32_t v) {

@@ -1,6 +1,6 @@
 #pragma once
-// The viewer's Train window without the window: a TrainSession owns a Trainer (or, for
-// data "photos[:DIR]", a masked-autoencoder MaeTrainer) on one worker thread and takes commands
+// The viewer's Train window without the window: a TrainSession owns a Trainer (over a classifier
+// objective, or for data "photos[:DIR]" a masked-autoencoder one) on one worker thread and takes commands
 // (start, pause, resume, stop, save) from the UI or a script; the UI reads a snapshot (curves, the
 // probe image's per-head maps and statistics) under a mutex and never waits for a training step.
 // No ImGui, GLFW or OpenGL here: the tests drive it directly.
@@ -21,6 +21,7 @@
 
 #include "core/base/eigen.hpp"
 #include "core/render/head_roles.hpp"
+#include "core/train/training_run.hpp"
 
 namespace vitlens::viewer {
 
@@ -139,7 +140,15 @@ class TrainSession {
 
  private:
   struct Run;
+  struct Worker;  // the worker thread's data, trainer and run (train_session.cpp)
   void worker_main(std::shared_ptr<Run> run);
+  void worker_start(Worker& w);
+  std::string make_trainer(Worker& w, nlohmann::json& record);
+  RunHooks worker_hooks(Worker& w);
+  void worker_save(Worker& w, uint64_t id, const std::string& path);
+  void worker_step(Worker& w);
+  void worker_fail(Worker& w, const std::string& why);
+  void publish_probe(Worker& w);
   void join();
 
   mutable std::mutex mutex_;

@@ -16,7 +16,7 @@
 #include "views/views.hpp"
 #include "views/widgets.hpp"
 #include "core/render/heatmap.hpp"
-#include "core/train/mae_train.hpp"
+#include "core/train/mae_objective.hpp"
 
 namespace vitlens::viewer {
 
