@@ -303,6 +303,22 @@ MatRM positional_table(const VitModel& model, int grid_h, int grid_w) {
 
 namespace {
 
+// A forward result's description of its input, before any layer: token counts, grid, padding,
+// the score scale and the key mask.
+ForwardResult result_header(const VitConfig& cfg, const PatchGrid& grid, const ForwardOptions& options) {
+  ForwardResult result;
+  result.tokens = cfg.prefix_tokens() + grid.grid_h * grid.grid_w;
+  result.prefix = cfg.prefix_tokens();
+  result.has_class_token = cfg.class_token;
+  result.grid_h = grid.grid_h;
+  result.grid_w = grid.grid_w;
+  result.patch_is_padding = grid.patch_is_padding;
+  result.score_scale = options.score_scale >= 0.0f ? options.score_scale
+                                                   : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim()));
+  result.mask = build_key_mask(cfg, grid, options);
+  return result;
+}
+
 // The tokens before the first block: patch embedding, the prefix tokens, the positions, and
 // norm_pre when the model has one. (n, D), n = prefix tokens + patches.
 MatRM embed_tokens(const VitModel& model, const PatchGrid& grid, int threads) {
@@ -388,17 +404,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   if (grid.patches.rows() != patches || grid.patches.cols() != cfg.patch_values())
     throw Error("patch grid does not match the model's patch size");
 
-  ForwardResult result;
-  result.tokens = n;
-  result.prefix = prefix;
-  result.has_class_token = cfg.class_token;
-  result.grid_h = grid.grid_h;
-  result.grid_w = grid.grid_w;
-  result.patch_is_padding = grid.patch_is_padding;
-  result.score_scale = options.score_scale >= 0.0f ? options.score_scale
-                                                   : 1.0f / std::sqrt(static_cast<float>(hd));
-  result.mask = build_key_mask(cfg, grid, options);
-
+  ForwardResult result = result_header(cfg, grid, options);
   // Which query rows the attention-received mean averages over: every token except padding.
   std::vector<uint8_t> counts_as_query(static_cast<size_t>(n), 1);
   if (options.mask_padding && !grid.patch_is_padding.empty())
