@@ -19,6 +19,7 @@
 #include "models/training_checkpoint.hpp"
 #include "core/data/dataset.hpp"
 #include "core/io/files.hpp"
+#include "core/io/paths.hpp"
 #include "core/train/classify_objective.hpp"
 #include "core/train/mae_objective.hpp"
 #include "models/safetensors.hpp"
@@ -90,12 +91,6 @@ std::string duration_text(double seconds) {
 bool is_dir(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-std::string parent_of(const std::string& path) {
-  const auto slash = path.find_last_of('/');
-  if (slash == std::string::npos) return ".";
-  return slash == 0 ? "/" : path.substr(0, slash);
 }
 
 // The data a run trains and evaluates on, and what to call it in messages and metadata.
@@ -215,7 +210,7 @@ void prepare_run_folder(const TrainArgs& a) {
   require_writable_dir(a.out);
   struct stat out_st {}, resume_st {};
   const bool continues_here = !a.resume.empty() && ::stat(a.out.c_str(), &out_st) == 0 &&
-                              ::stat(parent_of(a.resume).c_str(), &resume_st) == 0 &&
+                              ::stat(parent_dir(a.resume).c_str(), &resume_st) == 0 &&
                               out_st.st_dev == resume_st.st_dev && out_st.st_ino == resume_st.st_ino;
   if (continues_here) return;
   const std::string model_path = a.out + "/last.safetensors";
@@ -315,7 +310,7 @@ void read_resume(TrainArgs& a, CliRun& run, const std::string& objective) {
   if (t.value("data", std::string()) != a.data)
     throw UsageError("--data '" + a.data + "' is not the data this checkpoint was trained on ('" +
                      t.value("data", std::string()) + "')");
-  if (a.out.empty()) a.out = parent_of(a.resume);
+  if (a.out.empty()) a.out = parent_dir(a.resume);
 }
 
 // The shape and recipe: the checkpoint's when resuming (only --epochs and --threads change), else

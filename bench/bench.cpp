@@ -231,24 +231,46 @@ json bench_size(const BenchArgs& args, int img) {
 
 // [SECTION] A deep model: ViT-B/16 at 224 px, 197 tokens, 12 layers x 12 heads
 
-json bench_deep(const BenchArgs& args) {
+// A /16 ViT of width `dim` with 12 layers of 12 heads at 224 px, random weights (seeded), and a
+// random 224 x 224 image prepared for it.
+struct Vit224 {
+  VitModel model;
+  PreparedImage prepared;
+};
+
+Vit224 vit_224(const std::string& name, int dim, unsigned seed, const std::string& what) {
   VitConfig c;
-  c.name = "vit-b16-shape";
-  c.patch_size = 16, c.embed_dim = 768, c.num_heads = 12, c.depth = 12;
+  c.name = name;
+  c.patch_size = 16, c.embed_dim = dim, c.num_heads = 12, c.depth = 12;
   c.img_h = c.img_w = 224;
-  const VitModel model = model_from_tensors(c, gaussian_tensors(c, 4321, 0.05f), "bench deep model");
+  Vit224 vit{model_from_tensors(c, gaussian_tensors(c, seed, 0.05f), what), {}};
   cv::Mat pixels(224, 224, CV_8UC3);
   cv::randu(pixels, 0, 256);
   cv::Mat rgb01;
   pixels.convertTo(rgb01, CV_32FC3, 1.0 / 255.0);
-  const PreparedImage prepared = prepare_image(rgb01, c, 0);
+  vit.prepared = prepare_image(rgb01, c, 0);
+  return vit;
+}
+
+// The record of a Vit224 ("model") with its forward time ("forward_ms") and token count;
+// `result` is the last forward's.
+json forward_record(const Vit224& vit, const BenchArgs& args, const ForwardOptions& options, ForwardResult& result) {
+  json r;
+  r["model"] = {{"patch_size", 16}, {"embed_dim", vit.model.config.embed_dim}, {"num_heads", 12}, {"depth", 12}, {"image", 224}};
+  r["forward_ms"] = time_runs(args.runs, [&](int) { result = forward(vit.model, vit.prepared.grid, options); });
+  r["tokens"] = result.tokens;
+  return r;
+}
+
+json bench_deep(const BenchArgs& args) {
+  const Vit224 vit = vit_224("vit-b16-shape", 768, 4321, "bench deep model");
+  const VitConfig& c = vit.model.config;
+  const VitModel& model = vit.model;
+  const PreparedImage& prepared = vit.prepared;
   ForwardOptions options;
   options.threads = args.threads;
-  json r;
-  r["model"] = {{"patch_size", 16}, {"embed_dim", 768}, {"num_heads", 12}, {"depth", 12}, {"image", 224}};
   ForwardResult result;
-  r["forward_ms"] = time_runs(args.runs, [&](int) { result = forward(model, prepared.grid, options); });
-  r["tokens"] = result.tokens;
+  json r = forward_record(vit, args, options, result);
   // Every head of every layer for one query: what a layers x heads grid redraws when the query moves.
   const RunPolicy many{std::max(args.runs.max_runs, 21), std::max(args.runs.min_runs, 21), args.runs.budget_s};
   MapRequest request;
@@ -279,23 +301,12 @@ json bench_deep(const BenchArgs& args) {
 // from the cached q and key panels) and layer_grid (those maps scaled and coloured into one
 // picture, with and without the threshold), against the forward pass in the same run.
 json bench_grid(const BenchArgs& args) {
-  VitConfig c;
-  c.name = "vit-s16-shape";
-  c.patch_size = 16, c.embed_dim = 384, c.num_heads = 12, c.depth = 12;
-  c.img_h = c.img_w = 224;
-  const VitModel model = model_from_tensors(c, gaussian_tensors(c, 2468, 0.05f), "bench grid model");
-  cv::Mat pixels(224, 224, CV_8UC3);
-  cv::randu(pixels, 0, 256);
-  cv::Mat rgb01;
-  pixels.convertTo(rgb01, CV_32FC3, 1.0 / 255.0);
-  const PreparedImage prepared = prepare_image(rgb01, c, 0);
+  const Vit224 vit = vit_224("vit-s16-shape", 384, 2468, "bench grid model");
+  const VitModel& model = vit.model;
   ForwardOptions options;
   options.threads = args.threads;
-  json r;
-  r["model"] = {{"patch_size", 16}, {"embed_dim", 384}, {"num_heads", 12}, {"depth", 12}, {"image", 224}};
   ForwardResult result;
-  r["forward_ms"] = time_runs(args.runs, [&](int) { result = forward(model, prepared.grid, options); });
-  r["tokens"] = result.tokens;
+  json r = forward_record(vit, args, options, result);
   const RunPolicy many{std::max(args.runs.max_runs, 51), std::max(args.runs.min_runs, 51), args.runs.budget_s};
   // A different query each run, spread over the image (and the class token), as a moving mouse.
   auto query = [&](int run) { return static_cast<int>((static_cast<int64_t>(run) * 37) % result.tokens); };

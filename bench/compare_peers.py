@@ -43,7 +43,8 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+import bench_common
 
 # --arch: the card's block (default) or a timm shape: ViT-S/16 (vit_small_patch16_224: D 384, 6 heads
 # of 64, 12 blocks, MLP 1536), ViT-B/16 (vit_base_patch16_224: D 768, 12 heads of 64, MLP 3072), ViT-S/8
@@ -67,16 +68,10 @@ TORCH113_PEERS = ["torch113_mha", "torch113_mha_weights", "torch113_plain"]
 
 
 def median_ms(step, runs, budget_s):
-    """Median wall time of step() in ms: at least 3 and at most `runs` runs (fewer after budget_s)."""
-    step()  # untimed: allocation and kernel choice on first use
-    samples, start = [], time.perf_counter()
-    while len(samples) < runs:
-        t0 = time.perf_counter()
-        step()
-        samples.append((time.perf_counter() - t0) * 1000.0)
-        if len(samples) >= min(3, runs) and time.perf_counter() - start > budget_s:
-            break
-    return statistics.median(samples), len(samples)
+    """(median ms, runs) of step() (bench_common.median_ms) after one untimed run: allocation and
+    kernel choice on first use."""
+    step()
+    return bench_common.median_ms(step, runs, budget_s)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,27 +20,17 @@ Usage: /usr/bin/python3 bench/compare_pytorch.py [--bench PATH] [--size S ...] [
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
+
+from bench_common import median_ms
 
 DIM, HEADS, PATCH = 48, 4, 4
 HEAD_DIM = DIM // HEADS
 
 
-def median_ms(step, runs, budget_s):
-    """Median wall time of step() in ms over at least 3 and at most `runs` runs (fewer after budget_s)."""
-    samples, start = [], time.perf_counter()
-    while len(samples) < runs:
-        t0 = time.perf_counter()
-        step()
-        samples.append((time.perf_counter() - t0) * 1000.0)
-        if len(samples) >= min(3, runs) and time.perf_counter() - start > budget_s:
-            break
-    return statistics.median(samples)
 
 
 def available_bytes():
@@ -77,7 +67,7 @@ def time_torch(tokens, runs, budget_s):
         times = {}
         for name, step in steps.items():
             step()
-            times[name] = median_ms(step, runs, budget_s)
+            times[name] = median_ms(step, runs, budget_s)[0]
     return times
 
 

@@ -16,13 +16,14 @@ are under /usr/share/doc/opencv-doc/examples/data), at most --limit of them. Onl
 library is needed (any python3).
 """
 import argparse
-import gzip
 import json
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+
+from bench_common import idx_bytes
 
 ROLES = ("edge", "texture", "colour", "position")
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
@@ -31,13 +32,7 @@ PHOTO_EXT = (".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".ppm", ".pgm", "
 
 def fashion_mnist_images(count, folder):
     """Writes the first `count` Fashion-MNIST test images as 28x28 PGM files; returns their paths."""
-    path = os.path.join(FASHION_DIR, "t10k-images-idx3-ubyte")
-    if not os.path.exists(path):
-        path += ".gz"
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+    path, data = idx_bytes(FASHION_DIR, "t10k-images-idx3-ubyte")
     n, h, w = (int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(3))
     if data[:4] != b"\x00\x00\x08\x03" or len(data) != 16 + n * h * w:
         sys.exit(f"{path}: not an IDX image file")

@@ -25,7 +25,6 @@ The last line printed is one JSON object (mode, images/s, accuracy, versions, BL
 bench/train_compare.sh.
 """
 import argparse
-import gzip
 import json
 import math
 import os
@@ -40,6 +39,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from bench_common import idx_bytes
+
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 MIN_LR = 1e-5    # the end of vitlens train's cosine (Recipe::min_lr)
 CLIP_NORM = 1.0  # Recipe::clip_norm
@@ -48,18 +49,12 @@ MEAN, STD = 0.5, 0.5  # VitConfig's default mean / std, every channel
 
 
 # ------------------------------------------------------------------------------------------------
-# Data: the IDX files, as core/data/dataset.cpp reads them
+# Data: the IDX files, as core/data/idx_reader.cpp reads them
 # ------------------------------------------------------------------------------------------------
 
 def read_idx(directory, name, ndim):
     """dir/name or dir/name.gz -> uint8 array of the header's shape (IDX: magic 0x0000 08 ndim)."""
-    path = os.path.join(directory, name)
-    if not os.path.exists(path):
-        path += ".gz"
-    with open(path, "rb") as f:
-        data = f.read()
-    if data[:2] == b"\x1f\x8b":
-        data = gzip.decompress(data)
+    path, data = idx_bytes(directory, name)
     magic = struct.unpack(">I", data[:4])[0]
     if magic != 0x800 + ndim:
         sys.exit(f"{path}: bad magic 0x{magic:08x}, expected 0x{0x800 + ndim:08x}")

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "core/base/error.hpp"
+#include "core/io/paths.hpp"
 #include "core/base/memory.hpp"
 #include "core/io/files.hpp"
 #include "models/json_file.hpp"
@@ -385,9 +386,7 @@ VitModel load_model(const std::string& path) { return load_model(path, LoadOptio
 
 VitModel load_model(const std::string& path, const LoadOptions& options) {
   check_fits_in_memory(path);
-  const auto slash = path.find_last_of('/');
-  const std::string folder = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-  return model_from_file(read_safetensors(path), path, folder, options);
+  return model_from_file(read_safetensors(path), path, parent_dir(path), options);
 }
 
 std::string model_file_bytes(const std::string& path, const VitConfig& config, const TensorMap& tensors,

@@ -15,12 +15,12 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
-#include <filesystem>
 #include <sstream>
 #include <sys/stat.h>
 
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
+#include "core/io/paths.hpp"
 #include "models/safetensors.hpp"
 
 namespace vitlens {
@@ -162,13 +162,6 @@ void check_position(const TrainPosition& pos, int64_t adam_step, const Recipe& r
 // =============================================================================================
 // [SECTION] Writing a checkpoint
 // =============================================================================================
-std::string folder_of(const std::string& path) {
-  const std::filesystem::path p(path);
-  return p.has_parent_path() ? p.parent_path().string() : ".";
-}
-
-std::string file_name_of(const std::string& path) { return std::filesystem::path(path).filename().string(); }
-
 // The Adam moments, data order and position: what both objectives' state files share.
 SafetensorsFile state_file(const train::ParamLayout& layout, const train::AdamW& adam, const TrainPosition& pos,
                            const Recipe& recipe) {
@@ -198,11 +191,11 @@ void write_checkpoint(const std::string& model_path, const VitConfig& config, co
   const std::string state_bytes = safetensors_bytes(state);
   bool committed = false;
   try {
-    FileGroup group(folder_of(model_path));
+    FileGroup group(parent_dir(model_path));
     for (const auto& file : {std::pair<std::string, const std::string*>{model_path, &model_bytes},
                              {checkpoint_state_path(model_path), &state_bytes}}) {
       const std::string& bytes = *file.second;
-      group.add_stream(file_name_of(file.first), [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+      group.add_stream(base_name(file.first), [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
     }
     try {
       group.commit();
@@ -239,7 +232,7 @@ void check_state_format(const CheckpointFiles& f) {
 // Completes a save of the checkpoint's folder cut short after its commit point (FileGroup) and
 // removes our stale temporaries there: the newest whole pair is then in place.
 void complete_interrupted_save(const std::string& model_path) {
-  const std::string dir = folder_of(model_path);
+  const std::string dir = parent_dir(model_path);
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return;  // reading the file says what is wrong
   try {

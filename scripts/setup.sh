@@ -6,7 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake pkg-config
   libeigen3-dev libopencv-dev nlohmann-json3-dev libcli11-dev catch2   # core, models, CLI, tests
-  zlib1g-dev                                                           # gzip'd training data (dataset.cpp)
+  zlib1g-dev                                                           # gzip'd training data (idx_reader.cpp)
   libimgui-dev libglfw3-dev libgl-dev                                  # the desktop viewer
   xvfb xauth xdotool                                                   # viewer tests on a virtual display, real input
   clang-14 libclang-rt-14-dev llvm-14                                  # ASan + UBSan build, libFuzzer, symbolized reports

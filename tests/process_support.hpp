@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -34,6 +35,43 @@ inline std::string slurp(const std::string& path) {
   std::stringstream s;
   s << in.rdbuf();
   return s.str();
+}
+
+// One run of vitlens through the shell (run_vitlens_shell): the exit code (-1 when a signal ended
+// it), what it printed on stdout and on stderr.
+struct ShellRun {
+  int code = -1;
+  std::string out, err;
+};
+
+// Runs `[env ENV] vitlens ARGS` through the shell (ARGS already shell-quoted where needed), stdin
+// from /dev/null, stdout and stderr captured in `dir`/out and `dir`/err (the next run there
+// overwrites them). `env` (NAME=VALUE ...) is added to its environment.
+inline ShellRun run_vitlens_shell(const std::string& dir, const std::string& args, const std::string& env = "") {
+  const std::string cmd = (env.empty() ? std::string() : "env " + env + " ") + std::string(VITLENS_BINARY) + " " + args +
+                          " >" + dir + "/out 2>" + dir + "/err </dev/null";
+  const int status = std::system(cmd.c_str());
+  ShellRun r;
+  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir + "/out");
+  r.err = slurp(dir + "/err");
+  return r;
+}
+
+// How many lines `text` holds (its '\n's): "one clear line" checks on stderr.
+inline int count_lines(const std::string& text) {
+  int n = 0;
+  for (char c : text) n += c == '\n';
+  return n;
+}
+
+// A run that must fail with one clear line: exit code `code`, exactly one line on stderr, starting
+// "vitlens: " and holding `expect` (unless empty).
+inline void check_one_line_error(const ShellRun& r, int code, const std::string& expect) {
+  CHECK(r.code == code);
+  CHECK(count_lines(r.err) == 1);
+  CHECK(r.err.rfind("vitlens: ", 0) == 0);
+  if (!expect.empty()) CHECK(r.err.find(expect) != std::string::npos);
 }
 
 inline void spit(const std::string& path, const std::string& bytes) { std::ofstream(path, std::ios::binary) << bytes; }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <sstream>
 
@@ -12,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <unistd.h>
 
+#include "process_support.hpp"
 #include "test_support.hpp"
 #include "models/published_layouts.hpp"
 #include "core/base/error.hpp"
@@ -26,28 +28,19 @@ namespace {
 
 const std::string kForeign = std::string(VITLENS_TEST_FIXTURES) + "/foreign/";
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-void spill(const std::string& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out << bytes;
-}
+using vitlens::test::slurp;
+using vitlens::test::spit;
 
 // A copy of fixture `name` in a fresh folder: model.safetensors and, unless dropped, config.json.
 std::string copy_case(const std::string& name, bool with_config = true) {
   const std::string dir = vitlens::test::temp_dir("ckpt");
-  spill(dir + "/model.safetensors", slurp(kForeign + name + "/model.safetensors"));
-  if (with_config) spill(dir + "/config.json", slurp(kForeign + name + "/config.json"));
+  spit(dir + "/model.safetensors", slurp(kForeign + name + "/model.safetensors"));
+  if (with_config) spit(dir + "/config.json", slurp(kForeign + name + "/config.json"));
   return dir;
 }
 
 json read_config(const std::string& dir) { return json::parse(slurp(dir + "/config.json")); }
-void write_config(const std::string& dir, const json& j) { spill(dir + "/config.json", j.dump()); }
+void write_config(const std::string& dir, const json& j) { spit(dir + "/config.json", j.dump()); }
 
 // The message of the error load_model throws, or "" when it loads.
 std::string load_error(const std::string& path, int heads = 0) {
@@ -64,74 +57,42 @@ std::string load_error(const std::string& path, int heads = 0) {
   return "";
 }
 
+// The error load_model gives for a copy of fixture `name` whose config.json `edit` changed.
+std::string error_with_config(const std::string& name, const std::function<void(json&)>& edit) {
+  const std::string dir = copy_case(name);
+  json j = read_config(dir);
+  edit(j);
+  write_config(dir, j);
+  return load_error(dir + "/model.safetensors");
+}
+
 }  // namespace
 
 TEST_CASE("a config.json that contradicts the tensors is one line", "[formats][errors]") {
+  CHECK_THAT(error_with_config("timm_vit", [](json& j) { j["model_args"]["embed_dim"] = 32; }),
+             Contains("model_args.embed_dim is 32") && Contains("says 24"));
+  CHECK_THAT(error_with_config("timm_vit", [](json& j) { j["num_classes"] = 1000; }),
+             Contains("num_classes is 1000") && Contains("head.weight has 5 rows"));
+  CHECK_THAT(error_with_config("timm_vit", [](json& j) { j["model_args"]["img_size"] = {32, 32}; }),  // what timm builds the model at
+             Contains("64 patches") && Contains("pos_embed has 17 rows"));
+  CHECK_THAT(error_with_config("hf_vit", [](json& j) { j["num_hidden_layers"] = 3; }),
+             Contains("num_hidden_layers 3") && Contains("2 blocks"));
+  CHECK_THAT(error_with_config("hf_clip", [](json& j) { j["hidden_size"] = 30; j["num_attention_heads"] = 3; }),
+             Contains("hidden_size 30"));
   {
     const std::string dir = copy_case("timm_vit");
-    json j = read_config(dir);
-    j["model_args"]["embed_dim"] = 32;
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("model_args.embed_dim is 32") && Contains("says 24"));
-  }
-  {
-    const std::string dir = copy_case("timm_vit");
-    json j = read_config(dir);
-    j["num_classes"] = 1000;
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("num_classes is 1000") && Contains("head.weight has 5 rows"));
-  }
-  {
-    const std::string dir = copy_case("timm_vit");
-    json j = read_config(dir);
-    j["model_args"]["img_size"] = {32, 32};  // what timm builds the model at
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("64 patches") && Contains("pos_embed has 17 rows"));
-  }
-  {
-    const std::string dir = copy_case("hf_vit");
-    json j = read_config(dir);
-    j["num_hidden_layers"] = 3;
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("num_hidden_layers 3") && Contains("2 blocks"));
-  }
-  {
-    const std::string dir = copy_case("hf_clip");
-    json j = read_config(dir);
-    j["hidden_size"] = 30;
-    j["num_attention_heads"] = 3;
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("hidden_size 30"));
-  }
-  {
-    const std::string dir = copy_case("timm_vit");
-    spill(dir + "/config.json", "{\"architecture\": ");
+    spit(dir + "/config.json", "{\"architecture\": ");
     CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("config.json is not valid JSON"));
   }
 }
 
 TEST_CASE("unsupported families are refused, saying which and why", "[formats][errors]") {
-  {
-    const std::string dir = copy_case("timm_vit");
-    json j = read_config(dir);
-    j["architecture"] = "eva02_small_patch14_224.mim_in22k";
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("unsupported model") && Contains("eva02_small_patch14_224"));
-  }
-  {
-    const std::string dir = copy_case("hf_vit");
-    json j = read_config(dir);
-    j["model_type"] = "beit";
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("model_type 'beit'"));
-  }
-  {
-    const std::string dir = copy_case("hf_dinov2");
-    json j = read_config(dir);
-    j["use_swiglu_ffn"] = true;
-    write_config(dir, j);
-    CHECK_THAT(load_error(dir + "/model.safetensors"), Contains("SwiGLU"));
-  }
+  CHECK_THAT(error_with_config("timm_vit", [](json& j) { j["architecture"] = "eva02_small_patch14_224.mim_in22k"; }),
+             Contains("unsupported model") && Contains("eva02_small_patch14_224"));
+  CHECK_THAT(error_with_config("hf_vit", [](json& j) { j["model_type"] = "beit"; }),
+             Contains("model_type 'beit'"));
+  CHECK_THAT(error_with_config("hf_dinov2", [](json& j) { j["use_swiglu_ffn"] = true; }),
+             Contains("SwiGLU"));
   {  // timm qk-norm: a tensor vitlens' block has no place for
     const std::string dir = copy_case("timm_vit");
     vitlens::SafetensorsFile f = vitlens::read_safetensors(dir + "/model.safetensors");
@@ -211,7 +172,7 @@ TEST_CASE("a missing companion file, NaN weights and a model larger than memory 
     const std::string header = "{\"x\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}";
     std::string bytes(8, '\0');
     for (int i = 0; i < 8; ++i) bytes[static_cast<size_t>(i)] = static_cast<char>((header.size() >> (8 * i)) & 0xff);
-    spill(path, bytes + header);
+    spit(path, bytes + header);
     const int fd = ::open(path.c_str(), O_WRONLY);
     REQUIRE(fd >= 0);
     REQUIRE(::ftruncate(fd, static_cast<off_t>(1) << 40) == 0);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include "process_support.hpp"
 #include "test_support.hpp"
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
@@ -26,17 +27,9 @@ using namespace vitlens;
 
 namespace {
 
-struct Run {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using Run = test::ShellRun;
+using test::count_lines;
+using test::slurp;
 
 bool exists(const std::string& path) {
   struct stat st {};
@@ -46,19 +39,7 @@ bool exists(const std::string& path) {
 // Runs the real binary with arguments (already shell-quoted where needed).
 Run run(const std::string& args) {
   static const std::string dir = test::temp_dir("cli-run");
-  const std::string cmd = std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir + "/err </dev/null";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(dir + "/out");
-  r.err = slurp(dir + "/err");
-  return r;
-}
-
-int lines(const std::string& text) {
-  int n = 0;
-  for (char c : text) n += c == '\n';
-  return n;
+  return test::run_vitlens_shell(dir, args);
 }
 
 struct Fixture {
@@ -193,7 +174,7 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
     Run r = run(base + c.args);
     INFO(c.args << " -> " << r.err);
     CHECK(r.code == c.code);
-    CHECK(lines(r.err) == 1);
+    CHECK(count_lines(r.err) == 1);
     CHECK_THAT(r.err, Catch::Contains(c.says));
   }
   Run file_as_dir = run("export " + f.image + " --model " + f.model + " --out " + f.image);
@@ -203,7 +184,7 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
   std::ofstream(f.dir + "/junk.safetensors") << "not a model at all";
   Run bad_model = run("export " + f.image + " --model " + f.dir + "/junk.safetensors --out " + f.dir);
   CHECK(bad_model.code == 1);
-  CHECK(lines(bad_model.err) == 1);
+  CHECK(count_lines(bad_model.err) == 1);
   CHECK_THAT(bad_model.err, Catch::Contains("junk.safetensors"));
 
   cv::Mat tiny(3, 3, CV_8UC3, cv::Scalar(1, 2, 3));
@@ -220,7 +201,7 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
   REQUIRE(cv::imwrite(f.dir + "/huge.png", huge));
   Run too_many = run("export " + f.dir + "/huge.png --model " + f.model + " --out " + f.dir + " --size 0");
   CHECK(too_many.code == 1);
-  CHECK(lines(too_many.err) == 1);
+  CHECK(count_lines(too_many.err) == 1);
   CHECK_THAT(too_many.err, Catch::Contains("use a smaller --size"));
 
   // --raw above the token limit is refused before anything is written.
@@ -243,7 +224,7 @@ TEST_CASE("cli: a batch reports the bad image, exports the others and exits 1", 
   Run r = run("export " + f.image + " " + f.dir + "/broken.jpg " + f.dir + "/sub/photo.png --model " + f.model + " --out " + out);
   CHECK(r.code == 1);
   CHECK_THAT(r.err, Catch::Contains("broken.jpg") && Catch::Contains("1 of 3 image(s) failed"));
-  CHECK(lines(r.err) == 2);
+  CHECK(count_lines(r.err) == 2);
   CHECK(exists(out + "/photo_montage.png"));
   CHECK(exists(out + "/photo_2_montage.png"));  // the second photo.png does not overwrite the first
   CHECK_FALSE(exists(out + "/broken_head0.png"));
@@ -293,7 +274,7 @@ TEST_CASE("cli: odd names and odd files in a batch do not stop it", "[cli]") {
   Run bomb = run("export " + f.dir + "/bomb.png " + f.image + " --model " + f.model + " --out " + out);
   CHECK(bomb.code == 1);
   CHECK_THAT(bomb.err, Catch::Contains("bomb.png") && Catch::Contains("megapixels"));
-  CHECK(lines(bomb.err) == 2);  // the image's line and the batch summary
+  CHECK(count_lines(bomb.err) == 2);  // the image's line and the batch summary
   CHECK(exists(out + "/photo.json"));
 }
 
@@ -307,7 +288,7 @@ TEST_CASE("cli: info describes the model", "[cli]") {
   CHECK_THAT(r.out, Catch::Contains("parameters:   " + std::to_string(m.parameter_count())));
   Run missing = run("info --model " + f.dir + "/missing.safetensors");
   CHECK(missing.code == 1);
-  CHECK(lines(missing.err) == 1);
+  CHECK(count_lines(missing.err) == 1);
 }
 
 TEST_CASE("atomic writes: a failed write leaves no temporary and no damaged file", "[files]") {
@@ -381,7 +362,7 @@ TEST_CASE("cli: export replaces or deletes only files vitlens wrote; --force rep
   const std::string export_data = "export " + dir + "/data.png --model " + f.model + " --out " + dir;
   Run refused = run(export_data);
   CHECK(refused.code == 1);
-  CHECK(lines(refused.err) == 1);
+  CHECK(count_lines(refused.err) == 1);
   CHECK_THAT(refused.err, Catch::Contains(dir + "/data.json") && Catch::Contains("did not write") &&
                               Catch::Contains("--force"));
   CHECK(slurp(dir + "/data.json") == foreign);
@@ -623,7 +604,7 @@ TEST_CASE("cli: --temperature and --threshold are applied and recorded", "[cli]"
     Run r = run(base + bad);
     INFO(bad << " -> " << r.err);
     CHECK(r.code == 2);
-    CHECK(lines(r.err) == 1);
+    CHECK(count_lines(r.err) == 1);
     CHECK_THAT(r.err, Catch::Contains(std::string(bad).substr(0, std::string(bad).find(' '))));
   }
 }
@@ -675,13 +656,13 @@ TEST_CASE("cli: --mask-image forbids the painted keys", "[cli]") {
 
   Run missing = run(base + "--mask-image " + f.dir + "/nope.png");
   CHECK(missing.code == 2);
-  CHECK(lines(missing.err) == 1);
+  CHECK(count_lines(missing.err) == 1);
   CHECK_THAT(missing.err, Catch::Contains("--mask-image") && Catch::Contains("nope.png"));
   cv::Mat square(30, 30, CV_8UC3, cv::Scalar(255, 255, 255));
   REQUIRE(cv::imwrite(f.dir + "/square.png", square));
   Run aspect = run(base + "--mask-image " + f.dir + "/square.png");
   CHECK(aspect.code == 1);
-  CHECK(lines(aspect.err) == 1);
+  CHECK(count_lines(aspect.err) == 1);
   CHECK_THAT(aspect.err, Catch::Contains("aspect ratio"));
 }
 
@@ -697,7 +678,7 @@ TEST_CASE("cli: --out is created when missing; a file is still refused", "[cli]"
   CHECK_THAT(file_as_dir.err, Catch::Contains("not a folder"));
   Run under_file = run("export " + f.image + " --model " + f.model + " --out " + f.image + "/sub");
   CHECK(under_file.code == 1);
-  CHECK(lines(under_file.err) == 1);
+  CHECK(count_lines(under_file.err) == 1);
   CHECK_THAT(under_file.err, Catch::Contains("cannot create the output folder"));
   // A bad flag creates nothing.
   Run bad = run("export " + f.image + " --model " + f.model + " --out " + f.dir + "/never --alpha 3");
@@ -713,7 +694,7 @@ TEST_CASE("cli: a GIF is refused with the formats that work", "[cli][errors]") {
   std::ofstream(f.dir + "/anim.gif", std::ios::binary).write(reinterpret_cast<const char*>(gif), sizeof gif);
   Run r = run("export " + f.dir + "/anim.gif --model " + f.model + " --out " + f.dir);
   CHECK(r.code == 1);
-  CHECK(lines(r.err) == 1);
+  CHECK(count_lines(r.err) == 1);
   CHECK_THAT(r.err, Catch::Contains("anim.gif") && Catch::Contains("GIF") && Catch::Contains("PNG, JPEG"));
   std::ofstream(f.dir + "/notes.txt") << "plain text";
   Run text = run("export " + f.dir + "/notes.txt --model " + f.model + " --out " + f.dir);
@@ -725,7 +706,7 @@ TEST_CASE("cli: bundled models by name: models, export, info, a bad name", "[cli
   Run m = run("models");
   INFO(m.err);
   CHECK(m.code == 0);
-  CHECK(lines(m.out) == 5);  // the folder, then one line a model
+  CHECK(count_lines(m.out) == 5);  // the folder, then one line a model
   for (const char* name : {"\n  designed ", "\n  random ", "\n  fashion-mnist ", "\n  mae-photos "})
     CHECK_THAT(m.out, Catch::Contains(name));
   const std::string dir = test::temp_dir("cli-names");
@@ -738,6 +719,6 @@ TEST_CASE("cli: bundled models by name: models, export, info, a bad name", "[cli
   CHECK_THAT(i.out, Catch::Contains("vitlens-mae-photos.safetensors"));
   Run bad = run("export " + default_image_path() + " --model no-such-model --out " + dir);
   CHECK(bad.code == 1);
-  CHECK(lines(bad.err) == 1);
+  CHECK(count_lines(bad.err) == 1);
   CHECK_THAT(bad.err, Catch::Contains("no such file, and no bundled model has this name: designed, fashion-mnist"));
 }

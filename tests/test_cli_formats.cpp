@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 
 #include "npy_support.hpp"
+#include "process_support.hpp"
 #include "test_support.hpp"
 
 namespace {
@@ -31,27 +32,12 @@ NpyArrayLite read_rollout_npy(const std::string& path) {
 
 const std::string kForeign = std::string(VITLENS_TEST_FIXTURES) + "/foreign/";
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-struct Run {
-  int code = -1;
-  std::string out, err;
-};
+using Run = vitlens::test::ShellRun;
+using vitlens::test::slurp;
 
 Run run(const std::string& args) {
   static const std::string dir = vitlens::test::temp_dir("cli-formats");
-  const std::string cmd = std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir + "/err </dev/null";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(dir + "/out");
-  r.err = slurp(dir + "/err");
-  return r;
+  return vitlens::test::run_vitlens_shell(dir, args);
 }
 
 }  // namespace

@@ -33,18 +33,7 @@ using namespace vitlens;
 
 namespace {
 
-// Puts the kernels in use back when a test ends.
-struct IsaGuard {
-  KernelIsa saved = kernel_isa();
-  ~IsaGuard() { set_kernel_isa(saved); }
-};
-
-std::vector<KernelIsa> runnable_isas() {
-  std::vector<KernelIsa> isas;
-  for (KernelIsa isa : {KernelIsa::Portable, KernelIsa::Avx2, KernelIsa::Avx512})
-    if (kernel_isa_supported(isa)) isas.push_back(isa);
-  return isas;
-}
+using test::IsaGuard;
 
 // H heads of N tokens laid out as timm's qkv: (N, 3 H d), columns [Q heads | K heads | V heads].
 struct Heads {
@@ -198,7 +187,7 @@ KeyMask random_key_mask(int n, unsigned seed, double keep) {
 
 TEST_CASE("fast attention: random inputs, block and chunk edges, odd head sizes", "[fast_attention]") {
   IsaGuard guard;
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     // (N, H, d) around the edges of 16-key vectors, 4- and 16-row blocks and 512-key chunks, and
     // last blocks of 5, 7, 11 and 13 rows (a last group of 4 rows with 3, 1, 1 and 3 spare ones).
@@ -225,7 +214,7 @@ TEST_CASE("fast attention: random inputs, block and chunk edges, odd head sizes"
 
 TEST_CASE("fast attention: large logits", "[fast_attention]") {
   IsaGuard guard;
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     for (int n : {64, 300, 1025}) {
       DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n) {
@@ -246,7 +235,7 @@ TEST_CASE("fast attention: large logits", "[fast_attention]") {
 
 TEST_CASE("fast attention: ties give equal weights", "[fast_attention]") {
   IsaGuard guard;
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       const int n = 100;
@@ -271,7 +260,7 @@ TEST_CASE("fast attention: ties give equal weights", "[fast_attention]") {
 
 TEST_CASE("fast attention: causal and key masks, one allowed key, no allowed key", "[fast_attention][mask]") {
   IsaGuard guard;
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     for (int n : {1, 5, 17, 130, 1030}) {
       DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n) {
@@ -323,7 +312,7 @@ TEST_CASE("fast attention: causal and key masks, one allowed key, no allowed key
 
 TEST_CASE("fast attention: the same numbers for any thread count", "[fast_attention][threads]") {
   IsaGuard guard;
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       const int n = 1500;
@@ -395,7 +384,7 @@ TEST_CASE("fast attention: phase C on a pair of rows gives the bits of each row 
 
 TEST_CASE("fast attention: one query's row is bit for bit the row of P", "[fast_attention][row]") {
   IsaGuard guard;
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       const int n = 777, heads = 2, d = 12;
@@ -465,7 +454,7 @@ TEST_CASE("fast attention: every score far below 0, N not a multiple of 16", "[f
   // underflow if phase A's row maximum took in a padding key's score of 0. Blocks against the
   // reference and the exact oracle, and rows bit for bit against attention_row.
   IsaGuard guard;
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     for (int n : {21, 40, 553, 777}) {
       DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n) {
@@ -531,7 +520,7 @@ TEST_CASE("fast exp: within 1 ulp of exp over the softmax range (1.5 without FMA
     if (x.size() > 100000) break;
   }
   for (int i = 0; i <= 500000; ++i) x.push_back(fast_exp::kExpMin * static_cast<float>(i) / 500000.0f);
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       std::vector<float> y(x.size());
@@ -574,7 +563,7 @@ TEST_CASE("forward without keep_probs: received, class row and rows match the re
   for (int row = 0; row < 30; ++row) g.patch_is_padding[static_cast<size_t>(row * 33 + 32)] = 1;
 
   IsaGuard guard;
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     for (bool causal : {false, true}) {
       DYNAMIC_SECTION(kernel_isa_name(isa) << (causal ? " causal" : "")) {

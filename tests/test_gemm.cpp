@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "test_support.hpp"
 #include "core/cpu/fast_attention.hpp"
 #include "core/cpu/gemm.hpp"
 
@@ -18,17 +19,7 @@ using namespace vitlens;
 
 namespace {
 
-struct IsaGuard {
-  KernelIsa saved = kernel_isa();
-  ~IsaGuard() { set_kernel_isa(saved); }
-};
-
-std::vector<KernelIsa> runnable_isas() {
-  std::vector<KernelIsa> isas;
-  for (KernelIsa isa : {KernelIsa::Portable, KernelIsa::Avx2, KernelIsa::Avx512})
-    if (kernel_isa_supported(isa)) isas.push_back(isa);
-  return isas;
-}
+using test::IsaGuard;
 
 std::vector<float> random_floats(size_t count, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
@@ -96,7 +87,7 @@ const Shape kShapes[] = {{1, 1, 1},    {1, 17, 3},   {5, 1, 7},     {7, 15, 9}, 
 TEST_CASE("gemm: Linear forward, every epilogue, odd shapes, against double loops", "[gemm]") {
   IsaGuard guard;
   std::mt19937 rng(10);
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       for (const Shape& s : kShapes)
@@ -130,7 +121,7 @@ TEST_CASE("gemm: packed Linear weights give linear_forward's bits, any ISA, 1 an
   // M = 1 over a wide layer (split by columns between threads); tall (split by rows), K > 256.
   shapes.push_back({1, 3000, 300});
   shapes.push_back({700, 144, 300});
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       PackedLinear packed;  // reused for every shape, as the forward reuses it for every layer
@@ -165,7 +156,7 @@ TEST_CASE("gemm: packed Linear weights give linear_forward's bits, any ISA, 1 an
 TEST_CASE("gemm: packed weights after set_kernel_isa still give the active kernels' numbers", "[gemm][packed]") {
   IsaGuard guard;
   std::mt19937 rng(15);
-  const std::vector<KernelIsa> isas = runnable_isas();
+  const std::vector<KernelIsa> isas = test::isas_here();
   const int m = 37, n = 70, k = 300;
   const std::vector<float> x = random_floats(static_cast<size_t>(m * k), rng);
   const std::vector<float> w = random_floats(static_cast<size_t>(n * k), rng);
@@ -192,7 +183,7 @@ TEST_CASE("gemm: packed weights after set_kernel_isa still give the active kerne
 TEST_CASE("gemm: the products training needs, dX = dY W and dW += dY^T X, and db", "[gemm]") {
   IsaGuard guard;
   std::mt19937 rng(11);
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       for (const Shape& s : kShapes) {
@@ -230,7 +221,7 @@ TEST_CASE("gemm: the products training needs, dX = dY W and dW += dY^T X, and db
 TEST_CASE("gemm: the same bits for any thread count", "[gemm][threads]") {
   IsaGuard guard;
   std::mt19937 rng(12);
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       // Tall (split by rows) and wide (split by columns) products.
@@ -280,7 +271,7 @@ TEST_CASE("gelu: within 1e-6 of the std::erf formula over a sweep of all floats;
     x.push_back(v);
     x.push_back(-v);
   }
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       std::vector<float> y = x;
@@ -330,7 +321,7 @@ TEST_CASE("gelu: within 1e-6 of the std::erf formula over a sweep of all floats;
 TEST_CASE("layer norm rows: against double loops, offsets, in place", "[gemm][layer_norm]") {
   IsaGuard guard;
   std::mt19937 rng(13);
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       for (int dim : {1, 7, 8, 16, 17, 48, 63, 384, 769})
@@ -376,7 +367,7 @@ TEST_CASE("gemm: a row's bits do not depend on whether it falls in a full or an 
   // product whose panels are whole, and compare the bits.
   IsaGuard guard;
   std::mt19937 rng(31);
-  for (KernelIsa isa : runnable_isas()) {
+  for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
       for (const int k : {48, 384, 600}) {  // one k block, one and a half, more than two

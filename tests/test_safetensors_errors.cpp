@@ -48,17 +48,8 @@ void write_bytes(const std::string& path, const std::string& bytes) {
 
 // D = 8, H = 2, d = 4, P = 2, one block, 4x4 image (2x2 grid), class token, Hm = 16.
 vitlens::VitConfig tiny_config() {
-  vitlens::VitConfig c;
-  c.name = "tiny";
+  vitlens::VitConfig c = vitlens::test::vit_config("tiny", 2, 8, 2, 1, 4);  // class token, qkv bias
   c.description = "safetensors error tests";
-  c.patch_size = 2;
-  c.embed_dim = 8;
-  c.num_heads = 2;
-  c.depth = 1;
-  c.img_h = c.img_w = 4;
-  c.class_token = true;
-  c.mlp_ratio = 2.0f;
-  c.qkv_bias = true;
   return c;
 }
 

@@ -1,5 +1,7 @@
 #pragma once
 // Shared helpers for the tests: random models built in memory, temporary folders, a photo folder.
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
@@ -61,6 +63,12 @@ inline std::string train_ops_name(KernelIsa isa) {
   return isa == KernelIsa::Avx2 ? "avx2" : "avx512";
 }
 
+// Puts the kernels in use back when a scope ends (for a test that calls set_kernel_isa itself).
+struct IsaGuard {
+  KernelIsa saved = kernel_isa();
+  ~IsaGuard() { set_kernel_isa(saved); }
+};
+
 // Runs the kernels and training ops of `isa` for one scope; those in use before again on the way
 // out, also when a REQUIRE leaves early.
 struct UseIsa {
@@ -74,6 +82,17 @@ struct UseIsa {
   UseIsa& operator=(const UseIsa&) = delete;
 };
 
+// The largest difference from a reference over the reference's largest magnitude (the max-norm
+// relative error; the plain largest difference when the reference is all zero). got: ref.size() values.
+inline double max_norm_rel(const float* got, const std::vector<float>& ref) {
+  double diff = 0.0, scale = 0.0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - ref[i]));
+    scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
+  }
+  return scale > 0.0 ? diff / scale : diff;
+}
+
 // Every tensor of the config filled with N(0, scale^2) (LayerNorm weights around 1), seeded.
 inline TensorMap random_tensors(const VitConfig& config, unsigned seed, float scale = 0.3f) {
   return gaussian_tensors(config, seed, scale);
@@ -81,6 +100,20 @@ inline TensorMap random_tensors(const VitConfig& config, unsigned seed, float sc
 
 inline VitModel random_model(const VitConfig& config, unsigned seed, float scale = 0.3f) {
   return model_from_tensors(config, random_tensors(config, seed, scale), "random-model");
+}
+
+// A small ViT for tests and seeds: `patch` px patches, width `dim`, `heads` heads, `depth` blocks,
+// an img x img input, MLP ratio 2; class token and qkv bias as VitConfig's defaults (on).
+inline VitConfig vit_config(const std::string& name, int patch, int dim, int heads, int depth, int img) {
+  VitConfig c;
+  c.name = name;
+  c.patch_size = patch;
+  c.embed_dim = dim;
+  c.num_heads = heads;
+  c.depth = depth;
+  c.img_h = c.img_w = img;
+  c.mlp_ratio = 2.0;
+  return c;
 }
 
 inline VitConfig small_config(int img = 16, bool class_token = true, int depth = 1) {

@@ -35,14 +35,7 @@ namespace {
 
 const std::string kTrainFixtures = std::string(VITLENS_TEST_FIXTURES) + "/train/";
 
-double max_norm_rel(const float* got, const std::vector<float>& ref) {
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - ref[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
-  }
-  return scale > 0.0 ? diff / scale : diff;
-}
+using test::max_norm_rel;
 
 void check_case(const std::string& name, KernelIsa isa) {
   const test::UseIsa use(isa);

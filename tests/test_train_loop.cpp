@@ -13,6 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "process_support.hpp"
 #include "test_support.hpp"
 #include "models/training_checkpoint.hpp"
 #include "core/data/dataset.hpp"
@@ -27,15 +28,8 @@ using namespace vitlens;
 namespace {
 
 VitConfig fm_config(int depth = 1, int dim = 32, int heads = 4) {
-  VitConfig c;
-  c.name = "test-trained";
+  VitConfig c = test::vit_config("test-trained", 4, dim, heads, depth, 28);
   c.description = "trained in a test";
-  c.patch_size = 4;
-  c.embed_dim = dim;
-  c.num_heads = heads;
-  c.depth = depth;
-  c.img_h = c.img_w = 28;
-  c.mlp_ratio = 2.0;
   return c;
 }
 
@@ -63,35 +57,14 @@ ImageSet synthetic_set(int n, uint64_t seed) {
   return s;
 }
 
-struct Run {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using Run = test::ShellRun;
+using test::count_lines;
+using test::slurp;
 
 // Runs the real binary; `env` (NAME=VALUE ...) is added to its environment.
 Run run_vitlens(const std::string& args, const std::string& env = "") {
   static const std::string dir = test::temp_dir("train-cli");
-  const std::string cmd = "env " + env + " " + std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir +
-                          "/err </dev/null";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(dir + "/out");
-  r.err = slurp(dir + "/err");
-  return r;
-}
-
-int count_lines(const std::string& text) {
-  int n = 0;
-  for (char c : text) n += c == '\n';
-  return n;
+  return test::run_vitlens_shell(dir, args, env);
 }
 
 bool have_fashion_mnist() {
@@ -454,10 +427,7 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
   for (const Case& c : cases) {
     const Run r = run_vitlens(c.args);
     INFO("vitlens " << c.args << "\nstderr: " << r.err);
-    CHECK(r.code == c.code);
-    CHECK(count_lines(r.err) == 1);
-    CHECK(r.err.rfind("vitlens: ", 0) == 0);
-    if (!c.expect.empty()) CHECK(r.err.find(c.expect) != std::string::npos);
+    test::check_one_line_error(r, c.code, c.expect);
   }
 }
 

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "process_support.hpp"
 #include "test_support.hpp"
 #include "training/train_panel.hpp"
 #include "models/training_checkpoint.hpp"
@@ -37,14 +38,7 @@ namespace {
 
 const std::string kMaeFixture = std::string(VITLENS_TEST_FIXTURES) + "/train/grad_mae.safetensors";
 
-double max_norm_rel(const float* got, const std::vector<float>& ref) {
-  double diff = 0.0, scale = 0.0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    diff = std::max(diff, std::abs(static_cast<double>(got[i]) - ref[i]));
-    scale = std::max(scale, std::abs(static_cast<double>(ref[i])));
-  }
-  return scale > 0.0 ? diff / scale : diff;
-}
+using test::max_norm_rel;
 
 void check_mae_fixture(KernelIsa isa) {
   const test::UseIsa use(isa);
@@ -86,47 +80,20 @@ void check_mae_fixture(KernelIsa isa) {
 }
 
 VitConfig tiny_config(int img, int dim, int heads, int depth) {
-  VitConfig c;
-  c.name = "test-mae";
+  VitConfig c = test::vit_config("test-mae", 4, dim, heads, depth, img);
   c.description = "MAE in a test";
-  c.patch_size = 4;
-  c.embed_dim = dim;
-  c.num_heads = heads;
-  c.depth = depth;
-  c.img_h = c.img_w = img;
-  c.mlp_ratio = 2.0;
   return c;
 }
 
 using test::photo_folder;
 
-struct Run {
-  int code = -1;
-  std::string out, err;
-};
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+using Run = test::ShellRun;
+using test::count_lines;
+using test::slurp;
 
 Run run_vitlens(const std::string& args) {
   static const std::string dir = test::temp_dir("mae-cli");
-  const std::string cmd = std::string(VITLENS_BINARY) + " " + args + " >" + dir + "/out 2>" + dir + "/err </dev/null";
-  const int status = std::system(cmd.c_str());
-  Run r;
-  r.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(dir + "/out");
-  r.err = slurp(dir + "/err");
-  return r;
-}
-
-int count_lines(const std::string& text) {
-  int n = 0;
-  for (char c : text) n += c == '\n';
-  return n;
+  return test::run_vitlens_shell(dir, args);
 }
 
 }  // namespace
@@ -308,10 +275,8 @@ TEST_CASE("mae CLI: bad input gets one clear line; a tiny run opens in info and 
   for (const Case& c : cases) {
     const Run r = run_vitlens(c.args);
     INFO("vitlens " << c.args << "\nstderr: " << r.err);
-    CHECK(r.code == c.code);
-    CHECK(count_lines(r.err) == 1);
-    CHECK(r.err.rfind("vitlens: ", 0) == 0);
-    CHECK(r.err.find(c.expect) != std::string::npos);
+    REQUIRE(!c.expect.empty());  // every case names what its line says
+    test::check_one_line_error(r, c.code, c.expect);
   }
 
   const std::string photos = photo_folder("mae-cli-photos");

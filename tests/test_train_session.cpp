@@ -65,6 +65,24 @@ std::string temp_dir(const std::string& name) {
   return dir.string();
 }
 
+// The probe's series of a run of 2 heads on 4 x 4 patches: `points` values per head (entropy,
+// distance, each role), entropies in (0, ln 17] (16 patches + the class token), and the probe
+// maps last refreshed at `last_step`.
+void check_probe_series(const TrainSnapshot& s, size_t points, int64_t last_step) {
+  for (int h = 0; h < 2; ++h) {
+    CHECK(s.entropy[h].size() == points);
+    CHECK(s.distance[h].size() == points);
+    for (int r = 0; r < kHeadRoles; ++r) CHECK(s.roles[h][r].size() == points);
+    for (float e : s.entropy[h]) {
+      CHECK(e > 0.0f);
+      CHECK(e <= std::log(17.0f) + 1e-4f);
+    }
+  }
+  CHECK(s.probe.step == last_step);
+  CHECK(s.probe.grid_h == 4);
+  CHECK(s.probe.grid_w == 4);
+}
+
 }  // namespace
 
 TEST_CASE("train session: start, pause, resume, finish; snapshot holds every curve", "[train_session]") {
@@ -109,19 +127,7 @@ TEST_CASE("train session: start, pause, resume, finish; snapshot holds every cur
   REQUIRE(s.entropy.size() == 2);
   REQUIRE(s.distance.size() == 2);
   REQUIRE(s.roles.size() == 2);
-  for (int h = 0; h < 2; ++h) {
-    CHECK(s.entropy[h].size() == 5);
-    CHECK(s.distance[h].size() == 5);
-    for (int r = 0; r < kHeadRoles; ++r) CHECK(s.roles[h][r].size() == 5);
-    // 16 patches + the class token: entropy in (0, ln 17].
-    for (float e : s.entropy[h]) {
-      CHECK(e > 0.0f);
-      CHECK(e <= std::log(17.0f) + 1e-4f);
-    }
-  }
-  CHECK(s.probe.step == 8);
-  CHECK(s.probe.grid_h == 4);
-  CHECK(s.probe.grid_w == 4);
+  check_probe_series(s, 5, 8);
   CHECK(s.probe.heads.size() == 2);
   CHECK(s.probe.image_rgb.size() == 28u * 28u * 3u);
 }
@@ -344,18 +350,7 @@ TEST_CASE("train session: MAE on photos records the loss, refreshes the probe, s
   // The probe: refreshed every 2 steps, 4 x 4 patch maps of 2 heads.
   REQUIRE(s.stat_steps == std::vector<int64_t>{0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20});
   REQUIRE(s.entropy.size() == 2);
-  for (int h = 0; h < 2; ++h) {
-    CHECK(s.entropy[h].size() == 11);
-    CHECK(s.distance[h].size() == 11);
-    for (int r = 0; r < kHeadRoles; ++r) CHECK(s.roles[h][r].size() == 11);
-    for (float e : s.entropy[h]) {  // 16 patches + the class token
-      CHECK(e > 0.0f);
-      CHECK(e <= std::log(17.0f) + 1e-4f);
-    }
-  }
-  CHECK(s.probe.step == 20);
-  CHECK(s.probe.grid_h == 4);
-  CHECK(s.probe.grid_w == 4);
+  check_probe_series(s, 11, 20);
   REQUIRE(s.probe.heads.size() == 2);
   REQUIRE(s.probe.image_rgb.size() == 16u * 16u * 3u);
 

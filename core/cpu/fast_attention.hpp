@@ -34,8 +34,8 @@
 #include <cstdint>
 #include <functional>
 
-#include "core/model/attention.hpp"
 #include "core/base/eigen.hpp"
+#include "core/base/key_mask.hpp"
 #include "core/cpu/fast_exp.hpp"
 
 namespace vitlens {

@@ -7,21 +7,11 @@
 #include <vector>
 
 #include "core/base/eigen.hpp"
+#include "core/base/key_mask.hpp"
 
 namespace vitlens {
 
-// Which keys a query may attend to. Applied before the softmax; a query whose keys are all
-// masked gets an all-zero row of weights (and so a zero output), never NaN.
-struct KeyMask {
-  bool causal = false;               // token i attends to j <= i (raster order, class token first)
-  std::vector<uint8_t> key_allowed;  // (N) 1 = may be attended to; empty = every key allowed
-
-  bool empty() const { return !causal && key_allowed.empty(); }
-  bool allows(int query, int key) const {
-    if (causal && key > query) return false;
-    return key_allowed.empty() || key_allowed[static_cast<size_t>(key)] != 0;
-  }
-};
+// KeyMask (which keys a query may attend to) is in core/base/key_mask.hpp.
 
 // In place: scores (Nq, Nk) of queries first_query .. first_query+Nq-1 become softmax weights
 // over the allowed keys. Masked entries become exactly 0.

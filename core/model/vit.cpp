@@ -301,39 +301,36 @@ MatRM positional_table(const VitModel& model, int grid_h, int grid_w) {
   return table;
 }
 
-ForwardResult forward(const VitModel& model, const PatchGrid& grid, const ForwardOptions& options) {
-  const VitConfig& cfg = model.config;
-  const int dim = cfg.embed_dim, heads = cfg.num_heads, hd = cfg.head_dim();
-  const int prefix = cfg.prefix_tokens();
-  const int patches = grid.grid_h * grid.grid_w;
-  const int n = prefix + patches;
-  if (patches < 1) throw Error("the image has no whole patch");
-  if (grid.patches.rows() != patches || grid.patches.cols() != cfg.patch_values())
-    throw Error("patch grid does not match the model's patch size");
+namespace {
 
+// A forward result's description of its input, before any layer: token counts, grid, padding,
+// the score scale and the key mask.
+ForwardResult result_header(const VitConfig& cfg, const PatchGrid& grid, const ForwardOptions& options) {
   ForwardResult result;
-  result.tokens = n;
-  result.prefix = prefix;
+  result.tokens = cfg.prefix_tokens() + grid.grid_h * grid.grid_w;
+  result.prefix = cfg.prefix_tokens();
   result.has_class_token = cfg.class_token;
   result.grid_h = grid.grid_h;
   result.grid_w = grid.grid_w;
   result.patch_is_padding = grid.patch_is_padding;
   result.score_scale = options.score_scale >= 0.0f ? options.score_scale
-                                                   : 1.0f / std::sqrt(static_cast<float>(hd));
+                                                   : 1.0f / std::sqrt(static_cast<float>(cfg.head_dim()));
   result.mask = build_key_mask(cfg, grid, options);
+  return result;
+}
 
-  // Which query rows the attention-received mean averages over: every token except padding.
-  std::vector<uint8_t> counts_as_query(static_cast<size_t>(n), 1);
-  if (options.mask_padding && !grid.patch_is_padding.empty())
-    for (int p = 0; p < patches; ++p)
-      if (grid.patch_is_padding[p]) counts_as_query[static_cast<size_t>(prefix + p)] = 0;
-  result.received_queries = static_cast<int>(std::count(counts_as_query.begin(), counts_as_query.end(), 1));
-
+// The tokens before the first block: patch embedding, the prefix tokens, the positions, and
+// norm_pre when the model has one. (n, D), n = prefix tokens + patches.
+MatRM embed_tokens(const VitModel& model, const PatchGrid& grid, int threads) {
+  const VitConfig& cfg = model.config;
+  const int dim = cfg.embed_dim;
+  const int patches = grid.grid_h * grid.grid_w;
+  const int n = cfg.prefix_tokens() + patches;
   // x = patch_embed(img): Conv2d(3, D, P, stride=P) == patches (Np, 3PP) @ W (D, 3PP)^T + b
   MatRM x(n, dim);
   {
     MatRM tokens;
-    linear(grid.patches, model.w.patch_w, model.w.patch_b, dim, tokens, options.threads);
+    linear(grid.patches, model.w.patch_w, model.w.patch_b, dim, tokens, threads);
     x.bottomRows(patches) = tokens;
     // timm _pos_embed: x = cat(cls_token, [dist_token], reg_token, x), then x + pos_embed over all
     // tokens, or with no_embed_class the pos_embed added to the patches only (before the cat).
@@ -346,9 +343,76 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   }
   // x = self.norm_pre(x): CLIP's ln_pre / pre_layrnorm, before the first block.
   if (cfg.pre_norm)
-    for_row_chunks(n, options.threads, [&](int r0, int r1) {
+    for_row_chunks(n, threads, [&](int r0, int r1) {
       layer_norm(x, model.w.norm_pre_w, model.w.norm_pre_b, cfg.norm_eps, x, r0, r1);
     });
+  return x;
+}
+
+// Layer l's attention, every head at once: attn_out (N, D) and state.received (H, N), the mean
+// over the counted query rows (attention received), plus the class token's rows and every P when
+// asked. Reports progress and throws vitlens::Error("cancelled") when it is cancelled.
+void attend_all_heads(const VitConfig& cfg, const ForwardResult& result, const std::vector<uint8_t>& counts_as_query,
+                      int l, const ForwardOptions& options, LayerState& state, MatRM& attn_out) {
+  const int n = result.tokens, dim = cfg.embed_dim, heads = cfg.num_heads, hd = cfg.head_dim();
+  std::vector<float*> probs;
+  if (options.keep_probs) {
+    state.probs.assign(static_cast<size_t>(heads), MatRM(n, n));
+    for (MatRM& p : state.probs) probs.push_back(p.data());
+  }
+
+  // Every head at once (fast_attention.hpp; no (N, N) matrix unless keep_probs), as timm's
+  //   attn = (q * scale) @ k.transpose(-2, -1); attn = attn.softmax(dim=-1); x = attn @ v
+  // (the scale applied after the dot product, as the reference does), each head's output in its
+  // columns of (N, D) (the transpose(1, 2).reshape), plus the column sums of attn over the
+  // counted query rows (attention received) and attn's first row (the class token's).
+  AttentionInputs in;
+  in.tokens = n, in.heads = heads, in.head_dim = hd;
+  in.queries = state.qkv.data(), in.keys = state.qkv.data() + dim, in.values = state.qkv.data() + 2 * dim;
+  in.query_stride = in.key_stride = in.value_stride = 3 * dim;
+  in.scale = result.score_scale;
+  in.mask = &result.mask;
+  in.counts_as_query = counts_as_query.data();
+  AttentionOutputs out;
+  out.context = attn_out.data(), out.context_stride = dim;
+  out.column_sums = state.received.data();
+  out.first_rows = cfg.class_token ? state.cls_row.data() : nullptr;
+  out.probs = options.keep_probs ? probs.data() : nullptr;
+  std::function<bool(float)> layer_progress;
+  if (options.progress)
+    layer_progress = [&](float f) { return options.progress((static_cast<float>(l) + f) / cfg.depth); };
+  if (!multi_head_attention(in, out, options.threads, layer_progress)) throw Error("cancelled");
+  // Scores can still overflow (finite q and k, a huge score scale): an error, not NaN maps.
+  if (!all_finite(attn_out) || !all_finite(state.received))
+    throw Error("attention scores overflow in layer " + std::to_string(l) +
+                " (NaN or infinity): the score scale or the model's weights are too large");
+  if (result.received_queries > 0) state.received /= static_cast<float>(result.received_queries);
+  else state.received.setZero();
+  if (options.progress && !options.progress(static_cast<float>(l + 1) / static_cast<float>(cfg.depth)))
+    throw Error("cancelled");
+}
+
+}  // namespace
+
+ForwardResult forward(const VitModel& model, const PatchGrid& grid, const ForwardOptions& options) {
+  const VitConfig& cfg = model.config;
+  const int dim = cfg.embed_dim, heads = cfg.num_heads, hd = cfg.head_dim();
+  const int prefix = cfg.prefix_tokens();
+  const int patches = grid.grid_h * grid.grid_w;
+  const int n = prefix + patches;
+  if (patches < 1) throw Error("the image has no whole patch");
+  if (grid.patches.rows() != patches || grid.patches.cols() != cfg.patch_values())
+    throw Error("patch grid does not match the model's patch size");
+
+  ForwardResult result = result_header(cfg, grid, options);
+  // Which query rows the attention-received mean averages over: every token except padding.
+  std::vector<uint8_t> counts_as_query(static_cast<size_t>(n), 1);
+  if (options.mask_padding && !grid.patch_is_padding.empty())
+    for (int p = 0; p < patches; ++p)
+      if (grid.patch_is_padding[p]) counts_as_query[static_cast<size_t>(prefix + p)] = 0;
+  result.received_queries = static_cast<int>(std::count(counts_as_query.begin(), counts_as_query.end(), 1));
+
+  MatRM x = embed_tokens(model, grid, options.threads);
 
   MatRM normed, attn_out(n, dim), projected, hidden, mlp_out;
   const int inner = threads_within_chunk(n, options.threads);
@@ -380,41 +444,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     state.key_panels = key_panels(state.qkv.data() + dim, 3 * dim, n, heads, hd);
     state.received.resize(heads, n);
     if (cfg.class_token) state.cls_row.resize(heads, n);
-    std::vector<float*> probs;
-    if (options.keep_probs) {
-      state.probs.assign(static_cast<size_t>(heads), MatRM(n, n));
-      for (MatRM& p : state.probs) probs.push_back(p.data());
-    }
-
-    // Every head at once (fast_attention.hpp; no (N, N) matrix unless keep_probs), as timm's
-    //   attn = (q * scale) @ k.transpose(-2, -1); attn = attn.softmax(dim=-1); x = attn @ v
-    // (the scale applied after the dot product, as the reference does), each head's output in its
-    // columns of (N, D) (the transpose(1, 2).reshape), plus the column sums of attn over the
-    // counted query rows (attention received) and attn's first row (the class token's).
-    AttentionInputs in;
-    in.tokens = n, in.heads = heads, in.head_dim = hd;
-    in.queries = state.qkv.data(), in.keys = state.qkv.data() + dim, in.values = state.qkv.data() + 2 * dim;
-    in.query_stride = in.key_stride = in.value_stride = 3 * dim;
-    in.scale = result.score_scale;
-    in.mask = &result.mask;
-    in.counts_as_query = counts_as_query.data();
-    AttentionOutputs out;
-    out.context = attn_out.data(), out.context_stride = dim;
-    out.column_sums = state.received.data();
-    out.first_rows = cfg.class_token ? state.cls_row.data() : nullptr;
-    out.probs = options.keep_probs ? probs.data() : nullptr;
-    std::function<bool(float)> layer_progress;
-    if (options.progress)
-      layer_progress = [&](float f) { return options.progress((static_cast<float>(l) + f) / cfg.depth); };
-    if (!multi_head_attention(in, out, options.threads, layer_progress)) throw Error("cancelled");
-    // Scores can still overflow (finite q and k, a huge score scale): an error, not NaN maps.
-    if (!all_finite(attn_out) || !all_finite(state.received))
-      throw Error("attention scores overflow in layer " + std::to_string(l) +
-                  " (NaN or infinity): the score scale or the model's weights are too large");
-    if (result.received_queries > 0) state.received /= static_cast<float>(result.received_queries);
-    else state.received.setZero();
-    if (options.progress && !options.progress(static_cast<float>(l + 1) / static_cast<float>(cfg.depth)))
-      throw Error("cancelled");
+    attend_all_heads(cfg, result, counts_as_query, l, options, state, attn_out);
 
     projected.resize(n, dim);
     hidden.resize(n, cfg.mlp_hidden());

@@ -11,6 +11,7 @@
 
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
+#include "core/io/paths.hpp"
 #include "core/render/head_roles.hpp"
 
 namespace vitlens {
@@ -381,6 +382,62 @@ ExportImages render_export_images(const VitModel& model, const ImageAnalysis& an
   return images;
 }
 
+namespace {
+
+// The sidecar's "query": the query token (a prefix token, or a patch and how it was asked for),
+// null outside query mode.
+nlohmann::json sidecar_query(const VitConfig& cfg, const ImageAnalysis& a, const ExportSettings& settings) {
+  using nlohmann::json;
+  if (a.request.mode == MapMode::Query && a.request.query_token < a.forward.prefix) {
+    // A prefix token as the query (--token): its index, name and the flag's short name.
+    return {{"token", a.request.query_token}, {"name", token_name(cfg, a.forward.grid_w, a.request.query_token)},
+            {"prefix", prefix_token_short_name(cfg, a.request.query_token)}};
+  }
+  if (a.request.mode == MapMode::Query) {
+    const int patch = a.request.query_token - a.forward.prefix;
+    const int row = patch / a.forward.grid_w, col = patch % a.forward.grid_w;
+    json q = {{"token", a.request.query_token}, {"patch", {row, col}},
+              {"pixel_center", {col * cfg.patch_size + cfg.patch_size / 2, row * cfg.patch_size + cfg.patch_size / 2}},
+              {"is_padding", a.image.grid.patch_is_padding[static_cast<size_t>(patch)] != 0}};
+    // How it was asked for: a pixel of the source image (--query), of the processed image
+    // (--query-processed) or a patch (--patch).
+    if (a.requested_pixel[0] >= 0)
+      q["source_pixel"] = {a.requested_pixel[0], a.requested_pixel[1]};
+    else if (settings.select == QuerySelect::Pixel)
+      q["processed_pixel"] = {settings.query_x, settings.query_y};
+    return q;
+  }
+  return nullptr;
+}
+
+// The sidecar's "heads": each head's map statistics, prefix-token weights, description and
+// head-role lifts (`roles`, of the exported layer).
+nlohmann::json sidecar_heads(const VitConfig& cfg, const ImageAnalysis& a, const HeadRoleScores& roles) {
+  using nlohmann::json;
+  json heads = json::array();
+  for (size_t h = 0; h < a.maps.heads.size(); ++h) {
+    const MatRM& m = a.maps.heads[h];
+    json head = {{"head", h}, {"min", map_min(m, a.maps.in_image)}, {"max", m.maxCoeff()}, {"sum", m.sum()},
+                 {"entropy", map_entropy(m)}};
+    head["class_token_weight"] = a.forward.has_class_token ? json(a.maps.cls_weight[h]) : json(nullptr);
+    if (a.forward.prefix > 1) {  // distillation and register tokens: their weights, in token order
+      json prefix = json::array();
+      for (int t = 0; t < a.forward.prefix; ++t) prefix.push_back(a.maps.prefix_weight(static_cast<Eigen::Index>(h), t));
+      head["prefix_weights"] = prefix;
+    }
+    const auto layer = static_cast<size_t>(a.request.layer);
+    if (layer < cfg.head_descriptions.size()) head["description"] = cfg.head_descriptions[layer][h];
+    json lifts;
+    for (int role = 0; role < kHeadRoles; ++role)
+      lifts[head_role_name(role)] = std::round(roles.lift[layer][h][static_cast<size_t>(role)] * 1e6) / 1e6;
+    head["head_roles"] = lifts;
+    heads.push_back(head);
+  }
+  return heads;
+}
+
+}  // namespace
+
 nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, const ExportSettings& settings) {
   using nlohmann::json;
   const VitConfig& cfg = model.config;
@@ -397,25 +454,7 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["class_token"] = a.forward.has_class_token;
   j["prefix_tokens"] = a.forward.prefix;
   j["mode"] = map_mode_name(a.request.mode);
-  if (a.request.mode == MapMode::Query && a.request.query_token < a.forward.prefix) {
-    // A prefix token as the query (--token): its index, name and the flag's short name.
-    j["query"] = {{"token", a.request.query_token}, {"name", token_name(cfg, a.forward.grid_w, a.request.query_token)},
-                  {"prefix", prefix_token_short_name(cfg, a.request.query_token)}};
-  } else if (a.request.mode == MapMode::Query) {
-    const int patch = a.request.query_token - a.forward.prefix;
-    const int row = patch / a.forward.grid_w, col = patch % a.forward.grid_w;
-    j["query"] = {{"token", a.request.query_token}, {"patch", {row, col}},
-                  {"pixel_center", {col * cfg.patch_size + cfg.patch_size / 2, row * cfg.patch_size + cfg.patch_size / 2}},
-                  {"is_padding", a.image.grid.patch_is_padding[static_cast<size_t>(patch)] != 0}};
-    // How it was asked for: a pixel of the source image (--query), of the processed image
-    // (--query-processed) or a patch (--patch).
-    if (a.requested_pixel[0] >= 0)
-      j["query"]["source_pixel"] = {a.requested_pixel[0], a.requested_pixel[1]};
-    else if (settings.select == QuerySelect::Pixel)
-      j["query"]["processed_pixel"] = {settings.query_x, settings.query_y};
-  } else {
-    j["query"] = nullptr;
-  }
+  j["query"] = sidecar_query(cfg, a, settings);
   j["layer"] = a.request.layer;
   j["mask"] = {{"causal", settings.causal}, {"padding_patches", padding_patches(a.forward)},
                {"image", a.mask_image.empty() ? json(nullptr) : json(a.mask_image)},
@@ -448,26 +487,7 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   role_options.layer = a.request.layer;
   const HeadRoleScores roles = head_role_scores(model, a.image.grid, a.forward, role_options);
   j["head_roles"] = {{"top_fraction", roles.top_fraction}, {"queries", roles.queries}};
-  json heads = json::array();
-  for (size_t h = 0; h < a.maps.heads.size(); ++h) {
-    const MatRM& m = a.maps.heads[h];
-    json head = {{"head", h}, {"min", map_min(m, a.maps.in_image)}, {"max", m.maxCoeff()}, {"sum", m.sum()},
-                 {"entropy", map_entropy(m)}};
-    head["class_token_weight"] = a.forward.has_class_token ? json(a.maps.cls_weight[h]) : json(nullptr);
-    if (a.forward.prefix > 1) {  // distillation and register tokens: their weights, in token order
-      json prefix = json::array();
-      for (int t = 0; t < a.forward.prefix; ++t) prefix.push_back(a.maps.prefix_weight(static_cast<Eigen::Index>(h), t));
-      head["prefix_weights"] = prefix;
-    }
-    const auto layer = static_cast<size_t>(a.request.layer);
-    if (layer < cfg.head_descriptions.size()) head["description"] = cfg.head_descriptions[layer][h];
-    json lifts;
-    for (int role = 0; role < kHeadRoles; ++role)
-      lifts[head_role_name(role)] = std::round(roles.lift[layer][h][static_cast<size_t>(role)] * 1e6) / 1e6;
-    head["head_roles"] = lifts;
-    heads.push_back(head);
-  }
-  j["heads"] = heads;
+  j["heads"] = sidecar_heads(cfg, a, roles);
   j["mean"] = {{"min", map_min(a.maps.mean, a.maps.in_image)}, {"max", a.maps.mean.maxCoeff()}, {"entropy", map_entropy(a.maps.mean)}};
   j["timings_ms"] = {{"forward", a.forward_ms}, {"maps", a.maps_ms}};
   return j;
@@ -533,8 +553,7 @@ std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis
 }
 
 std::string output_stem(const std::string& image_path) {
-  const auto slash = image_path.find_last_of('/');
-  std::string name = slash == std::string::npos ? image_path : image_path.substr(slash + 1);
+  std::string name = base_name(image_path);
   const auto dot = name.find_last_of('.');
   if (dot != std::string::npos && dot > 0) name = name.substr(0, dot);
   return name.empty() ? "image" : name;

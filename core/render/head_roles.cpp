@@ -118,6 +118,45 @@ void top_fraction_membership(const std::vector<double>& affinity, double fractio
   for (size_t j = 0; j < n; ++j) members[j] = affinity[j] > tau ? 1.0 : affinity[j] == tau ? tied_share : 0.0;
 }
 
+// The affinity of patch `key` to the query patch `qi` under `role` (larger = more alike); gw is
+// the grid's width.
+double role_affinity(const PatchDescriptors& d, int role, int qi, int key, int gw) {
+  const size_t i = static_cast<size_t>(qi), j = static_cast<size_t>(key);
+  double a = 0.0;
+  switch (role) {
+    case kRoleEdge:
+      a = d.orientation[i][0] * d.orientation[j][0] + d.orientation[i][1] * d.orientation[j][1];
+      break;
+    case kRoleTexture:
+      for (size_t c = 0; c < 8; ++c) a -= (d.texture[i][c] - d.texture[j][c]) * (d.texture[i][c] - d.texture[j][c]);
+      break;
+    case kRoleColour:
+      for (size_t c = 0; c < 3; ++c) a -= (d.colour[i][c] - d.colour[j][c]) * (d.colour[i][c] - d.colour[j][c]);
+      break;
+    default: {  // integer squared distance: exact, so equal distances tie exactly
+      const int dr = key / gw - qi / gw, dc = key % gw - qi % gw;
+      a = -static_cast<double>(dr * dr + dc * dc);
+    }
+  }
+  return a;
+}
+
+// The query patches: every patch that is not padding, evenly strided in raster order down to
+// max_queries when there are more (max_queries <= 0: all of them).
+std::vector<int> sampled_queries(const PatchGrid& grid, int max_queries) {
+  std::vector<int> queries;
+  const int patches = grid.grid_h * grid.grid_w;
+  for (int i = 0; i < patches; ++i)
+    if (grid.patch_is_padding.empty() || grid.patch_is_padding[static_cast<size_t>(i)] == 0) queries.push_back(i);
+  if (max_queries > 0 && static_cast<int>(queries.size()) > max_queries) {
+    std::vector<int> sampled;
+    const double stride = static_cast<double>(queries.size()) / max_queries;
+    for (int s = 0; s < max_queries; ++s) sampled.push_back(queries[static_cast<size_t>(s * stride)]);
+    queries.swap(sampled);
+  }
+  return queries;
+}
+
 }  // namespace
 
 HeadRoleScores head_role_scores(const VitModel& model, const PatchGrid& grid, const ForwardResult& result,
@@ -133,15 +172,7 @@ HeadRoleScores head_role_scores(const VitModel& model, const PatchGrid& grid, co
     return !grid.patch_is_padding.empty() && grid.patch_is_padding[static_cast<size_t>(i)] != 0;
   };
 
-  std::vector<int> queries;  // patch indices, evenly strided in raster order
-  for (int i = 0; i < patches; ++i)
-    if (!padding(i)) queries.push_back(i);
-  if (options.max_queries > 0 && static_cast<int>(queries.size()) > options.max_queries) {
-    std::vector<int> sampled;
-    const double stride = static_cast<double>(queries.size()) / options.max_queries;
-    for (int s = 0; s < options.max_queries; ++s) sampled.push_back(queries[static_cast<size_t>(s * stride)]);
-    queries.swap(sampled);
-  }
+  const std::vector<int> queries = sampled_queries(grid, options.max_queries);
 
   const int layers = static_cast<int>(result.layers.size()), heads = model.config.num_heads;
   if (options.layer < -1 || options.layer >= layers)
@@ -166,26 +197,7 @@ HeadRoleScores head_role_scores(const VitModel& model, const PatchGrid& grid, co
     if (n >= 2) {
       for (int role = 0; role < kHeadRoles; ++role) {
         affinity.resize(n);
-        for (size_t e = 0; e < n; ++e) {
-          const size_t i = static_cast<size_t>(qi), j = static_cast<size_t>(keys[e]);
-          double a = 0.0;
-          switch (role) {
-            case kRoleEdge:
-              a = d.orientation[i][0] * d.orientation[j][0] + d.orientation[i][1] * d.orientation[j][1];
-              break;
-            case kRoleTexture:
-              for (size_t c = 0; c < 8; ++c) a -= (d.texture[i][c] - d.texture[j][c]) * (d.texture[i][c] - d.texture[j][c]);
-              break;
-            case kRoleColour:
-              for (size_t c = 0; c < 3; ++c) a -= (d.colour[i][c] - d.colour[j][c]) * (d.colour[i][c] - d.colour[j][c]);
-              break;
-            default: {  // integer squared distance: exact, so equal distances tie exactly
-              const int dr = keys[e] / gw - qi / gw, dc = keys[e] % gw - qi % gw;
-              a = -static_cast<double>(dr * dr + dc * dc);
-            }
-          }
-          affinity[e] = a;
-        }
+        for (size_t e = 0; e < n; ++e) affinity[e] = role_affinity(d, role, qi, keys[e], gw);
         top_fraction_membership(affinity, options.top_fraction, scratch, members[static_cast<size_t>(role)]);
       }
       const double uniform_share = options.top_fraction;  // k / n

@@ -155,6 +155,62 @@ std::vector<std::string> wrap_text(const std::string& text, double scale, int ma
   return lines;
 }
 
+namespace {
+
+// One line of text whose top is at `top`, added to the layout's texts.
+void add_text_line(MontageLayout& layout, const std::string& text, double scale, int x, int top) {
+  TextItem item;
+  item.text = text;
+  item.scale = scale;
+  int baseline = 0;
+  const cv::Size s = cv::getTextSize(text, kFont, scale, 1, &baseline);
+  item.origin = cv::Point(x, top + text_ascent(s.height));
+  // One pixel either side: anti-aliased strokes reach just past the measured glyph box.
+  const cv::Size extent = text_extent(text, scale);
+  item.box = cv::Rect(x - 1, top, extent.width + 2, extent.height);
+  layout.texts.push_back(item);
+}
+
+// The colour bar below the tiles, from `y`: its title, the bar, the tick labels. Returns the y
+// below it.
+int layout_colour_bar(MontageLayout& layout, const ColourBarSpec& bar, double scale, int line_h, int y) {
+  const int text_w = layout.canvas.width - 2 * kGap;
+  y += kGap;
+  for (const std::string& line : wrap_text(bar.title, scale, text_w)) {
+    add_text_line(layout, line, scale, kGap, y);
+    y += line_h;
+  }
+  const int bar_h = std::max(8, line_h);
+  layout.colour_bar = cv::Rect(kGap, y, text_w, bar_h);
+  y += bar_h + 2;
+  // Tick labels centred under their position, kept on the canvas; the two ends always show,
+  // an inner one only where it does not run into its neighbours.
+  int left_end = std::numeric_limits<int>::min();
+  const size_t n = bar.ticks.size();
+  int right_start = std::numeric_limits<int>::max();
+  if (n > 1) {
+    const int w = text_extent(bar.ticks.back().second, scale).width;
+    right_start = std::clamp(kGap + static_cast<int>(std::lround(bar.ticks.back().first * (text_w - 1))) - w / 2,
+                             kGap, kGap + text_w - w);
+  }
+  for (size_t i = 0; i < n; ++i) {
+    // A label wider than the bar is wrapped like any text.
+    const std::string label = wrap_text(bar.ticks[i].second, scale, text_w).front();
+    const int w = text_extent(label, scale).width;
+    const int centre = kGap + static_cast<int>(std::lround(std::clamp(bar.ticks[i].first, 0.0f, 1.0f) * (text_w - 1)));
+    const int x = std::clamp(centre - w / 2, kGap, kGap + text_w - w);
+    const bool last = i + 1 == n;
+    if (i > 0 && x < left_end + 6) continue;
+    if (!last && x + w > right_start - 6) continue;
+    add_text_line(layout, label, scale, x, y);
+    left_end = x + w;
+  }
+  y += line_h;
+  return y;
+}
+
+}  // namespace
+
 MontageLayout layout_montage(cv::Size tile_size, const std::vector<std::string>& labels, int tile_count, int columns,
                              const ColourBarSpec* bar, const std::vector<std::string>& caption) {
   if (tile_count < 1 || tile_size.width < 1 || tile_size.height < 1) throw Error("montage: no tiles");
@@ -175,18 +231,7 @@ MontageLayout layout_montage(cv::Size tile_size, const std::vector<std::string>&
   layout.canvas.width = legend ? std::max(grid_w, kMinLegendWidth) : grid_w;
   const int grid_x = (layout.canvas.width - grid_w) / 2;
 
-  auto add_line = [&](const std::string& text, int x, int top) {
-    TextItem item;
-    item.text = text;
-    item.scale = scale;
-    int baseline = 0;
-    const cv::Size s = cv::getTextSize(text, kFont, scale, 1, &baseline);
-    item.origin = cv::Point(x, top + text_ascent(s.height));
-    // One pixel either side: anti-aliased strokes reach just past the measured glyph box.
-    const cv::Size extent = text_extent(text, scale);
-    item.box = cv::Rect(x - 1, top, extent.width + 2, extent.height);
-    layout.texts.push_back(item);
-  };
+  auto add_line = [&](const std::string& text, int x, int top) { add_text_line(layout, text, scale, x, top); };
 
   int y = kGap;
   for (int r = 0; r < rows; ++r) {
@@ -210,40 +255,7 @@ MontageLayout layout_montage(cv::Size tile_size, const std::vector<std::string>&
   }
 
   const int text_w = layout.canvas.width - 2 * kGap;
-  if (bar && !bar->ticks.empty()) {
-    y += kGap;
-    for (const std::string& line : wrap_text(bar->title, scale, text_w)) {
-      add_line(line, kGap, y);
-      y += line_h;
-    }
-    const int bar_h = std::max(8, line_h);
-    layout.colour_bar = cv::Rect(kGap, y, text_w, bar_h);
-    y += bar_h + 2;
-    // Tick labels centred under their position, kept on the canvas; the two ends always show,
-    // an inner one only where it does not run into its neighbours.
-    std::vector<TextItem> ticks;
-    int left_end = std::numeric_limits<int>::min();
-    const size_t n = bar->ticks.size();
-    int right_start = std::numeric_limits<int>::max();
-    if (n > 1) {
-      const int w = text_extent(bar->ticks.back().second, scale).width;
-      right_start = std::clamp(kGap + static_cast<int>(std::lround(bar->ticks.back().first * (text_w - 1))) - w / 2,
-                               kGap, kGap + text_w - w);
-    }
-    for (size_t i = 0; i < n; ++i) {
-      // A label wider than the bar is wrapped like any text.
-      const std::string label = wrap_text(bar->ticks[i].second, scale, text_w).front();
-      const int w = text_extent(label, scale).width;
-      const int centre = kGap + static_cast<int>(std::lround(std::clamp(bar->ticks[i].first, 0.0f, 1.0f) * (text_w - 1)));
-      const int x = std::clamp(centre - w / 2, kGap, kGap + text_w - w);
-      const bool last = i + 1 == n;
-      if (i > 0 && x < left_end + 6) continue;
-      if (!last && x + w > right_start - 6) continue;
-      add_line(label, x, y);
-      left_end = x + w;
-    }
-    y += line_h;
-  }
+  if (bar && !bar->ticks.empty()) y = layout_colour_bar(layout, *bar, scale, line_h, y);
   if (!caption.empty()) y += kGap;
   for (const std::string& paragraph : caption)
     for (const std::string& line : wrap_text(paragraph, scale, text_w)) {

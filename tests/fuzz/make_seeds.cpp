@@ -31,6 +31,7 @@
 #include <opencv2/imgproc.hpp>
 #include <zlib.h>
 
+#include "../test_support.hpp"
 #include "models/bundled.hpp"
 #include "core/train/classify_objective.hpp"
 #include "core/train/mae_objective.hpp"
@@ -84,15 +85,9 @@ void write_damaged_models(const std::string& dir, const std::string& valid) {
 }
 
 void write_models(const std::string& dir) {
-  VitConfig a;  // P = 2, D = 4, 2 heads, 4 x 4 pixels: 5 tokens, about 1 KB of weights
-  a.name = "fuzz-seed-a";
+  // P = 2, D = 4, 2 heads, 4 x 4 pixels: 5 tokens, about 1 KB of weights
+  VitConfig a = test::vit_config("fuzz-seed-a", 2, 4, 2, 1, 4);
   a.description = "tiny seed for fuzz_model";
-  a.patch_size = 2;
-  a.embed_dim = 4;
-  a.num_heads = 2;
-  a.depth = 1;
-  a.img_h = a.img_w = 4;
-  a.mlp_ratio = 2.0;
   save_model(dir + "/tiny-cls.safetensors", a, gaussian_tensors(a, 1));
 
   VitConfig b = a;
@@ -175,14 +170,8 @@ void write_checkpoint_seed(const std::string& path, const std::function<void(con
 }
 
 void write_checkpoints(const std::string& dir) {
-  VitConfig c;  // P = 2, D = 4, 2 heads, 4 x 4 pixels: a few hundred parameters
-  c.name = "fuzz-seed-ckpt";
-  c.patch_size = 2;
-  c.embed_dim = 4;
-  c.num_heads = 2;
-  c.depth = 1;
-  c.img_h = c.img_w = 4;
-  c.mlp_ratio = 2.0;
+  // P = 2, D = 4, 2 heads, 4 x 4 pixels: a few hundred parameters
+  const VitConfig c = test::vit_config("fuzz-seed-ckpt", 2, 4, 2, 1, 4);
   Recipe recipe;
   recipe.batch = 2;
   recipe.epochs = 3;

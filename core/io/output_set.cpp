@@ -1,0 +1,339 @@
+// Export sets (OutputSet, files.hpp): the files of one image's export moved into place together,
+// the record (the JSON sidecar) last, and the records that prove which files vitlens wrote: a name
+// taken by a file no record of ours lists stops the set before anything moves (OutputConflict);
+// files the previous record listed that the new set does not have are removed. A commit cut short
+// is completed (or dropped, when a newer set replaced it) by the next tidy of the folder.
+//
+// Index
+//   [SECTION] Records: the proof of authorship
+//   [SECTION] Commit and completion
+//   [SECTION] OutputSet
+#include <algorithm>
+#include <cerrno>
+#include <mutex>
+#include <optional>
+#include <set>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.hpp"
+#include "core/io/files.hpp"
+#include "core/io/files_internal.hpp"
+#include "core/io/paths.hpp"
+
+namespace vitlens {
+
+namespace files_internal {
+
+namespace {
+
+const char kRecordFile[] = ".record";        // inside a commit folder: the record, moved last
+const char kNameFile[] = ".name";            // inside a commit folder: the record's final name
+const char kReplacesFile[] = ".replaces";    // inside a commit folder: the set id of the record it replaces
+const char kForceFile[] = ".force";          // inside a commit folder: the set may replace foreign files
+
+// =============================================================================================
+// [SECTION] Records: the proof of authorship
+// =============================================================================================
+// The file `name` of the folder as JSON; discarded (not an object) when missing, unreadable or not JSON.
+nlohmann::json read_json_at(int dir_fd, const std::string& name) {
+  std::string bytes;
+  if (!read_at(dir_fd, name, bytes)) return nlohmann::json();
+  return nlohmann::json::parse(bytes, nullptr, false);
+}
+
+// A record vitlens wrote: a JSON object whose kRecordKey is its own file name.
+bool is_our_record(const nlohmann::json& j, const std::string& name) {
+  return j.is_object() && j.contains(kRecordKey) && j[kRecordKey].is_string() && j[kRecordKey].get<std::string>() == name;
+}
+
+// A record's "set" id ("" when it has none or is not JSON).
+std::string set_id_of(const std::string& record) {
+  const nlohmann::json j = nlohmann::json::parse(record, nullptr, false);
+  if (j.is_object() && j.contains("set") && j["set"].is_string()) return j["set"].get<std::string>();
+  return "";
+}
+
+// The set id of the record `name` in the folder: "" when there is none, "?" when unreadable.
+std::string current_set_id(int dir_fd, const std::string& name) {
+  std::string record;
+  if (!read_at(dir_fd, name, record)) return errno == ENOENT ? "" : "?";
+  return set_id_of(record);
+}
+
+// The file names a record's "files" array lists (empty when it is missing or not JSON).
+std::set<std::string> listed_names(const nlohmann::json& j) {
+  std::set<std::string> names;
+  if (j.is_object() && j.contains("files") && j["files"].is_array())
+    for (const auto& f : j["files"])
+      if (f.is_string()) names.insert(base_name(f.get<std::string>()));
+  return names;
+}
+
+// The names the folder's records prove vitlens wrote: every file a record of ours lists. Reads
+// each JSON file of the folder, so it is called only when the record a set replaces does not
+// prove a name (a file another mode's record lists, as --layer's <stem>_attn.npy).
+std::set<std::string> names_proven_by_folder(int dir_fd) {
+  std::set<std::string> proven;
+  for (const std::string& name : list_names(dir_fd)) {
+    if (name.size() < 6 || name.compare(name.size() - 5, 5, ".json") != 0) continue;
+    const nlohmann::json j = read_json_at(dir_fd, name);
+    if (!is_our_record(j, name)) continue;
+    proven.insert(name);
+    for (const std::string& listed : listed_names(j)) proven.insert(listed);
+  }
+  return proven;
+}
+
+// Throws OutputConflict when one of `members` or the record `record_name` cannot be put in place:
+// its name is taken by a folder, by another user's file in a shared (sticky) folder (which only
+// its owner may replace), or, unless replace_foreign, by a file vitlens cannot prove it wrote.
+// Called with the folder locked, before anything is moved.
+void check_names(int dir_fd, const std::string& dir, const std::string& record_name,
+                 const std::vector<std::string>& members, bool replace_foreign) {
+  struct stat dir_st {};
+  if (::fstat(dir_fd, &dir_st) != 0) throw Error(dir + ": cannot read the output folder (" + errno_text(errno) + ")");
+  const uid_t me = ::geteuid();
+  const bool shared = (dir_st.st_mode & S_ISVTX) != 0 && dir_st.st_uid != me && me != 0;
+  const nlohmann::json old_record = read_json_at(dir_fd, record_name);
+  const bool old_is_ours = is_our_record(old_record, record_name);
+  const std::set<std::string> listed = old_is_ours ? listed_names(old_record) : std::set<std::string>{};
+  std::optional<std::set<std::string>> folder_proven;  // read once, when first needed
+  std::vector<std::string> names = members;
+  names.push_back(record_name);
+  for (const std::string& name : names) {
+    const std::string path = dir + "/" + name;
+    struct stat st {};
+    if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+      if (errno == ENOENT) continue;
+      throw OutputConflict(path, "cannot be checked (" + errno_text(errno) + ")", false);
+    }
+    if (S_ISDIR(st.st_mode)) throw OutputConflict(path, "is a folder where this export writes a file", false);
+    if (shared && st.st_uid != me)
+      throw OutputConflict(path, "belongs to another user (uid " + std::to_string(st.st_uid) +
+                                     ") in a shared folder, where only its owner may replace it", false);
+    if (replace_foreign) continue;
+    bool proven = name == record_name ? old_is_ours : listed.count(name) > 0;
+    if (!proven) {
+      if (!folder_proven) folder_proven = names_proven_by_folder(dir_fd);
+      proven = folder_proven->count(name) > 0;
+    }
+    if (!proven)
+      throw OutputConflict(path, "exists and no record of vitlens here lists it (vitlens did not write it, or a "
+                                 "version before records did)", true);
+  }
+}
+
+bool is_internal_name(const std::string& name) {
+  return name == kRecordFile || name == kNameFile || name == kReplacesFile || name == kForceFile;
+}
+
+}  // namespace
+
+// =============================================================================================
+// [SECTION] Commit and completion
+// =============================================================================================
+// Moves a complete set from the commit folder `commit_name` into the folder, the record last.
+// Idempotent: after an interruption at any step, running it again finishes the same set. With
+// `recovering` (another run's interrupted set), the names still to move are checked again
+// (check_names), as files may have appeared since. Called with the folder locked. Throws
+// vitlens::Error saying what failed; the caller says what happens next.
+void finish_commit(int dir_fd, const std::string& dir, const std::string& commit_name, bool recovering) {
+  const int set_fd = ::openat(dir_fd, commit_name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (set_fd < 0) throw Error(dir + "/" + commit_name + ": cannot open (" + errno_text(errno) + ")");
+  auto fail = [&](const std::string& what, int err) {
+    ::close(set_fd);
+    throw Error(dir + ": moving an export's files into place failed at " + what + " (" + errno_text(err) + ")");
+  };
+  // A commit folder holds .name until its last step (it is renamed to a temporary before being
+  // emptied): without one it is not ours.
+  std::string record_name;
+  if (!read_at(set_fd, kNameFile, record_name)) {
+    ::close(set_fd);
+    throw Error(dir + "/" + commit_name + ": not an export of vitlens (it has no " + kNameFile + ")");
+  }
+  if (record_name.empty() || record_name.find('/') != std::string::npos || is_internal_name(record_name))
+    fail(commit_name + "/" + kNameFile, EINVAL);
+  // Which set is in place now: the one this commit replaces (move on), this one (only the
+  // cleanup is left), or a set committed later by another process while this commit lay
+  // interrupted (this older set is dropped: moving the rest of it would mix the two).
+  std::string replaces;
+  const bool knows_replaced = read_at(set_fd, kReplacesFile, replaces);
+  const std::string in_place = current_set_id(dir_fd, record_name);
+  const std::string own_id = commit_name.substr(sizeof kSetPrefix - 1);
+  if (knows_replaced && in_place != replaces && in_place != own_id) {
+    ::close(set_fd);
+    remove_tree_at(dir_fd, commit_name);
+    ::fsync(dir_fd);
+    return;
+  }
+  std::vector<std::string> members;
+  for (const std::string& name : list_names(set_fd))
+    if (!is_internal_name(name)) members.push_back(name);
+  if (recovering) {
+    struct stat st {};
+    const bool replace_foreign = ::fstatat(set_fd, kForceFile, &st, AT_SYMLINK_NOFOLLOW) == 0;
+    try {
+      check_names(dir_fd, dir, record_name, members, replace_foreign);
+    } catch (...) {
+      ::close(set_fd);
+      throw;
+    }
+  }
+  for (const std::string& name : members)
+    if (rename_at(set_fd, name.c_str(), dir_fd, name.c_str()) != 0) fail(name, errno);
+  std::string record;
+  if (read_at(set_fd, kRecordFile, record)) {
+    // Files of the previous set that this one does not have (fewer heads, no --raw) would be
+    // left beside the new record: remove them, but only when the old record is ours and only
+    // names it listed under this stem, before the new record appears.
+    const nlohmann::json old_record = read_json_at(dir_fd, record_name);
+    if (is_our_record(old_record, record_name)) {
+      const std::string stem = record_name.substr(0, record_name.find_last_of('.'));
+      const std::set<std::string> keep = listed_names(nlohmann::json::parse(record, nullptr, false));
+      for (const std::string& old : listed_names(old_record))
+        if (!keep.count(old) && old != record_name && old.compare(0, stem.size() + 1, stem + "_") == 0)
+          ::unlinkat(dir_fd, old.c_str(), 0);
+    }
+    if (rename_at(set_fd, kRecordFile, dir_fd, record_name.c_str()) != 0) fail(record_name, errno);
+  }
+  // The folder leaves its reserved name before it is emptied (a temporary of this process, which
+  // a later tidy removes if this process dies here), so an empty ".vitlens-set-*" is never ours.
+  std::string now_named = commit_name;
+  const std::string done = kTempPrefix + std::to_string(::getpid()) + "-" +
+                           (own_id.size() >= 6 ? own_id.substr(own_id.size() - 6) : std::string("done00"));
+  if (::renameat(dir_fd, commit_name.c_str(), dir_fd, done.c_str()) == 0) now_named = done;
+  ::unlinkat(set_fd, kReplacesFile, 0);
+  ::unlinkat(set_fd, kForceFile, 0);
+  ::unlinkat(set_fd, kNameFile, 0);
+  ::close(set_fd);
+  ::unlinkat(dir_fd, now_named.c_str(), AT_REMOVEDIR);
+  ::fsync(dir_fd);
+}
+
+}  // namespace files_internal
+
+using namespace files_internal;
+
+// =============================================================================================
+// [SECTION] OutputSet
+// =============================================================================================
+namespace {
+
+// Each folder is tidied once per process (listing a folder of 100000 files for every image of a
+// batch would cost more than the export).
+bool first_set_in(const std::string& dir) {
+  static std::mutex lock;
+  static std::set<std::pair<dev_t, ino_t>> seen;
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) return true;
+  const std::lock_guard<std::mutex> hold(lock);
+  return seen.insert({st.st_dev, st.st_ino}).second;
+}
+
+// A record's bytes: `record` with the paths of `files` ("files"), the set id ("set") and the
+// proof that vitlens wrote it (kRecordKey: its own name).
+std::string record_bytes(nlohmann::json record, const std::string& name, const std::string& set_id,
+                         const std::vector<std::string>& files) {
+  record["files"] = files;
+  record["set"] = set_id;
+  record[kRecordKey] = name;
+  // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
+  return record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
+}  // namespace
+
+OutputSet::OutputSet(const std::string& dir, bool replace_foreign) : dir_(dir), replace_foreign_(replace_foreign) {
+  install_cleanup_handlers();
+  if (first_set_in(dir)) tidy_output_dir(dir);
+  private_name_ = make_private_folder(dir, slot_, "the export");
+  open_ = true;
+  id_ = unique_id(private_name_);
+}
+
+OutputSet::~OutputSet() {
+  if (!open_) return;
+  const std::string path = dir_ + "/" + private_name_;
+  for (const std::string& name : names_) ::unlink((path + "/" + name).c_str());
+  ::unlink((path + "/" + kRecordFile).c_str());
+  ::unlink((path + "/" + kNameFile).c_str());
+  ::unlink((path + "/" + kReplacesFile).c_str());
+  ::unlink((path + "/" + kForceFile).c_str());
+  ::rmdir(path.c_str());
+  unregister_temp(slot_);
+}
+
+void OutputSet::write_member(const std::string& name, const std::function<void(FileSink&)>& fill) {
+  if (!open_) throw Error(final_path(name) + ": internal: the export's files were already moved into place");
+  names_.push_back(name);
+  try {
+    write_new_file(dir_ + "/" + private_name_ + "/" + name, final_path(name), fill);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; no file of this export was written");
+  }
+}
+
+void OutputSet::add(const std::string& name, const std::string& bytes) {
+  write_member(name, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+}
+
+void OutputSet::add_png(const std::string& name, const cv::Mat& rgb8) {
+  const std::vector<unsigned char> buf = png_bytes(rgb8, final_path(name));
+  write_member(name, [&](FileSink& sink) { sink.write(buf.data(), buf.size()); });
+}
+
+void OutputSet::add_stream(const std::string& name, const std::function<void(FileSink&)>& fill) {
+  write_member(name, fill);
+}
+
+void OutputSet::add_record(const std::string& name, nlohmann::json record, size_t first) {
+  std::vector<std::string> files;
+  for (size_t i = first; i < names_.size(); ++i) files.push_back(final_path(names_[i]));
+  add(name, record_bytes(std::move(record), name, id_, files));
+}
+
+std::vector<std::string> OutputSet::commit(const std::string& record_name, nlohmann::json record) {
+  const std::vector<std::string> members = names_;  // the set's files, before the internal ones
+  if (record_name.empty() || record_name.find('/') != std::string::npos || is_internal_name(record_name) ||
+      std::find(members.begin(), members.end(), record_name) != members.end())
+    throw Error(final_path(record_name) + ": internal: not a record name for this set");
+  std::vector<std::string> written;
+  for (const std::string& name : members) written.push_back(final_path(name));
+  const std::string bytes = record_bytes(std::move(record), record_name, id_, written);
+  write_member(kRecordFile, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+  write_member(kNameFile, [&](FileSink& sink) { sink.write(record_name.data(), record_name.size()); });
+  if (replace_foreign_) write_member(kForceFile, [](FileSink&) {});
+  FolderLock lock(dir_);
+  const CriticalSection no_signals;
+  check_names(lock.fd(), dir_, record_name, members, replace_foreign_);
+  // The set this one replaces, so that completing it after an interruption never mixes it with
+  // a set committed in between (finish_commit).
+  write_member(kReplacesFile, [&](FileSink& sink) {
+    const std::string replaces = current_set_id(lock.fd(), record_name);
+    sink.write(replaces.data(), replaces.size());
+  });
+  const std::string commit_name = kSetPrefix + id_;
+  if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), commit_name.c_str()) != 0)
+    throw Error(final_path(record_name) + ": cannot move the export into place (" + errno_text(errno) +
+                "); no file of this export was written");
+  // The commit point: the set is complete and on its way into place; the handler must not
+  // remove it, and the destructor has nothing left to remove.
+  unregister_temp(slot_);
+  slot_ = -1;
+  open_ = false;
+  ::fsync(lock.fd());
+  try {
+    finish_commit(lock.fd(), dir_, commit_name, false);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; the next export into this folder completes it");
+  }
+  written.push_back(final_path(record_name));
+  return written;
+}
+
+}  // namespace vitlens
