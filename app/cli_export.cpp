@@ -280,6 +280,10 @@ int run_export(ExportArgs& args) {
   const VitModel model = load_model(model_path, load);
   if (args.preprocess == "model") {
     if (s.max_side >= 0) throw UsageError("--size sets the whole-image mode's working size; --preprocess model takes the model's own");
+    if (!args.query.empty())
+      throw UsageError("--query names a pixel of the file, which --preprocess model crops or resizes; use --query-processed or --patch");
+    if (!s.mask_image.empty())
+      throw UsageError("--mask-image covers the whole file, which --preprocess model crops or resizes; use --preprocess whole");
     s.transform = read_model_transform(model_path, model.format);
     if (!s.transform.present())
       throw UsageError("--preprocess model: " + model_path + " publishes no transform (a vitlens model, or a checkpoint "
