@@ -30,6 +30,7 @@ struct ExportArgs {
   bool rollout = false;         // --rollout
   std::string fusion = "mean";  // --fusion
   float discard = 0.0f;         // --discard
+  std::string preprocess = "whole";  // --preprocess whole|model
   ExportSettings settings;
 };
 void add_export_command(CLI::App& app, ExportArgs& args);

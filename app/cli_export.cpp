@@ -17,6 +17,7 @@
 #include "core/io/image.hpp"
 #include "models/bundled_models.hpp"
 #include "models/model_io.hpp"
+#include "models/model_transform.hpp"
 
 namespace vitlens::cli {
 
@@ -96,6 +97,12 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
                   "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size (at most 2048); "
                   "default: the model's img_size long side. An image of exactly the model's img_size is never resampled")
       ->check(CLI::Range(0, 2048));
+  cmd->add_option("--preprocess", args.preprocess,
+                  "whole: the whole image, aspect kept, resized to --size and padded to whole patches (padding masked); "
+                  "model: the transform the checkpoint publishes (timm pretrained_cfg, Hugging Face preprocessor_config.json), "
+                  "pixel for pixel as its library computes it, so the maps are a notebook's")
+      ->check(CLI::IsMember({"whole", "model"}))
+      ->capture_default_str();
   cmd->add_flag("--raw", args.settings.raw,
                 "Also write <stem>_attn.npy: float32 (layers, heads, tokens, tokens), class token first; at most " +
                     std::to_string(kMaxRawTokens) + " tokens");
@@ -271,6 +278,17 @@ int run_export(ExportArgs& args) {
   LoadOptions load;
   load.heads = args.heads;
   const VitModel model = load_model(model_path, load);
+  if (args.preprocess == "model") {
+    if (s.max_side >= 0) throw UsageError("--size sets the whole-image mode's working size; --preprocess model takes the model's own");
+    if (!args.query.empty())
+      throw UsageError("--query names a pixel of the file, which --preprocess model crops or resizes; use --query-processed or --patch");
+    if (!s.mask_image.empty())
+      throw UsageError("--mask-image covers the whole file, which --preprocess model crops or resizes; use --preprocess whole");
+    s.transform = read_model_transform(model_path, model.format);
+    if (!s.transform.present())
+      throw UsageError("--preprocess model: " + model_path + " publishes no transform (a vitlens model, or a checkpoint "
+                       "without timm's config.json pretrained_cfg or a preprocessor_config.json beside it); use --preprocess whole");
+  }
   try {
     check_settings(model, s);  // flags that cannot fit this model are usage errors, found before any work
   } catch (const Error& e) {

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "models/model_transform.hpp"
 #include "core/base/error.hpp"
 #include "core/io/paths.hpp"
 #include "core/base/memory.hpp"
@@ -359,6 +360,7 @@ VitModel model_from_file(SafetensorsFile file, const std::string& what, const st
     VitModel model = model_from_tensors(converted.config, converted.tensors, what);
     model.format = converted.format;
     model.notes = std::move(converted.notes);
+    model.position_resize = library_position_resize(converted.format, folder);
     return model;
   }
   const VitConfig config = config_from_metadata(it->second, what);

@@ -9,6 +9,7 @@
 #include "core/cpu/fast_attention.hpp"
 #include "core/cpu/gemm.hpp"
 #include "core/base/parallel.hpp"
+#include "core/model/interpolate.hpp"
 
 namespace vitlens {
 
@@ -58,6 +59,10 @@ std::string VitConfig::validate() const {
         }
   }
   return why.str();
+}
+
+const char* position_resize_name(PositionResize r) {
+  return r == PositionResize::BicubicAntialias ? "bicubic-antialias" : "bicubic";
 }
 
 const char* activation_name(Activation act) {
@@ -276,6 +281,40 @@ MatRM positional_table(const VitModel& model, int grid_h, int grid_w) {
 
   MatRM table(prefix + grid_h * grid_w, dim);
   if (prefix) table.topRows(prefix) = pos.topRows(prefix);
+  if (model.position_resize == PositionResize::BicubicAntialias) {
+    // torch's separable antialias kernel: along columns first, a pass skipped when its size is
+    // unchanged; each output a float sum over its window, first tap first.
+    MatRM grid = pos.bottomRows(gh0 * gw0);  // (gh0 * gw0, D)
+    if (grid_w != gw0) {
+      const InterpolationTaps tw = antialias_bicubic_taps(gw0, grid_w);
+      MatRM along_w(gh0 * grid_w, dim);
+      for (int r = 0; r < gh0; ++r)
+        for (int c = 0; c < grid_w; ++c) {
+          const float* w = &tw.weights[static_cast<size_t>(c) * static_cast<size_t>(tw.taps)];
+          auto dst = along_w.row(r * grid_w + c);
+          dst = w[0] * grid.row(r * gw0 + tw.first[static_cast<size_t>(c)]);
+          for (int k = 1; k < tw.count[static_cast<size_t>(c)]; ++k)
+            dst += w[k] * grid.row(r * gw0 + tw.first[static_cast<size_t>(c)] + k);
+        }
+      grid = std::move(along_w);
+    }
+    if (grid_h != gh0) {
+      const InterpolationTaps th = antialias_bicubic_taps(gh0, grid_h);
+      MatRM along_h(grid_h * grid_w, dim);
+      for (int r = 0; r < grid_h; ++r) {
+        const float* w = &th.weights[static_cast<size_t>(r) * static_cast<size_t>(th.taps)];
+        const int first = th.first[static_cast<size_t>(r)];
+        for (int c = 0; c < grid_w; ++c) {
+          auto dst = along_h.row(r * grid_w + c);
+          dst = w[0] * grid.row(first * grid_w + c);
+          for (int k = 1; k < th.count[static_cast<size_t>(r)]; ++k) dst += w[k] * grid.row((first + k) * grid_w + c);
+        }
+      }
+      grid = std::move(along_h);
+    }
+    table.bottomRows(grid_h * grid_w) = grid;
+    return table;
+  }
   // Separable bicubic: first along columns (gw0 -> grid_w) for every source row, then rows.
   MatRM along_w(gh0 * grid_w, dim);
   for (int c = 0; c < grid_w; ++c) {

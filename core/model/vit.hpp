@@ -137,6 +137,15 @@ struct PackedWeightCache {
   std::shared_ptr<const PackedModelWeights> packed;
 };
 
+// How the positional table is resized to a grid other than the trained one, as the model's
+// library does it (torch.nn.functional.interpolate, mode "bicubic", align_corners=False, by size).
+enum class PositionResize {
+  Bicubic,           // antialias=False: vitlens' own models, transformers ViT, CLIP and Dinov2Model
+  BicubicAntialias,  // antialias=True: timm's resample_abs_pos_embed, transformers
+                     // Dinov2WithRegisters (core/model/interpolate.hpp)
+};
+const char* position_resize_name(PositionResize r);  // "bicubic", "bicubic-antialias"
+
 // A loaded model: config plus weights viewing `storage`. Move-only, so the views stay valid.
 // The weights must not change after loading (nothing does that: training makes a new model):
 // forward() keeps them packed in `packed_cache`, found again by their addresses and the kernels.
@@ -149,6 +158,7 @@ struct VitModel {
   std::string source;  // the file it came from, for messages
   std::string format = "vitlens";  // the layout it was read from ("vitlens", "timm", "hf-vit", ...)
   std::vector<std::string> notes;  // what the loader inferred or assumed, one line each (vitlens info)
+  PositionResize position_resize = PositionResize::Bicubic;  // set by the loader from the layout
   // Empty until the first forward() fills it; null in a moved-from model (forward() then packs
   // for each call).
   std::unique_ptr<PackedWeightCache> packed_cache = std::make_unique<PackedWeightCache>();
@@ -212,8 +222,9 @@ std::string token_name(const VitConfig& config, int grid_w, int token);
 KeyMask build_key_mask(const VitConfig& config, const PatchGrid& grid, const ForwardOptions& options);
 
 // Positional table for a gh x gw grid: the model's own when the grid matches, else the patch part
-// resized with bicubic interpolation (align_corners=False, A = -0.75, as torch.nn.functional
-// .interpolate(mode="bicubic") that DINO and timm's resample_abs_pos_embed use); prefix rows kept.
+// resized as model.position_resize says: bicubic interpolation (align_corners=False, A = -0.75, as
+// torch.nn.functional.interpolate(mode="bicubic")) or its antialiased form (interpolate.hpp);
+// prefix rows kept.
 MatRM positional_table(const VitModel& model, int grid_h, int grid_w);  // (pos_prefix + gh*gw, D)
 
 // The whole forward pass. Throws vitlens::Error on a grid the model cannot take or on cancel.

@@ -125,8 +125,21 @@ MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const 
 ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path, const ExportSettings& settings) {
   ImageAnalysis a;
   a.image_path = image_path;
-  const int max_side = settings.max_side < 0 ? default_max_side(model.config) : settings.max_side;
-  a.image = prepare_image(load_image(image_path), model.config, max_side, image_path);
+  a.transform = settings.transform;
+  if (settings.transform.present()) {
+    // The model's transform crops and squashes: a pixel of the file or a mask over it has no
+    // place in the processed image vitlens could name exactly, so those are refused.
+    if (settings.select == QuerySelect::SourcePixel)
+      throw Error(image_path + ": --query names a pixel of the file, which --preprocess model crops or resizes; "
+                  "use --query-processed (a pixel of the processed image) or --patch");
+    if (!settings.mask_image.empty())
+      throw Error(image_path + ": --mask-image covers the whole image, which --preprocess model crops or resizes; "
+                  "use --preprocess whole with a mask");
+    a.image = prepare_image_transformed(load_image(image_path), model.config, settings.transform, image_path);
+  } else {
+    const int max_side = settings.max_side < 0 ? default_max_side(model.config) : settings.max_side;
+    a.image = prepare_image(load_image(image_path), model.config, max_side, image_path);
+  }
   const int tokens = model.config.prefix_tokens() + a.image.grid.grid_h * a.image.grid.grid_w;
   if (tokens > kMaxTokens)
     throw Error(image_path + ": " + std::to_string(tokens) + " tokens at working size " + std::to_string(a.image.content_w) +
@@ -285,6 +298,8 @@ std::vector<std::string> montage_caption(const VitModel& model, const ImageAnaly
   caption.push_back(last_layer >= 0 && normalize == Normalize::Shared ? "scale: one for every tile of a layer, 0 to its largest value"
                                                                        : scale_phrase(normalize));
   for (std::string& phrase : forward_caption(model, a.forward, a.mask_image)) caption.push_back(std::move(phrase));
+  if (a.transform.present())  // the whole-image mode, the default, says nothing (its captions are unchanged)
+    caption.push_back("preprocess: the model's own, " + a.transform.library + ": " + a.transform.describe());
   if (a.threshold > 0.0f) {
     int flat = 0;
     for (const ThresholdResult& t : a.kept) flat += t.no_structure;
@@ -449,6 +464,9 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["content_size"] = {a.image.content_w, a.image.content_h};
   j["processed_size"] = {a.image.padded_w, a.image.padded_h};
   j["resized"] = a.image.resized;
+  j["preprocess"] = a.transform.present() ? "model" : "whole";
+  if (a.transform.present())
+    j["transform"] = {{"library", a.transform.library}, {"from", a.transform.origin}, {"steps", a.transform.describe()}};
   j["grid"] = {a.forward.grid_h, a.forward.grid_w};
   j["tokens"] = a.forward.tokens;
   j["class_token"] = a.forward.has_class_token;

@@ -12,6 +12,7 @@
 #include "core/io/files.hpp"
 #include "core/render/heatmap.hpp"
 #include "core/io/image.hpp"
+#include "core/io/preprocess.hpp"
 #include "core/render/maps.hpp"
 #include "core/model/vit.hpp"
 
@@ -82,6 +83,8 @@ struct ExportSettings {
   Normalize normalize = kDefaultNormalize;
   bool raw = false;                // also write <stem>_attn.npy (L, H, N, N)
   int max_side = -1;               // < 0: the model's img_size long side; 0: native size
+  ImageTransform transform;        // present(): --preprocess model, the model's own transform
+                                   // (preprocess.hpp; max_side is then unused); else the whole image
   std::string stem;                // output file stem; empty: the image file's stem
   bool force = false;              // replace files of the outputs' names that vitlens did not write (--force)
   nlohmann::json view_notes;       // null, or what only the viewer can set: <stem>_view.json, in the same set
@@ -103,6 +106,7 @@ constexpr int kMaxTokens = 65537;
 
 struct ImageAnalysis {
   std::string image_path;
+  ImageTransform transform;  // the settings' (present(): --preprocess model)
   PreparedImage image;
   ForwardResult forward;
   MapRequest request;

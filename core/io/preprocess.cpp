@@ -1,0 +1,103 @@
+// A model's own preprocessing: resize, centre crop, rescale, as timm's and transformers' pipelines.
+#include "core/io/preprocess.hpp"
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/base/error.hpp"
+
+namespace vitlens {
+
+std::string ImageTransform::describe() const {
+  std::string s;
+  char buf[160];
+  if (resize == ResizeRule::ShortestEdge) {
+    std::snprintf(buf, sizeof buf, "resize shortest edge to %d", resize_short);
+    s += buf;
+  } else if (resize == ResizeRule::Exact) {
+    std::snprintf(buf, sizeof buf, "resize to %dx%d", resize_w, resize_h);
+    s += buf;
+  }
+  if (resize != ResizeRule::None)
+    s += std::string(" ") + resample_filter_name(filter) + " (" + resample_engine_name(engine) + ")";
+  if (center_crop) {
+    std::snprintf(buf, sizeof buf, "%scenter crop %dx%d", s.empty() ? "" : ", ", crop_w, crop_h);
+    s += buf;
+  }
+  if (normalize) {
+    std::snprintf(buf, sizeof buf, ", mean %.4g %.4g %.4g std %.4g %.4g %.4g", mean[0], mean[1], mean[2], std[0], std[1],
+                  std[2]);
+    s += buf;
+  }
+  return s;
+}
+
+cv::Size transform_resized_size(const ImageTransform& t, int w, int h) {
+  if (t.resize == ResizeRule::Exact) return {t.resize_w, t.resize_h};
+  if (t.resize == ResizeRule::None) return {w, h};
+  // torchvision's _compute_resized_output_size and transformers' get_resize_output_image_size:
+  // new_long = int(S * long / short), the division in double.
+  const int short_side = std::min(w, h), long_side = std::max(w, h);
+  const int new_long = static_cast<int>(static_cast<double>(int64_t{t.resize_short} * long_side) / short_side);
+  return w <= h ? cv::Size(t.resize_short, new_long) : cv::Size(new_long, t.resize_short);
+}
+
+namespace {
+
+// Python's round() of (free / 2): half to even (torchvision CenterCrop: int(round((h - ch) / 2.0))).
+int crop_offset(int free, CropRounding rounding) {
+  if (rounding == CropRounding::FloorHalf) return free / 2;
+  return static_cast<int>(std::nearbyint(free / 2.0));  // the default rounding mode: half to even
+}
+
+}  // namespace
+
+cv::Mat apply_transform_rgb8(const cv::Mat& rgb8, const ImageTransform& t, const std::string& what) {
+  const cv::Size size = transform_resized_size(t, rgb8.cols, rgb8.rows);
+  if (size.width < 1 || size.height < 1)
+    throw Error(what + ": the model's transform resizes it to " + std::to_string(size.width) + "x" +
+                std::to_string(size.height) + ", an empty image");
+  cv::Mat resized = size == rgb8.size() ? rgb8 : resample_rgb8(rgb8, size.width, size.height, t.filter, t.engine);
+  if (!t.center_crop) return resized;
+  if (t.crop_w > resized.cols || t.crop_h > resized.rows)
+    throw Error(what + ": the model's transform crops " + std::to_string(t.crop_w) + "x" + std::to_string(t.crop_h) +
+                " from a " + std::to_string(resized.cols) + "x" + std::to_string(resized.rows) +
+                " image, which the libraries pad: vitlens does not; use --preprocess whole");
+  const int top = crop_offset(resized.rows - t.crop_h, t.crop_rounding);
+  const int left = crop_offset(resized.cols - t.crop_w, t.crop_rounding);
+  return resized(cv::Rect(left, top, t.crop_w, t.crop_h)).clone();
+}
+
+VitConfig config_with_transform(const VitConfig& config, const ImageTransform& t) {
+  VitConfig c = config;
+  c.mean = t.normalize ? t.mean : std::array<float, 3>{0.0f, 0.0f, 0.0f};
+  c.std = t.normalize ? t.std : std::array<float, 3>{1.0f, 1.0f, 1.0f};
+  return c;
+}
+
+PreparedImage prepare_image_transformed(const LoadedImage& image, const VitConfig& config, const ImageTransform& t,
+                                        const std::string& what) {
+  if (image.rgb01.type() != CV_32FC3) throw Error(what + ": internal: expected a CV_32FC3 image");
+  // Back to the file's bytes: the loader stored x / 255 for an 8-bit file.
+  cv::Mat rgb8;
+  image.rgb01.convertTo(rgb8, CV_8UC3, 255.0);
+  const cv::Mat out8 = apply_transform_rgb8(rgb8, t, what);
+  const int p = config.patch_size;
+  if (out8.cols < p || out8.rows < p)
+    throw Error(what + ": the model's transform gives a " + std::to_string(out8.cols) + "x" + std::to_string(out8.rows) +
+                " image, smaller than one " + std::to_string(p) + "x" + std::to_string(p) + " patch");
+  cv::Mat content;
+  if (t.rescale_factor == 1.0 / 255.0)
+    out8.convertTo(content, CV_32FC3, 1.0 / 255.0);  // as the loader: the same float as ToTensor's x / 255
+  else
+    out8.convertTo(content, CV_32FC3, t.rescale_factor);
+  // The padding and patchify of the whole-image mode, at the transformed image's own size.
+  LoadedImage transformed{content, content.cols, content.rows};
+  PreparedImage out = prepare_image(transformed, config_with_transform(config, t), 0, what);
+  out.source_w = image.source_w;
+  out.source_h = image.source_h;
+  out.resized = true;
+  return out;
+}
+
+}  // namespace vitlens

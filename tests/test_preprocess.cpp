@@ -1,0 +1,212 @@
+// `--preprocess model` against the libraries' own pipelines, and positional tables resized as the
+// libraries resize them. The references come from tests/fixtures/make_preprocess_fixtures.py
+// (timm create_transform, transformers AutoImageProcessor with both backends, the libraries'
+// resample_abs_pos_embed / interpolate_pos_encoding) run on opencv-doc photos that are read at run
+// time; a test whose photo is absent says so and checks nothing else.
+#include <catch2/catch.hpp>
+
+#include <cstdio>
+#include <fstream>
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.hpp"
+#include "core/io/preprocess.hpp"
+#include "core/model/vit.hpp"
+#include "models/model_io.hpp"
+#include "models/model_transform.hpp"
+#include "npy_support.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+const std::string kDir = std::string(VITLENS_TEST_FIXTURES) + "/preprocess/";
+const std::string kForeignDir = std::string(VITLENS_TEST_FIXTURES) + "/foreign/";
+
+nlohmann::json manifest() { return nlohmann::json::parse(npy_file_bytes(kDir + "manifest.json")); }
+
+bool have_file(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// The photo's path, or "" after saying why the case is skipped.
+std::string photo_or_skip(const nlohmann::json& m, const nlohmann::json& c) {
+  const std::string path = m.at("photos").get<std::string>() + "/" + c.at("photo").get<std::string>();
+  if (have_file(path)) return path;
+  std::printf("SKIPPED %s: the photo %s is absent (install opencv-doc: scripts/setup.sh)\n",
+              c.at("name").get<std::string>().c_str(), path.c_str());
+  return "";
+}
+
+// FNV-1a 64 over the bytes, as the fixture script hashes the library's 8-bit image.
+std::string fnv1a64(const cv::Mat& rgb8) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (int y = 0; y < rgb8.rows; ++y) {
+    const uint8_t* row = rgb8.ptr<uint8_t>(y);
+    for (int i = 0; i < rgb8.cols * 3; ++i) h = (h ^ row[i]) * 0x100000001B3ull;
+  }
+  char text[17];
+  std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(h));
+  return text;
+}
+
+std::string format_of(const nlohmann::json& c) {
+  return c.at("library").get<std::string>() == "timm" ? "timm" : "hf-vit";
+}
+
+void copy_file(const std::string& from, const std::string& to) {
+  std::ifstream in(from, std::ios::binary);
+  REQUIRE(in);
+  std::ofstream out(to, std::ios::binary);
+  out << in.rdbuf();
+}
+
+}  // namespace
+
+TEST_CASE("model preprocessing gives the pixels of timm's and transformers' pipelines on photos", "[preprocess]") {
+  const nlohmann::json m = manifest();
+  const double tolerance = m.at("tolerance_pixels").get<double>();
+  REQUIRE(m.at("pixels").size() == 12);  // the script writes twelve; fewer means stale fixtures
+  for (const auto& c : m.at("pixels")) {
+    const std::string name = c.at("name").get<std::string>();
+    SECTION(name) {
+      const std::string photo = photo_or_skip(m, c);
+      if (photo.empty()) return;
+      INFO(name << ": " << c.at("pipeline").get<std::string>());
+      const vitlens::ImageTransform t =
+          vitlens::read_model_transform(kDir + name + "/model.safetensors", format_of(c));
+      REQUIRE(t.present());
+      if (c.contains("backend"))
+        CHECK(t.engine == (c.at("backend") == "pil" ? vitlens::ResampleEngine::Pillow
+                                                    : vitlens::ResampleEngine::TorchAntialias));
+      const vitlens::LoadedImage image = vitlens::load_image(photo);
+      cv::Mat rgb8;
+      image.rgb01.convertTo(rgb8, CV_8UC3, 255.0);
+      const cv::Mat out8 = vitlens::apply_transform_rgb8(rgb8, t, name);
+      REQUIRE(out8.cols == c.at("width").get<int>());
+      REQUIRE(out8.rows == c.at("height").get<int>());
+      CHECK(fnv1a64(out8) == c.at("fnv1a64").get<std::string>());  // every byte
+
+      // The model's input, through patchify: (x * rescale - mean) / std at every 7th pixel.
+      vitlens::VitConfig config;
+      config.patch_size = 16;
+      config.img_w = config.img_h = 224;
+      const vitlens::PreparedImage prepared = vitlens::prepare_image_transformed(image, config, t, name);
+      REQUIRE(prepared.grid.grid_w * 16 == out8.cols);
+      const NpyArray samples = read_npy(kDir + name + "/" + c.at("samples").get<std::string>());  // (3, h, w)
+      const int step = c.at("step").get<int>();
+      const int sh = static_cast<int>(samples.shape[1]), sw = static_cast<int>(samples.shape[2]);
+      double worst = 0.0;
+      for (int ch = 0; ch < 3; ++ch)
+        for (int sy = 0; sy < sh; ++sy)
+          for (int sx = 0; sx < sw; ++sx) {
+            const int y = sy * step, x = sx * step;
+            const float got = prepared.grid.patches((y / 16) * prepared.grid.grid_w + x / 16,
+                                                    ch * 256 + (y % 16) * 16 + x % 16);
+            const float want = samples.values[(static_cast<size_t>(ch) * sh + sy) * sw + sx];
+            worst = std::max(worst, static_cast<double>(std::abs(got - want)));
+          }
+      CHECK(worst <= tolerance);
+      WARN(name << " [" << t.describe() << "]: bytes " << (fnv1a64(out8) == c.at("fnv1a64") ? "equal" : "DIFFER")
+                << ", max |diff| pixels " << worst);
+    }
+  }
+}
+
+TEST_CASE("model preprocessing gives the libraries' attention maps on photos", "[preprocess][parity]") {
+  const nlohmann::json m = manifest();
+  const double tolerance = m.at("tolerance_probs").get<double>();
+  REQUIRE(m.at("maps").size() == 6);
+  for (const auto& c : m.at("maps")) {
+    const std::string name = c.at("name").get<std::string>();
+    SECTION(name) {
+      const std::string photo = photo_or_skip(m, c);
+      if (photo.empty()) return;
+      INFO(name << ": " << c.at("pipeline").get<std::string>());
+      const std::string foreign = kForeignDir + c.at("model").get<std::string>();
+      std::string model_path = foreign + "/model.safetensors";
+      std::string tmp;
+      if (c.contains("config")) {  // a Hugging Face model with the case's preprocessor_config.json beside it
+        tmp = vitlens::test::temp_dir("preprocess");
+        copy_file(foreign + "/model.safetensors", tmp + "/model.safetensors");
+        copy_file(foreign + "/config.json", tmp + "/config.json");
+        copy_file(kDir + name + "/preprocessor_config.json", tmp + "/preprocessor_config.json");
+        model_path = tmp + "/model.safetensors";
+      }
+      const vitlens::VitModel model = vitlens::load_model(model_path);
+      const vitlens::ImageTransform t = vitlens::read_model_transform(model_path, model.format);
+      REQUIRE(t.present());
+      const vitlens::PreparedImage image =
+          vitlens::prepare_image_transformed(vitlens::load_image(photo), model.config, t, name);
+      vitlens::ForwardOptions options;
+      options.keep_probs = true;
+      const vitlens::ForwardResult result = vitlens::forward(model, image.grid, options);
+      const NpyArray probs = read_npy(kDir + name + "/" + c.at("probs").get<std::string>());  // (L, H, N, N)
+      const int L = model.config.depth, H = model.config.num_heads, N = result.tokens;
+      REQUIRE(probs.shape == std::vector<int64_t>{L, H, N, N});
+      double worst = 0.0;
+      for (int l = 0; l < L; ++l)
+        for (int h = 0; h < H; ++h)
+          worst = std::max(worst, max_abs_diff(result.layers[static_cast<size_t>(l)].probs[static_cast<size_t>(h)].data(),
+                                               probs.values.data() + (static_cast<size_t>(l) * H + h) * N * N,
+                                               static_cast<size_t>(N) * N));
+      CHECK(worst <= tolerance);
+      WARN(name << " [" << t.library << "]: max |diff| probs " << worst);
+      if (!tmp.empty())
+        for (const char* f : {"/model.safetensors", "/config.json", "/preprocessor_config.json", ""})
+          std::remove((tmp + f).c_str());
+    }
+  }
+}
+
+TEST_CASE("positional tables resize as each family's library resizes them", "[preprocess][pos]") {
+  const nlohmann::json m = manifest();
+  REQUIRE(m.at("positions").size() == 42);
+  for (const auto& c : m.at("positions")) {
+    const std::string model_name = c.at("model").get<std::string>();
+    const int gh = c.at("grid")[0].get<int>(), gw = c.at("grid")[1].get<int>();
+    INFO(model_name << " at " << gh << "x" << gw << " (" << c.at("library").get<std::string>() << ")");
+    const vitlens::VitModel model = vitlens::load_model(kForeignDir + model_name + "/model.safetensors");
+    const bool antialias = model_name.rfind("timm_", 0) == 0 || model_name == "hf_dinov2_reg";
+    CHECK(model.position_resize ==
+          (antialias ? vitlens::PositionResize::BicubicAntialias : vitlens::PositionResize::Bicubic));
+    const vitlens::MatRM table = vitlens::positional_table(model, gh, gw);
+    const NpyArray want = read_npy(kDir + c.at("file").get<std::string>());  // (gh*gw, D)
+    REQUIRE(want.shape == std::vector<int64_t>{gh * gw, model.config.embed_dim});
+    const vitlens::MatRM patches = table.bottomRows(gh * gw);
+    const double diff = max_abs_diff(patches.data(), want.values.data(), want.values.size());
+    CHECK(diff <= 1e-5);
+  }
+}
+
+TEST_CASE("model transforms vitlens cannot reproduce are refused naming the key", "[preprocess]") {
+  const std::string dir = vitlens::test::temp_dir("transform");
+  auto refused = [&](const std::string& file, const std::string& text, const std::string& format) {
+    std::ofstream(dir + "/" + file) << text;
+    std::string message;
+    try {
+      vitlens::read_model_transform(dir + "/model.safetensors", format);
+    } catch (const vitlens::Error& e) {
+      message = e.what();
+    }
+    std::remove((dir + "/" + file).c_str());
+    return message;
+  };
+  CHECK_THAT(refused("config.json", R"({"pretrained_cfg": {"input_size": [3, 224, 224], "crop_mode": "border"}})", "timm"),
+             Catch::Contains("'crop_mode'") && Catch::Contains("border"));
+  CHECK_THAT(refused("config.json", R"({"pretrained_cfg": {"input_size": [3, 224, 224], "crop_pct": 1.2}})", "timm"),
+             Catch::Contains("'crop_pct'"));
+  CHECK_THAT(refused("preprocessor_config.json", R"({"image_processor_type": "ViTImageProcessor", "resample": 0})", "hf-vit"),
+             Catch::Contains("'resample'") && Catch::Contains("nearest"));
+  CHECK_THAT(refused("preprocessor_config.json", R"({"image_processor_type": "ViTImageProcessor", "resample": 1})", "hf-vit"),
+             Catch::Contains("torchvision backend"));
+  CHECK_THAT(refused("preprocessor_config.json", R"({"size": {"shortest_edge": 224, "longest_edge": 1333}})", "hf-vit"),
+             Catch::Contains("longest_edge"));
+  // A vitlens model and a timm file without config.json carry no transform.
+  CHECK_FALSE(vitlens::read_model_transform(dir + "/model.safetensors", "vitlens").present());
+  CHECK_FALSE(vitlens::read_model_transform(dir + "/model.safetensors", "timm").present());
+  ::rmdir(dir.c_str());
+}
