@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include "core/base/error.hpp"
+#include "core/model/rollout.hpp"
 #include "core/render/export.hpp"
 
 namespace vitlens::cli {
@@ -14,24 +15,30 @@ namespace vitlens::cli {
 // Exit codes: 0 success, 1 some work failed (each failure reported on stderr), 2 bad usage.
 constexpr int kExitOk = 0, kExitFailed = 1, kExitUsage = 2;
 
+// --layer: the last layer (not given), one layer, a range A-B, or every layer.
+struct LayerChoice {
+  enum class Kind { Last, One, Range, All };
+  Kind kind = Kind::Last;
+  int first = -1, last = -1;  // One: first; Range: both; All: known once the model is
+  std::string text;           // as typed, for messages
+};
+
+// Every option of `vitlens export`, typed by CLI11 as it parses (cli_export.cpp).
 struct ExportArgs {
   std::vector<std::string> images;
   std::string model;  // empty: the bundled designed model
   int heads = 0;      // --heads for a checkpoint that does not say it
-  std::string query, query_processed, patch;
+  std::string query, query_processed, patch;  // "X,Y" / "ROW,COL" as typed (parse_pair)
   std::string token;  // --token cls|dist|regK: a prefix token as the query
   bool cls = false, received = false;
   std::string mask = "none";
-  std::string upsample = "nearest";
-  std::string normalize = normalize_name(kDefaultNormalize);
   bool quiet = false;
-  std::string threshold;         // --threshold MASS as typed; empty: off
-  std::string layer;            // "", "L", "A-B" or "all"
-  bool rollout = false;         // --rollout
-  std::string fusion = "mean";  // --fusion
-  float discard = 0.0f;         // --discard
-  std::string preprocess = "whole";  // --preprocess whole|model
-  ExportSettings settings;
+  LayerChoice layer;
+  bool rollout = false;                   // --rollout
+  HeadFusion fusion = HeadFusion::Mean;   // --fusion
+  float discard = 0.0f;                   // --discard
+  std::string preprocess = "whole";       // --preprocess whole|model
+  ExportSettings settings;                // the rest: --out, --colormap, --alpha, --upsample, --normalize, --threshold, ...
 };
 void add_export_command(CLI::App& app, ExportArgs& args);
 int run_export(ExportArgs& args);

@@ -1,115 +1,238 @@
-// `vitlens export`: heatmaps, montage, JSON and optional raw weights for each image.
+// `vitlens export`: heatmaps, montage, JSON and optional raw weights for each image. Index:
+//   [SECTION] Typed flags     validators and transforms, so a bad value fails in parsing, one line
+//   [SECTION] Options         the command's options, in groups
+//   [SECTION] Run             checks against the model, then each image
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
-#include <iostream>
 #include <cstdlib>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <set>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli.hpp"
+#include "core/base/enum_names.hpp"
 #include "core/base/error.hpp"
-#include "core/render/export_layers.hpp"
 #include "core/io/files.hpp"
 #include "core/io/image.hpp"
+#include "core/render/export_layers.hpp"
 #include "models/bundled_models.hpp"
 #include "models/model_io.hpp"
 #include "models/model_transform.hpp"
 
 namespace vitlens::cli {
 
-void add_export_command(CLI::App& app, ExportArgs& args) {
-  CLI::App* cmd = app.add_subcommand("export", "Write per-head attention heatmaps, a montage and a JSON sidecar for each image");
+namespace {
+
+// [SECTION] Typed flags
+
+// The whole text a finite number, or nothing.
+bool whole_float(const std::string& text, float& out) {
+  char* end = nullptr;
+  out = std::strtof(text.c_str(), &end);
+  return !text.empty() && *end == '\0' && std::isfinite(out);
+}
+
+// A number from `lo` to `hi` (below `hi` when `hi_open`); unlike CLI::Range, NaN is refused too.
+// `range` words it for the message, `shown` for --help.
+CLI::Validator number_in(float lo, float hi, const std::string& range, const std::string& shown, bool hi_open = false) {
+  return CLI::Validator(
+      [=](std::string& text) -> std::string {
+        float v = 0.0f;
+        if (whole_float(text, v) && v >= lo && (hi_open ? v < hi : v <= hi)) return "";
+        return "must be a number from " + range + ", got '" + text + "'";
+      },
+      shown, "NUMBER");
+}
+
+// --threshold: a share of each map's mass, 0 < MASS <= 1.
+CLI::Validator threshold_mass() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        float v = 0.0f;
+        if (whole_float(text, v) && v > 0.0f && v <= 1.0f) return "";
+        return "must be a mass in (0, 1] (the share of each map to keep), got '" + text + "'";
+      },
+      "", "MASS");
+}
+
+// One of an enum's names (core/base/enum_names.hpp), stored as the enum: CLI11 reads an enum
+// from its number, so the name becomes that number.
+template <typename E, size_t N>
+CLI::Validator enum_choice(const EnumName<E> (&table)[N]) {
+  std::string names;
+  for (const std::string& n : enum_names(table)) names += (names.empty() ? "" : ",") + n;
+  return CLI::Validator(
+      [&table, names](std::string& text) -> std::string {
+        E value{};
+        if (!parse_enum(table, text, value)) return text + " not in {" + names + "}";
+        text = std::to_string(static_cast<int>(value));
+        return "";
+      },
+      "{" + names + "}", "NAME");
+}
+
+// A layer index: digits only, at most 1000000.
+bool layer_index(const std::string& text, int& out) {
+  if (text.empty() || text.size() > 7) return false;
+  for (char c : text)
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  out = std::stoi(text);
+  return out <= 1000000;
+}
+
+// --layer L, A-B or all; throws CLI::ValidationError (a parse error: one line, exit code 2).
+LayerChoice parse_layer_choice(const std::string& text) {
+  LayerChoice c;
+  c.text = text;
+  const auto dash = text.find('-', 1);
+  bool ok = true;
+  if (text == "all") {
+    c.kind = LayerChoice::Kind::All;
+    c.first = 0;
+  } else if (dash != std::string::npos) {
+    c.kind = LayerChoice::Kind::Range;
+    ok = layer_index(text.substr(0, dash), c.first) && layer_index(text.substr(dash + 1), c.last);
+    if (ok && c.last < c.first) throw CLI::ValidationError("--layer " + text + ": the range's end is before its start");
+  } else {
+    c.kind = LayerChoice::Kind::One;
+    ok = layer_index(text, c.first);
+  }
+  if (!ok) throw CLI::ValidationError("--layer expects a layer index L, a range A-B (0-based) or 'all'; got '" + text + "'");
+  return c;
+}
+
+// [SECTION] Options
+
+void add_input_options(CLI::App* cmd, ExportArgs& args) {
   cmd->add_option("IMAGE", args.images, "Image files (PNG, JPEG, BMP, TIFF, WebP, ...)")->required();
   cmd->add_option("--model,-m", args.model, kModelOptionHelp);
   add_heads_option(cmd, args.heads);
-  cmd->add_option("--out,-o", args.settings.out_dir,
-                  "Folder to write into; created (with its parents) when missing")
+  cmd->add_option("--out,-o", args.settings.out_dir, "Folder to write into; created (with its parents) when missing")
       ->capture_default_str();
-  auto* query = cmd->add_option("--query", args.query,
-                                "Map of the query patch under pixel X,Y of the IMAGE as given (before any resizing)");
-  auto* query_processed = cmd->add_option(
-      "--query-processed", args.query_processed,
-      "Map of the query patch under pixel X,Y of the processed image (resized to --size and padded to whole patches)");
-  query->type_name("X,Y");
-  query_processed->type_name("X,Y");
-  auto* patch = cmd->add_option("--patch", args.patch, "Map of the query patch at ROW,COL of the patch grid");
-  auto* cls = cmd->add_flag("--cls", args.cls, "Map of the class token's attention (models with a class token)");
-  auto* received = cmd->add_flag("--received", args.received,
-                                 "Attention received: mean over queries of each patch's column (the default)");
-  auto* token = cmd->add_option("--token", args.token,
-                                "Map of a prefix token's attention row: cls (class token), dist (distillation token, "
-                                "distilled DeiT) or regK (register K of DINOv2 with registers, K from 0)");
-  token->type_name("NAME");
-  query->excludes(query_processed)->excludes(patch)->excludes(cls)->excludes(received)->excludes(token);
-  query_processed->excludes(patch)->excludes(cls)->excludes(received)->excludes(token);
-  patch->excludes(cls)->excludes(received)->excludes(token);
-  cls->excludes(received)->excludes(token);
-  received->excludes(token);
-  cmd->add_option("--layer", args.layer,
-                  "Layer (block) index L, 0-based (default: the last); a range A-B or 'all' writes every layer's files "
-                  "(<stem>_layer<L>_*) and a layers x heads montage (<stem>_layers_montage.png, recorded in <stem>_layers.json)");
-  cmd->add_flag("--rollout", args.rollout,
-                "Attention rollout (Abnar & Zuidema) from the class token, or from the --patch / --query patch: "
-                "<stem>_rollout.png and .json; with --layer A-B over those layers");
-  cmd->add_option("--fusion", args.fusion, "Rollout: how each layer's heads are fused")
-      ->check(CLI::IsMember({"mean", "max", "min"}))
+}
+
+// The query: one of these at most (each excludes the others).
+void add_query_options(CLI::App* cmd, ExportArgs& args) {
+  CLI::Option_group* g = cmd->add_option_group("Query", "Which attention the maps show (at most one)");
+  std::vector<CLI::Option*> query = {
+      g->add_option("--query", args.query, "Map of the query patch under pixel X,Y of the IMAGE as given (before any resizing)")
+          ->type_name("X,Y"),
+      g->add_option("--query-processed", args.query_processed,
+                    "Map of the query patch under pixel X,Y of the processed image (resized to --size and padded to whole "
+                    "patches)")
+          ->type_name("X,Y"),
+      g->add_option("--patch", args.patch, "Map of the query patch at ROW,COL of the patch grid"),
+      g->add_flag("--cls", args.cls, "Map of the class token's attention (models with a class token)"),
+      g->add_flag("--received", args.received, "Attention received: mean over queries of each patch's column (the default)"),
+      g->add_option("--token", args.token,
+                    "Map of a prefix token's attention row: cls (class token), dist (distillation token, distilled DeiT) "
+                    "or regK (register K of DINOv2 with registers, K from 0)")
+          ->type_name("NAME")};
+  for (size_t i = 0; i < query.size(); ++i)
+    for (size_t j = i + 1; j < query.size(); ++j) query[i]->excludes(query[j]);
+}
+
+void add_layer_options(CLI::App* cmd, ExportArgs& args) {
+  CLI::Option_group* g = cmd->add_option_group("Layers and rollout");
+  g->add_option_function<std::string>(
+       "--layer", [&args](const std::string& text) { args.layer = parse_layer_choice(text); },
+       "Layer (block) index L, 0-based (default: the last); a range A-B or 'all' writes every layer's files "
+       "(<stem>_layer<L>_*) and a layers x heads montage (<stem>_layers_montage.png, recorded in <stem>_layers.json)")
+      ->type_name("TEXT");
+  g->add_flag("--rollout", args.rollout,
+              "Attention rollout (Abnar & Zuidema) from the class token, or from the --patch / --query patch: "
+              "<stem>_rollout.png and .json; with --layer A-B over those layers");
+  g->add_option("--fusion", args.fusion, "Rollout: how each layer's heads are fused")
+      ->transform(enum_choice(kHeadFusionNames))
+      ->type_name("TEXT")
+      ->default_str(head_fusion_name(args.fusion));
+  g->add_option("--discard", args.discard,
+                "Rollout: fraction of each layer's lowest fused weights set to zero (never the class token's own), 0 to "
+                "below 1")
+      ->check(number_in(0.0f, 1.0f, "0 to below 1", "FLOAT in [0 - 1)", true))
       ->capture_default_str();
-  cmd->add_option("--discard", args.discard,
-                  "Rollout: fraction of each layer's lowest fused weights set to zero (never the class token's own), 0 to below 1")
-      ->check(CLI::Range(0.0f, 0.999999f))
+}
+
+void add_look_options(CLI::App* cmd, ExportArgs& args) {
+  ExportSettings& s = args.settings;
+  CLI::Option_group* g = cmd->add_option_group("Look", "How the maps are drawn");
+  g->add_option("--colormap", s.style.colormap, "Colour map")->check(CLI::IsMember(colormap_names()))->capture_default_str();
+  g->add_option("--alpha", s.style.alpha, "Heatmap opacity over the image, 0 to 1")
+      ->check(number_in(0.0f, 1.0f, "0 to 1", "FLOAT in [0 - 1]"))
       ->capture_default_str();
-  cmd->add_option("--mask", args.mask, "Attention mask applied before the softmax (padding patches are always masked)")
+  g->add_option("--upsample", s.style.upsample, "Patch map to pixels")
+      ->transform(enum_choice(kUpsampleNames))
+      ->type_name("TEXT")
+      ->default_str(upsample_name(s.style.upsample));
+  g->add_option("--threshold", s.threshold,
+                "Keep only the largest patches that hold this share of each map's mass, 0 < MASS <= 1 (DINO's "
+                "--threshold); ties are kept together, a map with no structure is shown whole")
+      ->check(threshold_mass())
+      ->type_name("MASS");
+  g->add_option("--normalize", s.normalize,
+                "robust: each head from 0 to its 99th percentile, raised so at most 10% of its weight saturates (the "
+                "default); head: each head to its own maximum; shared: one scale for all heads; log: each head on a "
+                "3-decade log scale")
+      ->transform(enum_choice(kNormalizeNames))
+      ->type_name("TEXT")
+      ->default_str(normalize_name(s.normalize));
+}
+
+void add_pass_options(CLI::App* cmd, ExportArgs& args) {
+  ExportSettings& s = args.settings;
+  CLI::Option_group* g = cmd->add_option_group("Forward pass");
+  g->add_option("--mask", args.mask, "Attention mask applied before the softmax (padding patches are always masked)")
       ->check(CLI::IsMember({"none", "causal"}))
       ->capture_default_str();
-  cmd->add_option("--colormap", args.settings.style.colormap, "Colour map")
-      ->check(CLI::IsMember(colormap_names()))
-      ->capture_default_str();
-  cmd->add_option("--alpha", args.settings.style.alpha, "Heatmap opacity over the image, 0 to 1")
-      ->check(CLI::Range(0.0f, 1.0f))
-      ->capture_default_str();
-  cmd->add_option("--upsample", args.upsample, "Patch map to pixels")
-      ->check(CLI::IsMember({"nearest", "bilinear"}))
-      ->capture_default_str();
-  cmd->add_option("--mask-image", args.settings.mask_image,
-                  "Painted key mask: an image of the IMAGE's aspect ratio, white = key allowed, black = forbidden; "
-                  "stretched over the image, a patch is forbidden when the mask's mean over it is below 50% grey "
-                  "(padding patches are always masked)")
+  g->add_option("--mask-image", s.mask_image,
+                "Painted key mask: an image of the IMAGE's aspect ratio, white = key allowed, black = forbidden; "
+                "stretched over the image, a patch is forbidden when the mask's mean over it is below 50% grey "
+                "(padding patches are always masked)")
       ->type_name("FILE");
-  cmd->add_option("--temperature", args.settings.temperature,
-                  "Softmax temperature T: scores are q.k / (sqrt(d) T); T > 1 flattens, T < 1 sharpens; " +
-                      std::string("0.05 to 20"))
+  g->add_option("--temperature", s.temperature,
+                "Softmax temperature T: scores are q.k / (sqrt(d) T); T > 1 flattens, T < 1 sharpens; 0.05 to 20")
+      ->check(number_in(kMinTemperature, kMaxTemperature, "0.05 to 20", ""))
       ->type_name("T")
       ->capture_default_str();
-  cmd->add_option("--threshold", args.threshold,
-                  "Keep only the largest patches that hold this share of each map's mass, 0 < MASS <= 1 (DINO's "
-                  "--threshold); ties are kept together, a map with no structure is shown whole")
-      ->type_name("MASS");
-  cmd->add_option("--normalize", args.normalize,
-                  "robust: each head from 0 to its 99th percentile, raised so at most 10% of its weight saturates (the default); head: each "
-                  "head to its own maximum; shared: one scale for all heads; log: each head on a 3-decade log scale")
-      ->check(CLI::IsMember({"robust", "head", "shared", "log"}))
-      ->capture_default_str();
-  cmd->add_option("--size", args.settings.max_side,
-                  "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size (at most 2048); "
-                  "default: the model's img_size long side. An image of exactly the model's img_size is never resampled")
+  g->add_option("--size", s.max_side,
+                "Working size: images with a longer side are downscaled to it (aspect kept); 0 = native size (at most "
+                "2048); default: the model's img_size long side. An image of exactly the model's img_size is never "
+                "resampled")
       ->check(CLI::Range(0, 2048));
-  cmd->add_option("--preprocess", args.preprocess,
-                  "whole: the whole image, aspect kept, resized to --size and padded to whole patches (padding masked); "
-                  "model: the transform the checkpoint publishes (timm pretrained_cfg, Hugging Face preprocessor_config.json), "
-                  "pixel for pixel as its library computes it, so the maps are a notebook's")
+  g->add_option("--preprocess", args.preprocess,
+                "whole: the whole image, aspect kept, resized to --size and padded to whole patches (padding masked); "
+                "model: the transform the checkpoint publishes (timm pretrained_cfg, Hugging Face "
+                "preprocessor_config.json), pixel for pixel as its library computes it, so the maps are a notebook's")
       ->check(CLI::IsMember({"whole", "model"}))
       ->capture_default_str();
-  cmd->add_flag("--raw", args.settings.raw,
+}
+
+void add_output_flags(CLI::App* cmd, ExportArgs& args) {
+  ExportSettings& s = args.settings;
+  cmd->add_flag("--raw", s.raw,
                 "Also write <stem>_attn.npy: float32 (layers, heads, tokens, tokens), class token first; at most " +
                     std::to_string(kMaxRawTokens) + " tokens");
-  cmd->add_flag("--force", args.settings.force,
+  cmd->add_flag("--force", s.force,
                 "Replace files with the outputs' names that vitlens did not write (without it such a file stops "
                 "that image's export and is named; vitlens replaces its own earlier outputs either way)");
   cmd->add_flag("--quiet,-q", args.quiet, "Print nothing but errors");
+}
+
+}  // namespace
+
+void add_export_command(CLI::App& app, ExportArgs& args) {
+  CLI::App* cmd = app.add_subcommand("export", "Write per-head attention heatmaps, a montage and a JSON sidecar for each image");
+  add_input_options(cmd, args);
+  add_query_options(cmd, args);
+  add_layer_options(cmd, args);
+  add_look_options(cmd, args);
+  add_pass_options(cmd, args);
+  add_output_flags(cmd, args);
 }
 
 namespace {
@@ -196,28 +319,10 @@ std::pair<dev_t, ino_t> file_identity(const std::string& path) {
   return {st.st_dev, st.st_ino};
 }
 
-}  // namespace
+// [SECTION] Run
 
-int run_export(ExportArgs& args) {
-  ExportSettings& s = args.settings;
-  // CLI::Range lets NaN through (every comparison with NaN is false).
-  if (!(s.style.alpha >= 0.0f && s.style.alpha <= 1.0f))
-    throw UsageError("--alpha must be a number from 0 to 1, got " + std::to_string(s.style.alpha));
-  // CLI::Range lets NaN through too; these are checked here, with the flag's name.
-  if (!(s.temperature >= kMinTemperature && s.temperature <= kMaxTemperature))
-    throw UsageError("--temperature must be a number from 0.05 to 20, got " + std::to_string(s.temperature));
-  if (!args.threshold.empty()) {
-    size_t used = 0;
-    float mass = 0.0f;
-    try {
-      mass = std::stof(args.threshold, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used == 0 || used != args.threshold.size() || !(mass > 0.0f && mass <= 1.0f))
-      throw UsageError("--threshold must be a mass in (0, 1] (the share of each map to keep), got '" + args.threshold + "'");
-    s.threshold = mass;
-  }
+// The query the flags chose (they exclude each other).
+void select_query(const ExportArgs& args, ExportSettings& s) {
   if (!args.query.empty()) {
     s.select = QuerySelect::SourcePixel;
     parse_pair(args.query, "--query", s.query_x, s.query_y);
@@ -230,186 +335,228 @@ int run_export(ExportArgs& args) {
   } else if (!args.token.empty()) {
     s.select = QuerySelect::Token;
     s.token = args.token;
-  } else if (args.cls) {
-    s.select = QuerySelect::ClassToken;
   } else {
-    s.select = QuerySelect::Received;
+    s.select = args.cls ? QuerySelect::ClassToken : QuerySelect::Received;
   }
-  // --layer: one index, a range A-B, or all (the range is checked against the model below).
-  int first_layer = -1, last_layer = -1;
-  bool layer_range = false;
-  if (!args.layer.empty()) {
-    auto parse_index = [&](const std::string& text) {
-      size_t used = 0;
-      long v = -1;
-      try {
-        v = std::stol(text, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (text.empty() || used != text.size() || v < 0 || v > 1000000 || text[0] == '-' || text[0] == '+')
-        throw UsageError("--layer expects a layer index L, a range A-B (0-based) or 'all'; got '" + args.layer + "'");
-      return static_cast<int>(v);
-    };
-    const auto dash = args.layer.find('-', 1);
-    if (args.layer == "all") {
-      layer_range = true;
-      first_layer = 0;
-    } else if (dash != std::string::npos && args.layer[0] != '-') {
-      layer_range = true;
-      first_layer = parse_index(args.layer.substr(0, dash));
-      last_layer = parse_index(args.layer.substr(dash + 1));
-      if (last_layer < first_layer)
-        throw UsageError("--layer " + args.layer + ": the range's end is before its start");
-    } else {
-      s.layer = parse_index(args.layer);
-    }
-  }
-  if (s.threshold > 0.0f && args.rollout)
-    throw UsageError("--threshold applies to attention maps, not to --rollout");
-  if (!(args.discard >= 0.0f && args.discard < 1.0f))
-    throw UsageError("--discard must be a number from 0 to below 1");
-  if (args.rollout && layer_range && args.layer == "all") layer_range = false;  // rollout over all layers: the default
-  s.causal = args.mask == "causal";
-  s.style.upsample = args.upsample == "bilinear" ? Upsample::Bilinear : Upsample::Nearest;
-  if (!parse_normalize_name(args.normalize, s.normalize)) throw UsageError("unknown --normalize " + args.normalize);
+}
 
-  const std::string model_path = resolve_model(args.model);
-  LoadOptions load;
-  load.heads = args.heads;
-  const VitModel model = load_model(model_path, load);
-  if (args.preprocess == "model") {
-    if (s.max_side >= 0) throw UsageError("--size sets the whole-image mode's working size; --preprocess model takes the model's own");
-    if (!args.query.empty())
-      throw UsageError("--query names a pixel of the file, which --preprocess model crops or resizes; use --query-processed or --patch");
-    if (!s.mask_image.empty())
-      throw UsageError("--mask-image covers the whole file, which --preprocess model crops or resizes; use --preprocess whole");
-    s.transform = read_model_transform(model_path, model.format);
-    if (!s.transform.present())
-      throw UsageError("--preprocess model: " + model_path + " publishes no transform (a vitlens model, or a checkpoint "
-                       "without timm's config.json pretrained_cfg or a preprocessor_config.json beside it); use --preprocess whole");
+// What the export writes: one layer's maps, every layer of a range, or the rollout.
+struct ExportWork {
+  bool rollout = false;
+  bool layer_range = false;  // --layer A-B or all (not with --rollout all: that is the default)
+  int first_layer = -1, last_layer = -1;
+  RolloutOptions rollout_options;
+};
+
+// The flags checked against each other and against the model, before any image is read.
+ExportWork plan_work(const ExportArgs& args, const VitModel& model) {
+  const LayerChoice& layer = args.layer;
+  const int depth = model.config.depth;
+  ExportWork w;
+  w.rollout = args.rollout;
+  w.layer_range = layer.kind == LayerChoice::Kind::Range || (layer.kind == LayerChoice::Kind::All && !args.rollout);
+  if (w.layer_range) {
+    w.first_layer = layer.first;
+    w.last_layer = layer.kind == LayerChoice::Kind::All ? depth - 1 : layer.last;
   }
+  if (w.layer_range && w.last_layer >= depth)
+    throw UsageError("--layer " + layer.text + " is out of range: model '" + model.config.name + "' has " +
+                     std::to_string(depth) + " layer(s), 0 to " + std::to_string(depth - 1));
+  w.rollout_options.fusion = args.fusion;
+  w.rollout_options.discard_ratio = args.discard;
+  if (args.rollout && w.layer_range) {
+    w.rollout_options.first_layer = w.first_layer;
+    w.rollout_options.last_layer = w.last_layer;
+  } else if (args.rollout && layer.kind == LayerChoice::Kind::One) {
+    w.rollout_options.last_layer = layer.first;  // --rollout --layer L: layers 0 to L
+  }
+  if (args.rollout && args.settings.select == QuerySelect::Received && !model.config.class_token)
+    throw UsageError("--rollout: model '" + model.config.name + "' has no class token; choose a query with --patch or --query");
+  return w;
+}
+
+// --preprocess model: the checkpoint's own transform, refused with the flags that name pixels of
+// the original file (the transform crops or resizes it) and for a model that publishes none.
+void choose_preprocess(const ExportArgs& args, const std::string& model_path, const VitModel& model, ExportSettings& s) {
+  if (args.preprocess != "model") return;
+  if (s.max_side >= 0) throw UsageError("--size sets the whole-image mode's working size; --preprocess model takes the model's own");
+  if (!args.query.empty())
+    throw UsageError("--query names a pixel of the file, which --preprocess model crops or resizes; use --query-processed or --patch");
+  if (!s.mask_image.empty())
+    throw UsageError("--mask-image covers the whole file, which --preprocess model crops or resizes; use --preprocess whole");
+  s.transform = read_model_transform(model_path, model.format);
+  if (!s.transform.present())
+    throw UsageError("--preprocess model: " + model_path + " publishes no transform (a vitlens model, or a checkpoint "
+                     "without timm's config.json pretrained_cfg or a preprocessor_config.json beside it); use --preprocess whole");
+}
+
+// Settings that cannot fit this model, and a mask that cannot be read, are usage errors.
+void check_against_model(const VitModel& model, const ExportSettings& s) {
   try {
-    check_settings(model, s);  // flags that cannot fit this model are usage errors, found before any work
+    check_settings(model, s);
   } catch (const Error& e) {
     throw UsageError(e.what());
   }
-  if (!s.mask_image.empty()) {
-    try {
-      load_image_rgb(s.mask_image);  // a mask that cannot be read is a bad flag, found before any image
-    } catch (const Error& e) {
-      throw UsageError(std::string("--mask-image: ") + e.what());
-    }
+  if (s.mask_image.empty()) return;
+  try {
+    load_image_rgb(s.mask_image);  // a mask that cannot be read is a bad flag, found before any image
+  } catch (const Error& e) {
+    throw UsageError(std::string("--mask-image: ") + e.what());
   }
-  // A missing output folder is made, with its parents, as `mkdir -p` would; a path that exists
-  // and is not a folder is refused by require_writable_dir.
+}
+
+// A missing output folder is made, with its parents, as `mkdir -p` would; a path that exists and
+// is not a folder is refused by require_writable_dir.
+void make_output_folder(const std::string& folder) {
   std::error_code ec;
-  if (!std::filesystem::exists(s.out_dir, ec) && !std::filesystem::is_symlink(s.out_dir, ec)) {
-    std::filesystem::create_directories(s.out_dir, ec);
-    if (ec) throw Error(s.out_dir + ": cannot create the output folder (" + ec.message() + ")");
+  if (!std::filesystem::exists(folder, ec) && !std::filesystem::is_symlink(folder, ec)) {
+    std::filesystem::create_directories(folder, ec);
+    if (ec) throw Error(folder + ": cannot create the output folder (" + ec.message() + ")");
   }
-  if (layer_range && last_layer < 0) last_layer = model.config.depth - 1;
-  if (layer_range && last_layer >= model.config.depth)
-    throw UsageError("--layer " + args.layer + " is out of range: model '" + model.config.name + "' has " +
-                     std::to_string(model.config.depth) + " layer(s), 0 to " + std::to_string(model.config.depth - 1));
-  RolloutOptions rollout;
-  rollout.fusion = args.fusion == "max" ? HeadFusion::Max : args.fusion == "min" ? HeadFusion::Min : HeadFusion::Mean;
-  rollout.discard_ratio = args.discard;
-  if (args.rollout && layer_range) {
-    rollout.first_layer = first_layer;
-    rollout.last_layer = last_layer;
-  } else if (args.rollout && s.layer >= 0) {
-    rollout.last_layer = s.layer;  // --rollout --layer L: layers 0 to L
+}
+
+// Output stems: two inputs never overwrite each other's outputs, and no output replaces an input,
+// even one vitlens wrote (exporting "a.png a_mean.png" or "a.png a_rollout.png --rollout" into
+// their own folder would otherwise overwrite the second before reading it): a stem any of whose
+// outputs is an input (the same file, by device and inode, whatever the path) is taken.
+class StemChooser {
+ public:
+  StemChooser(const ExportArgs& args, const VitModel& model, const ExportWork& work) : out_dir_(args.settings.out_dir) {
+    plan_.kind = work.rollout ? ExportPlan::Kind::Rollout : work.layer_range ? ExportPlan::Kind::Layers : ExportPlan::Kind::Maps;
+    plan_.heads = model.config.num_heads;
+    plan_.raw = args.settings.raw;
+    plan_.first_layer = work.first_layer;
+    plan_.last_layer = work.last_layer;
+    std::vector<std::string> input_files = args.images;  // every file the run reads, the mask too
+    if (!args.settings.mask_image.empty()) input_files.push_back(args.settings.mask_image);
+    for (const std::string& file : input_files)
+      if (const auto id = file_identity(file); id.second != 0) inputs_.insert(id);
   }
-  if (args.rollout && s.select == QuerySelect::Received && !model.config.class_token)
-    throw UsageError("--rollout: model '" + model.config.name + "' has no class token; choose a query with --patch or --query");
+
+  // The image's stem, or the next free "<stem>_K".
+  std::string choose(const std::string& image) {
+    std::string stem = output_stem(image);
+    for (int k = 2; used_.count(stem) || clobbers_input(stem); ++k) stem = output_stem(image) + "_" + std::to_string(k);
+    used_.insert(stem);
+    return stem;
+  }
+
+ private:
+  bool clobbers_input(const std::string& stem) const {
+    for (const std::string& name : export_output_names(stem, plan_))
+      if (inputs_.count(file_identity(out_dir_ + "/" + name))) return true;
+    return false;
+  }
+
+  std::string out_dir_;
+  ExportPlan plan_;
+  std::set<std::pair<dev_t, ino_t>> inputs_;
+  std::set<std::string> used_;
+};
+
+// One image's files, as the work asks.
+std::vector<std::string> export_image(const VitModel& model, const std::string& image, const ExportSettings& settings,
+                                      const ExportWork& work) {
+  if (work.rollout) return export_rollout(model, image, settings, work.rollout_options);
+  if (work.layer_range) return export_layers(model, image, settings, work.first_layer, work.last_layer);
+  return write_export(model, analyse_image(model, image, settings), settings);
+}
+
+// The failure of one image, in one line naming it (the batch goes on).
+std::string failure_line(const std::string& image, const std::exception& e) {
+  const std::string what = e.what();
+  std::string line = what.rfind(image, 0) == 0 ? what : image + ": " + what;
+  if (const auto* conflict = dynamic_cast<const OutputConflict*>(&e); conflict && conflict->forcible)
+    line += "; move it away, or --force replaces it";
+  return line;
+}
+
+// The progress line on a terminal: "[i/total] name", then the forward pass's percentage.
+struct Progress {
+  bool shown = false;
+  int index = 0, total = 0;
+  std::string name;
+  void start(int i, const std::string& shown_name) {
+    index = i;
+    name = shown_name;
+    if (shown) std::fprintf(stderr, "\r[%d/%d] %s\033[K", index + 1, total, name.c_str());
+  }
+  std::function<bool(float)> percent() {
+    return [this, last = -1](float done) mutable {
+      const int p = static_cast<int>(done * 100.0f);
+      if (p != last) {
+        last = p;
+        std::fprintf(stderr, "\r[%d/%d] %s %3d%%\033[K", index + 1, total, name.c_str(), p);
+      }
+      return true;
+    };
+  }
+  void clear() const {
+    if (shown) std::fprintf(stderr, "\r\033[K");
+  }
+};
+
+// Exports one image and prints its line; false when it failed (reported on stderr).
+bool run_one(const VitModel& model, const std::string& image, ExportSettings settings, const ExportWork& work,
+             Progress& progress, bool quiet) {
+  if (progress.shown) settings.progress = progress.percent();  // a long forward pass shows its percentage
+  try {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<std::string> files = export_image(model, image, settings, work);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (!quiet) {
+      progress.clear();
+      std::printf("%s: %zu files in %s (%s), %.0f ms\n", progress.name.c_str(), files.size(),
+                  terminal_text(settings.out_dir).c_str(), terminal_text(describe_files(files)).c_str(), ms);
+      std::fflush(stdout);
+    }
+    return true;
+  } catch (const std::bad_alloc&) {
+    progress.clear();
+    report_error(image + ": " + kOutOfMemory);
+  } catch (const std::exception& e) {
+    // Any failure of one image (a vitlens::Error, an output conflict, an allocation or OpenCV
+    // error) is reported in one line naming the image, and the batch goes on.
+    progress.clear();
+    report_error(failure_line(image, e));
+  }
+  return false;
+}
+
+}  // namespace
+
+int run_export(ExportArgs& args) {
+  ExportSettings& s = args.settings;
+  if (s.threshold > 0.0f && args.rollout) throw UsageError("--threshold applies to attention maps, not to --rollout");
+  if (args.layer.kind == LayerChoice::Kind::One) s.layer = args.layer.first;
+  s.causal = args.mask == "causal";
+  select_query(args, s);
+
+  LoadOptions load;
+  load.heads = args.heads;
+  const std::string model_path = resolve_model(args.model);
+  const VitModel model = load_model(model_path, load);
+  choose_preprocess(args, model_path, model, s);
+  check_against_model(model, s);
+  make_output_folder(s.out_dir);
+  const ExportWork work = plan_work(args, model);
   require_writable_dir(s.out_dir);
 
-  const bool show_progress = ::isatty(STDERR_FILENO) && !args.quiet;
-  // Outputs must never replace an input, even one vitlens wrote (exporting "a.png a_mean.png" or
-  // "a.png a_rollout.png --rollout" into their own folder would otherwise overwrite the second
-  // before reading it): a stem any of whose outputs is an input (the same file, by device and
-  // inode, whatever the path) is taken.
-  ExportPlan plan;
-  plan.kind = args.rollout ? ExportPlan::Kind::Rollout : layer_range ? ExportPlan::Kind::Layers : ExportPlan::Kind::Maps;
-  plan.heads = model.config.num_heads;
-  plan.raw = s.raw;
-  plan.first_layer = first_layer;
-  plan.last_layer = last_layer;
-  std::set<std::pair<dev_t, ino_t>> inputs;
-  std::vector<std::string> input_files = args.images;  // every file the run reads, the mask too
-  if (!s.mask_image.empty()) input_files.push_back(s.mask_image);
-  for (const std::string& file : input_files)
-    if (const auto id = file_identity(file); id.second != 0) inputs.insert(id);
-  auto clobbers_input = [&](const std::string& stem) {
-    for (const std::string& name : export_output_names(stem, plan))
-      if (inputs.count(file_identity(s.out_dir + "/" + name))) return true;
-    return false;
-  };
-  std::set<std::string> stems_used;
+  StemChooser stems(args, model, work);
+  Progress progress;
+  progress.shown = ::isatty(STDERR_FILENO) && !args.quiet;
+  progress.total = static_cast<int>(args.images.size());
   int failed = 0;
-  const int total = static_cast<int>(args.images.size());
-  for (int i = 0; i < total; ++i) {
+  for (int i = 0; i < progress.total; ++i) {
     const std::string& image = args.images[static_cast<size_t>(i)];
-    const std::string shown = terminal_text(image);  // a file's name may hold escape sequences
-    if (show_progress) std::fprintf(stderr, "\r[%d/%d] %s\033[K", i + 1, total, shown.c_str());
-    // Two inputs must not overwrite each other's outputs: a stem already taken (by an input of
-    // the same name, or by a generated "x_2") gets the next free suffix.
+    progress.start(i, terminal_text(image));  // a file's name may hold escape sequences
     ExportSettings settings = s;
-    settings.stem = output_stem(image);
-    for (int k = 2; stems_used.count(settings.stem) || clobbers_input(settings.stem); ++k)
-      settings.stem = output_stem(image) + "_" + std::to_string(k);
-    stems_used.insert(settings.stem);
-    // On a terminal, a long forward pass shows its percentage on the progress line.
-    if (show_progress) {
-      settings.progress = [&, last = -1](float done) mutable {
-        const int percent = static_cast<int>(done * 100.0f);
-        if (percent != last) {
-          last = percent;
-          std::fprintf(stderr, "\r[%d/%d] %s %3d%%\033[K", i + 1, total, shown.c_str(), percent);
-        }
-        return true;
-      };
-    }
-    try {
-      const auto t0 = std::chrono::steady_clock::now();
-      std::vector<std::string> files =
-          args.rollout  ? export_rollout(model, image, settings, rollout)
-          : layer_range ? export_layers(model, image, settings, first_layer, last_layer)
-                        : std::vector<std::string>{};
-      if (!args.rollout && !layer_range) {
-        const ImageAnalysis analysis = analyse_image(model, image, settings);
-        files = write_export(model, analysis, settings);
-      }
-      const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-      if (!args.quiet) {
-        if (show_progress) std::fprintf(stderr, "\r\033[K");
-        std::printf("%s: %zu files in %s (%s), %.0f ms\n", shown.c_str(), files.size(),
-                    terminal_text(s.out_dir).c_str(), terminal_text(describe_files(files)).c_str(), ms);
-        std::fflush(stdout);
-      }
-    } catch (const std::bad_alloc&) {
-      if (show_progress) std::fprintf(stderr, "\r\033[K");
-      report_error(image + ": " + kOutOfMemory);
-      ++failed;
-    } catch (const OutputConflict& e) {
-      if (show_progress) std::fprintf(stderr, "\r\033[K");
-      const std::string what = e.what();
-      report_error((what.rfind(image, 0) == 0 ? what : image + ": " + what) +
-                   (e.forcible ? "; move it away, or --force replaces it" : ""));
-      ++failed;
-    } catch (const std::exception& e) {
-      // Any failure of one image (a vitlens::Error, or an allocation or OpenCV error) is reported
-      // in one line naming the image, and the batch goes on.
-      if (show_progress) std::fprintf(stderr, "\r\033[K");
-      const std::string what = e.what();
-      report_error(what.rfind(image, 0) == 0 ? what : image + ": " + what);
-      ++failed;
-    }
+    settings.stem = stems.choose(image);
+    if (!run_one(model, image, settings, work, progress, args.quiet)) ++failed;
   }
-  if (show_progress) std::fprintf(stderr, "\r\033[K");
+  progress.clear();
   if (failed > 0) {
-    if (total > 1) report_error(std::to_string(failed) + " of " + std::to_string(total) + " image(s) failed");
+    if (progress.total > 1) report_error(std::to_string(failed) + " of " + std::to_string(progress.total) + " image(s) failed");
     return kExitFailed;
   }
   return kExitOk;

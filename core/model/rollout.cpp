@@ -10,14 +10,8 @@
 
 namespace vitlens {
 
-const char* head_fusion_name(HeadFusion fusion) {
-  switch (fusion) {
-    case HeadFusion::Mean: return "mean";
-    case HeadFusion::Max: return "max";
-    case HeadFusion::Min: return "min";
-  }
-  return "?";
-}
+const char* head_fusion_name(HeadFusion fusion) { return enum_name(kHeadFusionNames, fusion); }
+bool parse_head_fusion(const std::string& name, HeadFusion& fusion) { return parse_enum(kHeadFusionNames, name, fusion); }
 
 MatRM attention_rollout(const ForwardResult& result, const RolloutOptions& options) {
   const int layers = static_cast<int>(result.layers.size()), n = result.tokens;

@@ -7,12 +7,18 @@
 // of each input token reaches token q's output; the class token's row is the usual rollout map.
 // Unlike vit-explain, rows are renormalised by their own sums (its `a / a.sum(dim=-1)` divides
 // column j by row j's sum through broadcasting).
+#include <string>
+
+#include "core/base/enum_names.hpp"
 #include "core/model/vit.hpp"
 
 namespace vitlens {
 
 enum class HeadFusion { Mean, Max, Min };
+inline constexpr EnumName<HeadFusion> kHeadFusionNames[] = {
+    {HeadFusion::Mean, "mean"}, {HeadFusion::Max, "max"}, {HeadFusion::Min, "min"}};
 const char* head_fusion_name(HeadFusion fusion);  // "mean", "max", "min"
+bool parse_head_fusion(const std::string& name, HeadFusion& fusion);
 
 struct RolloutOptions {
   HeadFusion fusion = HeadFusion::Mean;

@@ -22,8 +22,6 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
-const char* upsample_name(Upsample u) { return u == Upsample::Nearest ? "nearest" : "bilinear"; }
-
 std::string format_weight(float v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.3g", static_cast<double>(v));
@@ -41,24 +39,8 @@ void draw_query_marker(cv::Mat& rgb8, const ForwardResult& f, int query_token, i
 
 }  // namespace
 
-const char* normalize_name(Normalize normalize) {
-  switch (normalize) {
-    case Normalize::PerHead: return "head";
-    case Normalize::Shared: return "shared";
-    case Normalize::Log: return "log";
-    case Normalize::Robust: return "robust";
-  }
-  return "?";
-}
-
-bool parse_normalize_name(const std::string& name, Normalize& normalize) {
-  for (Normalize n : {Normalize::PerHead, Normalize::Shared, Normalize::Log, Normalize::Robust})
-    if (name == normalize_name(n)) {
-      normalize = n;
-      return true;
-    }
-  return false;
-}
+const char* normalize_name(Normalize normalize) { return enum_name(kNormalizeNames, normalize); }
+bool parse_normalize_name(const std::string& name, Normalize& normalize) { return parse_enum(kNormalizeNames, name, normalize); }
 
 MatRM log_scaled_map(const MatRM& map, float max_value) {
   MatRM out = MatRM::Zero(map.rows(), map.cols());

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/base/enum_names.hpp"
 #include "core/io/files.hpp"
 #include "core/render/heatmap.hpp"
 #include "core/io/image.hpp"
@@ -34,6 +35,8 @@ enum class QuerySelect { Received, SourcePixel, Pixel, Patch, ClassToken, Token 
 //            weight, so a head that looks at one patch is drawn as that one patch. The measure
 //            behind this default is display_detail_share below (README, "Map scale").
 enum class Normalize { PerHead, Shared, Log, Robust };
+inline constexpr EnumName<Normalize> kNormalizeNames[] = {
+    {Normalize::PerHead, "head"}, {Normalize::Shared, "shared"}, {Normalize::Log, "log"}, {Normalize::Robust, "robust"}};
 const char* normalize_name(Normalize normalize);  // "head", "shared", "log", "robust"
 bool parse_normalize_name(const std::string& name, Normalize& normalize);
 constexpr Normalize kDefaultNormalize = Normalize::Robust;

@@ -12,6 +12,9 @@
 
 namespace vitlens {
 
+const char* upsample_name(Upsample upsample) { return enum_name(kUpsampleNames, upsample); }
+bool parse_upsample(const std::string& name, Upsample& upsample) { return parse_enum(kUpsampleNames, name, upsample); }
+
 namespace {
 
 struct NamedMap {

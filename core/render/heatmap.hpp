@@ -8,11 +8,15 @@
 
 #include <opencv2/core.hpp>
 
+#include "core/base/enum_names.hpp"
 #include "core/base/eigen.hpp"
 
 namespace vitlens {
 
 enum class Upsample { Nearest, Bilinear };
+inline constexpr EnumName<Upsample> kUpsampleNames[] = {{Upsample::Nearest, "nearest"}, {Upsample::Bilinear, "bilinear"}};
+const char* upsample_name(Upsample upsample);                     // "nearest", "bilinear"
+bool parse_upsample(const std::string& name, Upsample& upsample);
 
 struct HeatmapStyle {
   std::string colormap = "viridis";  // see colormap_names()

@@ -9,14 +9,8 @@
 
 namespace vitlens {
 
-const char* map_mode_name(MapMode mode) {
-  switch (mode) {
-    case MapMode::Query: return "query";
-    case MapMode::ClassToken: return "cls";
-    case MapMode::Received: return "received";
-  }
-  return "?";
-}
+const char* map_mode_name(MapMode mode) { return enum_name(kMapModeNames, mode); }
+bool parse_map_mode(const std::string& name, MapMode& mode) { return parse_enum(kMapModeNames, name, mode); }
 
 HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, const MapRequest& request) {
   const int heads = model.config.num_heads;

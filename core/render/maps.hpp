@@ -4,12 +4,16 @@
 #include <string>
 #include <vector>
 
+#include "core/base/enum_names.hpp"
 #include "core/model/vit.hpp"
 
 namespace vitlens {
 
 enum class MapMode { Query, ClassToken, Received };
+inline constexpr EnumName<MapMode> kMapModeNames[] = {
+    {MapMode::Query, "query"}, {MapMode::ClassToken, "cls"}, {MapMode::Received, "received"}};
 const char* map_mode_name(MapMode mode);  // "query", "cls", "received"
+bool parse_map_mode(const std::string& name, MapMode& mode);
 
 struct MapRequest {
   MapMode mode = MapMode::Received;

@@ -14,7 +14,9 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <opencv2/core.hpp>
@@ -43,10 +45,9 @@ const char* scale_mode_name(ScaleMode mode);  // "default", "none", "temperature
 // What a left drag on a picture does while the painted mask is selected.
 enum class Brush { Paint, Erase, Off };
 
-bool parse_map_mode(const std::string& name, MapMode& mode);            // "query", "cls", "received"
-bool parse_normalize(const std::string& name, Normalize& normalize);    // "head", "shared", "log", "robust"
-bool parse_upsample(const std::string& name, Upsample& upsample);       // "nearest", "bilinear"
-const char* upsample_name(Upsample upsample);
+// The names of MapMode, Normalize, Upsample and HeadFusion are core's (maps.hpp, export.hpp,
+// heatmap.hpp, rollout.hpp); all are tables of core/base/enum_names.hpp.
+const char* brush_name(Brush brush);  // "paint", "erase", "off"
 
 constexpr int kMinWorkingSide = 64, kMaxWorkingSide = 512;
 constexpr int kLayerGridGap = 1;  // pixels between the layers x heads grid's tiles (one pixel per patch)
@@ -150,6 +151,7 @@ struct ComputeChoice {
 };
 
 enum class BrowserPurpose { OpenImage, OpenModel, ExportFolder, ScreenshotFile };
+const char* browser_purpose_name(BrowserPurpose purpose);  // "open image", "open model", ...
 
 struct BrowserState {
   bool open_requested = false;           // the menu asked; the browser opens its popup next frame
@@ -302,6 +304,62 @@ struct WorkedResult {
   MatRM context;  // (2, 2)
 };
 
+// The keys of Derived's caches: each cache is rebuilt when its key differs from the one it was
+// built with (std::nullopt: never built, or dropped with its computation).
+struct MapKey {  // the maps of one layer for one request
+  uint64_t comp = 0;
+  int layer = 0;
+  MapMode mode = MapMode::Query;
+  int query_token = -1;
+  auto tie() const { return std::tie(comp, layer, mode, query_token); }
+  bool operator==(const MapKey& o) const { return tie() == o.tie(); }
+  bool operator!=(const MapKey& o) const { return !(*this == o); }
+};
+
+struct PictureKey {  // those maps drawn: thresholded, normalised and coloured
+  MapKey maps;
+  std::string colormap;
+  float alpha = 0.0f;
+  Upsample upsample = Upsample::Nearest;
+  Normalize normalize = kDefaultNormalize;
+  float threshold = 0.0f;  // 0: off
+  auto tie() const { return std::tie(maps, colormap, alpha, upsample, normalize, threshold); }
+  bool operator==(const PictureKey& o) const { return tie() == o.tie(); }
+  bool operator!=(const PictureKey& o) const { return !(*this == o); }
+};
+
+struct RolloutKey {  // the rollout row of one token, drawn
+  uint64_t comp = 0;
+  int token = -1;
+  std::string colormap;
+  float alpha = 0.0f;
+  Upsample upsample = Upsample::Nearest;
+  Normalize normalize = kDefaultNormalize;
+  auto tie() const { return std::tie(comp, token, colormap, alpha, upsample, normalize); }
+  bool operator==(const RolloutKey& o) const { return tie() == o.tie(); }
+  bool operator!=(const RolloutKey& o) const { return !(*this == o); }
+};
+
+struct LayersKey {  // the layers x heads grid for one request
+  uint64_t comp = 0;
+  MapMode mode = MapMode::Query;
+  int query_token = -1;
+  std::string colormap;
+  Normalize normalize = kDefaultNormalize;
+  float threshold = 0.0f;  // 0: off
+  auto tie() const { return std::tie(comp, mode, query_token, colormap, normalize, threshold); }
+  bool operator==(const LayersKey& o) const { return tie() == o.tie(); }
+  bool operator!=(const LayersKey& o) const { return !(*this == o); }
+};
+
+struct InspectorKey {  // one query against one key in one layer
+  uint64_t comp = 0;
+  int layer = 0, query = 0, key = 0;
+  auto tie() const { return std::tie(comp, layer, query, key); }
+  bool operator==(const InspectorKey& o) const { return tie() == o.tie(); }
+  bool operator!=(const InspectorKey& o) const { return !(*this == o); }
+};
+
 struct Derived {
   const Computation* comp = nullptr;     // what view/pictures were built from
   uint64_t comp_serial = 0;
@@ -313,14 +371,17 @@ struct Derived {
   ExportImages pictures;                 // render_export_images of `view`: what export writes
   cv::Mat base_rgb8;                     // the processed image
   cv::Mat colormap_ramp;                 // (1, 256) RGB of the colour map, for the colour bars
-  std::string ramp_colormap;
+  std::optional<std::string> ramp_colormap;
   uint64_t pictures_version = 0, base_version = 0, ramp_version = 0;
   double maps_ms = 0.0, render_ms = 0.0; // the last per-query update
   std::string map_error;
+  std::optional<MapKey> map_key;
+  std::optional<PictureKey> picture_key;
 
   // The layers x heads grid (layer_grid.hpp), built only while its window is open.
   LayerGrid layers;
-  std::string layers_key, layers_error;
+  std::string layers_error;
+  std::optional<LayersKey> layers_key;
   uint64_t layers_version = 0;
   double layers_ms = 0.0;                // maps of every layer and head, thresholds, colours: one query
 
@@ -328,18 +389,16 @@ struct Derived {
   int rollout_query = -1;                // the token whose row is shown; -1: none
   MatRM rollout_map;                     // (gh, gw)
   cv::Mat rollout_picture;               // CV_8UC3 RGB at the processed image's size
-  std::string rollout_key;
+  std::optional<RolloutKey> rollout_key;
   uint64_t rollout_version = 0;
 
   bool inspector_valid = false;
   InspectorStep inspector;
+  std::optional<InspectorKey> inspector_key;
 
-  WorkedExample example_inputs;
+  std::optional<WorkedExample> example_inputs;  // what `example` was computed from
   bool example_valid = false;
   WorkedResult example;
-
-  // What the current contents were built from (rebuild when these change).
-  std::string map_key, picture_key, inspector_key;
 };
 
 }  // namespace vitlens::viewer

@@ -33,10 +33,13 @@
 // (`widgets FILE` lists them all). Checks, which fail the script with a message:
 //   expect KEY VALUE | expect-contains KEY TEXT   a value of the state file (KEY: normalize, show/heads)
 //   expect-file PATH | widgets FILE (write the widget list)
+#include <initializer_list>
 #include <string>
 #include <vector>
 
 namespace vitlens::viewer {
+
+struct App;
 
 struct ScriptCommand {
   int line = 0;
@@ -45,6 +48,33 @@ struct ScriptCommand {
   std::string text;               // the line as written, for messages
 };
 
+using ScriptArgs = std::vector<std::string>;
+
+// How the text after a verb becomes its arguments.
+enum class ScriptSplit {
+  Words,     // split at spaces
+  Path,      // one argument, spaces kept
+  PathRaw,   // DIR [raw]: the last word is a flag only when it is exactly "raw"
+  LabelAt,   // LABEL [at FX FY]: the label keeps its spaces
+  LabelTo,   // LABEL to T
+  KeyValue,  // KEY, then the value with its spaces
+};
+
+// One row of the script's verb table: parsing checks every line with `check` before a window
+// opens (ranges that depend on the image wait for `apply`); running a line calls `apply`.
+struct ScriptVerb {
+  const char* verb;
+  const char* usage;  // what "expects: " names when `check` says no and gives no reason
+  ScriptSplit split;
+  bool (*check)(const ScriptArgs& args, std::string& why);  // false: malformed (why, or the usage)
+  std::string (*apply)(App& app, const ScriptArgs& args);  // "" or why it failed
+};
+
+// Every verb (script_verbs.cpp), the Train window's among them (training_script_verbs).
+const std::vector<ScriptVerb>& script_verbs();
+// The row of `verb` in `table`, or null.
+const ScriptVerb* find_script_verb(const std::vector<ScriptVerb>& table, const std::string& verb);
+
 // Throws vitlens::Error "<what>:<line>: <reason>" on an unknown verb or malformed arguments.
 std::vector<ScriptCommand> parse_script(const std::string& text, const std::string& what);
 std::vector<ScriptCommand> load_script(const std::string& path);
@@ -52,5 +82,9 @@ std::vector<ScriptCommand> load_script(const std::string& path);
 // Number parsing shared with the runner: the whole token must be a number.
 bool parse_int_arg(const std::string& token, int& out);
 bool parse_float_arg(const std::string& token, float& out);
+// The argument checks the verb rows share: the whole token a number in [lo, hi], or one of `options`.
+bool int_in(const std::string& token, int lo, int hi);
+bool float_in(const std::string& token, float lo, float hi);
+bool one_of(const std::string& token, std::initializer_list<const char*> options);
 
 }  // namespace vitlens::viewer

@@ -163,92 +163,103 @@ void Worker::run() {
   }
 }
 
+std::function<bool(float)> Worker::progress_between(float lo, float hi) {
+  return [this, lo, hi](float f) {
+    progress_ = lo + (hi - lo) * f;
+    return !cancel_.load();
+  };
+}
+
+void Worker::load_files(const ComputeJob& job, ComputeResult& result) {
+  if (!job.load_model.empty()) {
+    set_activity("loading model " + job.load_model);
+    auto loaded = std::make_shared<LoadedModel>();
+    loaded->model = load_model(job.load_model, job.load_options);
+    loaded->path = job.load_model;
+    loaded->serial = g_next_serial++;
+    result.model = std::move(loaded);
+    result.loaded_model = true;
+  }
+  if (!job.load_image.empty()) {
+    set_activity("loading image " + job.load_image);
+    auto loaded = std::make_shared<SourceImage>();
+    loaded->pixels = load_image(job.load_image);
+    loaded->path = job.load_image;
+    loaded->serial = g_next_serial++;
+    result.image = std::move(loaded);
+    result.loaded_image = true;
+  }
+}
+
+namespace {
+
+// The same limit as `vitlens export --rollout` (its --raw check): every (N, N) weight is kept.
+void check_rollout_fits(const VitModel& model, const PatchGrid& grid) {
+  const int tokens = model.config.prefix_tokens() + grid.grid_h * grid.grid_w;
+  const double bytes = 4.0 * model.config.depth * model.config.num_heads * static_cast<double>(tokens) * tokens;
+  if (tokens > kMaxRawTokens || bytes > kMaxRawBytes)
+    throw Error("rollout multiplies every layer's (N, N) weights and is limited to " + std::to_string(kMaxRawTokens) +
+                " tokens; this image has " + std::to_string(tokens) + " at this working size; choose a smaller one");
+}
+
+}  // namespace
+
+bool Worker::add_rollout(Computation& comp, std::chrono::steady_clock::time_point t0) {
+  set_activity("attention rollout");
+  comp.rollout_options.fusion = comp.key.rollout.fusion;
+  comp.rollout_options.discard_ratio = comp.key.rollout.discard;
+  comp.rollout_options.first_layer = comp.key.rollout.first_layer;
+  comp.rollout_options.last_layer = comp.key.rollout.last_layer;
+  comp.rollout = attention_rollout(comp.forward, comp.rollout_options);
+  comp.rollout_ms = ms_since(t0);
+  // Only the (N, N) rollout is kept: the maps and the statistics read q, K and the stored rows.
+  for (LayerState& layer : comp.forward.layers) std::vector<MatRM>().swap(layer.probs);
+  return !cancel_;
+}
+
+std::shared_ptr<Computation> Worker::compute(const ComputeResult& result, const ComputeJob& job) {
+  const VitModel& model = result.model->model;
+  auto comp = std::make_shared<Computation>();
+  comp->serial = g_next_serial++;
+  comp->key = make_forward_key(*result.model, *result.image, job.choice);
+  set_activity("preparing the image");
+  comp->image = prepare_image(result.image->pixels, model.config, comp->key.max_side, result.image->path);
+  const size_t patches = static_cast<size_t>(comp->image.grid.grid_h * comp->image.grid.grid_w);
+  if (!comp->key.painted.empty() && comp->key.painted.size() != patches) comp->key.painted.clear();
+
+  set_activity("forward pass");
+  ForwardOptions options = forward_options_for_key(comp->key);
+  options.progress = progress_between(0.0f, 0.7f);
+  if (comp->key.rollout.on) {
+    check_rollout_fits(model, comp->image.grid);
+    options.keep_probs = true;
+  }
+  auto t0 = std::chrono::steady_clock::now();
+  comp->forward = forward(model, comp->image.grid, options);
+  comp->forward_ms = ms_since(t0);
+  if (comp->key.rollout.on && !add_rollout(*comp, t0)) return nullptr;
+
+  set_activity("head statistics");
+  t0 = std::chrono::steady_clock::now();
+  comp->stats = head_statistics(model, comp->forward,
+                                options.mask_padding ? comp->image.grid.patch_is_padding : std::vector<uint8_t>{},
+                                kStatsQueries, progress_between(0.7f, 0.85f));
+  // Default options (256 queries), as the export's JSON: the window shows the exported numbers.
+  comp->roles = head_role_scores(model, comp->image.grid, comp->forward, HeadRoleOptions{}, progress_between(0.85f, 1.0f));
+  comp->stats_ms = ms_since(t0);
+  return comp;
+}
+
 ComputeResult Worker::run_compute(uint64_t id, const ComputeJob& job) {
   ComputeResult result;
   result.job = id;
   result.model = job.model;
   result.image = job.image;
-  auto progress = [this](float lo, float hi) {
-    return [this, lo, hi](float f) {
-      progress_ = lo + (hi - lo) * f;
-      return !cancel_.load();
-    };
-  };
   try {
-    if (!job.load_model.empty()) {
-      set_activity("loading model " + job.load_model);
-      auto loaded = std::make_shared<LoadedModel>();
-      loaded->model = load_model(job.load_model, job.load_options);
-      loaded->path = job.load_model;
-      loaded->serial = g_next_serial++;
-      result.model = std::move(loaded);
-      result.loaded_model = true;
-    }
-    if (!job.load_image.empty()) {
-      set_activity("loading image " + job.load_image);
-      auto loaded = std::make_shared<SourceImage>();
-      loaded->pixels = load_image(job.load_image);
-      loaded->path = job.load_image;
-      loaded->serial = g_next_serial++;
-      result.image = std::move(loaded);
-      result.loaded_image = true;
-    }
+    load_files(job, result);
     if (!result.model || !result.image) return result;  // nothing to compute yet
-    if (cancel_) {
-      result.cancelled = true;
-      return result;
-    }
-
-    const VitModel& model = result.model->model;
-    auto comp = std::make_shared<Computation>();
-    comp->serial = g_next_serial++;
-    comp->key = make_forward_key(*result.model, *result.image, job.choice);
-    set_activity("preparing the image");
-    comp->image = prepare_image(result.image->pixels, model.config, comp->key.max_side, result.image->path);
-    const size_t patches = static_cast<size_t>(comp->image.grid.grid_h * comp->image.grid.grid_w);
-    if (!comp->key.painted.empty() && comp->key.painted.size() != patches) comp->key.painted.clear();
-
-    set_activity("forward pass");
-    ForwardOptions options = forward_options_for_key(comp->key);
-    options.progress = progress(0.0f, 0.7f);
-    const bool rollout = comp->key.rollout.on;
-    if (rollout) {
-      // The same limit as `vitlens export --rollout` (its --raw check): every (N, N) weight is kept.
-      const int tokens = model.config.prefix_tokens() + comp->image.grid.grid_h * comp->image.grid.grid_w;
-      const double bytes = 4.0 * model.config.depth * model.config.num_heads * static_cast<double>(tokens) * tokens;
-      if (tokens > kMaxRawTokens || bytes > kMaxRawBytes)
-        throw Error("rollout multiplies every layer's (N, N) weights and is limited to " + std::to_string(kMaxRawTokens) +
-                    " tokens; this image has " + std::to_string(tokens) + " at this working size; choose a smaller one");
-      options.keep_probs = true;
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    comp->forward = forward(model, comp->image.grid, options);
-    comp->forward_ms = ms_since(t0);
-    if (rollout) {
-      set_activity("attention rollout");
-      comp->rollout_options.fusion = comp->key.rollout.fusion;
-      comp->rollout_options.discard_ratio = comp->key.rollout.discard;
-      comp->rollout_options.first_layer = comp->key.rollout.first_layer;
-      comp->rollout_options.last_layer = comp->key.rollout.last_layer;
-      comp->rollout = attention_rollout(comp->forward, comp->rollout_options);
-      comp->rollout_ms = ms_since(t0);
-      // Only the (N, N) rollout is kept: the maps and the statistics read q, K and the stored rows.
-      for (LayerState& layer : comp->forward.layers) std::vector<MatRM>().swap(layer.probs);
-      if (cancel_) {
-        result.cancelled = true;
-        return result;
-      }
-    }
-
-    set_activity("head statistics");
-    t0 = std::chrono::steady_clock::now();
-    comp->stats = head_statistics(model, comp->forward,
-                                  options.mask_padding ? comp->image.grid.patch_is_padding : std::vector<uint8_t>{},
-                                  kStatsQueries, progress(0.7f, 0.85f));
-    // Default options (256 queries), as the export's JSON: the window shows the exported numbers.
-    comp->roles = head_role_scores(model, comp->image.grid, comp->forward, HeadRoleOptions{}, progress(0.85f, 1.0f));
-    comp->stats_ms = ms_since(t0);
-    result.comp = std::move(comp);
+    result.comp = cancel_ ? nullptr : compute(result, job);
+    result.cancelled = !result.comp;
   } catch (const Error& e) {
     if (cancel_ && std::string(e.what()) == "cancelled") {
       // Superseded: the newer job carries this one's file loads too (controller.cpp merges them).

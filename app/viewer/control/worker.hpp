@@ -4,9 +4,11 @@
 // swaps them in whole. A new compute job replaces a waiting one and cancels a running one (the
 // latest request wins); exports run in order.
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -96,6 +98,13 @@ class Worker {
  private:
   void run();
   ComputeResult run_compute(uint64_t id, const ComputeJob& job);
+  void load_files(const ComputeJob& job, ComputeResult& result);
+  // The forward pass, rollout and statistics of result's model and image; null when cancelled.
+  std::shared_ptr<Computation> compute(const ComputeResult& result, const ComputeJob& job);
+  // The attention rollout of comp's pass (rollout mode); false when cancelled.
+  bool add_rollout(Computation& comp, std::chrono::steady_clock::time_point t0);
+  // A progress callback mapping [0, 1] into [lo, hi] of the bar; false once the job is cancelled.
+  std::function<bool(float)> progress_between(float lo, float hi);
   ExportResult run_export(uint64_t id, ExportJob& job);
   void set_activity(const std::string& text);
 

@@ -6,7 +6,7 @@
 #include <filesystem>
 #include <fstream>
 
-#include "control/controller.hpp"
+#include "control/app.hpp"
 #include "models/bundled_models.hpp"
 #include "core/base/error.hpp"
 #include "models/model_io.hpp"
@@ -31,32 +31,6 @@ bool finished_state(TrainState s) {
 }  // namespace
 
 // [SECTION] Script commands
-
-std::string check_train_command(const ScriptCommand& c) {
-  const auto& a = c.args;
-  if (c.verb == "model-menu") return a.size() == 1 ? "" : "expects: model-menu NAME (a model's name or file stem)";
-  const std::string usage =
-      "expects: train start fashion-mnist|DIR|photos[:DIR] [key=value ...] | train pause|resume|stop | train wait STEPS | "
-      "train save FILE | train open";
-  if (a.empty()) return usage;
-  const std::string& sub = a[0];
-  if (sub == "start") {
-    if (a.size() < 2) return usage;
-    TrainSettings scratch;
-    for (size_t i = 2; i < a.size(); ++i) {
-      const auto eq = a[i].find('=');
-      if (eq == std::string::npos || eq == 0) return "'" + a[i] + "' is not key=value";
-      const std::string why = set_train_option(scratch, a[i].substr(0, eq), a[i].substr(eq + 1));
-      if (!why.empty()) return why;
-    }
-    return "";
-  }
-  if (sub == "pause" || sub == "resume" || sub == "stop" || sub == "open") return a.size() == 1 ? "" : usage;
-  long long steps = 0;
-  if (sub == "wait") return a.size() == 2 && whole_steps(a[1], steps) ? "" : "expects: train wait STEPS (a whole number)";
-  if (sub == "save") return a.size() == 2 ? "" : "expects: train save FILE (no spaces)";
-  return usage;
-}
 
 std::string start_training(App& app, const TrainSettings& settings) {
   TrainPanel& t = app.train;
@@ -83,29 +57,53 @@ std::string open_training_model(App& app) {
   return "";
 }
 
-std::string apply_train_command(App& app, const ScriptCommand& c) {
-  const auto& a = c.args;
-  if (c.verb == "model-menu") {
-    for (const BundledModel& m : bundled_models(bundled_models_folder())) {
-      if (m.name == a[0] || std::filesystem::path(m.path).stem().string() == a[0] || bundled_model_name(m.path) == a[0]) {
-        app.requests.open_model = m.path;
-        return "";
-      }
-    }
-    std::string known;
-    for (const BundledModel& m : bundled_models(bundled_models_folder())) known += (known.empty() ? "" : ", ") + m.name;
-    return "no bundled model named '" + a[0] + "' (the Model menu lists: " + known + ")";
+namespace {
+
+const char* const kTrainUsage =
+    "train start fashion-mnist|DIR|photos[:DIR] [key=value ...] | train pause|resume|stop | train wait STEPS | "
+    "train save FILE | train open";
+
+// The key=value words after `train start DATA`, set on `settings`: "" or why one is refused.
+std::string set_train_options(TrainSettings& settings, const ScriptArgs& a) {
+  for (size_t i = 2; i < a.size(); ++i) {
+    const auto eq = a[i].find('=');
+    if (eq == std::string::npos || eq == 0) return "'" + a[i] + "' is not key=value";
+    const std::string why = set_train_option(settings, a[i].substr(0, eq), a[i].substr(eq + 1));
+    if (!why.empty()) return why;
   }
+  return "";
+}
+
+bool check_train(const ScriptArgs& a, std::string& why) {
+  const std::string sub = a.empty() ? "" : a[0];
+  if (sub == "start") {
+    if (a.size() < 2) return false;
+    TrainSettings scratch;
+    why = set_train_options(scratch, a);
+    return why.empty();
+  }
+  if (one_of(sub, {"pause", "resume", "stop", "open"})) return a.size() == 1;
+  if (sub == "wait") {
+    why = "expects: train wait STEPS (a whole number)";
+    long long steps = 0;
+    return a.size() == 2 && whole_steps(a[1], steps);
+  }
+  if (sub == "save") {
+    why = "expects: train save FILE (no spaces)";
+    return a.size() == 2;
+  }
+  return false;
+}
+
+bool check_model_menu(const ScriptArgs& a, std::string&) { return a.size() == 1; }
+
+std::string apply_train(App& app, const ScriptArgs& a) {
   TrainPanel& t = app.train;
   const std::string& sub = a[0];
   if (sub == "start") {
     TrainSettings settings;
     settings.data = a[1];
-    for (size_t i = 2; i < a.size(); ++i) {
-      const auto eq = a[i].find('=');
-      const std::string why = set_train_option(settings, a[i].substr(0, eq), a[i].substr(eq + 1));
-      if (!why.empty()) return why;
-    }
+    if (auto why = set_train_options(settings, a); !why.empty()) return why;
     return start_training(app, settings);
   }
   if (sub == "pause") t.session.pause();
@@ -119,6 +117,33 @@ std::string apply_train_command(App& app, const ScriptCommand& c) {
     t.wait_step = steps;
   }
   return "";
+}
+
+std::string apply_model_menu(App& app, const ScriptArgs& a) {
+  for (const BundledModel& m : bundled_models(bundled_models_folder())) {
+    if (m.name == a[0] || std::filesystem::path(m.path).stem().string() == a[0] || bundled_model_name(m.path) == a[0]) {
+      app.requests.open_model = m.path;
+      return "";
+    }
+  }
+  std::string known;
+  for (const BundledModel& m : bundled_models(bundled_models_folder())) known += (known.empty() ? "" : ", ") + m.name;
+  return "no bundled model named '" + a[0] + "' (the Model menu lists: " + known + ")";
+}
+
+}  // namespace
+
+const std::vector<ScriptVerb>& training_script_verbs() {
+  static const std::vector<ScriptVerb> rows = {
+      {"train", kTrainUsage, ScriptSplit::Words, check_train, apply_train},
+      {"model-menu", "model-menu NAME (a model's name or file stem)", ScriptSplit::Words, check_model_menu, apply_model_menu},
+  };
+  return rows;
+}
+
+std::string apply_train_command(App& app, const ScriptCommand& command) {
+  const ScriptVerb* row = find_script_verb(training_script_verbs(), command.verb);
+  return row ? row->apply(app, command.args) : "not a training command: '" + command.verb + "'";
 }
 
 namespace {

@@ -10,12 +10,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "control/script.hpp"
 #include "training/train_session.hpp"
 
 namespace vitlens::viewer {
 
 struct App;
-struct ScriptCommand;
 
 struct TrainPanel {
   TrainSettings settings;   // what the window's fields hold; `train start` replaces it
@@ -28,9 +28,9 @@ struct TrainPanel {
   TrainSession session;     // last: its worker stops before the rest goes
 };
 
-// Checks a `train` or `model-menu` command's words before any window opens ("" when fine).
-std::string check_train_command(const ScriptCommand& command);
-// Runs one: "" or why it failed.
+// The rows of the script's verb table (script.hpp) for `train` and `model-menu`.
+const std::vector<ScriptVerb>& training_script_verbs();
+// Runs a `train` or `model-menu` command: "" or why it failed.
 std::string apply_train_command(App& app, const ScriptCommand& command);
 
 // Actions shared by the window's buttons and the script.

@@ -205,25 +205,12 @@ void UpdateTitle(GLFWwindow* window, const App& app, std::string& shown) {
 
 // [SECTION] run_viewer
 
-int run_viewer(const ViewerArgs& args) {
-  const bool automated = !args.script.empty() || !args.screenshot.empty() || args.frames > 0;
-  ScriptRunner script;
-  if (automated) script = BuildScript(args);  // a malformed script fails before any window opens
-  if (!args.dump_widgets.empty()) check_output_path(args.dump_widgets, "--dump-widgets");
+namespace {
 
-  // Setup window
-  glfwSetErrorCallback(OnGlfwError);
-  if (!glfwInit())
-    throw Error("no display available (" + g_glfw_error +
-                "): the viewer needs a desktop session; 'vitlens export' writes the same heatmaps as files");
-  App app;
-  if (!automated) {
-    // Scripted and screenshot runs start from the defaults and leave the user's settings alone.
-    const std::string folder = settings_folder();
-    if (!folder.empty()) app.settings_file = folder + "/settings.json";
-    load_app_settings(app);
-  }
-  glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);  // GL 3.0 + GLSL 130, as the imgui example
+// Setup window: a GL 3.0 context (as the imgui example), sized by the settings or, for scripted
+// runs, the fixed automated size.
+GLFWwindow* OpenWindow(const App& app, bool automated) {
+  glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
   glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 0);
   const int width = automated ? kAutomatedWidth : app.settings.window_w;
   const int height = automated ? kAutomatedHeight : app.settings.window_h;
@@ -235,21 +222,21 @@ int run_viewer(const ViewerArgs& args) {
   }
   glfwMakeContextCurrent(window);
   glfwSwapInterval(automated ? 0 : 1);
-  WindowInput input;
-  input.synthetic_mouse = automated;  // only the script moves things
+  return window;
+}
 
-  // Setup context
+// Setup context: Dear ImGui with its GLFW and OpenGL 3 backends. `ini_path` holds the window
+// layout's file and must outlive the context.
+void SetupImGui(const App& app, GLFWwindow* window, WindowInput& input, std::string& ini_path) {
   IMGUI_CHECKVERSION();
   ImGui::CreateContext();
   ImGuiIO& io = ImGui::GetIO();
-  std::string ini_path;  // window layout; must outlive the context
+  io.IniFilename = nullptr;
   if (!app.settings_file.empty()) {
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(app.settings_file).parent_path(), ec);
     ini_path = std::filesystem::path(app.settings_file).parent_path().string() + "/imgui.ini";
     io.IniFilename = ini_path.c_str();
-  } else {
-    io.IniFilename = nullptr;
   }
   ImGui::StyleColorsDark();
   // Opaque windows and popups: a window on top never shows the text of the one under it.
@@ -258,91 +245,156 @@ int run_viewer(const ViewerArgs& args) {
   ImGui_ImplGlfw_InitForOpenGL(window, true);
   ImGui_ImplOpenGL3_Init("#version 130");
   install_input_callbacks(window, input);
+}
+
+void SetStopSignals(void (*handler)(int)) {
+  std::signal(SIGINT, handler);
+  std::signal(SIGTERM, handler);
+  std::signal(SIGHUP, handler);
+}
+
+// Poll and handle events. Never spin: while the worker runs, wake often enough to show its
+// progress and result promptly, and leave the CPU to it; idle, wait for input.
+void WaitForEvents(const App& app, const WindowInput& input, bool automated) {
+  const bool working = app.compute_job != 0 || !app.export_jobs.empty() || app.train.session.active();
+  if (app.requests.any() || input_pending(app, input) || (automated && !working)) glfwPollEvents();
+  else if (automated) glfwWaitEventsTimeout(0.005);
+  else glfwWaitEventsTimeout(working ? 1.0 / 60.0 : 0.1);
+}
+
+// What the main loop keeps from frame to frame.
+struct Frame {
+  GLFWwindow* window = nullptr;
+  WindowInput input;
+  ViewTextures textures;
+  std::string title;
+  DumpState dump;
+  ResizeState resize;
+  bool automated = false;
+  std::string dump_widgets;  // --dump-widgets FILE, or ""
+};
+
+// Work: results in, requests out, derived state and textures up to date. False when the script failed.
+bool UpdateState(App& app, Frame& f) {
+  poll_worker(app);
+  poll_training(app);
+  if (f.automated) step_script(app);
+  if (!app.script.error.empty()) return false;
+  process_requests(app);
+  schedule_compute(app);
+  set_hover(app, -1, -1);  // the views set it again while the cursor is over a picture
+  update_derived(app);
+  sync_textures(app.derived, f.textures);
+  UpdateTitle(f.window, app, f.title);
+  return true;
+}
+
+// The Dear ImGui frame: every view drawn, the widgets recorded.
+void DrawFrame(App& app, Frame& f) {
+  ImGuiIO& io = ImGui::GetIO();
+  ImGui_ImplOpenGL3_NewFrame();
+  ImGui_ImplGlfw_NewFrame();
+  feed_imgui_input(f.window, f.input);
+  ImGui::NewFrame();
+  gui::BeginFrame();
+  note_display_size(app.ui.layout_windows, io.DisplaySize.x, io.DisplaySize.y);
+  ResizeWindow(app, f.window, io.DisplaySize, f.resize);
+  HandleKeys(app);
+  DrawViews(app, f.textures);
+  app.ui.widgets = gui::EndFrame(io.DisplaySize.x, io.DisplaySize.y);
+  DumpWidgets(app, f.dump_widgets, f.dump);
+  // The mouse or keys may have moved the query: every head's map follows in this frame.
+  update_derived(app);
+  sync_textures(app.derived, f.textures);
+}
+
+// Rendering, the screenshot when one was asked, and the swap.
+void RenderFrame(App& app, Frame& f) {
+  ImGui::Render();
+  int fb_w = 0, fb_h = 0;
+  glfwGetFramebufferSize(f.window, &fb_w, &fb_h);
+  glViewport(0, 0, fb_w, fb_h);
+  glClearColor(0.09f, 0.09f, 0.10f, 1.0f);
+  glClear(GL_COLOR_BUFFER_BIT);
+  ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
+  if (!app.requests.screenshot.empty()) CaptureScreenshot(app, fb_w, fb_h);
+  glfwSwapBuffers(f.window);
+}
+
+void MainLoop(App& app, Frame& f) {
+  while (!glfwWindowShouldClose(f.window) && !g_stop_requested) {
+    WaitForEvents(app, f.input, f.automated);
+    play_synthetic_input(app, f.window, f.input);
+    RouteDroppedFiles(app, f.input.dropped);
+    if (!UpdateState(app, f)) break;
+    DrawFrame(app, f);
+    RenderFrame(app, f);
+    if (app.requests.quit) break;
+  }
+}
+
+// Why an automated run failed (the script, nothing shown, a failed export), or "".
+std::string RunFailure(const App& app, bool automated) {
+  if (!app.script.error.empty() || !automated) return app.script.error;
+  if (!app.doc.ready() && !g_stop_requested)
+    return "nothing to show: " + (app.last_load_error.empty() ? std::string("no image or model") : app.last_load_error);
+  if (app.export_failures > 0)
+    return std::to_string(app.export_failures) + " export(s) or screenshot(s) failed; the last: " + app.last_export_failure;
+  return "";
+}
+
+// Cleanup, in the reverse order of setup.
+void Shutdown(Frame& f) {
+  destroy_textures(f.textures);
+  ImGui_ImplOpenGL3_Shutdown();
+  ImGui_ImplGlfw_Shutdown();
+  ImGui::DestroyContext();
+  glfwDestroyWindow(f.window);
+  glfwTerminate();
+}
+
+}  // namespace
+
+int run_viewer(const ViewerArgs& args) {
+  const bool automated = !args.script.empty() || !args.screenshot.empty() || args.frames > 0;
+  ScriptRunner script;
+  if (automated) script = BuildScript(args);  // a malformed script fails before any window opens
+  if (!args.dump_widgets.empty()) check_output_path(args.dump_widgets, "--dump-widgets");
+
+  glfwSetErrorCallback(OnGlfwError);
+  if (!glfwInit())
+    throw Error("no display available (" + g_glfw_error +
+                "): the viewer needs a desktop session; 'vitlens export' writes the same heatmaps as files");
+  App app;
+  if (!automated) {
+    // Scripted and screenshot runs start from the defaults and leave the user's settings alone.
+    const std::string folder = settings_folder();
+    if (!folder.empty()) app.settings_file = folder + "/settings.json";
+    load_app_settings(app);
+  }
+  Frame f;
+  f.automated = automated;
+  f.dump_widgets = args.dump_widgets;
+  f.window = OpenWindow(app, automated);
+  f.input.synthetic_mouse = automated;  // only the script moves things
+  std::string ini_path;
+  SetupImGui(app, f.window, f.input, ini_path);
 
   app.script = std::move(script);
   app.load_options.heads = args.heads;
   start_app(app, args.image.empty() ? default_image_path() : args.image,
             args.model.empty() ? default_model_path() : args.model);
+  SetStopSignals(OnStopSignal);
+  MainLoop(app, f);
+  SetStopSignals(SIG_DFL);
 
-  // Main loop
-  ViewTextures textures;
-  std::string title;
-  DumpState dump;
-  ResizeState resize;
-  std::signal(SIGINT, OnStopSignal);
-  std::signal(SIGTERM, OnStopSignal);
-  std::signal(SIGHUP, OnStopSignal);
-  while (!glfwWindowShouldClose(window) && !g_stop_requested) {
-    // Poll and handle events. Never spin: while the worker runs, wake often enough to show its
-    // progress and result promptly, and leave the CPU to it; idle, wait for input.
-    const bool working = app.compute_job != 0 || !app.export_jobs.empty() || app.train.session.active();
-    if (app.requests.any() || input_pending(app, input) || (automated && !working)) glfwPollEvents();
-    else if (automated) glfwWaitEventsTimeout(0.005);
-    else glfwWaitEventsTimeout(working ? 1.0 / 60.0 : 0.1);
-    play_synthetic_input(app, window, input);
-    RouteDroppedFiles(app, input.dropped);
-
-    // Work: results in, requests out, derived state and textures up to date.
-    poll_worker(app);
-    poll_training(app);
-    if (automated) step_script(app);
-    if (!app.script.error.empty()) break;
-    process_requests(app);
-    schedule_compute(app);
-    set_hover(app, -1, -1);  // the views set it again while the cursor is over a picture
-    update_derived(app);
-    sync_textures(app.derived, textures);
-    UpdateTitle(window, app, title);
-
-    // Start the Dear ImGui frame
-    ImGui_ImplOpenGL3_NewFrame();
-    ImGui_ImplGlfw_NewFrame();
-    feed_imgui_input(window, input);
-    ImGui::NewFrame();
-    gui::BeginFrame();
-    note_display_size(app.ui.layout_windows, io.DisplaySize.x, io.DisplaySize.y);
-    ResizeWindow(app, window, io.DisplaySize, resize);
-    HandleKeys(app);
-    DrawViews(app, textures);
-    app.ui.widgets = gui::EndFrame(io.DisplaySize.x, io.DisplaySize.y);
-    DumpWidgets(app, args.dump_widgets, dump);
-    // The mouse or keys may have moved the query: every head's map follows in this frame.
-    update_derived(app);
-    sync_textures(app.derived, textures);
-
-    // Rendering
-    ImGui::Render();
-    int fb_w = 0, fb_h = 0;
-    glfwGetFramebufferSize(window, &fb_w, &fb_h);
-    glViewport(0, 0, fb_w, fb_h);
-    glClearColor(0.09f, 0.09f, 0.10f, 1.0f);
-    glClear(GL_COLOR_BUFFER_BIT);
-    ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
-    if (!app.requests.screenshot.empty()) CaptureScreenshot(app, fb_w, fb_h);
-    glfwSwapBuffers(window);
-    if (app.requests.quit) break;
-  }
-
-  // Cleanup
-  std::signal(SIGINT, SIG_DFL);
-  std::signal(SIGTERM, SIG_DFL);
-  std::signal(SIGHUP, SIG_DFL);
-  std::string failure = app.script.error;
-  if (failure.empty() && automated && !app.doc.ready() && !g_stop_requested)
-    failure = "nothing to show: " + (app.last_load_error.empty() ? std::string("no image or model") : app.last_load_error);
-  if (failure.empty() && automated && app.export_failures > 0)
-    failure = std::to_string(app.export_failures) + " export(s) or screenshot(s) failed; the last: " + app.last_export_failure;
+  const std::string failure = RunFailure(app, automated);
   if (!automated) {
     int w = 0, h = 0;
-    glfwGetWindowSize(window, &w, &h);
+    glfwGetWindowSize(f.window, &w, &h);
     save_app_settings(app, w, h);
   }
-  destroy_textures(textures);
-  ImGui_ImplOpenGL3_Shutdown();
-  ImGui_ImplGlfw_Shutdown();
-  ImGui::DestroyContext();
-  glfwDestroyWindow(window);
-  glfwTerminate();
+  Shutdown(f);
   if (!failure.empty()) throw Error(failure);
   return 0;
 }
