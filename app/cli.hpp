@@ -26,6 +26,7 @@ struct ExportArgs {
   std::string normalize = normalize_name(kDefaultNormalize);
   bool quiet = false;
   std::string threshold;         // --threshold MASS as typed; empty: off
+  std::string precision = "fp32";  // --precision fp32|bf16|auto
   std::string layer;            // "", "L", "A-B" or "all"
   bool rollout = false;         // --rollout
   std::string fusion = "mean";  // --fusion

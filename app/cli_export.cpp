@@ -83,6 +83,12 @@ void add_export_command(CLI::App& app, ExportArgs& args) {
                       std::string("0.05 to 20"))
       ->type_name("T")
       ->capture_default_str();
+  cmd->add_option("--precision", args.precision,
+                  "The Linear layers' arithmetic: fp32 (exact, as PyTorch), bf16 (bfloat16 operands, float32 sums; "
+                  "softmax, LayerNorm and the residual stay float32) or auto (bf16 for models of 20 M parameters "
+                  "or more on a CPU with bfloat16 dot products, else fp32); recorded in the caption and the JSON")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}))
+      ->capture_default_str();
   cmd->add_option("--threshold", args.threshold,
                   "Keep only the largest patches that hold this share of each map's mass, 0 < MASS <= 1 (DINO's "
                   "--threshold); ties are kept together, a map with no structure is shown whole")
@@ -199,6 +205,8 @@ int run_export(ExportArgs& args) {
   // CLI::Range lets NaN through too; these are checked here, with the flag's name.
   if (!(s.temperature >= kMinTemperature && s.temperature <= kMaxTemperature))
     throw UsageError("--temperature must be a number from 0.05 to 20, got " + std::to_string(s.temperature));
+  if (!parse_precision(args.precision, s.precision))
+    throw UsageError("--precision must be fp32, bf16 or auto, got '" + args.precision + "'");
   if (!args.threshold.empty()) {
     size_t used = 0;
     float mass = 0.0f;

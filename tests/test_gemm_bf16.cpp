@@ -66,6 +66,13 @@ std::vector<Bf16Kernel> vector_kernels_or_skip() {
   return kernels;
 }
 
+// The vector kernels this CPU runs, then the emulation.
+std::vector<Bf16Kernel> every_kernel() {
+  std::vector<Bf16Kernel> kernels = vector_kernels_or_skip();
+  kernels.push_back(Bf16Kernel::Emulated);
+  return kernels;
+}
+
 }  // namespace
 
 TEST_CASE("float_to_bf16 rounds to nearest even and keeps NaN quiet", "[bf16]") {
@@ -143,9 +150,7 @@ TEST_CASE("bf16 products equal float64 where every sum is exact", "[bf16]") {
   for (float& v : b) v = static_cast<float>(small(rng));
   PackedLinearBf16 packed;
   pack_linear_bf16(w.data(), n, k, packed);
-  std::vector<Bf16Kernel> kernels = vector_kernels_or_skip();
-  kernels.push_back(Bf16Kernel::Emulated);
-  for (Bf16Kernel kernel : kernels) {
+  for (Bf16Kernel kernel : every_kernel()) {
     std::vector<float> y(static_cast<size_t>(m) * n);
     detail::linear_forward_bf16_with(detail::bf16_kernels(kernel), x.data(), k, m, packed, b.data(), y.data(), n,
                                      LinearEpilogue::Store, 2);
@@ -210,9 +215,7 @@ TEST_CASE("bf16 product keeps NaN and infinity", "[bf16]") {
   x[static_cast<size_t>(k)] = std::numeric_limits<float>::infinity();
   PackedLinearBf16 packed;
   pack_linear_bf16(w.data(), n, k, packed);
-  std::vector<Bf16Kernel> kernels = vector_kernels_or_skip();
-  kernels.push_back(Bf16Kernel::Emulated);
-  for (Bf16Kernel kernel : kernels) {
+  for (Bf16Kernel kernel : every_kernel()) {
     std::vector<float> y(static_cast<size_t>(m) * n);
     detail::linear_forward_bf16_with(detail::bf16_kernels(kernel), x.data(), k, m, packed, nullptr, y.data(), n,
                                      LinearEpilogue::Store, 1);
