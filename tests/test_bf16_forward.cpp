@@ -196,3 +196,21 @@ TEST_CASE("Precision names, parsing and what auto picks", "[bf16]") {
   CHECK(resolve_precision(Precision::Auto, small) == Precision::Fp32);
   CHECK(resolve_precision(Precision::Bf16, small) == Precision::Bf16);
 }
+
+TEST_CASE("Export records the precision in its JSON and a bf16 caption says so", "[bf16]") {
+  const VitModel model = load_model(assets_dir() + "/models/vitlens-designed.safetensors");
+  const std::string image = std::string(VITLENS_TEST_FIXTURES) + "/foreign/image.png";
+  ExportSettings settings;
+  const ImageAnalysis fp32 = analyse_image(model, image, settings);
+  settings.precision = Precision::Bf16;
+  const ImageAnalysis bf16 = analyse_image(model, image, settings);
+  CHECK(export_sidecar(model, fp32, settings).at("precision") == "fp32");
+  CHECK(export_sidecar(model, bf16, settings).at("precision") == "bf16");
+  auto says_bf16 = [&](const ImageAnalysis& a) {
+    for (const std::string& phrase : forward_caption(model, a.forward, a.mask_image))
+      if (phrase.find("bf16") != std::string::npos) return true;
+    return false;
+  };
+  CHECK_FALSE(says_bf16(fp32));  // a float32 caption is as it was
+  CHECK(says_bf16(bf16));
+}
