@@ -38,6 +38,7 @@ struct ExportArgs {
   HeadFusion fusion = HeadFusion::Mean;   // --fusion
   float discard = 0.0f;                   // --discard
   std::string preprocess = "whole";       // --preprocess whole|model
+  std::string precision = "fp32";         // --precision fp32|bf16|auto
   ExportSettings settings;                // the rest: --out, --colormap, --alpha, --upsample, --normalize, --threshold, ...
 };
 void add_export_command(CLI::App& app, ExportArgs& args);

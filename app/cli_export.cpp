@@ -210,6 +210,12 @@ void add_pass_options(CLI::App* cmd, ExportArgs& args) {
                 "preprocessor_config.json), pixel for pixel as its library computes it, so the maps are a notebook's")
       ->check(CLI::IsMember({"whole", "model"}))
       ->capture_default_str();
+  g->add_option("--precision", args.precision,
+                "The Linear layers' arithmetic: fp32 (exact, as PyTorch), bf16 (bfloat16 operands, float32 sums; "
+                "softmax, LayerNorm and the residual stay float32) or auto (bf16 for models of 20 M parameters "
+                "or more on a CPU with bfloat16 dot products, else fp32); recorded in the caption and the JSON")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}))
+      ->capture_default_str();
 }
 
 void add_output_flags(CLI::App* cmd, ExportArgs& args) {
@@ -530,6 +536,8 @@ int run_export(ExportArgs& args) {
   if (s.threshold > 0.0f && args.rollout) throw UsageError("--threshold applies to attention maps, not to --rollout");
   if (args.layer.kind == LayerChoice::Kind::One) s.layer = args.layer.first;
   s.causal = args.mask == "causal";
+  if (!parse_precision(args.precision, s.precision))
+    throw UsageError("--precision must be fp32, bf16 or auto, got '" + args.precision + "'");
   select_query(args, s);
 
   LoadOptions load;

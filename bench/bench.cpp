@@ -79,6 +79,7 @@ struct BenchArgs {
   bool grid = false;  // --grid: the viewer's layers x heads grid on a ViT-S/16 shape
   bool no_limits = false;
   std::string model_path;  // a vitlens safetensors model instead of the random default shape
+  Precision precision = Precision::Fp32;  // --precision: the forward's Linear layers
 };
 
 // [SECTION] Timing helpers
@@ -159,6 +160,7 @@ json bench_size(const BenchArgs& args, int img) {
   const PreparedImage prepared = prepare_image(load_image_rgb(image_path), model.config, 0, image_path);
   ForwardOptions options;
   options.threads = args.threads;
+  options.precision = args.precision;
 
   json r;
   r["image"] = img;
@@ -269,6 +271,7 @@ json bench_deep(const BenchArgs& args) {
   const PreparedImage& prepared = vit.prepared;
   ForwardOptions options;
   options.threads = args.threads;
+  options.precision = args.precision;
   ForwardResult result;
   json r = forward_record(vit, args, options, result);
   // Every head of every layer for one query: what a layers x heads grid redraws when the query moves.
@@ -305,6 +308,7 @@ json bench_grid(const BenchArgs& args) {
   const VitModel& model = vit.model;
   ForwardOptions options;
   options.threads = args.threads;
+  options.precision = args.precision;
   ForwardResult result;
   json r = forward_record(vit, args, options, result);
   const RunPolicy many{std::max(args.runs.max_runs, 51), std::max(args.runs.min_runs, 51), args.runs.budget_s};
@@ -451,7 +455,11 @@ int main(int argc, char** argv) {
                  "a vitlens .safetensors model to time instead of the default shape with random weights "
                  "(the image is resized to each --size; bench/compare_peers.py passes the peers' weights)");
   app.add_flag("--no-limits", args.no_limits, "skip measuring the machine's limits (FMA, exp, GEMM)");
+  std::string precision = "fp32";
+  app.add_option("--precision", precision, "the forward's Linear layers: fp32, bf16 or auto (vit.hpp Precision)")
+      ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
   CLI11_PARSE(app, argc, argv);
+  parse_precision(precision, args.precision);
   args.runs.min_runs = std::min(args.runs.min_runs, args.runs.max_runs);
   for (int s : args.sizes)
     if (s % 4 != 0) {
@@ -487,8 +495,8 @@ int main(int argc, char** argv) {
     if (args.json_output) {
       std::cout << r.dump(2) << std::endl;
     } else {
-      std::printf("ViT-B/16 shape, 224 px, %d tokens, %s kernels, load %.2f (medians in ms)\n", r["tokens"].get<int>(),
-                  kernel_isa_name(kernel_isa()), load_average());
+      std::printf("ViT-B/16 shape, 224 px, %d tokens, %s kernels, precision %s, load %.2f (medians in ms)\n",
+                  r["tokens"].get<int>(), kernel_isa_name(kernel_isa()), precision_name(args.precision), load_average());
       for (const char* key : {"forward_ms", "all_layers_query_maps_ms", "forward_keep_probs_ms", "rollout_ms"})
         std::printf("  %-26s %8.3f (min %.3f, %d runs)\n", key, r[key]["median"].get<double>(), r[key]["min"].get<double>(),
                     r[key]["runs"].get<int>());
@@ -500,6 +508,8 @@ int main(int argc, char** argv) {
   report["version"] = VITLENS_VERSION;
   report["model"] = {{"patch_size", 4}, {"embed_dim", 48}, {"num_heads", 4}, {"head_dim", 12}, {"depth", 1}};
   report["isa"] = kernel_isa_name(kernel_isa());
+  report["precision"] = precision_name(args.precision);
+  report["bf16_kernel"] = bf16_kernel_name(bf16_kernel());
   report["threads"] = args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
   report["cpu"] = cpu_name();
   report["freed_memory_kept"] = freed_memory_kept;

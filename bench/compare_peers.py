@@ -13,6 +13,12 @@ memory is its own; the Python peers' peak includes the interpreter and torch, ab
                       (fused attention) and with every layer's (H, N, N) attention maps returned
   onnx / onnx_maps    ONNX Runtime (default CPU provider) on the same two models exported with
                       torch.onnx.export
+  timm_bf16           (with --precision bf16 or auto) timm's forward_features with the model and the
+                      image in bfloat16 (model.to(torch.bfloat16): PyTorch 2 with bfloat16 weights)
+  timm_autocast       (with --precision bf16 or auto) timm's float32 model under
+                      torch.autocast("cpu", dtype=torch.bfloat16)
+  vitlens_fp32        (with --precision bf16 or auto) vitlens_bench --precision fp32 in the same round:
+                      the ratio is vitlens' own float32 forward over its bf16 one
   torch113_mha[_weights], torch113_plain
                       Debian's python3-torch 1.13 (/usr/bin/python3) with libblas.so.3 = OpenBLAS
                       (`apt-get install python3-torch libopenblas0-pthread`), MHA and softmax(QK^T)V;
@@ -27,7 +33,7 @@ ViT-S/8's (D 384, 6 heads of 64, patch 8, 12 blocks; --size 480 gives its 3601 t
 
 Usage: /work/venv/bin/python bench/compare_peers.py --bench build/bench/vitlens_bench
            [--arch card|vit_s16|vit_b16|vit_s8] [--size S ...] [--threads T] [--runs R] [--budget SECONDS]
-           [--rounds R] [--json] [--skip PEER ...]
+           [--rounds R] [--json] [--skip PEER ...] [--precision fp32|bf16|auto]
 Ratios are peer / vitlens (above 1: vitlens is faster): full-model peers against vitlens' forward,
 attention-only peers (sdpa, *_plain) against vitlens' attention alone. With --rounds R (default 1)
 vitlens and the peers run in turn R times: a shared VM's speed drifts by tens of percent within
@@ -65,6 +71,7 @@ MODEL_PEERS = ["timm", "timm_maps", "onnx", "onnx_maps"]
 ATTENTION_PEERS = ["sdpa", "torch113_plain"]
 TORCH2_PEERS = ["mha", "mha_weights", "sdpa"] + MODEL_PEERS
 TORCH113_PEERS = ["torch113_mha", "torch113_mha_weights", "torch113_plain"]
+BF16_PEERS = ["timm_bf16", "timm_autocast"]  # only with --precision bf16 or auto
 
 
 def median_ms(step, runs, budget_s):
@@ -172,6 +179,16 @@ def run_peer(peer, size, threads, runs, budget, model_dir):
             step = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)
         elif peer == "torch113_plain":
             step = lambda: torch.softmax(q @ k.transpose(-2, -1) * scale, dim=-1) @ v
+        elif peer == "timm_bf16":
+            model = make_timm(size).to(torch.bfloat16)
+            image_bf16 = image.to(torch.bfloat16)
+            step = lambda: model.forward_features(image_bf16)
+        elif peer == "timm_autocast":
+            model = make_timm(size)
+
+            def step():
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return model.forward_features(image)
         elif peer in ("timm", "timm_maps"):
             model = make_timm(size)
             if peer == "timm":
@@ -308,6 +325,8 @@ def main():
                         help="run vitlens and every peer this many times in turn; medians and ratios over rounds")
     parser.add_argument("--arch", choices=sorted(ARCHS), default="card",
                         help="card: the card's block (P 4, D 48, 4 heads, 1 block); vit_s16, vit_b16, vit_s8: those timm shapes")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
+                        help="vitlens' Linear layers (vitlens_bench --precision); bf16 or auto add the bfloat16 peers")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -321,7 +340,7 @@ def main():
     if args.rounds < 1:
         sys.exit(f"compare_peers.py: --rounds must be at least 1, not {args.rounds}")
     sizes = args.size or [64, 128, 224, 448, 1024]
-    report = {"environment": environment(args.threads),
+    report = {"environment": {**environment(args.threads), "vitlens_precision": args.precision},
               "model": f"{args.arch}: P={PATCH} D={DIM} H={HEADS} d={HEAD_DIM}, {DEPTH} block(s), MLP 4D",
               "sizes": []}
     for size in sizes:
@@ -344,7 +363,8 @@ def main():
                     failed[name] = {"error": f"export failed: {e}".splitlines()[0]}
             exported = {n for n in ("onnx", "onnx_maps") if os.path.exists(os.path.join(tmp, f"{n}.onnx"))}
             order = []
-            for peer in TORCH2_PEERS + TORCH113_PEERS:
+            reduced = args.precision != "fp32"
+            for peer in TORCH2_PEERS + TORCH113_PEERS + (BF16_PEERS if reduced else []):
                 if peer in args.skip or peer in failed or (peer.startswith("onnx") and peer not in exported):
                     continue
                 with_maps = peer.endswith("weights") or peer.endswith("maps") or peer.endswith("plain")
@@ -355,14 +375,25 @@ def main():
             # --rounds R: vitlens and every peer, one after the other, R times, so that each round's
             # ratios compare runs minutes apart at most; the medians and ratios below are over rounds.
             rounds = []
-            for _ in range(args.rounds):
+            if reduced and "vitlens_fp32" not in args.skip:
+                order.append("vitlens_fp32")
+
+            def run_vitlens(precision):
                 out = subprocess.run([args.bench, "--json", "--model", model_path, "--size", str(size), "--threads",
                                       str(args.threads), "--runs", str(args.runs), "--budget", str(args.budget),
-                                      "--no-export", "--no-limits", "--reference-max-tokens", "0"],
+                                      "--no-export", "--no-limits", "--reference-max-tokens", "0",
+                                      "--precision", precision],
                                      capture_output=True, text=True)
-                vit = json.loads(out.stdout)["sizes"][0] if out.stdout.strip() else {"error": out.stderr.strip()}
+                return json.loads(out.stdout)["sizes"][0] if out.stdout.strip() else {"error": out.stderr.strip()}
+
+            for _ in range(args.rounds):
+                vit = run_vitlens(args.precision)
                 peers = {}
-                for peer in order:
+                if "vitlens_fp32" in order:  # vitlens' own float32 forward, as a peer of its bf16 one
+                    own = run_vitlens("fp32")
+                    peers["vitlens_fp32"] = ({"ms": own["forward_ms"]["median"], "runs": own["forward_ms"]["runs"],
+                                              "peak_rss_mib": own["peak_rss_mib"]} if "error" not in own else own)
+                for peer in (p for p in order if p != "vitlens_fp32"):
                     python = SYSTEM_PYTHON if peer.startswith("torch113") else sys.executable
                     peers[peer] = peer_in_child(python, peer, size, args, tmp)
                 rounds.append((vit, peers))
@@ -377,7 +408,7 @@ def main():
         return
     env = report["environment"]
     print(f"# vitlens vs peers, {report['model']}, {env['date']}, {env['cpu']} ({env['cores']} cores; {' '.join(env['cpu_flags'])}),"
-          f" {env['threads']} threads each, load average {env['load_average_before']:.1f} / "
+          f" {env['threads']} threads each, vitlens --precision {env['vitlens_precision']}, load average {env['load_average_before']:.1f} / "
           f"{env['load_average_after']:.1f}")
     print(f"# torch {env['torch']}, timm {env['timm']}, onnxruntime {env['onnxruntime']}, Debian torch "
           f"{env['debian_torch']} with libblas.so.3 = {env['libblas.so.3']}")

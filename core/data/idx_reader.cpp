@@ -12,7 +12,7 @@
 
 #include "core/base/error.hpp"
 #include "core/data/dataset.hpp"
-#include "core/io/image.hpp"  // read_whole_file
+#include "core/io/files.hpp"  // read_whole_file
 
 namespace vitlens {
 

@@ -88,7 +88,6 @@ std::string mebibytes(uint64_t bytes);
 // Throws vitlens::Error when `dir` is missing, not a folder or not writable.
 void require_writable_dir(const std::string& dir);
 
-// Reading one file whole: read_whole_file comes here (from core/io/image.hpp), defined in files.cpp.
 
 // Where a streamed file's bytes go (OutputSet::add_stream); write() throws vitlens::Error.
 class FileSink {

@@ -87,6 +87,30 @@ std::string token_name(const VitConfig& config, int grid_w, int token) {
 
 int64_t VitModel::parameter_count() const { return static_cast<int64_t>(storage.size()); }
 
+const char* precision_name(Precision precision) {
+  switch (precision) {
+    case Precision::Fp32: return "fp32";
+    case Precision::Bf16: return "bf16";
+    case Precision::Auto: return "auto";
+  }
+  return "?";
+}
+
+bool parse_precision(const std::string& text, Precision& precision) {
+  for (Precision p : {Precision::Fp32, Precision::Bf16, Precision::Auto})
+    if (text == precision_name(p)) {
+      precision = p;
+      return true;
+    }
+  return false;
+}
+
+Precision resolve_precision(Precision precision, const VitModel& model) {
+  if (precision != Precision::Auto) return precision;
+  return cpu_has_bf16_dot() && model.parameter_count() >= kAutoBf16MinParameters ? Precision::Bf16
+                                                                                  : Precision::Fp32;
+}
+
 KeyMask build_key_mask(const VitConfig& config, const PatchGrid& grid, const ForwardOptions& options) {
   KeyMask mask;
   mask.causal = options.causal;
@@ -220,6 +244,67 @@ std::shared_ptr<const PackedModelWeights> packed_weights(const VitModel& model, 
     cached = pack_model(model, kernels, threads);
   }
   return cached;
+}
+
+// The model's Linear weights in bfloat16 panels: made by the first bfloat16 forward and kept
+// (under the lock, as packed_weights), or made for this call alone when the model has no cache.
+std::shared_ptr<const PackedModelWeightsBf16> packed_weights_bf16(const VitModel& model) {
+  auto pack = [&model] {
+    const VitConfig& cfg = model.config;
+    const int dim = cfg.embed_dim, hidden = cfg.mlp_hidden();
+    auto packed = std::make_shared<PackedModelWeightsBf16>();
+    packed->blocks.resize(static_cast<size_t>(cfg.depth));
+    for (int l = 0; l < cfg.depth; ++l) {
+      const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
+      std::array<PackedLinearBf16, 4>& p = packed->blocks[static_cast<size_t>(l)];
+      pack_linear_bf16(b.qkv_w, 3 * dim, dim, p[0]);
+      pack_linear_bf16(b.proj_w, dim, dim, p[1]);
+      pack_linear_bf16(b.fc1_w, hidden, dim, p[2]);
+      pack_linear_bf16(b.fc2_w, dim, hidden, p[3]);
+    }
+    pack_linear_bf16(model.w.patch_w, dim, cfg.patch_values(), packed->patch);
+    return std::shared_ptr<const PackedModelWeightsBf16>(std::move(packed));
+  };
+  if (!model.packed_cache) return pack();
+  std::lock_guard<std::mutex> lock(model.packed_cache->mutex);
+  if (!model.packed_cache->packed_bf16) model.packed_cache->packed_bf16 = pack();
+  return model.packed_cache->packed_bf16;
+}
+
+// The Linear weights one forward reads: float32 panels, or bfloat16 ones (the other is null).
+struct ForwardLinears {
+  std::shared_ptr<const PackedModelWeights> fp32;
+  std::shared_ptr<const PackedModelWeightsBf16> bf16;
+};
+ForwardLinears forward_linears(const VitModel& model, Precision precision, int threads) {
+  if (precision == Precision::Bf16) return {nullptr, packed_weights_bf16(model)};
+  return {packed_weights(model, threads), nullptr};
+}
+enum BlockLinear { kQkv = 0, kProj = 1, kFc1 = 2, kFc2 = 3 };
+
+// linear() above with block l's Linear `which`, in the precision of `linears`.
+void block_linear(const ForwardLinears& linears, int l, BlockLinear which, const MatRM& x, const float* b, MatRM& y,
+                  int r0, int r1, int threads, LinearEpilogue epilogue = LinearEpilogue::Store) {
+  if (r1 <= r0) return;
+  if (linears.fp32) {
+    linear(x, linears.fp32->blocks[static_cast<size_t>(l)][which], b, y, r0, r1, threads, epilogue);
+    return;
+  }
+  linear_forward_bf16(x.row(r0).data(), x.cols(), r1 - r0, linears.bf16->blocks[static_cast<size_t>(l)][which], b,
+                      y.row(r0).data(), y.cols(), epilogue, threads);
+}
+
+// The patch embedding, x (Np, 3PP) W (D, 3PP)^T + b, in the precision of `linears`.
+void patch_embedding(const ForwardLinears& linears, const VitModel& model, const MatRM& patches, MatRM& tokens,
+                     int threads) {
+  const int dim = model.config.embed_dim;
+  if (linears.fp32) {
+    linear(patches, model.w.patch_w, model.w.patch_b, dim, tokens, threads);
+    return;
+  }
+  tokens.resize(patches.rows(), dim);
+  linear_forward_bf16(patches.data(), patches.cols(), static_cast<int>(patches.rows()), linears.bf16->patch,
+                      model.w.patch_b, tokens.data(), tokens.cols(), LinearEpilogue::Store, threads);
 }
 
 // fc1's epilogue for the MLP activation: the exact GELU runs inside the product (gemm.hpp: the
@@ -360,7 +445,7 @@ ForwardResult result_header(const VitConfig& cfg, const PatchGrid& grid, const F
 
 // The tokens before the first block: patch embedding, the prefix tokens, the positions, and
 // norm_pre when the model has one. (n, D), n = prefix tokens + patches.
-MatRM embed_tokens(const VitModel& model, const PatchGrid& grid, int threads) {
+MatRM embed_tokens(const VitModel& model, const ForwardLinears& linears, const PatchGrid& grid, int threads) {
   const VitConfig& cfg = model.config;
   const int dim = cfg.embed_dim;
   const int patches = grid.grid_h * grid.grid_w;
@@ -369,7 +454,7 @@ MatRM embed_tokens(const VitModel& model, const PatchGrid& grid, int threads) {
   MatRM x(n, dim);
   {
     MatRM tokens;
-    linear(grid.patches, model.w.patch_w, model.w.patch_b, dim, tokens, threads);
+    patch_embedding(linears, model, grid.patches, tokens, threads);
     x.bottomRows(patches) = tokens;
     // timm _pos_embed: x = cat(cls_token, [dist_token], reg_token, x), then x + pos_embed over all
     // tokens, or with no_embed_class the pos_embed added to the patches only (before the cat).
@@ -451,21 +536,18 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
       if (grid.patch_is_padding[p]) counts_as_query[static_cast<size_t>(prefix + p)] = 0;
   result.received_queries = static_cast<int>(std::count(counts_as_query.begin(), counts_as_query.end(), 1));
 
-  MatRM x = embed_tokens(model, grid, options.threads);
+  result.precision = resolve_precision(options.precision, model);
+  // Every Linear weight in the product's panels (float32 or bfloat16), packed by the model's first
+  // forward in that precision and kept with it (vit.hpp VitModel::packed_cache), not packed again
+  // by every product of every row chunk (13 times per layer at 3137 tokens).
+  const ForwardLinears linears = forward_linears(model, result.precision, options.threads);
+  MatRM x = embed_tokens(model, linears, grid, options.threads);
 
   MatRM normed, attn_out(n, dim), projected, hidden, mlp_out;
   const int inner = threads_within_chunk(n, options.threads);
-  // Every block's Linear weights in the SGEMM's panels, packed by the model's first forward and
-  // kept with it (vit.hpp VitModel::packed_cache), not packed again by every product of every
-  // row chunk (13 times per layer at 3137 tokens).
-  const std::shared_ptr<const PackedModelWeights> packed = packed_weights(model, options.threads);
   result.layers.resize(static_cast<size_t>(cfg.depth));
   for (int l = 0; l < cfg.depth; ++l) {
     const BlockWeights& b = model.w.blocks[static_cast<size_t>(l)];
-    const PackedLinear &packed_qkv = packed->blocks[static_cast<size_t>(l)][0],
-                       &packed_proj = packed->blocks[static_cast<size_t>(l)][1],
-                       &packed_fc1 = packed->blocks[static_cast<size_t>(l)][2],
-                       &packed_fc2 = packed->blocks[static_cast<size_t>(l)][3];
     LayerState& state = result.layers[static_cast<size_t>(l)];
     // qkv = self.qkv(self.norm1(x)).reshape(B, N, 3, H, d): columns [Q | K | V], head-major.
     // ResPostBlock (post_norm) feeds x itself and norms the branch's output instead.
@@ -474,7 +556,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     state.qkv.resize(n, 3 * dim);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       if (!cfg.post_norm) layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed, r0, r1);
-      linear(branch_in, packed_qkv, b.qkv_b, state.qkv, r0, r1, inner);
+      block_linear(linears, l, kQkv, branch_in, b.qkv_b, state.qkv, r0, r1, inner);
     });
     // NaN scores would look like fully masked rows (zero attention) downstream: stop here instead.
     if (!all_finite(state.qkv))
@@ -491,15 +573,15 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       // x = x + self.ls1(self.proj(attn_out))          (W^O; ls1 is Identity without LayerScale)
       // ResPostBlock: x = x + self.norm1(self.proj(attn_out))
-      linear(attn_out, packed_proj, b.proj_b, projected, r0, r1, inner);
+      block_linear(linears, l, kProj, attn_out, b.proj_b, projected, r0, r1, inner);
       if (cfg.post_norm) layer_norm(projected, b.norm1_w, b.norm1_b, cfg.norm_eps, projected, r0, r1);
       add_branch(x, projected, b.ls1, r0, r1);
       // x = x + self.ls2(fc2(act(fc1(norm2(x)))))
       // ResPostBlock: x = x + self.norm2(fc2(act(fc1(x))))
       if (!cfg.post_norm) layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
-      linear(branch_in, packed_fc1, b.fc1_b, hidden, r0, r1, inner, fc1_epilogue(cfg.act));
+      block_linear(linears, l, kFc1, branch_in, b.fc1_b, hidden, r0, r1, inner, fc1_epilogue(cfg.act));
       activation_rows(cfg.act, hidden, r0, r1);
-      linear(hidden, packed_fc2, b.fc2_b, mlp_out, r0, r1, inner);
+      block_linear(linears, l, kFc2, hidden, b.fc2_b, mlp_out, r0, r1, inner);
       if (cfg.post_norm) layer_norm(mlp_out, b.norm2_w, b.norm2_b, cfg.norm_eps, mlp_out, r0, r1);
       add_branch(x, mlp_out, b.ls2, r0, r1);
     });

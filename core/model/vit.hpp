@@ -17,6 +17,7 @@
 
 #include "core/model/attention.hpp"
 #include "core/base/eigen.hpp"
+#include "core/cpu/bf16.hpp"
 #include "core/cpu/gemm.hpp"
 
 namespace vitlens {
@@ -121,6 +122,21 @@ struct VitWeights {
   int num_classes = 0;
 };
 
+// The arithmetic of the forward's Linear layers (patch embedding, qkv, proj, fc1, fc2).
+//   Fp32: float32 throughout, the PyTorch parity the tests hold (the default).
+//   Bf16: their operands rounded to bfloat16, sums in float32 (bf16.hpp); softmax, LayerNorm, GELU,
+//         the residual stream and the attention products stay float32.
+//   Auto: Bf16 for models of at least kAutoBf16MinParameters on a CPU with bfloat16 dot products
+//         (cpu_has_bf16_dot), else Fp32: below that size a forward is quick either way.
+enum class Precision { Fp32, Bf16, Auto };
+constexpr int64_t kAutoBf16MinParameters = 20000000;  // ViT-S/16 (22 M) and larger
+const char* precision_name(Precision precision);  // "fp32", "bf16", "auto"
+// "fp32", "bf16" or "auto" -> the precision; false for anything else.
+bool parse_precision(const std::string& text, Precision& precision);
+struct VitModel;
+// Auto resolved for this model on this CPU; Fp32 and Bf16 as given.
+Precision resolve_precision(Precision precision, const VitModel& model);
+
 // Every block's four Linear weights (qkv, proj, fc1, fc2) packed into the SGEMM's panels
 // (gemm.hpp pack_linear) for one set of kernels: what forward() reads instead of packing them on
 // every call. Immutable once made; forward() holds a shared_ptr to it while it runs.
@@ -129,12 +145,21 @@ struct PackedModelWeights {
   std::vector<std::array<PackedLinear, 4>> blocks;  // (L) x {qkv, proj, fc1, fc2}
 };
 
+// The same four weights of every block and the patch embedding rounded to bfloat16 and packed
+// (bf16.hpp), made once by the first Precision::Bf16 forward: 2 bytes a weight (+170 MiB for
+// ViT-B/16), the float32 panels not made at all while only bf16 forwards run.
+struct PackedModelWeightsBf16 {
+  std::vector<std::array<PackedLinearBf16, 4>> blocks;  // (L) x {qkv, proj, fc1, fc2}
+  PackedLinearBf16 patch;                               // (D, 3 P P)
+};
+
 // The model's packed weights, made by its first forward() and replaced when kernel_isa() changes
 // (set_kernel_isa). The mutex is held while a copy is made, so forwards starting together on
 // several threads wait for one copy and share it; a forward keeps its copy alive while it runs.
 struct PackedWeightCache {
   std::mutex mutex;
   std::shared_ptr<const PackedModelWeights> packed;
+  std::shared_ptr<const PackedModelWeightsBf16> packed_bf16;  // any bfloat16 kernel reads the same panels
 };
 
 // How the positional table is resized to a grid other than the trained one, as the model's
@@ -186,6 +211,7 @@ struct ForwardOptions {
   bool keep_probs = false;               // keep every (N, N) weight matrix (raw export only)
   float score_scale = -1.0f;             // < 0: the model's 1/sqrt(d); else this factor instead
   int threads = 0;                       // attention threads; 0 = one per core (same numbers for any count)
+  Precision precision = Precision::Fp32;   // the Linear layers' arithmetic
   // Progress in [0, 1]; return false to cancel (forward then throws vitlens::Error "cancelled").
   std::function<bool(float)> progress;
 };
@@ -207,6 +233,7 @@ struct ForwardResult {
   int grid_h = 0, grid_w = 0;
   std::vector<uint8_t> patch_is_padding;  // (gh*gw) the grid's: 1 = padding, not part of the image
   float score_scale = 0.0f;        // the factor the scores were multiplied by
+  Precision precision = Precision::Fp32;  // what the Linear layers ran (Auto resolved)
   KeyMask mask;                    // the mask every layer used
   int received_queries = 0;        // how many query rows the received means average over
   std::vector<LayerState> layers;  // (L)

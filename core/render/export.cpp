@@ -56,6 +56,7 @@ ForwardOptions forward_options_for(const VitModel& model, const ExportSettings& 
   ForwardOptions options;
   options.causal = settings.causal;
   options.mask_padding = true;
+  options.precision = settings.precision;
   // The viewer's temperature: scores times 1 / (sqrt(d) T), the same expression, so both agree bit for bit.
   if (settings.temperature != 1.0f)
     options.score_scale = 1.0f / (std::sqrt(static_cast<float>(model.config.head_dim())) * settings.temperature);
@@ -229,7 +230,10 @@ std::vector<std::string> forward_caption(const VitModel& model, const ForwardRes
   std::string mask = "mask: padding (" + std::to_string(padding_patches(f)) + " patches)";
   if (f.mask.causal) mask += ", causal";
   if (!mask_image.empty()) mask += ", painted " + mask_image + " (" + std::to_string(painted_patches(f)) + " patches)";
-  return {mask, softmax_phrase(model, f)};
+  std::vector<std::string> phrases{mask, softmax_phrase(model, f)};
+  // Only a reduced-precision picture says so: a float32 caption (and its pixels) is as before.
+  if (f.precision == Precision::Bf16) phrases.push_back("bf16 Linear layers (float32 sums)");
+  return phrases;
 }
 
 std::string scale_phrase(Normalize normalize) {
@@ -460,6 +464,7 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
                {"image", a.mask_image.empty() ? json(nullptr) : json(a.mask_image)},
                {"painted_patches", painted_patches(a.forward)}};
   j["score_scale"] = a.forward.score_scale;
+  j["precision"] = precision_name(a.forward.precision);
   // The temperature the scale amounts to: 1 for the model's 1/sqrt(d).
   const float model_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim()));
   j["temperature"] = std::round(static_cast<double>(model_scale / a.forward.score_scale) * 1e6) / 1e6;

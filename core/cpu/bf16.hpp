@@ -1,0 +1,108 @@
+#pragma once
+// bfloat16 operands with float32 accumulation: the Linear layers of the reduced-precision forward
+// (vit.hpp Precision::Bf16). Softmax, LayerNorm, GELU and the residual stream stay float32.
+//
+// A bfloat16 is the top 16 bits of a float32 (sign, 8 exponent bits, 7 mantissa bits): the same
+// range, about 2.6 significant decimal digits. Conversion rounds to nearest, ties to even; a NaN
+// stays a NaN (made quiet, so it cannot round into an infinity).
+//
+// The product, Y (M, N) = X (M, K) W^T + b, W (N, K) as nn.Linear stores it: X is rounded to
+// bfloat16 row by row on each call, W once (pack_linear_bf16), and every output element is
+//   acc = 0; for p = 0, 2, 4, ...: acc += x[p+1] w[p+1]; acc += x[p] w[p]   (float32, rounded each step)
+//   y = acc + b
+// which is what one lane of the AVX512-BF16 instruction vdpbf16ps does per pair of k (Intel SDM,
+// VDPBF16PS "Operation": the odd product first, each add rounded to nearest even; a product of two
+// bfloat16 values is exact in float32; denormal inputs read as zero, denormal results flushed to
+// zero). gemm_bf16.cpp writes that order in plain C++ (the emulation, the oracle), and
+// gemm_bf16_avx512.cpp runs it with vdpbf16ps; tests/test_gemm_bf16.cpp checks that the two give
+// the same bits, and the emulation against a float64 sum of the same rounded operands.
+//
+// K is padded to an even count with zeros (adds +0, which changes no sum). Packed panels: W^T in
+// column panels of kBf16Nr, each (ceil(K / 2) pairs, kBf16Nr columns, 2) bfloat16, so that one
+// 64-byte load holds 16 columns' pair of k. Threads split the columns at multiples of the panel;
+// each element is the same chain wherever it falls, so results do not depend on the thread count.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "core/cpu/gemm.hpp"
+
+namespace vitlens {
+
+using bf16_t = uint16_t;  // the bits of a bfloat16
+
+// float32 -> bfloat16, round to nearest, ties to even; a NaN keeps its sign and becomes quiet.
+inline bf16_t float_to_bf16(float x) {
+  uint32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<bf16_t>((bits >> 16) | 0x0040u);
+  const uint32_t round_bias = 0x7fffu + ((bits >> 16) & 1u);  // ties go to the even result
+  return static_cast<bf16_t>((bits + round_bias) >> 16);
+}
+
+inline float bf16_to_float(bf16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+
+// x rounded to the nearest bfloat16, as a float.
+inline float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
+
+// The register tile every bfloat16 kernel shares (the packing does not depend on the kernel):
+// MR rows x NR columns, 8 x 48 = 24 AVX-512 accumulators.
+constexpr int kBf16Mr = 8, kBf16Nr = 48;
+
+// The bfloat16 kernels this CPU can run. Avx512Bf16 needs avx512f and avx512_bf16 (AMD Zen 4,
+// Intel Cooper Lake, Sapphire Rapids and later). There is no AMX kernel (no CPU here to test one).
+enum class Bf16Kernel { Emulated, Avx512Bf16 };
+const char* bf16_kernel_name(Bf16Kernel kernel);  // "emulated", "avx512bf16"
+bool bf16_kernel_supported(Bf16Kernel kernel);
+// The kernel the products run: Avx512Bf16 where the CPU has it and kernel_isa() (fast_attention.hpp)
+// is Avx512 (set_kernel_isa to a narrower set selects the emulation too), else Emulated.
+Bf16Kernel bf16_kernel();
+// Whether this CPU has bfloat16 dot products in hardware (what Precision::Auto asks).
+inline bool cpu_has_bf16_dot() { return bf16_kernel_supported(Bf16Kernel::Avx512Bf16); }
+
+// A Linear's W (N, K) rounded to bfloat16 and packed into panels, once.
+struct PackedLinearBf16 {
+  int n = 0, k = 0;  // N = outputs, K = inputs
+  std::vector<bf16_t, detail::CacheAligned<bf16_t>> panels;  // (ceil(N / NR), ceil(K / 2), NR, 2)
+  int k_pairs() const { return (k + 1) / 2; }
+};
+
+// Rounds W (N, K) to bfloat16 and packs it into `packed`. Bit-exact for a bfloat16 checkpoint
+// (its values are already bfloat16: the loader widened them to float32 exactly).
+void pack_linear_bf16(const float* w, int n, int k, PackedLinearBf16& packed);
+
+// Y (M, N) = round_bf16(X) (M, K) W^T + b in the order above; b (N) may be null; Store, Gelu
+// (exact GELU after the sum, the float32 kernels' gelu_inplace) or Accumulate (Y += ...).
+// threads <= 0: one per core. Runs bf16_kernel().
+void linear_forward_bf16(const float* x, int64_t ldx, int m, const PackedLinearBf16& packed, const float* b,
+                         float* y, int64_t ldy, LinearEpilogue epilogue = LinearEpilogue::Store, int threads = 1);
+
+namespace detail {
+
+// What each instruction set provides (gemm_bf16.cpp runs the blocking, padding and threads).
+struct Bf16GemmKernels {
+  // c (MR, NR) with row stride ldc (floats) = (load_c ? c : 0) + A B, accumulated pair by pair in
+  // the order above, then + bias (NR) when bias is not null. A: MR rows of bfloat16, row r at
+  // a + r * a_rs (a_rs in bfloat16 elements, even), pairs [0, k_pairs); b_panel: (k_pairs, NR, 2).
+  void (*tile)(int k_pairs, const bf16_t* a, int64_t a_rs, const bf16_t* b_panel, float* c, int64_t ldc,
+               bool load_c, const float* bias);
+  // out[0, k) = float_to_bf16(x[0, k)) and out[k, padded) = 0. The vector kernel may read a
+  // denormal x as zero (vcvtneps2bf16 does): the tile reads denormal bfloat16 as zero anyway.
+  void (*convert_row)(const float* x, int k, int padded, bf16_t* out);
+};
+extern const Bf16GemmKernels kEmulatedBf16Gemm;    // gemm_bf16.cpp
+extern const Bf16GemmKernels kAvx512Bf16Gemm;      // gemm_bf16_avx512.cpp, x86-64 only
+const Bf16GemmKernels& bf16_kernels(Bf16Kernel kernel);
+
+// linear_forward_bf16 on the given kernel (tests compare the kernels through it).
+void linear_forward_bf16_with(const Bf16GemmKernels& kern, const float* x, int64_t ldx, int m,
+                              const PackedLinearBf16& packed, const float* b, float* y, int64_t ldy,
+                              LinearEpilogue epilogue, int threads);
+
+}  // namespace detail
+}  // namespace vitlens

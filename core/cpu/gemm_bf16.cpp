@@ -1,0 +1,207 @@
+// The bfloat16 product of bf16.hpp: the portable emulation (plain C++, the oracle of the vector
+// kernel), packing, the driver (K blocks, edge tiles, threads) and the kernel choice.
+//
+// Index
+//   [SECTION] Kernel choice
+//   [SECTION] Emulated kernel
+//   [SECTION] Packing
+//   [SECTION] The product
+#include "core/cpu/bf16.hpp"
+
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+
+#include "core/base/error.hpp"
+#include "core/base/parallel.hpp"
+#include "core/cpu/fast_attention.hpp"
+
+namespace vitlens {
+
+// [SECTION] Kernel choice
+//
+// The one place that maps the CPU onto a bfloat16 kernel (to move onto a common CPU-feature table).
+
+const char* bf16_kernel_name(Bf16Kernel kernel) {
+  return kernel == Bf16Kernel::Avx512Bf16 ? "avx512bf16" : "emulated";
+}
+
+bool bf16_kernel_supported(Bf16Kernel kernel) {
+  if (kernel == Bf16Kernel::Emulated) return true;
+#if defined(__x86_64__)
+  __builtin_cpu_init();
+  return kernel_isa_supported(KernelIsa::Avx512) && __builtin_cpu_supports("avx512bf16");
+#else
+  return false;
+#endif
+}
+
+Bf16Kernel bf16_kernel() {
+  static const bool has_dot = bf16_kernel_supported(Bf16Kernel::Avx512Bf16);
+  return has_dot && kernel_isa() == KernelIsa::Avx512 ? Bf16Kernel::Avx512Bf16 : Bf16Kernel::Emulated;
+}
+
+namespace detail {
+
+const Bf16GemmKernels& bf16_kernels(Bf16Kernel kernel) {
+#if defined(__x86_64__)
+  if (kernel == Bf16Kernel::Avx512Bf16) return kAvx512Bf16Gemm;
+#endif
+  (void)kernel;
+  return kEmulatedBf16Gemm;
+}
+
+namespace {
+
+// [SECTION] Emulated kernel: vdpbf16ps's arithmetic, one element at a time.
+
+// A denormal read as zero, as the instruction reads its inputs; a denormal result flushed to zero.
+float flush_denormal(float v) { return std::fabs(v) < FLT_MIN ? std::copysign(0.0f, v) : v; }
+
+void emulated_tile(int k_pairs, const bf16_t* a, int64_t a_rs, const bf16_t* b_panel, float* c, int64_t ldc,
+                   bool load_c, const float* bias) {
+  float acc[kBf16Mr][kBf16Nr];
+  for (int r = 0; r < kBf16Mr; ++r)
+    for (int j = 0; j < kBf16Nr; ++j) acc[r][j] = load_c ? flush_denormal(c[r * ldc + j]) : 0.0f;
+  for (int p = 0; p < k_pairs; ++p) {
+    const bf16_t* b = b_panel + static_cast<int64_t>(p) * kBf16Nr * 2;  // (NR, 2): column j's pair
+    for (int r = 0; r < kBf16Mr; ++r) {
+      const float a_even = flush_denormal(bf16_to_float(a[r * a_rs + 2 * p]));
+      const float a_odd = flush_denormal(bf16_to_float(a[r * a_rs + 2 * p + 1]));
+      for (int j = 0; j < kBf16Nr; ++j) {
+        // Each product of two bfloat16 is exact in float32: only the adds round.
+        const float b_even = flush_denormal(bf16_to_float(b[2 * j]));
+        const float b_odd = flush_denormal(bf16_to_float(b[2 * j + 1]));
+        acc[r][j] = flush_denormal(acc[r][j] + a_odd * b_odd);
+        acc[r][j] = flush_denormal(acc[r][j] + a_even * b_even);
+      }
+    }
+  }
+  for (int r = 0; r < kBf16Mr; ++r)
+    for (int j = 0; j < kBf16Nr; ++j) c[r * ldc + j] = bias ? acc[r][j] + bias[j] : acc[r][j];
+}
+
+void emulated_convert_row(const float* x, int k, int padded, bf16_t* out) {
+  for (int p = 0; p < k; ++p) out[p] = float_to_bf16(x[p]);
+  for (int p = k; p < padded; ++p) out[p] = 0;
+}
+
+}  // namespace
+
+const Bf16GemmKernels kEmulatedBf16Gemm{emulated_tile, emulated_convert_row};
+
+}  // namespace detail
+
+// [SECTION] Packing
+
+void pack_linear_bf16(const float* w, int n, int k, PackedLinearBf16& packed) {
+  if (n < 0 || k < 0) throw Error("pack_linear_bf16: negative size");
+  packed.n = n, packed.k = k;
+  const int pairs = packed.k_pairs(), panels = (n + kBf16Nr - 1) / kBf16Nr;
+  packed.panels.assign(static_cast<size_t>(panels) * pairs * kBf16Nr * 2, 0);
+  for (int panel = 0; panel < panels; ++panel) {
+    bf16_t* dst = packed.panels.data() + static_cast<int64_t>(panel) * pairs * kBf16Nr * 2;
+    const int cols = std::min(kBf16Nr, n - panel * kBf16Nr);
+    for (int j = 0; j < cols; ++j) {
+      const float* row = w + static_cast<int64_t>(panel * kBf16Nr + j) * k;  // W's row = B's column
+      for (int p = 0; p < k; ++p) dst[(static_cast<int64_t>(p / 2) * kBf16Nr + j) * 2 + p % 2] = float_to_bf16(row[p]);
+    }
+  }
+}
+
+// [SECTION] The product
+
+namespace {
+
+// k pairs per block: a panel block (128 pairs x 48 columns x 2 bfloat16, 24 KB) stays in L1 while
+// every row tile of A streams past it from L2. The accumulator crosses blocks through C in float32,
+// so blocking changes no bit.
+constexpr int kPairsPerBlock = 128;
+
+// C columns of panels [panel0, panel1): every row tile, every k block.
+void product_panels(const detail::Bf16GemmKernels& kern, const bf16_t* a, int64_t a_rs, int m_padded, int m,
+                    const PackedLinearBf16& packed, const float* bias_padded, float* y, int64_t ldy, bool accumulate,
+                    int panel0, int panel1) {
+  const int pairs = packed.k_pairs(), blocks = std::max(1, (pairs + kPairsPerBlock - 1) / kPairsPerBlock);
+  for (int kb = 0; kb < blocks; ++kb) {
+    const int p0 = kb * kPairsPerBlock, kp = std::min(kPairsPerBlock, pairs - p0);
+    const bool first = kb == 0, last = kb == blocks - 1;
+    for (int panel = panel0; panel < panel1; ++panel) {
+      const int j0 = panel * kBf16Nr, cols = std::min(kBf16Nr, packed.n - j0);
+      const bf16_t* b_panel = packed.panels.data() + (static_cast<int64_t>(panel) * pairs + p0) * kBf16Nr * 2;
+      const float* tile_bias = last && bias_padded ? bias_padded + j0 : nullptr;
+      const bool load_c = !first || accumulate;
+      for (int i0 = 0; i0 < m_padded; i0 += kBf16Mr) {
+        const bf16_t* a_tile = a + i0 * a_rs + 2 * p0;
+        const int rows = std::min(kBf16Mr, m - i0);
+        float* c = y + i0 * ldy + j0;
+        if (rows == kBf16Mr && cols == kBf16Nr) {
+          kern.tile(kp, a_tile, a_rs, b_panel, c, ldy, load_c, tile_bias);
+          continue;
+        }
+        // Edge tile: the whole tile on a padded copy, so these elements round as any other.
+        float pad[kBf16Mr * kBf16Nr] = {};
+        if (load_c)
+          for (int r = 0; r < rows; ++r) std::copy(c + r * ldy, c + r * ldy + cols, pad + r * kBf16Nr);
+        kern.tile(kp, a_tile, a_rs, b_panel, pad, kBf16Nr, load_c, tile_bias);
+        for (int r = 0; r < rows; ++r) std::copy(pad + r * kBf16Nr, pad + r * kBf16Nr + cols, c + r * ldy);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void detail::linear_forward_bf16_with(const Bf16GemmKernels& kern, const float* x, int64_t ldx, int m,
+                                      const PackedLinearBf16& packed, const float* b, float* y, int64_t ldy,
+                                      LinearEpilogue epilogue, int threads) {
+  if (m < 0) throw Error("linear_forward_bf16: negative size");
+  const int n = packed.n, k = packed.k;
+  if (m == 0 || n == 0) return;
+  if (packed.panels.size() < static_cast<size_t>((n + kBf16Nr - 1) / kBf16Nr) * packed.k_pairs() * kBf16Nr * 2)
+    throw Error("linear_forward_bf16: the weights were never packed (pack_linear_bf16)");
+  threads = resolve_threads(threads);
+
+  // X rounded to bfloat16, K padded to pairs, M to whole tiles (zero rows, never stored).
+  const int k_padded = 2 * packed.k_pairs(), m_padded = (m + kBf16Mr - 1) / kBf16Mr * kBf16Mr;
+  thread_local std::vector<bf16_t, detail::CacheAligned<bf16_t>> a_buffer;  // the calling thread's, kept
+  a_buffer.resize(static_cast<size_t>(m_padded) * k_padded);
+  bf16_t* a = a_buffer.data();  // (a thread_local named inside a task would be that worker's own)
+  std::fill(a + static_cast<int64_t>(m) * k_padded, a + static_cast<int64_t>(m_padded) * k_padded, bf16_t{0});
+  const int row_tasks = std::min(m, std::max(1, threads) * 4);
+  run_tasks(row_tasks, std::min(threads, row_tasks), [&](int t) {
+    for (int i = t; i < m; i += row_tasks) kern.convert_row(x + i * ldx, k, k_padded, a + static_cast<int64_t>(i) * k_padded);
+  });
+  std::vector<float> bias_padded;
+  if (b) {
+    bias_padded.assign(static_cast<size_t>(n) + kBf16Nr, 0.0f);
+    std::copy(b, b + n, bias_padded.begin());
+  }
+
+  // Threads split C's columns at whole panels (each reads all of A, from L2); up to four pieces a
+  // thread, taken by whichever is free. The split changes no number.
+  const int panels = (n + kBf16Nr - 1) / kBf16Nr;
+  const double work = static_cast<double>(m) * n * std::max(k, 1);
+  const int workers = std::max(1, std::min({threads, panels, static_cast<int>(work / 2.5e5)}));
+  const int pieces = workers > 1 ? std::min(panels, 4 * workers) : 1;
+  const int per_piece = (panels + pieces - 1) / pieces;
+  const bool accumulate = epilogue == LinearEpilogue::Accumulate;
+  const bool gelu = epilogue == LinearEpilogue::Gelu;
+  run_tasks((panels + per_piece - 1) / per_piece, workers, [&](int t) {
+    const int panel0 = t * per_piece, panel1 = std::min(panels, (t + 1) * per_piece);
+    product_panels(kern, a, k_padded, m_padded, m, packed, b ? bias_padded.data() : nullptr, y, ldy, accumulate,
+                   panel0, panel1);
+    if (!gelu) return;
+    // nn.GELU() in float32 on this piece's columns: the float32 forward's kernel (gelu_inplace).
+    const int j0 = panel0 * kBf16Nr, cols = std::min(n, panel1 * kBf16Nr) - j0;
+    for (int i = 0; i < m; ++i) gelu_inplace(y + i * ldy + j0, cols);
+  });
+}
+
+void linear_forward_bf16(const float* x, int64_t ldx, int m, const PackedLinearBf16& packed, const float* b,
+                         float* y, int64_t ldy, LinearEpilogue epilogue, int threads) {
+  detail::linear_forward_bf16_with(detail::bf16_kernels(bf16_kernel()), x, ldx, m, packed, b, y, ldy, epilogue,
+                                   threads);
+}
+
+}  // namespace vitlens
