@@ -11,8 +11,9 @@
 #include <random>
 #include <vector>
 
-#include "core/cpu/fast_attention.hpp"
+#include "core/cpu/cpu.hpp"
 #include "core/cpu/gemm.hpp"
+#include "test_support.hpp"
 
 using namespace vitlens;
 
@@ -23,12 +24,8 @@ struct IsaGuard {
   ~IsaGuard() { set_kernel_isa(saved); }
 };
 
-std::vector<KernelIsa> runnable_isas() {
-  std::vector<KernelIsa> isas;
-  for (KernelIsa isa : {KernelIsa::Portable, KernelIsa::Avx2, KernelIsa::Avx512})
-    if (kernel_isa_supported(isa)) isas.push_back(isa);
-  return isas;
-}
+// The instruction sets this CPU runs (and a skip line for each it lacks): test_support.hpp.
+std::vector<KernelIsa> runnable_isas() { return test::isas_here(); }
 
 std::vector<float> random_floats(size_t count, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
