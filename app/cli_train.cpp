@@ -197,7 +197,7 @@ void record_training_ops(nlohmann::json& record, bool resumed) {
       record["training_ops"].get<std::string>() != now)
     std::fprintf(stderr,
                  "vitlens: warning: this run was trained with the %s training ops and continues with the %s ones "
-                 "(another CPU, or VITLENS_PORTABLE): it will not be bit for bit the uninterrupted run\n",
+                 "(another CPU, or VITLENS_ISA): it will not be bit for bit the uninterrupted run\n",
                  record["training_ops"].get<std::string>().c_str(), now.c_str());
   record["training_ops"] = now;
 }

@@ -47,6 +47,7 @@
 
 #include "core/base/error.hpp"
 #include "core/render/export.hpp"
+#include "core/cpu/cpu.hpp"
 #include "core/cpu/fast_attention.hpp"
 #include "models/bundled.hpp"
 #include "core/render/layer_grid.hpp"
@@ -385,6 +386,7 @@ void print_table(const json& report) {
               depth == 1 ? "block" : "blocks",
               report["isa"].get<std::string>().c_str(), report["threads"].get<int>(),
               report["cpu"].get<std::string>().c_str());
+  std::printf("cpu features: %s\n", report["cpu_features"].get<std::string>().c_str());
   std::printf("medians in ms; reference = the plain scaled_dot_product_attention on the same q, k, v; "
               "load average %.2f before, %.2f after\n\n",
               report["load_average_before"].get<double>(), report["load_average_after"].get<double>());
@@ -436,7 +438,7 @@ int main(int argc, char** argv) {
                "--model's"};
   app.add_option("--size", args.sizes, "image sizes in pixels (square; multiples of 4)")->check(CLI::Range(4, 4096));
   app.add_flag("--json", args.json_output, "print one JSON object instead of the table");
-  app.add_option("--isa", args.isa, "kernels: auto (the best this CPU runs), portable, avx2 or avx512")
+  app.add_option("--isa", args.isa, "kernels: auto (VITLENS_ISA's, else the best this CPU runs), portable, avx2 or avx512")
       ->check(CLI::IsMember({"auto", "portable", "avx2", "avx512"}));
   app.add_option("--threads", args.threads, "attention threads (0 = one per core)")->check(CLI::Range(0, 256));
   app.add_option("--runs", args.runs.max_runs, "most runs per median")->check(CLI::Range(1, 1000));
@@ -468,9 +470,8 @@ int main(int argc, char** argv) {
     }
 
   try {
-    if (args.isa == "portable") set_kernel_isa(KernelIsa::Portable);
-    if (args.isa == "avx2") set_kernel_isa(KernelIsa::Avx2);
-    if (args.isa == "avx512") set_kernel_isa(KernelIsa::Avx512);
+    KernelIsa isa;
+    if (parse_kernel_isa(args.isa, isa)) set_kernel_isa(isa);  // "auto": VITLENS_ISA's, or the widest
   } catch (const Error& e) {
     std::cerr << "vitlens_bench: " << e.what() << "\n";
     return 2;
@@ -512,6 +513,7 @@ int main(int argc, char** argv) {
   report["bf16_kernel"] = bf16_kernel_name(bf16_kernel());
   report["threads"] = args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
   report["cpu"] = cpu_name();
+  report["cpu_features"] = cpu_features_line();  // avx512-bf16 and amx-bf16 too (no kernels use them yet)
   report["freed_memory_kept"] = freed_memory_kept;
   report["load_average_before"] = load_average();
   if (!args.no_limits) {

@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include "core/base/error.hpp"
+#include "core/io/files.hpp"  // read_whole_file
 #include "models/json_file.hpp"
 
 namespace vitlens {

@@ -35,6 +35,16 @@ namespace {
 
 using test::IsaGuard;
 
+// The instruction sets this CPU runs (and a skip line for each it lacks): test_support.hpp.
+std::vector<KernelIsa> runnable_isas() { return test::isas_here(); }
+
+// Their tables of leaf kernels, called directly (not through kernel_isa()).
+std::vector<std::pair<const char*, const detail::LeafKernels*>> leaf_tables_here() {
+  std::vector<std::pair<const char*, const detail::LeafKernels*>> tables;
+  for (KernelIsa isa : runnable_isas()) tables.push_back({kernel_isa_id(isa), &detail::kLeafKernels.get(isa)});
+  return tables;
+}
+
 // H heads of N tokens laid out as timm's qkv: (N, 3 H d), columns [Q heads | K heads | V heads].
 struct Heads {
   int n = 0, heads = 0, d = 0;
@@ -336,11 +346,7 @@ TEST_CASE("fast attention: the same numbers for any thread count", "[fast_attent
 TEST_CASE("fast attention: phase C on a pair of rows gives the bits of each row alone", "[fast_attention][pair]") {
   // The leaf kernel directly: rows = 2 against two calls with rows = 1, for every channel count the
   // blocks pass (4, 8, 12), with and without the column sums, keys [16, 16 + 480) of 32 panels.
-  std::vector<std::pair<const char*, const detail::LeafKernels*>> tables = {{"portable", &detail::kPortableKernels}};
-#if defined(__x86_64__)
-  if (kernel_isa_supported(KernelIsa::Avx2)) tables.push_back({"avx2", &detail::kAvx2Kernels});
-  if (kernel_isa_supported(KernelIsa::Avx512)) tables.push_back({"avx512", &detail::kAvx512Kernels});
-#endif
+  const std::vector<std::pair<const char*, const detail::LeafKernels*>> tables = leaf_tables_here();
   constexpr int kD4 = 12, kPanels = 32, kStride = 16 * kD4, kLd = 16 * kPanels, kJ0 = 16, kJ1 = kJ0 + 480;
   std::mt19937 rng(21);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f), signed_unit(-1.0f, 1.0f);
@@ -415,11 +421,7 @@ TEST_CASE("fast attention: phase A's row maxima stop at N, where the padding key
   // The leaf kernel directly: every score negative, so a maximum that took in a padding key (its
   // zero key panel scores 0) would be 0. max_end at every lane of 64-, 32- and 16-key steps, keys
   // in two chunks as the blocks pass them; the maximum must be the stored scores' over [0, N).
-  std::vector<std::pair<const char*, const detail::LeafKernels*>> tables = {{"portable", &detail::kPortableKernels}};
-#if defined(__x86_64__)
-  if (kernel_isa_supported(KernelIsa::Avx2)) tables.push_back({"avx2", &detail::kAvx2Kernels});
-  if (kernel_isa_supported(KernelIsa::Avx512)) tables.push_back({"avx512", &detail::kAvx512Kernels});
-#endif
+  const std::vector<std::pair<const char*, const detail::LeafKernels*>> tables = leaf_tables_here();
   constexpr int kD = 12, kMaxN = 130;
   std::mt19937 rng(31);
   std::uniform_real_distribution<float> unit(0.0f, 1.0f);
@@ -438,8 +440,9 @@ TEST_CASE("fast attention: phase A's row maxima stop at N, where the padding key
       float row_max[4];
       std::fill(row_max, row_max + 4, -std::numeric_limits<float>::infinity());
       const int split = std::min(ld, 64);  // two chunks: [0, split) and [split, ld)
-      kernels->scores_4rows(qs, keys.data(), kD, 0.25f, nullptr, ss, 0, split, n, row_max);
-      if (split < ld) kernels->scores_4rows(qs, keys.data(), kD, 0.25f, nullptr, ss, split, ld, n, row_max);
+      const auto scores_4rows = kernels->scores_4rows[0][1];  // no bias, with row_max
+      scores_4rows(qs, keys.data(), kD, 0.25f, nullptr, ss, 0, split, n, row_max);
+      if (split < ld) scores_4rows(qs, keys.data(), kD, 0.25f, nullptr, ss, split, ld, n, row_max);
       for (int i = 0; i < 4; ++i) {
         if (n < ld) CHECK(ss[i][ld - 1] == 0.0f);  // a padding key's score
         const float expected = *std::max_element(ss[i], ss[i] + n);

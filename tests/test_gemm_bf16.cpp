@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/cpu/bf16.hpp"
-#include "core/cpu/fast_attention.hpp"
+#include "core/cpu/cpu.hpp"
 
 using namespace vitlens;
 

@@ -2,6 +2,7 @@
 // Shared helpers for the tests: random models built in memory, temporary folders, a photo folder.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <stdexcept>
@@ -43,25 +44,25 @@ constexpr long kSanitizerSlackMb = 0;
 namespace vitlens::test {
 
 // The instruction sets this CPU runs, portable first: the builds of the kernels and of the
-// training ops a test compares (set_kernel_isa() selects both, train_ops.hpp).
+// training ops a test compares (set_kernel_isa() selects both, cpu.hpp). Each one the CPU lacks
+// is said once per test binary on stderr, with the reason, so a run on a narrower machine shows
+// what it did not test.
 inline std::vector<KernelIsa> isas_here() {
+  static const bool said = [] {
+    for (KernelIsa isa : kAllKernelIsas)
+      if (!kernel_isa_supported(isa))
+        std::fprintf(stderr, "skipping the %s kernels: %s\n", kernel_isa_name(isa), kernel_isa_missing(isa).c_str());
+    return true;
+  }();
+  (void)said;
   std::vector<KernelIsa> isas;
-  for (KernelIsa isa : {KernelIsa::Portable, KernelIsa::Avx2, KernelIsa::Avx512})
+  for (KernelIsa isa : kAllKernelIsas)
     if (kernel_isa_supported(isa)) isas.push_back(isa);
   return isas;
 }
 
-// Whether VITLENS_PORTABLE=1 in the environment forces the portable training ops (train_ops.hpp).
-inline bool env_forces_portable() {
-  const char* v = std::getenv("VITLENS_PORTABLE");
-  return v && *v == '1';
-}
-
-// train_ops_isa()'s name for the build set_kernel_isa(isa) selects, VITLENS_PORTABLE=1 included.
-inline std::string train_ops_name(KernelIsa isa) {
-  if (env_forces_portable() || isa == KernelIsa::Portable) return "portable";
-  return isa == KernelIsa::Avx2 ? "avx2" : "avx512";
-}
+// train_ops_isa()'s name for the build set_kernel_isa(isa) selects.
+inline std::string train_ops_name(KernelIsa isa) { return kernel_isa_id(isa); }
 
 // Puts the kernels in use back when a scope ends (for a test that calls set_kernel_isa itself).
 struct IsaGuard {
@@ -73,10 +74,7 @@ struct IsaGuard {
 // out, also when a REQUIRE leaves early.
 struct UseIsa {
   KernelIsa saved = kernel_isa();
-  explicit UseIsa(KernelIsa isa) {
-    train::force_portable_train_ops(false);
-    set_kernel_isa(isa);
-  }
+  explicit UseIsa(KernelIsa isa) { set_kernel_isa(isa); }
   ~UseIsa() { set_kernel_isa(saved); }
   UseIsa(const UseIsa&) = delete;
   UseIsa& operator=(const UseIsa&) = delete;

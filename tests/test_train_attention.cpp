@@ -137,7 +137,7 @@ Result run(const AttentionCase& c, const std::vector<float>& qkv, const std::vec
 
 void check_attention(const AttentionCase& c, KernelIsa isa) {
   const test::UseIsa use(isa);
-  // set_kernel_isa selects the training ops' build too (unless VITLENS_PORTABLE=1 forces portable).
+  // set_kernel_isa selects the training ops' build too.
   REQUIRE(train::train_ops_isa() == test::train_ops_name(isa));
   std::mt19937 rng(static_cast<unsigned>(c.N * 131 + c.D));
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -213,39 +213,4 @@ TEST_CASE("train: a NaN key makes every query's weights NaN in every build (neve
     INFO(train::train_ops_isa() << " ops");
     for (int i = 0; i < N; ++i) CHECK(std::isnan(probs[static_cast<size_t>(i) * N + 3]));
   }
-}
-
-TEST_CASE("train: force_portable_train_ops runs the portable build whatever kernel_isa() is", "[train][attention]") {
-  const KernelIsa widest = test::isas_here().back();
-  const test::UseIsa use(widest);
-  REQUIRE(train::train_ops_isa() == test::train_ops_name(widest));
-  const AttentionCase c{2, 13, 10, 2};
-  std::mt19937 rng(11);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> qkv(static_cast<size_t>(c.B) * c.N * 3 * c.D);
-  for (float& v : qkv) v = normal(rng);
-  const float scale = 1.0f / std::sqrt(5.0f);
-  auto run = [&] {
-    std::vector<float> probs(static_cast<size_t>(c.B) * c.H * c.N * c.N), ctx(static_cast<size_t>(c.B) * c.N * c.D);
-    train::attention_forward(qkv.data(), nullptr, c.B, c.N, c.D, c.H, scale, probs.data(), ctx.data(), 1);
-    probs.insert(probs.end(), ctx.begin(), ctx.end());
-    return probs;
-  };
-  std::vector<float> portable;
-  {
-    const test::UseIsa plain(KernelIsa::Portable);
-    portable = run();
-  }
-  std::vector<float> forced;
-  {
-    struct Forced {  // off again on the way out, also when a check throws
-      Forced() { train::force_portable_train_ops(true); }
-      ~Forced() { train::force_portable_train_ops(false); }
-    } force;
-    CHECK(std::string(train::train_ops_isa()) == "portable");
-    CHECK(kernel_isa() == widest);  // the inference kernels keep theirs
-    forced = run();
-  }
-  CHECK(forced == portable);  // the same build, so the same bits
-  CHECK(train::train_ops_isa() == test::train_ops_name(widest));  // the widest build again
 }

@@ -236,9 +236,5 @@ void check_epilogues(const detail::GemmKernels& kern, const char* name) {
 
 TEST_CASE("gemm: the residual, GELU-and-slope and scale epilogues of every kernel set against double loops",
           "[gemm][fused]") {
-  check_epilogues(detail::kPortableGemm, "portable");
-#if defined(__x86_64__)
-  if (kernel_isa_supported(KernelIsa::Avx2)) check_epilogues(detail::kAvx2Gemm, "avx2");
-  if (kernel_isa_supported(KernelIsa::Avx512)) check_epilogues(detail::kAvx512Gemm, "avx512");
-#endif
+  for (KernelIsa isa : test::isas_here()) check_epilogues(detail::kGemmKernels.get(isa), kernel_isa_id(isa));
 }

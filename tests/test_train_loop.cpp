@@ -527,8 +527,8 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   auto ops_of = [&](const std::string& path) {
     return nlohmann::json::parse(read_safetensors(path).metadata.at("training")).at("training_ops").get<std::string>();
   };
-  // VITLENS_PORTABLE=1 runs the portable build whatever the CPU.
-  Run p = run_vitlens("train" + common + " --out " + dir + "/p --stop-after 2", "VITLENS_PORTABLE=1");
+  // VITLENS_ISA=portable runs the portable build whatever the CPU.
+  Run p = run_vitlens("train" + common + " --out " + dir + "/p --stop-after 2", "VITLENS_ISA=portable");
   INFO(p.err);
   REQUIRE(p.code == 0);
   CHECK(ops_of(dir + "/p/last.safetensors") == "portable");
@@ -541,7 +541,7 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   CHECK(ops_of(dir + "/p/last.safetensors") == here);
   if (here != "portable")
     CHECK(r.err == "vitlens: warning: this run was trained with the portable training ops and continues with the " +
-                       here + " ones (another CPU, or VITLENS_PORTABLE): it will not be bit for bit the uninterrupted run\n");
+                       here + " ones (another CPU, or VITLENS_ISA): it will not be bit for bit the uninterrupted run\n");
   else
     CHECK(r.err.empty());
   // Resumed again with the same build: nothing to warn about.

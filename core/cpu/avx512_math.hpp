@@ -5,7 +5,9 @@
 // train_ops.cpp. Internal linkage: each file keeps its own copy.
 #if defined(__x86_64__)
 // GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own _mm512_undefined_*
-// placeholders when inlined (a known false positive, see fast_attention_avx512.cpp).
+// placeholders when inlined (a known false positive, gone in GCC 13); nothing of ours is
+// uninitialised. Clang has no -Wmaybe-uninitialized (it would warn about the pragma itself). The
+// pragmas hold to the end of the including file, so include this header before <immintrin.h>.
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"

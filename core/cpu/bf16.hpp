@@ -59,7 +59,7 @@ constexpr int kBf16Mr = 8, kBf16Nr = 48;
 enum class Bf16Kernel { Emulated, Avx512Bf16 };
 const char* bf16_kernel_name(Bf16Kernel kernel);  // "emulated", "avx512bf16"
 bool bf16_kernel_supported(Bf16Kernel kernel);
-// The kernel the products run: Avx512Bf16 where the CPU has it and kernel_isa() (fast_attention.hpp)
+// The kernel the products run: Avx512Bf16 where the CPU has it and kernel_isa() (cpu.hpp)
 // is Avx512 (set_kernel_isa to a narrower set selects the emulation too), else Emulated.
 Bf16Kernel bf16_kernel();
 // Whether this CPU has bfloat16 dot products in hardware (what Precision::Auto asks).

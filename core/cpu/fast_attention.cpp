@@ -1,9 +1,8 @@
-// Fast exact attention (fast_attention.hpp): instruction set dispatch, the phases of one block of
-// query rows (written once, run with any instruction set's leaf kernels), the portable leaf
-// kernels, the multi-head driver that spreads row blocks over threads, and the single-row path.
+// Fast exact attention (fast_attention.hpp): the phases of one block of query rows (written once,
+// run with any instruction set's leaf kernels), the portable leaf kernels and their table, the
+// multi-head driver that spreads row blocks over threads, and the single-row path.
 //
 // Index
-//   [SECTION] Dispatch
 //   [SECTION] Phases
 //   [SECTION] Portable kernels
 //   [SECTION] Multi-head driver
@@ -28,67 +27,9 @@ namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-// [SECTION] Dispatch
-
-bool cpu_has(KernelIsa isa) {
-#if defined(__x86_64__)
-  // libgcc's checks include that the OS saves the YMM / ZMM registers (XGETBV). The init call
-  // makes this safe even from another file's static constructor.
-  __builtin_cpu_init();
-  switch (isa) {
-    case KernelIsa::Portable: return true;
-    case KernelIsa::Avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case KernelIsa::Avx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx2") &&
-                                   __builtin_cpu_supports("fma");
-  }
-  return false;
-#else
-  return isa == KernelIsa::Portable;
-#endif
-}
-
-KernelIsa best_isa() {
-  for (KernelIsa isa : {KernelIsa::Avx512, KernelIsa::Avx2})
-    if (cpu_has(isa)) return isa;
-  return KernelIsa::Portable;
-}
-
-std::atomic<int>& chosen_isa() {
-  static std::atomic<int> isa{static_cast<int>(best_isa())};
-  return isa;
-}
-
-const detail::LeafKernels& active_kernels() {
-#if defined(__x86_64__)
-  switch (kernel_isa()) {
-    case KernelIsa::Avx512: return detail::kAvx512Kernels;
-    case KernelIsa::Avx2: return detail::kAvx2Kernels;
-    case KernelIsa::Portable: break;
-  }
-#endif
-  return detail::kPortableKernels;
-}
+const detail::LeafKernels& active_kernels() { return detail::kLeafKernels.active(); }
 
 }  // namespace
-
-const char* kernel_isa_name(KernelIsa isa) {
-  switch (isa) {
-    case KernelIsa::Portable: return "portable";
-    case KernelIsa::Avx2: return "avx2+fma";
-    case KernelIsa::Avx512: return "avx512f";
-  }
-  return "?";
-}
-
-bool kernel_isa_supported(KernelIsa isa) { return cpu_has(isa); }
-
-KernelIsa kernel_isa() { return static_cast<KernelIsa>(chosen_isa().load()); }
-
-void set_kernel_isa(KernelIsa isa) {
-  if (!kernel_isa_supported(isa))
-    throw Error(std::string("set_kernel_isa: this CPU cannot run the ") + kernel_isa_name(isa) + " kernels");
-  chosen_isa().store(static_cast<int>(isa));
-}
 
 void exp_array(const float* x, float* out, int count) { active_kernels().exp(x, out, count); }
 
@@ -145,8 +86,8 @@ void attention_block(const detail::LeafKernels& kernels, BlockJob& job) {
         q[i] = job.queries + (r + i < rows ? r + i : 0) * job.query_stride;
         s[i] = job.scores + (r + i) * ld;
       }
-      kernels.scores_4rows(q, job.keys, job.head_dim, job.scale, job.key_bias, s, j0, j1, job.tokens,
-                           maxima ? maxima + r : nullptr);
+      kernels.scores_4rows[job.key_bias != nullptr][maxima != nullptr](
+          q, job.keys, job.head_dim, job.scale, job.key_bias, s, j0, j1, job.tokens, maxima ? maxima + r : nullptr);
     }
   }
   // B: mask the keys past the causal diagonal and past N, then each row's softmax.
@@ -301,8 +242,15 @@ void exp_array(const float* x, float* out, int count) {
 
 }  // namespace
 
-const LeafKernels kPortableKernels = {scores_4rows,    scores_1row,       softmax_row,
-                                      weighted_values, flush_column_sums, exp_array};
+const LeafKernels kPortableKernels = {{{scores_4rows, scores_4rows}, {scores_4rows, scores_4rows}},
+                                      {scores_1row, scores_1row},
+                                      softmax_row,
+                                      weighted_values,
+                                      flush_column_sums,
+                                      exp_array};
+
+const KernelTable<LeafKernels> kLeafKernels{&kPortableKernels, VITLENS_X86_TABLE(kAvx2Kernels),
+                                            VITLENS_X86_TABLE(kAvx512Kernels)};
 
 }  // namespace detail
 
@@ -364,32 +312,94 @@ MatRM key_panels(const float* keys, int stride, int tokens, int heads, int head_
   return out;
 }
 
-bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out, int threads,
-                          const std::function<bool(float)>& progress) {
+namespace {
+
+void check_attention_inputs(const AttentionInputs& in, const AttentionOutputs& out) {
   const int n = in.tokens, heads = in.heads, d = in.head_dim;
   if (n < 1 || heads < 1 || d < 1)
     throw Error("multi_head_attention: tokens, heads and head_dim must be positive, got " + std::to_string(n) +
                 ", " + std::to_string(heads) + ", " + std::to_string(d));
   if (!in.queries || !in.keys || !in.values || !out.context || !out.column_sums)
     throw Error("multi_head_attention: an input or output buffer is missing");
-  const bool key_mask = in.mask && !in.mask->key_allowed.empty();
-  if (key_mask && in.mask->key_allowed.size() != static_cast<size_t>(n))
+  if (in.mask && !in.mask->key_allowed.empty() && in.mask->key_allowed.size() != static_cast<size_t>(n))
     throw Error("multi_head_attention: the key mask has " + std::to_string(in.mask->key_allowed.size()) +
                 " entries for " + std::to_string(n) + " tokens");
-  const detail::LeafKernels& kernels = active_kernels();
-  const int ld = aligned_keys(n), d4 = (d + 3) / 4 * 4;
+}
 
-  // Keys and values of every head in panels, so a vector load takes consecutive tokens of one channel.
-  AlignedFloats keys(static_cast<size_t>(heads) * d * ld), values(static_cast<size_t>(heads) * d4 * ld);
-  pack_panels(in.keys, in.key_stride, n, heads, d, d, ld, keys.data());
-  pack_panels(in.values, in.value_stride, n, heads, d, d4, ld, values.data());
-  // The key mask as a score bias: 0 allowed, -inf masked (and for the padding columns past N).
-  std::vector<float> key_bias;
-  if (key_mask) {
-    key_bias.assign(static_cast<size_t>(ld), kNegInf);
-    for (int j = 0; j < n; ++j)
-      if (in.mask->key_allowed[static_cast<size_t>(j)]) key_bias[static_cast<size_t>(j)] = 0.0f;
+// The key mask as a score bias (ld): 0 allowed, -inf masked and for the padding columns past N.
+void fill_key_bias(const std::vector<uint8_t>& key_allowed, int ld, std::vector<float>& bias) {
+  bias.assign(static_cast<size_t>(ld), kNegInf);
+  for (size_t j = 0; j < key_allowed.size(); ++j)
+    if (key_allowed[j]) bias[j] = 0.0f;
+}
+
+// Every head's keys and values in panels, so a vector load takes consecutive tokens of one channel,
+// and the key bias: what every block job reads.
+struct HeadPanels {
+  HeadPanels(const AttentionInputs& in, int ld, int d4)
+      : keys(static_cast<size_t>(in.heads) * in.head_dim * ld), values(static_cast<size_t>(in.heads) * d4 * ld) {
+    pack_panels(in.keys, in.key_stride, in.tokens, in.heads, in.head_dim, in.head_dim, ld, keys.data());
+    pack_panels(in.values, in.value_stride, in.tokens, in.heads, in.head_dim, d4, ld, values.data());
+    if (in.mask && !in.mask->key_allowed.empty()) fill_key_bias(in.mask->key_allowed, ld, key_bias);
   }
+  AlignedFloats keys, values;
+  std::vector<float> key_bias;  // empty: every key < N allowed
+};
+
+struct BlockScratch {
+  AlignedFloats scores, block_sums;
+  std::vector<double> context_sums;
+};
+
+// Rows [r0, r0 + block_rows) of head h as one BlockJob, its sums into column_sums.
+BlockJob block_job(const AttentionInputs& in, const AttentionOutputs& out, HeadPanels& panels, int h, int r0,
+                   int block_rows, BlockScratch& scratch, double* column_sums) {
+  const int n = in.tokens, d = in.head_dim, ld = aligned_keys(n), d4 = (d + 3) / 4 * 4;
+  BlockJob job{};
+  job.keys = panels.keys.data() + static_cast<size_t>(h) * d * ld;
+  job.values = panels.values.data() + static_cast<size_t>(h) * d4 * ld;
+  job.ld = ld, job.head_dim = d, job.head_dim4 = d4;
+  job.key_bias = panels.key_bias.empty() ? nullptr : panels.key_bias.data();
+  job.scale = in.scale;
+  job.tokens = n;
+  job.causal = in.mask && in.mask->causal;
+  job.queries = in.queries + static_cast<size_t>(r0) * in.query_stride + h * d;
+  job.query_stride = in.query_stride;
+  job.rows = std::min(block_rows, n - r0);
+  job.first_query = r0;
+  job.counts = in.counts_as_query ? in.counts_as_query + r0 : nullptr;
+  job.scores = scratch.scores.data();
+  job.block_sums = scratch.block_sums.data();
+  job.context_sums = scratch.context_sums.data();
+  job.context = out.context + static_cast<size_t>(r0) * out.context_stride + h * d;
+  job.context_stride = out.context_stride;
+  job.column_sums = column_sums;
+  return job;
+}
+
+// The rows of a finished block the caller keeps (head h's first row, or all of P): P = e * inv
+// over [0, key_end), zero after it (masked by causality).
+void keep_rows(const BlockJob& job, const AttentionOutputs& out, int h) {
+  const int n = job.tokens, r0 = job.first_query;
+  auto copy_row = [&](int r, float* dst) {
+    const float* e = job.scores + static_cast<size_t>(r) * job.ld;
+    for (int j = 0; j < job.key_end; ++j) dst[j] = e[j] * job.inv[r];
+    std::fill(dst + job.key_end, dst + n, 0.0f);
+  };
+  if (r0 == 0 && out.first_rows) copy_row(0, out.first_rows + static_cast<size_t>(h) * n);
+  if (out.probs && out.probs[h])
+    for (int r = 0; r < job.rows; ++r) copy_row(r, out.probs[h] + static_cast<size_t>(r0 + r) * n);
+}
+
+}  // namespace
+
+bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out, int threads,
+                          const std::function<bool(float)>& progress) {
+  check_attention_inputs(in, out);
+  const int n = in.tokens, heads = in.heads;
+  const detail::LeafKernels& kernels = active_kernels();
+  const int ld = aligned_keys(n), d4 = (in.head_dim + 3) / 4 * 4;
+  HeadPanels panels(in, ld, d4);
 
   const int block_rows = rows_per_block(ld);
   const int blocks = (n + block_rows - 1) / block_rows;
@@ -400,16 +410,11 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
   int workers = resolve_threads(threads);
   workers = std::clamp(workers, 1, units);
   if (static_cast<double>(n) * n * heads < kMinScoresPerThread * workers) workers = 1;
-  struct Scratch {
-    AlignedFloats scores, block_sums;
-    std::vector<double> context_sums;
-  };
-  std::vector<Scratch> scratch;
+  std::vector<BlockScratch> scratch;
   for (int w = 0; w < workers; ++w)
     scratch.push_back({AlignedFloats(static_cast<size_t>(block_rows + 3) / 4 * 4 * ld),
                        AlignedFloats(static_cast<size_t>(ld)), std::vector<double>(static_cast<size_t>(block_rows) * d4)});
 
-  const bool causal = in.mask && in.mask->causal;
   std::atomic<int> next_unit{0};
   std::atomic<long> blocks_done{0};
   std::atomic<bool> stop{false};
@@ -417,52 +422,22 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
   const std::thread::id caller = std::this_thread::get_id();
   std::atomic<bool> reported{false};  // the caller has called progress
   auto work = [&](int slot) {
-    Scratch& mine = scratch[static_cast<size_t>(slot)];
     const bool reporter = progress && std::this_thread::get_id() == caller;
     auto last_report = std::chrono::steady_clock::now() - kProgressInterval;  // first report after one block
     for (int unit = next_unit++; unit < units && !stop; unit = next_unit++) {
       const int h = unit / groups, group = unit % groups;
       for (int b = group; b < blocks && !stop; b += groups) {
-        const int r0 = b * block_rows;
-        BlockJob job{};
-        job.keys = keys.data() + static_cast<size_t>(h) * d * ld;
-        job.values = values.data() + static_cast<size_t>(h) * d4 * ld;
-        job.ld = ld, job.head_dim = d, job.head_dim4 = d4;
-        job.key_bias = key_mask ? key_bias.data() : nullptr;
-        job.scale = in.scale;
-        job.tokens = n;
-        job.causal = causal;
-        job.queries = in.queries + static_cast<size_t>(r0) * in.query_stride + h * d;
-        job.query_stride = in.query_stride;
-        job.rows = std::min(block_rows, n - r0);
-        job.first_query = r0;
-        job.counts = in.counts_as_query ? in.counts_as_query + r0 : nullptr;
-        job.scores = mine.scores.data();
-        job.block_sums = mine.block_sums.data();
-        job.context_sums = mine.context_sums.data();
-        job.context = out.context + static_cast<size_t>(r0) * out.context_stride + h * d;
-        job.context_stride = out.context_stride;
-        job.column_sums = group_sums.data() + static_cast<size_t>(unit) * ld;
+        BlockJob job = block_job(in, out, panels, h, b * block_rows, block_rows, scratch[static_cast<size_t>(slot)],
+                                 group_sums.data() + static_cast<size_t>(unit) * ld);
         attention_block(kernels, job);
-
-        // Rows the caller keeps: P = e * inv over [0, key_end), zero after it (masked by causality).
-        auto copy_row = [&](int r, float* dst) {
-          const float* e = job.scores + static_cast<size_t>(r) * ld;
-          for (int j = 0; j < job.key_end; ++j) dst[j] = e[j] * job.inv[r];
-          std::fill(dst + job.key_end, dst + n, 0.0f);
-        };
-        if (r0 == 0 && out.first_rows) copy_row(0, out.first_rows + static_cast<size_t>(h) * n);
-        if (out.probs && out.probs[h])
-          for (int r = 0; r < job.rows; ++r) copy_row(r, out.probs[h] + static_cast<size_t>(r0 + r) * n);
-
+        keep_rows(job, out, h);
         const long done = ++blocks_done;
-        if (reporter) {
-          const auto now = std::chrono::steady_clock::now();
-          if (now - last_report >= kProgressInterval) {
-            last_report = now;
-            reported = true;
-            if (!progress(static_cast<float>(done / total_blocks))) stop = true;
-          }
+        if (!reporter) continue;
+        const auto now = std::chrono::steady_clock::now();
+        if (now - last_report >= kProgressInterval) {
+          last_report = now;
+          reported = true;
+          if (!progress(static_cast<float>(done / total_blocks))) stop = true;
         }
       }
     }
@@ -483,6 +458,7 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
   if (progress && !stop && !reported && !progress(1.0f)) stop = true;
   if (stop) return false;
 
+  // The row groups' received sums added in group order.
   for (int h = 0; h < heads; ++h)
     for (int j = 0; j < n; ++j) {
       double sum = 0.0;
@@ -504,16 +480,12 @@ void attention_row_fast(const float* q, const float* panels, int tokens, int hea
                 std::to_string(tokens) + " tokens");
   thread_local std::vector<float> scores, key_bias;
   scores.resize(static_cast<size_t>(ld));
-  if (key_mask) {
-    key_bias.assign(static_cast<size_t>(ld), kNegInf);
-    for (int j = 0; j < tokens; ++j)
-      if (mask.key_allowed[static_cast<size_t>(j)]) key_bias[static_cast<size_t>(j)] = 0.0f;
-  }
+  if (key_mask) fill_key_bias(mask.key_allowed, ld, key_bias);
   // Phases A and B as attention_block runs them for this row, then p = e * inv: the same numbers.
   const detail::LeafKernels& kernels = active_kernels();
   const int limit = mask.causal ? std::min(query + 1, tokens) : tokens;
   const int end = aligned_keys(limit);
-  kernels.scores_1row(q, panels, head_dim, scale, key_mask ? key_bias.data() : nullptr, scores.data(), end);
+  kernels.scores_1row[key_mask](q, panels, head_dim, scale, key_mask ? key_bias.data() : nullptr, scores.data(), end);
   std::fill(scores.data() + limit, scores.data() + end, kNegInf);
   const float inv = kernels.softmax_row(scores.data(), end, nullptr);
   for (int j = 0; j < limit; ++j) out[j] = scores[static_cast<size_t>(j)] * inv;

@@ -25,8 +25,8 @@
 // tolerances. A row whose keys are all masked is all zero, never NaN.
 //
 // Speed: the leaf kernels are written for AVX-512 (16 lanes) and AVX2 + FMA (8 lanes) with
-// intrinsics in functions carrying target attributes, and the best one the CPU has is chosen at
-// run time, so the binary runs on any x86-64; otherwise portable C++ does the same. Row blocks of
+// intrinsics in functions carrying target attributes, and cpu.hpp's kernel_isa() picks one table
+// at run time, so the binary runs on any x86-64; otherwise portable C++ does the same. Row blocks of
 // all heads are spread over threads; the received sums of each group of rows are kept apart and
 // added in a fixed order, so the numbers do not depend on the thread count or the scheduling.
 //
@@ -36,20 +36,10 @@
 
 #include "core/base/eigen.hpp"
 #include "core/base/key_mask.hpp"
+#include "core/cpu/cpu.hpp"  // kernel_isa(): which LeafKernels run
 #include "core/cpu/fast_exp.hpp"
 
 namespace vitlens {
-
-// [SECTION] Instruction set dispatch
-
-enum class KernelIsa { Portable, Avx2, Avx512 };
-const char* kernel_isa_name(KernelIsa isa);  // "portable", "avx2+fma", "avx512f"
-bool kernel_isa_supported(KernelIsa isa);    // by this CPU and OS
-// The kernels in use: the best supported one, unless set_kernel_isa chose another.
-KernelIsa kernel_isa();
-// Tests and the bench: run `isa` from now on. Throws vitlens::Error when the CPU lacks it. Call it
-// while no attention runs (the choice is read at the start of each call).
-void set_kernel_isa(KernelIsa isa);
 
 // [SECTION] Multi-head attention of one layer
 
@@ -118,12 +108,15 @@ struct LeafKernels {
   // A: s_i[j] = scale * q_i . k_j (+ bias[j]) for 4 query rows, keys [j0, j1) (multiples of 16),
   // from one head's key panels. Each score is the chain of products over c = 0 .. d-1 in order, as
   // in scores_1row. With row_max (4 floats), also row_max[i] = max(row_max[i], s_i[j] for j in
-  // [j0, min(j1, max_end))); with null, max_end is unused.
-  void (*scores_4rows)(const float* const q[4], const float* key_panels, int d, float scale, const float* bias,
-                       float* const s[4], int j0, int j1, int max_end, float* row_max);
-  // A for one row over [0, end): bit-identical to a row of scores_4rows.
-  void (*scores_1row)(const float* q, const float* key_panels, int d, float scale, const float* bias, float* s,
-                      int end);
+  // [j0, min(j1, max_end))); with null, max_end is unused. One entry per case,
+  // [bias given][row_max given] (the vector kernels are templates on both).
+  using Scores4Rows = void (*)(const float* const q[4], const float* key_panels, int d, float scale,
+                               const float* bias, float* const s[4], int j0, int j1, int max_end, float* row_max);
+  Scores4Rows scores_4rows[2][2];
+  // A for one row over [0, end): bit-identical to a row of scores_4rows. [bias given].
+  using Scores1Row = void (*)(const float* q, const float* key_panels, int d, float scale, const float* bias,
+                              float* s, int end);
+  Scores1Row scores_1row[2];
   // B: e = exp(s - max s) in place over [0, end) (a multiple of 16); returns float(1 / sum e) with the
   // sum in double over float partial sums, or 0 when every s is -inf (the row is then zeroed).
   // known_max: max s over [0, end) when the caller has it (phase A's), or null to find it here.
@@ -145,6 +138,7 @@ struct LeafKernels {
 extern const LeafKernels kPortableKernels;
 extern const LeafKernels kAvx2Kernels;    // fast_attention_avx2.cpp, x86-64 only
 extern const LeafKernels kAvx512Kernels;  // fast_attention_avx512.cpp, x86-64 only
+extern const KernelTable<LeafKernels> kLeafKernels;  // the three above, by instruction set
 
 }  // namespace detail
 

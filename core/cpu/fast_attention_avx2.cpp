@@ -1,6 +1,6 @@
 // AVX2 + FMA leaf kernels for fast_attention.hpp (the phases are run by fast_attention.cpp).
 // Each function carries a target attribute instead of a global -mavx2, so the rest of the binary
-// stays baseline x86-64; the dispatcher uses them only after __builtin_cpu_supports said yes.
+// stays baseline x86-64; kLeafKernels hands them out only where cpu.hpp found the ISA.
 //
 // Index
 //   [SECTION] Vector helpers    horizontal sums (exp, max8: avx2_math.hpp)
@@ -301,24 +301,6 @@ VITLENS_AVX2 void flush_column_sums(float* block_sums, int end, double* column_s
   }
 }
 
-VITLENS_AVX2 void scores_4rows_avx2(const float* const q[4], const float* key_panels, int d, float scale,
-                                    const float* bias, float* const s[4], int j0, int j1, int max_end,
-                                    float* row_max) {
-  if (row_max) {
-    if (bias) scores_4rows<true, true>(q, key_panels, d, scale, bias, s, j0, j1, max_end, row_max);
-    else scores_4rows<false, true>(q, key_panels, d, scale, nullptr, s, j0, j1, max_end, row_max);
-  } else {
-    if (bias) scores_4rows<true, false>(q, key_panels, d, scale, bias, s, j0, j1, 0, nullptr);
-    else scores_4rows<false, false>(q, key_panels, d, scale, nullptr, s, j0, j1, 0, nullptr);
-  }
-}
-
-VITLENS_AVX2 void scores_1row_avx2(const float* q, const float* key_panels, int d, float scale, const float* bias,
-                                   float* s, int end) {
-  if (bias) scores_1row<true>(q, key_panels, d, scale, bias, s, end);
-  else scores_1row<false>(q, key_panels, d, scale, nullptr, s, end);
-}
-
 VITLENS_AVX2 void exp_array_avx2(const float* x, float* out, int count) {
   int i = 0;
   for (; i + 8 <= count; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_loadu_ps(x + i)));
@@ -334,8 +316,13 @@ VITLENS_AVX2 void exp_array_avx2(const float* x, float* out, int count) {
 
 // [SECTION] Table
 
-const LeafKernels kAvx2Kernels = {scores_4rows_avx2, scores_1row_avx2,  softmax_row,
-                                  weighted_values_avx2, flush_column_sums, exp_array_avx2};
+const LeafKernels kAvx2Kernels = {
+    {{scores_4rows<false, false>, scores_4rows<false, true>}, {scores_4rows<true, false>, scores_4rows<true, true>}},
+    {scores_1row<false>, scores_1row<true>},
+    softmax_row,
+    weighted_values_avx2,
+    flush_column_sums,
+    exp_array_avx2};
 
 }  // namespace vitlens::detail
 

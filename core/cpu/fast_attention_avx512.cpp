@@ -10,20 +10,12 @@
 //   [SECTION] Phase C           e v and the column sums
 //   [SECTION] Table
 #if defined(__x86_64__)
-// GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own _mm512_undefined_*
-// placeholders when inlined (a known false positive, gone in GCC 13); nothing of ours is
-// uninitialised. Clang has no -Wmaybe-uninitialized (it would warn about the pragma itself).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "core/cpu/avx512_math.hpp"  // first: its pragmas, <immintrin.h>, exp16, VITLENS_AVX512
 
 #include <algorithm>
 #include <cstdint>
 #include <limits>
 
-#include "core/cpu/avx512_math.hpp"  // exp16, VITLENS_AVX512
 #include "core/cpu/fast_attention.hpp"
 
 namespace vitlens::detail {
@@ -273,24 +265,6 @@ VITLENS_AVX512 void flush_column_sums(float* block_sums, int end, double* column
   }
 }
 
-VITLENS_AVX512 void scores_4rows_avx512(const float* const q[4], const float* key_panels, int d, float scale,
-                                        const float* bias, float* const s[4], int j0, int j1, int max_end,
-                                        float* row_max) {
-  if (row_max) {
-    if (bias) scores_4rows<true, true>(q, key_panels, d, scale, bias, s, j0, j1, max_end, row_max);
-    else scores_4rows<false, true>(q, key_panels, d, scale, nullptr, s, j0, j1, max_end, row_max);
-  } else {
-    if (bias) scores_4rows<true, false>(q, key_panels, d, scale, bias, s, j0, j1, 0, nullptr);
-    else scores_4rows<false, false>(q, key_panels, d, scale, nullptr, s, j0, j1, 0, nullptr);
-  }
-}
-
-VITLENS_AVX512 void scores_1row_avx512(const float* q, const float* key_panels, int d, float scale, const float* bias,
-                                       float* s, int end) {
-  if (bias) scores_1row<true>(q, key_panels, d, scale, bias, s, end);
-  else scores_1row<false>(q, key_panels, d, scale, nullptr, s, end);
-}
-
 VITLENS_AVX512 void exp_array_avx512(const float* x, float* out, int count) {
   int i = 0;
   for (; i + 16 <= count; i += 16) _mm512_storeu_ps(out + i, exp16(_mm512_loadu_ps(x + i)));
@@ -304,8 +278,13 @@ VITLENS_AVX512 void exp_array_avx512(const float* x, float* out, int count) {
 
 // [SECTION] Table
 
-const LeafKernels kAvx512Kernels = {scores_4rows_avx512, scores_1row_avx512, softmax_row, weighted_values_avx512,
-                                    flush_column_sums,   exp_array_avx512};
+const LeafKernels kAvx512Kernels = {
+    {{scores_4rows<false, false>, scores_4rows<false, true>}, {scores_4rows<true, false>, scores_4rows<true, true>}},
+    {scores_1row<false>, scores_1row<true>},
+    softmax_row,
+    weighted_values_avx512,
+    flush_column_sums,
+    exp_array_avx512};
 
 }  // namespace vitlens::detail
 

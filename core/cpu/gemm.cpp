@@ -1,4 +1,4 @@
-// The blocked, packed SGEMM driver of gemm.hpp, the portable kernels and the dispatch.
+// The blocked, packed SGEMM driver of gemm.hpp, the portable kernels and the table of kernels.
 //
 // Index
 //   [SECTION] Portable kernels
@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "core/base/error.hpp"
-#include "core/cpu/fast_attention.hpp"
 #include "core/base/parallel.hpp"
 
 namespace vitlens {
@@ -87,6 +86,8 @@ void portable_layer_norm_row(const float* x, int dim, const float* weight, const
 
 const GemmKernels kPortableGemm{kPortableMr, kPortableNr, portable_tile, portable_gelu, portable_layer_norm_row};
 
+const KernelTable<GemmKernels> kGemmKernels{&kPortableGemm, VITLENS_X86_TABLE(kAvx2Gemm), VITLENS_X86_TABLE(kAvx512Gemm)};
+
 }  // namespace detail
 
 namespace {
@@ -103,16 +104,7 @@ constexpr int kSplitCols = 48;   // column splits between threads: a multiple of
 constexpr int kMaxTile = 8 * 48; // the largest MR * NR
 constexpr int kMaxMr = 8;        // the largest MR
 
-const GemmKernels& active_gemm() {
-#if defined(__x86_64__)
-  switch (kernel_isa()) {
-    case KernelIsa::Avx512: return detail::kAvx512Gemm;
-    case KernelIsa::Avx2: return detail::kAvx2Gemm;
-    case KernelIsa::Portable: break;
-  }
-#endif
-  return detail::kPortableGemm;
-}
+const GemmKernels& active_gemm() { return detail::kGemmKernels.active(); }
 
 // [SECTION] Packing
 
@@ -219,6 +211,36 @@ int64_t packed_panel_offset(int p0, int kc, int j, int n, int nr) {
   return static_cast<int64_t>(p0) * padded_n + static_cast<int64_t>(j) * kc;
 }
 
+// A tile of rows x cols < MR x NR at c: the same kernel on padded copies, so these elements round
+// as any other. (The extras' pads are cleared only when used: a forward's last row panel passes
+// here.) row_sums (rows, or null) += A's row sums, through a padded copy of them.
+void edge_tile(const GemmKernels& kern, int kc, const float* a_tile, int64_t a_rs, int64_t a_ps, const float* b_panel,
+               int64_t b_rs, int rows, int cols, float* c, int64_t ldc, detail::TileEpilogue e, float* row_sums) {
+  const int nr = kern.nr;
+  float sums_pad[kMaxMr] = {};
+  if (row_sums) e.a_row_sums = sums_pad;
+  float pad[kMaxTile] = {}, pad_residual[kMaxTile], pad_slope[kMaxTile], pad_scale[kMaxTile];
+  if (e.residual) std::fill(pad_residual, pad_residual + kMaxTile, 0.0f);
+  if (e.scale) std::fill(pad_scale, pad_scale + kMaxTile, 0.0f);
+  const size_t row_bytes = sizeof(float) * static_cast<size_t>(cols);
+  for (int r = 0; r < rows; ++r) {
+    if (e.load_c) std::memcpy(pad + r * nr, c + r * ldc, row_bytes);
+    if (e.residual) std::memcpy(pad_residual + r * nr, e.residual + r * ldc, row_bytes);
+    if (e.scale) std::memcpy(pad_scale + r * nr, e.scale + r * ldc, row_bytes);
+  }
+  float* slope_dst = e.slope_out;
+  if (e.residual) e.residual = pad_residual;
+  if (e.scale) e.scale = pad_scale;
+  if (e.slope_out) e.slope_out = pad_slope;
+  kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, pad, nr, e);
+  for (int r = 0; r < rows; ++r) {
+    std::memcpy(c + r * ldc, pad + r * nr, row_bytes);
+    if (slope_dst) std::memcpy(slope_dst + r * ldc, pad_slope + r * nr, row_bytes);
+  }
+  if (row_sums)  // the padded panel's sums (0 + each sum: the same bits)
+    for (int r = 0; r < rows; ++r) row_sums[r] += sums_pad[r];
+}
+
 // C rows [i0, i1), columns [j0, j1): the whole K loop. bias_padded covers every column of the
 // full product plus one tile's padding (edge tiles read NR entries). With `packed` (B = its W^T,
 // packed for these kernels), the panels are read from it instead of packed here: the same values
@@ -281,35 +303,13 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
             }
             const int rows = std::min(mr, mc - ir);
             // A's row sums from the tiles of C's first columns only (each row once per k block).
-            const bool row_sums = extras.a_row_sums && jc + jr == 0;
-            float sums_pad[kMaxMr] = {};
-            if (row_sums) e.a_row_sums = rows == mr ? extras.a_row_sums + ic + ir : sums_pad;
+            float* row_sums = extras.a_row_sums && jc + jr == 0 ? extras.a_row_sums + ic + ir : nullptr;
             if (rows == mr && cols == nr) {
+              e.a_row_sums = row_sums;
               kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, c + at, ldc, e);
               continue;
             }
-            // Edge tile: the same kernel on padded copies, so these elements round as any other.
-            // (The extras' pads are cleared only when used: a forward's last row panel passes here.)
-            float pad[kMaxTile] = {}, pad_residual[kMaxTile], pad_slope[kMaxTile], pad_scale[kMaxTile];
-            if (e.residual) std::fill(pad_residual, pad_residual + kMaxTile, 0.0f);
-            if (e.scale) std::fill(pad_scale, pad_scale + kMaxTile, 0.0f);
-            const size_t row_bytes = sizeof(float) * static_cast<size_t>(cols);
-            for (int r = 0; r < rows; ++r) {
-              if (e.load_c) std::memcpy(pad + r * nr, c + at + r * ldc, row_bytes);
-              if (e.residual) std::memcpy(pad_residual + r * nr, e.residual + r * ldc, row_bytes);
-              if (e.scale) std::memcpy(pad_scale + r * nr, e.scale + r * ldc, row_bytes);
-            }
-            float* slope_dst = e.slope_out;
-            if (e.residual) e.residual = pad_residual;
-            if (e.scale) e.scale = pad_scale;
-            if (e.slope_out) e.slope_out = pad_slope;
-            kern.tile(kc, a_tile, a_rs, a_ps, b_panel, b_rs, pad, nr, e);
-            for (int r = 0; r < rows; ++r) {
-              std::memcpy(c + at + r * ldc, pad + r * nr, row_bytes);
-              if (slope_dst) std::memcpy(slope_dst + r * ldc, pad_slope + r * nr, row_bytes);
-            }
-            if (row_sums && rows < mr)  // the padded panel's sums (0 + each sum: the same bits)
-              for (int r = 0; r < rows; ++r) extras.a_row_sums[ic + ir + r] += sums_pad[r];
+            edge_tile(kern, kc, a_tile, a_rs, a_ps, b_panel, b_rs, rows, cols, c + at, ldc, e, row_sums);
           }
         }
       }

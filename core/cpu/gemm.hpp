@@ -2,9 +2,9 @@
 // Dense kernels outside attention: the Linear layers' products (forward and the two products
 // training needs), exact GELU and LayerNorm, at the vector width of the CPU.
 //
-// Every function runs the instruction set chosen by fast_attention.hpp's kernel_isa() (AVX-512,
-// AVX2 + FMA or portable C++, picked at run time with __builtin_cpu_supports, so the binary runs on
-// any x86-64); set_kernel_isa() switches these kernels too. The plain loops in
+// Every function runs the instruction set chosen by cpu.hpp's kernel_isa() (AVX-512, AVX2 + FMA
+// or portable C++, picked at run time, so the binary runs on any x86-64; set_kernel_isa() and
+// VITLENS_ISA switch them). The plain loops in
 // tests/test_gemm.cpp are the oracle every variant is compared with.
 //
 // The product is a blocked, packed SGEMM (the GotoBLAS / BLIS layout): K in blocks of kGemmKc,
@@ -19,6 +19,8 @@
 #include <cstdint>
 #include <new>
 #include <vector>
+
+#include "core/cpu/cpu.hpp"
 
 namespace vitlens {
 namespace detail {
@@ -144,6 +146,7 @@ struct GemmKernels {
 extern const GemmKernels kPortableGemm;  // gemm.cpp
 extern const GemmKernels kAvx2Gemm;      // gemm_avx2.cpp, x86-64 only
 extern const GemmKernels kAvx512Gemm;    // gemm_avx512.cpp, x86-64 only
+extern const KernelTable<GemmKernels> kGemmKernels;  // the three above, by instruction set (gemm.cpp)
 
 // Rows [0, NR) of W (row stride ldw), k [0, kc8) (a multiple of 8; NR a multiple of 8) into a panel
 // (kc8, NR) of B = W^T with AVX2 shuffles (gemm_avx2.cpp): the packing of the vector kernels, which
@@ -168,8 +171,8 @@ struct GemmExtras {
   float* a_row_sums = nullptr;
 };
 
-// gemm() on the given kernels instead of kernel_isa()'s: the training ops' portable build runs
-// kPortableGemm whatever the CPU (train_ops.hpp), so its numbers match its name.
+// gemm() on the given kernels instead of kernel_isa()'s: each build of the training ops runs its
+// own instruction set's (train_ops.hpp), so its numbers match its name.
 void gemm_with(const GemmKernels& kern, int m, int n, int k, GemmOperand a, GemmOperand b, float* c, int64_t ldc,
                const float* bias, LinearEpilogue epilogue, int threads, const GemmExtras& extras = {});
 

@@ -1,7 +1,7 @@
 // AVX2 + FMA kernels for gemm.hpp: the 6 x 16 SGEMM tile, exact GELU, LayerNorm rows.
 // Each function carries a target attribute instead of a global -mavx2 (as fast_attention_avx2.cpp),
-// so the rest of the binary stays baseline x86-64; gemm.cpp uses them only after
-// __builtin_cpu_supports said yes.
+// so the rest of the binary stays baseline x86-64; kGemmKernels hands them out only where cpu.hpp
+// found the ISA.
 #if defined(__x86_64__)
 #include <immintrin.h>
 

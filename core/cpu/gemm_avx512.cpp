@@ -1,21 +1,13 @@
 // AVX-512F kernels for gemm.hpp: the 8 x 48 SGEMM tile, exact GELU, LayerNorm rows. The same
 // steps as gemm_avx2.cpp at 16 lanes; target attributes keep the rest of the binary baseline.
 #if defined(__x86_64__)
-// GCC 12's avx512fintrin.h trips -W(maybe-)uninitialized on its own _mm512_undefined_*
-// placeholders when inlined (a known false positive, see fast_attention_avx512.cpp).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#endif
-#include <immintrin.h>
+#include "core/cpu/avx512_math.hpp"  // first: its pragmas, <immintrin.h>, gelu16, VITLENS_AVX512
 
 #include <cmath>
 #include <cstdint>
 
-#include "core/cpu/avx512_math.hpp"  // gelu16, VITLENS_AVX512
-#include "core/cpu/gemm_simd.hpp"
-#include "core/cpu/fast_attention.hpp"
 #include "core/cpu/gemm.hpp"
+#include "core/cpu/gemm_simd.hpp"
 
 namespace vitlens::detail {
 namespace {

@@ -14,7 +14,7 @@
 
 #include "core/base/error.hpp"
 #include "core/base/parallel.hpp"
-#include "core/cpu/fast_attention.hpp"
+#include "core/cpu/cpu.hpp"
 
 namespace vitlens {
 
@@ -28,12 +28,7 @@ const char* bf16_kernel_name(Bf16Kernel kernel) {
 
 bool bf16_kernel_supported(Bf16Kernel kernel) {
   if (kernel == Bf16Kernel::Emulated) return true;
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  return kernel_isa_supported(KernelIsa::Avx512) && __builtin_cpu_supports("avx512bf16");
-#else
-  return false;
-#endif
+  return kernel_isa_supported(KernelIsa::Avx512) && cpu_features().avx512_bf16;  // core/cpu/cpu.hpp
 }
 
 Bf16Kernel bf16_kernel() {

@@ -17,23 +17,56 @@
 #include <cstdint>
 #include <functional>
 
+#include "core/cpu/cpu.hpp"
+
 namespace vitlens::train {
 
 // Runs task(i) for i in [0, tasks) on up to `threads` threads (0 = one per core). Task i's work
 // must not depend on which thread runs it. The first exception is rethrown after every join.
 void parallel_for(int tasks, int threads, const std::function<void(int)>& task);
 
-// The instruction set the ops run with, that of fast_attention.hpp's kernel_isa(): "avx512"
-// (AVX-512F: the attention blocks 16 floats wide), "avx2" (AVX2 + FMA) or "portable" (SSE2, any
-// x86-64). The builds differ in rounding (FMA, the order of the lanes' sums) and in the float
-// GELU's erf (avx2_math.hpp's polynomial in the vector builds, Eigen's in the portable one; all
-// within 1e-6 of std::erf's formula), not in the math; on one machine and instruction set the
-// numbers are always the same. force_portable_train_ops(true) selects the portable build whatever
-// kernel_isa() is (VITLENS_PORTABLE=1 in the environment does the same); set_kernel_isa() selects
-// the others (tests compare every build the CPU runs).
+// The ops are built once per instruction set (train_ops_ref.cpp, compiled with none, -mavx2 -mfma
+// and -mavx512f by core/CMakeLists.txt) and each call runs the build of cpu.hpp's kernel_isa():
+// AVX-512F (the attention blocks 16 floats wide), AVX2 + FMA, or portable (SSE2, any x86-64).
+// The builds differ in rounding (FMA, the order of the lanes' sums) and in the float GELU's erf
+// (avx2_math.hpp's polynomial in the vector builds, Eigen's in the portable one; all within 1e-6
+// of std::erf's formula), not in the math; on one machine and instruction set the numbers are
+// always the same. VITLENS_ISA=portable in the environment or set_kernel_isa() selects another
+// (tests compare every build the CPU runs).
+//
+// The name of the build in use, as a training run records it: "avx512", "avx2" or "portable"
+// (cpu.hpp's kernel_isa_id).
 const char* train_ops_isa();
-void force_portable_train_ops(bool portable);
 
+// The ops' table: one function pointer per entry of train_ops_list.inc, for one scalar type.
+// write_dinp's default belongs to the public function only.
+#define VITLENS_TRAIN_DEFAULT(value)
+#define VITLENS_TRAIN_OP(ret, name, params, args) ret(*name) params;
+template <class T>
+struct TrainOps {
 #include "core/train/train_ops_list.inc"
+};
+#undef VITLENS_TRAIN_OP
+
+// The table of kernel_isa()'s build (train_ops.cpp).
+template <class T>
+const TrainOps<T>& train_ops();
+template <>
+const TrainOps<float>& train_ops<float>();
+template <>
+const TrainOps<double>& train_ops<double>();
+
+// The public ops: each calls its entry in train_ops<T>() (shapes and meaning: train_ops_list.inc).
+#undef VITLENS_TRAIN_DEFAULT
+#define VITLENS_TRAIN_DEFAULT(value) = value
+#define VITLENS_TRAIN_OP(ret, name, params, args) \
+  template <class T>                              \
+  ret name params {                               \
+    return train_ops<T>().name args;              \
+  }
+#include "core/train/train_ops_list.inc"
+#undef VITLENS_TRAIN_OP
+#undef VITLENS_TRAIN_DEFAULT
+#define VITLENS_TRAIN_DEFAULT(value)  // the declarations of each build (train_ops_ref.cpp) have none
 
 }  // namespace vitlens::train
