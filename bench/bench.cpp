@@ -36,6 +36,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <initializer_list>
 #include <iostream>
 #include <string>
 #include <thread>
@@ -81,6 +82,7 @@ struct BenchArgs {
   bool no_limits = false;
   std::string model_path;  // a vitlens safetensors model instead of the random default shape
   Precision precision = Precision::Fp32;  // --precision: the forward's Linear layers
+  std::string precision_text = "fp32";    // as typed
 };
 
 // [SECTION] Timing helpers
@@ -426,16 +428,9 @@ void print_table(const json& report) {
   }
 }
 
-}  // namespace
-
 // [SECTION] Main
 
-int main(int argc, char** argv) {
-  // As the vitlens executable does (app/main.cpp): repeated forwards reuse the pages they freed.
-  const bool freed_memory_kept = keep_freed_memory();
-  BenchArgs args;
-  CLI::App app{"vitlens_bench: timings of vitlens' attention for the default model shape (P=4, D=48, H=4), or for "
-               "--model's"};
+void add_options(CLI::App& app, BenchArgs& args) {
   app.add_option("--size", args.sizes, "image sizes in pixels (square; multiples of 4)")->check(CLI::Range(4, 4096));
   app.add_flag("--json", args.json_output, "print one JSON object instead of the table");
   app.add_option("--isa", args.isa, "kernels: auto (VITLENS_ISA's, else the best this CPU runs), portable, avx2 or avx512")
@@ -457,11 +452,108 @@ int main(int argc, char** argv) {
                  "a vitlens .safetensors model to time instead of the default shape with random weights "
                  "(the image is resized to each --size; bench/compare_peers.py passes the peers' weights)");
   app.add_flag("--no-limits", args.no_limits, "skip measuring the machine's limits (FMA, exp, GEMM)");
-  std::string precision = "fp32";
-  app.add_option("--precision", precision, "the forward's Linear layers: fp32, bf16 or auto (vit.hpp Precision)")
+  app.add_option("--precision", args.precision_text, "the forward's Linear layers: fp32, bf16 or auto (vit.hpp Precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
+}
+
+// Prints R's medians of KEYS, one a line (for --grid and --deep).
+void print_medians(const json& r, std::initializer_list<const char*> keys) {
+  for (const char* key : keys)
+    std::printf("  %-26s %8.3f (min %.3f, %d runs)\n", key, r[key]["median"].get<double>(), r[key]["min"].get<double>(),
+                r[key]["runs"].get<int>());
+}
+
+void print_grid(const json& r) {
+  std::printf("ViT-S/16 shape, 224 px, %d tokens, %s kernels, load %.2f (medians in ms)\n", r["tokens"].get<int>(),
+              kernel_isa_name(kernel_isa()), load_average());
+  print_medians(r, {"forward_ms", "all_layer_maps_ms", "layer_grid_ms", "layer_grid_threshold_ms"});
+  std::printf("  layer_grid / forward       %8.2e\n",
+              r["layer_grid_ms"]["median"].get<double>() / r["forward_ms"]["median"].get<double>());
+}
+
+void print_deep(const json& r, Precision precision) {
+  std::printf("ViT-B/16 shape, 224 px, %d tokens, %s kernels, precision %s, load %.2f (medians in ms)\n",
+              r["tokens"].get<int>(), kernel_isa_name(kernel_isa()), precision_name(precision), load_average());
+  print_medians(r, {"forward_ms", "all_layers_query_maps_ms", "forward_keep_probs_ms", "rollout_ms"});
+}
+
+// The report's header: what ran, on what, the load, and (unless --no-limits) the machine's limits.
+json report_header(const BenchArgs& args, bool freed_memory_kept) {
+  json report;
+  report["bench"] = "vitlens_bench";
+  report["version"] = VITLENS_VERSION;
+  report["model"] = {{"patch_size", 4}, {"embed_dim", 48}, {"num_heads", 4}, {"head_dim", 12}, {"depth", 1}};
+  report["isa"] = kernel_isa_name(kernel_isa());
+  report["precision"] = precision_name(args.precision);
+  report["bf16_kernel"] = bf16_kernel_name(bf16_kernel());
+  report["threads"] = args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
+  report["cpu"] = cpu_name();
+  report["cpu_features"] = cpu_features_line();  // avx512-bf16 and amx-bf16 too
+  report["freed_memory_kept"] = freed_memory_kept;
+  report["load_average_before"] = load_average();
+  if (!args.no_limits) {
+    const bench::MachineLimits lim = bench::measure_limits(args.threads);
+    report["limits"] = {{"fma_gflops_per_core", lim.fma_gflops},
+                        {"exp_per_ns_per_core", lim.exp_per_ns},
+                        {"gemm_512_gflops_1_thread", lim.gemm_gflops_1t},
+                        {"gemm_512_gflops_all_threads", lim.gemm_gflops_nt},
+                        {"gemm_fraction_of_fma_peak", lim.gemm_gflops_1t / lim.fma_gflops}};
+  }
+  return report;
+}
+
+// Each size's floors in ms at the measured limits, all threads busy; fraction = floor / median.
+void add_floors(json& report) {
+  const json& lim = report["limits"];
+  const double threads = report["threads"].get<int>();
+  const double fma = lim["fma_gflops_per_core"].get<double>() * threads;
+  const double exps = lim["exp_per_ns_per_core"].get<double>() * threads;
+  for (json& r : report["sizes"]) {
+    if (r.contains("error")) continue;
+    const double attention_floor = r["attention_gflop"].get<double>() / fma * 1e3 + r["attention_gexps"].get<double>() / exps * 1e3;
+    const double forward_floor =
+        r["model"]["depth"].get<double>() * attention_floor + r["linear_gflop"].get<double>() / fma * 1e3;
+    r["attention_floor_ms"] = attention_floor;
+    r["forward_floor_ms"] = forward_floor;
+    r["attention_fraction_of_floor"] = attention_floor / r["attention_ms"]["median"].get<double>();
+    r["forward_fraction_of_floor"] = forward_floor / r["forward_ms"]["median"].get<double>();
+  }
+}
+
+// Times every --size (each in a child process) and prints the table or the JSON; 1 if a size failed.
+int bench_sizes(const BenchArgs& args, bool freed_memory_kept) {
+  json report = report_header(args, freed_memory_kept);
+  report["sizes"] = json::array();
+  bool failed = false;
+  for (int s : args.sizes) {
+    json r = bench_size_in_child(args, s);
+    failed = failed || r.contains("error");
+    report["sizes"].push_back(std::move(r));
+    if (!args.json_output) std::fprintf(stderr, "vitlens_bench: %d px done\n", s);
+  }
+  report["load_average_after"] = load_average();
+  for (const json& r : report["sizes"])  // the model the sizes timed (--model's, or the default shape's)
+    if (r.contains("model")) {
+      report["model"] = r["model"];
+      break;
+    }
+  if (report.contains("limits")) add_floors(report);
+  if (args.json_output) std::cout << report.dump(2) << std::endl;
+  else print_table(report);
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // As the vitlens executable does (app/main.cpp): repeated forwards reuse the pages they freed.
+  const bool freed_memory_kept = keep_freed_memory();
+  BenchArgs args;
+  CLI::App app{"vitlens_bench: timings of vitlens' attention for the default model shape (P=4, D=48, H=4), or for "
+               "--model's"};
+  add_options(app, args);
   CLI11_PARSE(app, argc, argv);
-  parse_precision(precision, args.precision);
+  parse_precision(args.precision_text, args.precision);
   args.runs.min_runs = std::min(args.runs.min_runs, args.runs.max_runs);
   for (int s : args.sizes)
     if (s % 4 != 0) {
@@ -478,84 +570,15 @@ int main(int argc, char** argv) {
   }
   if (args.grid) {
     const json r = bench_grid(args);
-    if (args.json_output) {
-      std::cout << r.dump(2) << std::endl;
-    } else {
-      std::printf("ViT-S/16 shape, 224 px, %d tokens, %s kernels, load %.2f (medians in ms)\n", r["tokens"].get<int>(),
-                  kernel_isa_name(kernel_isa()), load_average());
-      for (const char* key : {"forward_ms", "all_layer_maps_ms", "layer_grid_ms", "layer_grid_threshold_ms"})
-        std::printf("  %-26s %8.3f (min %.3f, %d runs)\n", key, r[key]["median"].get<double>(), r[key]["min"].get<double>(),
-                    r[key]["runs"].get<int>());
-      std::printf("  layer_grid / forward       %8.2e\n",
-                  r["layer_grid_ms"]["median"].get<double>() / r["forward_ms"]["median"].get<double>());
-    }
+    if (args.json_output) std::cout << r.dump(2) << std::endl;
+    else print_grid(r);
     return 0;
   }
   if (args.deep) {
     const json r = bench_deep(args);
-    if (args.json_output) {
-      std::cout << r.dump(2) << std::endl;
-    } else {
-      std::printf("ViT-B/16 shape, 224 px, %d tokens, %s kernels, precision %s, load %.2f (medians in ms)\n",
-                  r["tokens"].get<int>(), kernel_isa_name(kernel_isa()), precision_name(args.precision), load_average());
-      for (const char* key : {"forward_ms", "all_layers_query_maps_ms", "forward_keep_probs_ms", "rollout_ms"})
-        std::printf("  %-26s %8.3f (min %.3f, %d runs)\n", key, r[key]["median"].get<double>(), r[key]["min"].get<double>(),
-                    r[key]["runs"].get<int>());
-    }
+    if (args.json_output) std::cout << r.dump(2) << std::endl;
+    else print_deep(r, args.precision);
     return 0;
   }
-  json report;
-  report["bench"] = "vitlens_bench";
-  report["version"] = VITLENS_VERSION;
-  report["model"] = {{"patch_size", 4}, {"embed_dim", 48}, {"num_heads", 4}, {"head_dim", 12}, {"depth", 1}};
-  report["isa"] = kernel_isa_name(kernel_isa());
-  report["precision"] = precision_name(args.precision);
-  report["bf16_kernel"] = bf16_kernel_name(bf16_kernel());
-  report["threads"] = args.threads > 0 ? args.threads : static_cast<int>(std::thread::hardware_concurrency());
-  report["cpu"] = cpu_name();
-  report["cpu_features"] = cpu_features_line();  // avx512-bf16 and amx-bf16 too (no kernels use them yet)
-  report["freed_memory_kept"] = freed_memory_kept;
-  report["load_average_before"] = load_average();
-  if (!args.no_limits) {
-    const bench::MachineLimits lim = bench::measure_limits(args.threads);
-    report["limits"] = {{"fma_gflops_per_core", lim.fma_gflops},
-                        {"exp_per_ns_per_core", lim.exp_per_ns},
-                        {"gemm_512_gflops_1_thread", lim.gemm_gflops_1t},
-                        {"gemm_512_gflops_all_threads", lim.gemm_gflops_nt},
-                        {"gemm_fraction_of_fma_peak", lim.gemm_gflops_1t / lim.fma_gflops}};
-  }
-  report["sizes"] = json::array();
-  bool failed = false;
-  for (int s : args.sizes) {
-    json r = bench_size_in_child(args, s);
-    failed = failed || r.contains("error");
-    report["sizes"].push_back(std::move(r));
-    if (!args.json_output) std::fprintf(stderr, "vitlens_bench: %d px done\n", s);
-  }
-  report["load_average_after"] = load_average();
-  for (const json& r : report["sizes"])  // the model the sizes timed (--model's, or the default shape's)
-    if (r.contains("model")) {
-      report["model"] = r["model"];
-      break;
-    }
-  if (report.contains("limits")) {
-    // Floors in ms at the measured limits, all threads busy; fraction = floor / median.
-    const json& lim = report["limits"];
-    const double threads = report["threads"].get<int>();
-    const double fma = lim["fma_gflops_per_core"].get<double>() * threads;
-    const double exps = lim["exp_per_ns_per_core"].get<double>() * threads;
-    for (json& r : report["sizes"]) {
-      if (r.contains("error")) continue;
-      const double attention_floor = r["attention_gflop"].get<double>() / fma * 1e3 + r["attention_gexps"].get<double>() / exps * 1e3;
-      const double forward_floor =
-          r["model"]["depth"].get<double>() * attention_floor + r["linear_gflop"].get<double>() / fma * 1e3;
-      r["attention_floor_ms"] = attention_floor;
-      r["forward_floor_ms"] = forward_floor;
-      r["attention_fraction_of_floor"] = attention_floor / r["attention_ms"]["median"].get<double>();
-      r["forward_fraction_of_floor"] = forward_floor / r["forward_ms"]["median"].get<double>();
-    }
-  }
-  if (args.json_output) std::cout << report.dump(2) << std::endl;
-  else print_table(report);
-  return failed ? 1 : 0;
+  return bench_sizes(args, freed_memory_kept);
 }

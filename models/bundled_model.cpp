@@ -210,12 +210,8 @@ VitConfig base_config() {
   return c;
 }
 
-}  // namespace
-
-ModelTensors designed_model() {
-  ModelTensors m;
-  VitConfig& c = m.config;
-  c = base_config();
+VitConfig designed_config() {
+  VitConfig c = base_config();
   c.name = "vitlens-designed-4head";
   c.description =
       "Hand-designed, not trained: one block whose four heads are written from formulas so that each "
@@ -231,17 +227,20 @@ ModelTensors designed_model() {
       "position: attends to the query's own patch and its spatial neighbours within about 3 patches "
       "(sharpest on flat patches), on any image",
   }};
-  m.tensors = zero_tensors(c);
-  const auto view = [&](const char* name, int rows, int cols) {
-    std::vector<float>& v = m.tensors.at(name).values;
-    if (v.size() != static_cast<size_t>(rows) * static_cast<size_t>(cols))
-      throw Error(std::string("designed model: tensor ") + name + " has an unexpected size");
-    return MapRM(v.data(), rows, cols);
-  };
+  return c;
+}
 
-  // patch_embed.proj.weight (D, 3, P, P) seen as (D, 3*P*P): the Conv2d reads the normalised patch
-  // v = (x - 0.5) / 0.5 channel-major, element (c, y, x) in column c*16 + y*4 + x. Feature filters
-  // (over the 48 inputs) are first built per feature, then embedded: W = E * filters.
+// The designed model's tensor NAME seen as a (ROWS, COLS) row-major matrix.
+MapRM tensor_view(ModelTensors& m, const char* name, int rows, int cols) {
+  std::vector<float>& v = m.tensors.at(name).values;
+  if (v.size() != static_cast<size_t>(rows) * static_cast<size_t>(cols))
+    throw Error(std::string("designed model: tensor ") + name + " has an unexpected size");
+  return MapRM(v.data(), rows, cols);
+}
+
+// The feature filters over a patch's 48 normalised inputs v = (x - 0.5) / 0.5, channel-major
+// (element (c, y, x) in column c*16 + y*4 + x), one row per feature.
+std::vector<std::array<double, 48>> patch_filters() {
   std::vector<std::array<double, 48>> filters(kFeatures, std::array<double, 48>{});
   const std::vector<std::array<double, 16>> basis = luminance_basis();
   // Ramp and detail features: K times the coefficient of the luminance mean(R, G, B) on basis rows
@@ -255,8 +254,15 @@ ModelTensors designed_model() {
   for (int ch = 0; ch < 3; ++ch)
     for (int px = 0; px < 16; ++px)
       filters[static_cast<size_t>(kColourFeatures + ch)][static_cast<size_t>(ch * 16 + px)] = kColourGain / 16.0;
-  MapRM patch_w = view("patch_embed.proj.weight", kDim, 3 * kPatch * kPatch);
-  MapRM patch_b = view("patch_embed.proj.bias", 1, kDim);
+  return filters;
+}
+
+// patch_embed.proj.weight (D, 3, P, P) seen as (D, 3*P*P): the Conv2d reads the normalised patch
+// through the feature filters embedded: W = E * filters; its bias carries the constant feature.
+void set_patch_embedding(ModelTensors& m) {
+  const std::vector<std::array<double, 48>> filters = patch_filters();
+  MapRM patch_w = tensor_view(m, "patch_embed.proj.weight", kDim, 3 * kPatch * kPatch);
+  MapRM patch_b = tensor_view(m, "patch_embed.proj.bias", 1, kDim);
   for (int dim = 0; dim < kDim; ++dim) {
     for (int in = 0; in < 48; ++in) {
       double w = 0.0;
@@ -265,10 +271,12 @@ ModelTensors designed_model() {
     }
     patch_b(0, dim) = static_cast<float>(embedding(dim, kConstFeature) * kConst);
   }
+}
 
-  // pos_embed (1, 1 + gh*gw, D): row 0 (class token) stays 0; patch (r, col) gets E times
-  // A * [cos(w r), sin(w r), cos(w col), sin(w col)].
-  MapRM pos = view("pos_embed", 1 + kGrid * kGrid, kDim);
+// pos_embed (1, 1 + gh*gw, D): row 0 (class token) stays 0; patch (r, col) gets E times
+// A * [cos(w r), sin(w r), cos(w col), sin(w col)].
+void set_position_embedding(ModelTensors& m) {
+  MapRM pos = tensor_view(m, "pos_embed", 1 + kGrid * kGrid, kDim);
   for (int r = 0; r < kGrid; ++r)
     for (int col = 0; col < kGrid; ++col)
       for (int dim = 0; dim < kDim; ++dim) {
@@ -280,29 +288,18 @@ ModelTensors designed_model() {
       }
   // cls_token (1, 1, D) stays 0 and so does its pos_embed row: LN1(0) = 0, so k = 0 for the class
   // token (every query gives it score 0); its own q is the bias alone. It has no designed role.
+}
 
-  // LN1 is the identity affine (weight 1, bias 0): LN1(x) = sqrt(D) E f / |f|, so a head that
-  // reads feature k through E^T sees sqrt(D) f_k / |f|. norm2 and the final norm too.
-  for (const char* name : {"blocks.0.norm1.weight", "blocks.0.norm2.weight", "norm.weight"})
-    for (float& v : m.tensors.at(name).values) v = 1.0f;
+// blocks.0.attn.qkv.weight (3D, D): rows [0, 48) Q, [48, 96) K, [96, 144) V, 12 rows per head.
+// A head's slot reads one feature with weight w: row = w * E^T row, so q_slot = w sqrt(D) f / |f|
+// and score = q . k / sqrt(d). V copies the same feature with weight 1; blocks.0.attn.proj.weight
+// (D, D), W^O, writes the value slot back along the feature's column of E, so the block adds to
+// each feature its attention-weighted mean. No map depends on V or W^O: depth is 1.
+struct AttentionWeights {
+  MapRM qkv_w, proj_w;
 
-  // blocks.0.attn.qkv.weight (3D, D): rows [0, 48) Q, [48, 96) K, [96, 144) V, 12 rows per head.
-  // A head's slot reads one feature with weight w: row = w * E^T row, so q_slot = w sqrt(D) f / |f|
-  // and score = q . k / sqrt(d). The weights below give the scores at the top of this section
-  // (F = 1, so s = 1 / |f|):
-  //   edge      slots 0-1 read the ramps, w^2 D / sqrt(d) = beta_e
-  //   texture   slot 0 reads b, w^2 D b^2 / sqrt(d) = beta_t; q bias -w sqrt(D) b s0
-  //   colour    slots 0-2 read the colour, w^2 D eps^2 / sqrt(d) = beta_c
-  //   position  slots 0-3 read the positional features, w^2 D A^2 / sqrt(d) = beta_p; slot 4 reads
-  //             b with -w' in Q and +w' in K, w'^2 D b^2 / sqrt(d) = c beta_p: the bracket's -c
-  // V copies the same features with weight 1; blocks.0.attn.proj.weight (D, D), W^O, writes value
-  // slot back along the feature's column of E, so the block adds to each feature its
-  // attention-weighted mean. No map depends on V or W^O: depth is 1. K has no bias.
-  MapRM qkv_w = view("blocks.0.attn.qkv.weight", 3 * kDim, kDim);
-  MapRM qkv_b = view("blocks.0.attn.qkv.bias", 1, 3 * kDim);
-  MapRM proj_w = view("blocks.0.attn.proj.weight", kDim, kDim);
-  const double sqrt_d = std::sqrt(static_cast<double>(kHeadDim)), sqrt_dim = std::sqrt(static_cast<double>(kDim));
-  const auto read = [&](int head, int slot, int feature, double w_qk, double q_sign = 1.0) {
+  // Slot SLOT of head HEAD reads FEATURE with weight W_QK in K and Q_SIGN * W_QK in Q.
+  void read(int head, int slot, int feature, double w_qk, double q_sign = 1.0) {
     const int row = head * kHeadDim + slot;
     for (int dim = 0; dim < kDim; ++dim) {
       const double e = embedding(dim, feature);
@@ -311,19 +308,48 @@ ModelTensors designed_model() {
       qkv_w(2 * kDim + row, dim) = static_cast<float>(e);         // V
       proj_w(dim, row) = static_cast<float>(e);                   // W^O
     }
-  };
+  }
+};
+
+// The four heads' slots. The weights give the scores at the top of this section (F = 1, so s = 1 / |f|):
+//   edge      slots 0-1 read the ramps, w^2 D / sqrt(d) = beta_e
+//   texture   slot 0 reads b, w^2 D b^2 / sqrt(d) = beta_t; q bias -w sqrt(D) b s0
+//   colour    slots 0-2 read the colour, w^2 D eps^2 / sqrt(d) = beta_c
+//   position  slots 0-3 read the positional features, w^2 D A^2 / sqrt(d) = beta_p; slot 4 reads
+//             b with -w' in Q and +w' in K, w'^2 D b^2 / sqrt(d) = c beta_p: the bracket's -c
+// K has no bias.
+void set_attention(ModelTensors& m) {
+  AttentionWeights heads{tensor_view(m, "blocks.0.attn.qkv.weight", 3 * kDim, kDim),
+                         tensor_view(m, "blocks.0.attn.proj.weight", kDim, kDim)};
+  MapRM qkv_b = tensor_view(m, "blocks.0.attn.qkv.bias", 1, 3 * kDim);
+  const double sqrt_d = std::sqrt(static_cast<double>(kHeadDim)), sqrt_dim = std::sqrt(static_cast<double>(kDim));
   const double w_edge = std::sqrt(kBetaEdge * sqrt_d / kDim);
-  for (int j = 0; j < 2; ++j) read(kEdgeHead, j, kRampFeatures + j, w_edge);
+  for (int j = 0; j < 2; ++j) heads.read(kEdgeHead, j, kRampFeatures + j, w_edge);
   const double w_texture = std::sqrt(kBetaTexture * sqrt_d / kDim) / kConst;
-  read(kTextureHead, 0, kConstFeature, w_texture);
+  heads.read(kTextureHead, 0, kConstFeature, w_texture);
   qkv_b(0, kTextureHead * kHeadDim) = static_cast<float>(-w_texture * sqrt_dim * kConst * kSmoothSwitch);
   const double w_colour = std::sqrt(kBetaColour * sqrt_d / kDim) / kColourGain;
-  for (int j = 0; j < 3; ++j) read(kColourHead, j, kColourFeatures + j, w_colour);
+  for (int j = 0; j < 3; ++j) heads.read(kColourHead, j, kColourFeatures + j, w_colour);
   const double beta_position = 2.0 * kPositionSharpness / (kPosOmega * kPosOmega);
   const double offset = 1.0 + std::cos(kPosOmega * kPositionRadius);  // c
   const double w_position = std::sqrt(beta_position * sqrt_d / kDim) / kPosAmplitude;
-  for (int j = 0; j < 4; ++j) read(kPositionHead, j, kPositionFeatures + j, w_position);
-  read(kPositionHead, 4, kConstFeature, std::sqrt(offset * beta_position * sqrt_d / kDim) / kConst, -1.0);
+  for (int j = 0; j < 4; ++j) heads.read(kPositionHead, j, kPositionFeatures + j, w_position);
+  heads.read(kPositionHead, 4, kConstFeature, std::sqrt(offset * beta_position * sqrt_d / kDim) / kConst, -1.0);
+}
+
+}  // namespace
+
+ModelTensors designed_model() {
+  ModelTensors m;
+  m.config = designed_config();
+  m.tensors = zero_tensors(m.config);
+  set_patch_embedding(m);
+  set_position_embedding(m);
+  // LN1 is the identity affine (weight 1, bias 0): LN1(x) = sqrt(D) E f / |f|, so a head that
+  // reads feature k through E^T sees sqrt(D) f_k / |f|. norm2 and the final norm too.
+  for (const char* name : {"blocks.0.norm1.weight", "blocks.0.norm2.weight", "norm.weight"})
+    for (float& v : m.tensors.at(name).values) v = 1.0f;
+  set_attention(m);
   // The MLP has no designed role: fc1, fc2 and their biases are 0, so x passes through. There is no
   // classifier head.
   return m;

@@ -311,48 +311,39 @@ std::map<std::string, std::string> read_safetensors_metadata(const std::string& 
   return std::move(reader.metadata);
 }
 
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& what) {
-  const auto* raw = reinterpret_cast<const unsigned char*>(bytes.data());
-  if (bytes.size() < 8)
-    throw Error(what + ": not a safetensors file: " + std::to_string(bytes.size()) +
-                " bytes, shorter than the 8-byte header length");
-  const uint64_t header_len = read_le64(raw);
-  HeaderReader reader;
-  parse_header(bytes.data() + 8, header_len, bytes.size(), what, reader);
+namespace {
 
-  SafetensorsFile file;
-  file.metadata = std::move(reader.metadata);
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = bytes.size() - data_start;
-  std::vector<Span> spans;
-  for (auto& [name, entry] : reader.entries) {
-    const std::string where = what + ": tensor '" + name + "'";
-    const int elem = dtype_size(entry.dtype);
-    if (elem == 0) throw Error(where + " has dtype '" + entry.dtype + "'; vitlens reads F32, F16, BF16 and F64");
-    TensorData tensor;
-    tensor.source_dtype = entry.dtype;
-    uint64_t numel = 1;
-    for (const uint64_t dim : entry.shape) {
-      // Every dimension fits int64, and numel * 16 cannot wrap (checked before multiplying).
-      if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          (dim > 0 && numel > std::numeric_limits<uint64_t>::max() / 16 / dim))
-        throw Error(where + " has a shape too large for this machine");
-      numel *= dim;
-      tensor.shape.push_back(static_cast<int64_t>(dim));
-    }
-    const uint64_t begin = entry.offsets[0], end = entry.offsets[1];
-    if (end < begin) throw Error(where + " has data_offsets that are not 0 <= begin <= end");
-    if (end > data_size)
-      throw Error(where + " data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                  "] run past the end of the data (" + std::to_string(data_size) + " bytes): file truncated?");
-    if (end - begin != numel * static_cast<uint64_t>(elem))
-      throw Error(where + " data_offsets span " + std::to_string(end - begin) + " bytes, but " + entry.dtype + " shape needs " +
-                  std::to_string(numel * static_cast<uint64_t>(elem)));
-    spans.push_back({begin, end, name});
-    file.tensors.emplace(name, std::move(tensor));
+// One header entry as a tensor without its values: the dtype known, the shape within int64, the
+// offsets inside the DATA_SIZE bytes after the header and spanning exactly the shape's bytes.
+TensorData checked_tensor(const std::string& where, const Entry& entry, uint64_t data_size) {
+  const int elem = dtype_size(entry.dtype);
+  if (elem == 0) throw Error(where + " has dtype '" + entry.dtype + "'; vitlens reads F32, F16, BF16 and F64");
+  TensorData tensor;
+  tensor.source_dtype = entry.dtype;
+  uint64_t numel = 1;
+  for (const uint64_t dim : entry.shape) {
+    // Every dimension fits int64, and numel * 16 cannot wrap (checked before multiplying).
+    if (dim > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        (dim > 0 && numel > std::numeric_limits<uint64_t>::max() / 16 / dim))
+      throw Error(where + " has a shape too large for this machine");
+    numel *= dim;
+    tensor.shape.push_back(static_cast<int64_t>(dim));
   }
-  // The format packs the tensors back to back from the first data byte to the last: a gap, an
-  // overlap or bytes after the last tensor mean offsets (or a header length) that are wrong.
+  const uint64_t begin = entry.offsets[0], end = entry.offsets[1];
+  if (end < begin) throw Error(where + " has data_offsets that are not 0 <= begin <= end");
+  if (end > data_size)
+    throw Error(where + " data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                "] run past the end of the data (" + std::to_string(data_size) + " bytes): file truncated?");
+  if (end - begin != numel * static_cast<uint64_t>(elem))
+    throw Error(where + " data_offsets span " + std::to_string(end - begin) + " bytes, but " + entry.dtype + " shape needs " +
+                std::to_string(numel * static_cast<uint64_t>(elem)));
+  return tensor;
+}
+
+// The format packs the tensors back to back from the first data byte to the last: a gap, an
+// overlap or bytes after the last tensor mean offsets (or a header length) that are wrong.
+// Sorts SPANS by where they start.
+void check_packed(std::vector<Span>& spans, uint64_t data_size, const std::string& what) {
   std::sort(spans.begin(), spans.end(), [](const Span& a, const Span& b) { return a.begin != b.begin ? a.begin < b.begin : a.end < b.end; });
   uint64_t next = 0;
   const std::string* previous = nullptr;
@@ -368,33 +359,57 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
   if (next != data_size)
     throw Error(what + ": the tensors end at data byte " + std::to_string(next) + ", but the file has " + std::to_string(data_size) +
                 " bytes of data after the header; the format packs tensors up to the end of the file (a wrong header length?)");
-  // Only now, with the whole header checked, the weights are converted.
-  for (const Span& s : spans) {
-    TensorData& tensor = file.tensors.at(s.name);
-    const size_t numel = tensor.numel();
-    tensor.values.resize(numel);
-    const unsigned char* src = raw + data_start + s.begin;
-    const std::string& dtype = tensor.source_dtype;
-    if (numel == 0) {
-      // nothing to copy (and memcpy from a null pointer is undefined)
-    } else if (dtype == "F32") {
-      std::memcpy(tensor.values.data(), src, numel * 4);
-    } else if (dtype == "F64") {
-      for (size_t i = 0; i < numel; ++i) {
-        double v;
-        std::memcpy(&v, src + 8 * i, 8);
-        tensor.values[i] = static_cast<float>(v);
-      }
-    } else if (dtype == "F16") {
-      for (size_t i = 0; i < numel; ++i)
-        tensor.values[i] = half_to_float(static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8)));
-    } else {  // BF16: the top 16 bits of a float32
-      for (size_t i = 0; i < numel; ++i) {
-        const uint32_t bits = static_cast<uint32_t>(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
-        std::memcpy(&tensor.values[i], &bits, 4);
-      }
+}
+
+// Fills TENSOR's values (float32) from its SRC bytes, read as its source dtype (little-endian).
+void convert_values(TensorData& tensor, const unsigned char* src) {
+  const size_t numel = tensor.numel();
+  tensor.values.resize(numel);
+  const std::string& dtype = tensor.source_dtype;
+  if (numel == 0) {
+    // nothing to copy (and memcpy from a null pointer is undefined)
+  } else if (dtype == "F32") {
+    std::memcpy(tensor.values.data(), src, numel * 4);
+  } else if (dtype == "F64") {
+    for (size_t i = 0; i < numel; ++i) {
+      double v;
+      std::memcpy(&v, src + 8 * i, 8);
+      tensor.values[i] = static_cast<float>(v);
+    }
+  } else if (dtype == "F16") {
+    for (size_t i = 0; i < numel; ++i)
+      tensor.values[i] = half_to_float(static_cast<uint16_t>(src[2 * i] | (src[2 * i + 1] << 8)));
+  } else {  // BF16: the top 16 bits of a float32
+    for (size_t i = 0; i < numel; ++i) {
+      const uint32_t bits = static_cast<uint32_t>(src[2 * i] | (src[2 * i + 1] << 8)) << 16;
+      std::memcpy(&tensor.values[i], &bits, 4);
     }
   }
+}
+
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& what) {
+  const auto* raw = reinterpret_cast<const unsigned char*>(bytes.data());
+  if (bytes.size() < 8)
+    throw Error(what + ": not a safetensors file: " + std::to_string(bytes.size()) +
+                " bytes, shorter than the 8-byte header length");
+  const uint64_t header_len = read_le64(raw);
+  HeaderReader reader;
+  parse_header(bytes.data() + 8, header_len, bytes.size(), what, reader);
+
+  SafetensorsFile file;
+  file.metadata = std::move(reader.metadata);
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = bytes.size() - data_start;
+  std::vector<Span> spans;
+  for (auto& [name, entry] : reader.entries) {
+    file.tensors.emplace(name, checked_tensor(what + ": tensor '" + name + "'", entry, data_size));
+    spans.push_back({entry.offsets[0], entry.offsets[1], name});
+  }
+  check_packed(spans, data_size, what);
+  // Only now, with the whole header checked, the weights are converted.
+  for (const Span& s : spans) convert_values(file.tensors.at(s.name), raw + data_start + s.begin);
   return file;
 }
 

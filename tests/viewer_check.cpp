@@ -541,7 +541,7 @@ int check_tooltip_clear(const std::string& dump_path, const std::string& menu) {
   return g_failures == 0 ? 0 : 1;
 }
 
-// [SECTION] training checkpoints (viewer_xdotool_train_mae.sh)
+// [SECTION] training checkpoints (viewer_xdotool.sh train-mae)
 
 // A checkpoint's __metadata__["training"] record: the safetensors header is 8 bytes of
 // little-endian length, then JSON; the record is a JSON string inside it.
