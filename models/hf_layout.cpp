@@ -1,0 +1,319 @@
+// Hugging Face transformers' save_pretrained layout (ViT, DeiT, Dinov2, Dinov2WithRegisters,
+// CLIPVisionModel) onto vitlens' block: one HfFamily row per family (prefix, block names, the
+// names around the blocks, defaults), q/k/v fused into timm's qkv, pooled-only parts dropped.
+#include "models/layout_support.hpp"
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.hpp"
+#include "models/json_file.hpp"
+
+namespace vitlens {
+
+namespace {
+
+using namespace layout_support;
+
+// [SECTION] Hugging Face transformers
+
+// Where one family keeps a block's tensors, relative to "<layers>.<i>.".
+struct HfBlockNames {
+  const char* layers;  // "encoder.layer" or "encoder.layers"
+  const char* norm1;
+  const char* q;
+  const char* k;
+  const char* v;
+  const char* proj;
+  const char* ls1;  // nullptr without LayerScale
+  const char* norm2;
+  const char* fc1;
+  const char* fc2;
+  const char* ls2;
+};
+
+constexpr HfBlockNames kHfVitBlock{"encoder.layer", "layernorm_before", "attention.attention.query", "attention.attention.key",
+                                   "attention.attention.value", "attention.output.dense", nullptr, "layernorm_after",
+                                   "intermediate.dense", "output.dense", nullptr};
+constexpr HfBlockNames kHfDinov2Block{"encoder.layer", "norm1", "attention.attention.query", "attention.attention.key",
+                                      "attention.attention.value", "attention.output.dense", "layer_scale1.lambda1", "norm2",
+                                      "mlp.fc1", "mlp.fc2", "layer_scale2.lambda1"};
+constexpr HfBlockNames kHfClipBlock{"encoder.layers", "layer_norm1", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                    "self_attn.out_proj", nullptr, "layer_norm2", "mlp.fc1", "mlp.fc2", nullptr};
+
+// One transformers family: its names around the blocks and the defaults its config leaves out.
+// A nullptr name is a part the family does not have.
+struct HfFamily {
+  const char* model_type;
+  const char* format;          // ConvertedModel::format
+  const char* prefix;          // the base model's prefix in a task model's file ("vit.")
+  const HfBlockNames* block;
+  const char* patch_embed;     // "<name>.weight" (D, 3, P, P); "<name>.bias" when patch_bias
+  bool patch_bias;
+  const char* cls_token;       // (1, 1, D), or CLIP's (D)
+  const char* dist_token;      // DeiT's distillation token (1, 1, D)
+  const char* pos_embed;       // (1, prefix + Np, D), or CLIP's nn.Embedding (prefix + Np, D)
+  const char* norm_pre;        // CLIP's pre_layrnorm
+  const char* norm;            // the final LayerNorm over every token
+  const char* classifier;      // a (C, D) classifier on the class token, read as timm's head
+  const char* mlp_width_key;   // "intermediate_size", or nullptr: DINOv2's mlp_ratio
+  bool qkv_bias_key;           // the config's qkv_bias counts (CLIP's always has the biases)
+  double norm_eps;             // layer_norm_eps when the config leaves it out
+  std::array<float, 3> mean, std;  // when there is no preprocessor_config.json
+};
+
+const std::array<float, 3> kHalf{0.5f, 0.5f, 0.5f};
+const HfFamily kHfFamilies[] = {
+    {"vit", "hf-vit", "vit.", &kHfVitBlock, "embeddings.patch_embeddings.projection", true, "embeddings.cls_token", nullptr,
+     "embeddings.position_embeddings", nullptr, "layernorm", "classifier", "intermediate_size", true, 1e-12, kHalf, kHalf},
+    {"deit", "hf-deit", "deit.", &kHfVitBlock, "embeddings.patch_embeddings.projection", true, "embeddings.cls_token",
+     "embeddings.distillation_token", "embeddings.position_embeddings", nullptr, "layernorm", "cls_classifier",
+     "intermediate_size", true, 1e-12, kImagenetMean, kImagenetStd},
+    {"dinov2", "hf-dinov2", "dinov2.", &kHfDinov2Block, "embeddings.patch_embeddings.projection", true, "embeddings.cls_token",
+     nullptr, "embeddings.position_embeddings", nullptr, "layernorm", nullptr, nullptr, true, 1e-12, kImagenetMean, kImagenetStd},
+    {"dinov2_with_registers", "hf-dinov2", "dinov2_with_registers.", &kHfDinov2Block, "embeddings.patch_embeddings.projection",
+     true, "embeddings.cls_token", nullptr, "embeddings.position_embeddings", nullptr, "layernorm", nullptr, nullptr, true, 1e-12,
+     kImagenetMean, kImagenetStd},
+    {"clip_vision_model", "hf-clip", "vision_model.", &kHfClipBlock, "embeddings.patch_embedding", false,
+     "embeddings.class_embedding", nullptr, "embeddings.position_embedding.weight", "pre_layrnorm", nullptr, nullptr,
+     "intermediate_size", false, 1e-5, kClipMean, kClipStd},
+};
+
+// Parts of a file that act after the tokens vitlens shows (pooled vectors, task heads): dropped,
+// each with its note.
+const std::pair<const char*, const char*> kHfPooledOnly[] = {
+    {"pooler.", "pooler ignored (a dense + tanh on the class token, after the tokens shown)"},
+    {"post_layernorm.", "post_layernorm ignored: it norms the pooled class token only; the tokens are shown as they leave the last block"},
+    {"visual_projection.", "visual_projection ignored (it maps the pooled vector into CLIP's joint space)"},
+    {"distillation_classifier.", "distillation_classifier (DeiT's distillation head) ignored"},
+    {"classifier.", "classifier ignored"},
+    {"embeddings.mask_token", nullptr},
+    {"embeddings.position_ids", nullptr},
+};
+
+Activation hf_activation(const json& cfg, const std::string& what) {
+  static const std::pair<const char*, Activation> kActs[] = {
+      {"gelu", Activation::Gelu},          {"gelu_new", Activation::GeluTanh},  {"gelu_pytorch_tanh", Activation::GeluTanh},
+      {"gelu_fast", Activation::GeluTanh}, {"quick_gelu", Activation::QuickGelu}};
+  const std::string act = cfg.contains("hidden_act") && cfg["hidden_act"].is_string() ? cfg["hidden_act"].get<std::string>() : "gelu";
+  for (const auto& [name, a] : kActs)
+    if (act == name) return a;
+  throw Error(what + ": unsupported model: config.json hidden_act '" + act +
+              "'; vitlens computes gelu, gelu_new / gelu_pytorch_tanh and quick_gelu");
+}
+
+// config.json and the family it names; a whole CLIPModel's vision_config, its text tower dropped.
+const HfFamily& read_hf_config(Tensors& t, const std::string& folder, json& cfg, std::vector<std::string>& notes) {
+  const std::string& what = t.what;
+  const std::string config_path = folder + "/config.json";
+  if (!is_file(config_path))
+    throw Error(what + ": a Hugging Face checkpoint needs its config.json beside it, and " + config_path + " is missing");
+  cfg = read_json(config_path, what);
+  std::string type = cfg.contains("model_type") && cfg["model_type"].is_string() ? cfg["model_type"].get<std::string>() : "";
+  if (type == "clip") {
+    if (!cfg.contains("vision_config") || !cfg["vision_config"].is_object())
+      throw Error(what + ": config.json of a CLIP model has no vision_config");
+    cfg = json(cfg["vision_config"]);
+    for (const char* part : {"text_model.", "text_projection.", "logit_scale"}) t.drop_prefix(part);
+    notes.push_back("text tower ignored: the vision tower of a CLIPModel is shown");
+    type = "clip_vision_model";
+  }
+  for (const HfFamily& f : kHfFamilies)
+    if (type == f.model_type) return f;
+  throw Error(what + ": unsupported model: Hugging Face model_type '" + type +
+              "'; vitlens maps vit, deit, dinov2, dinov2_with_registers, clip_vision_model and clip (see README, Supported models)");
+}
+
+// The config's numbers, as the family reads them.
+void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& options, VitConfig& c, const std::string& what) {
+  const std::string file = "config.json";
+  if (json_bool(cfg, "use_swiglu_ffn", false, what, file))
+    throw Error(what + ": unsupported model: config.json use_swiglu_ffn is true (DINOv2 giant's SwiGLU MLP), which vitlens' block does not compute");
+  if (cfg.contains("num_channels") && json_int(cfg, "num_channels", what, file) != 3)
+    throw Error(what + ": config.json num_channels is not 3; vitlens feeds RGB images");
+  c.embed_dim = json_int(cfg, "hidden_size", what, file);
+  c.depth = json_int(cfg, "num_hidden_layers", what, file);
+  c.num_heads = json_int(cfg, "num_attention_heads", what, file);
+  if (options.heads > 0 && options.heads != c.num_heads)
+    throw Error(what + ": --heads " + std::to_string(options.heads) + " contradicts config.json num_attention_heads " +
+                std::to_string(c.num_heads));
+  c.patch_size = json_int(cfg, "patch_size", what, file);
+  if (!cfg.contains("image_size")) throw Error(what + ": config.json has no 'image_size'");
+  const json& size = cfg["image_size"];
+  auto side = [](const json& v) { return v.is_number_integer() && v.get<int64_t>() > 0 && v.get<int64_t>() <= 16384; };
+  if (size.is_array() && size.size() == 2 && side(size[0]) && side(size[1])) {
+    c.img_h = size[0].get<int>();
+    c.img_w = size[1].get<int>();
+  } else {
+    c.img_h = c.img_w = json_int(cfg, "image_size", what, file);
+  }
+  c.norm_eps = static_cast<float>(json_number(cfg, "layer_norm_eps", f.norm_eps, what, file));
+  c.act = hf_activation(cfg, what);
+  c.qkv_bias = f.qkv_bias_key ? json_bool(cfg, "qkv_bias", true, what, file) : true;
+  c.mlp_ratio = f.mlp_width_key ? mlp_ratio_for(c.embed_dim, json_int(cfg, f.mlp_width_key, what, file))
+                                : json_number(cfg, "mlp_ratio", 4.0, what, file);
+  c.layer_scale = f.block->ls1 != nullptr;
+  c.patch_bias = f.patch_bias;
+  c.dist_token = f.dist_token != nullptr;
+  c.pre_norm = f.norm_pre != nullptr;
+  c.final_norm = f.norm != nullptr;
+  if (std::string(f.model_type) == "dinov2_with_registers") c.register_tokens = json_int(cfg, "num_register_tokens", what, file);
+  const std::string type = f.model_type;
+  c.name = cfg.contains("_name_or_path") && cfg["_name_or_path"].is_string() && !cfg["_name_or_path"].get<std::string>().empty()
+               ? cfg["_name_or_path"].get<std::string>()
+               : type;
+  c.description = "Hugging Face " + type;
+  const std::string why = c.validate();
+  if (!why.empty()) throw Error(what + ": config.json: " + why);
+}
+
+// The patch embedding and the block count, checked against the config.
+void check_hf_shapes(const Tensors& t, const HfFamily& f, const VitConfig& c) {
+  const std::string patch_name = std::string(f.patch_embed) + ".weight";
+  int dim = 0, patch = 0;
+  read_patch_embed(t.peek(patch_name), patch_name, t.what, dim, patch);
+  if (dim != c.embed_dim || patch != c.patch_size)
+    throw Error(t.what + ": config.json says hidden_size " + std::to_string(c.embed_dim) + ", patch_size " + std::to_string(c.patch_size) +
+                " but " + patch_name + " has shape " + shape_text(t.peek(patch_name).shape));
+  int blocks = 0;
+  while (t.has(std::string(f.block->layers) + "." + std::to_string(blocks) + "." + f.block->norm1 + ".weight")) ++blocks;
+  if (blocks != c.depth)
+    throw Error(t.what + ": config.json says num_hidden_layers " + std::to_string(c.depth) + " but the file has " +
+                std::to_string(blocks) + " blocks");
+}
+
+// Patch embedding, prefix tokens and the positional table in timm's names.
+void hf_embeddings(Tensors& t, const HfFamily& f, VitConfig& c, TensorMap& out) {
+  const int64_t d = c.embed_dim, patches = static_cast<int64_t>(c.grid_h()) * c.grid_w();
+  out["patch_embed.proj.weight"] = t.take(std::string(f.patch_embed) + ".weight");
+  if (f.patch_bias) out["patch_embed.proj.bias"] = t.take_as(std::string(f.patch_embed) + ".bias", {d});
+  TensorData cls = t.take_as(f.cls_token, {1, 1, d});
+  if (f.dist_token) out["dist_token"] = t.take_as(f.dist_token, {1, 1, d});
+  const int64_t rows = 1 + (f.dist_token ? 1 : 0) + patches;
+  const TensorData& pos = t.peek(f.pos_embed);  // (1, rows, D), or (rows, D) as CLIP's nn.Embedding
+  if (pos.shape.size() < 2 || pos.shape.size() > 3 || pos.shape[pos.shape.size() - 2] != rows)
+    throw Error(t.what + ": config.json image_size " + std::to_string(c.img_h) + " gives " + std::to_string(patches) + " patches, but " +
+                f.pos_embed + " has shape " + shape_text(pos.shape));
+  TensorData pos_embed = t.take_as(f.pos_embed, {1, rows, d});
+  if (c.register_tokens > 0) {
+    // Dinov2WithRegistersEmbeddings: cat(cls, patches) + pos, then the registers inserted after
+    // the class token without a positional row. As timm's _convert_dinov2: cls + pos[0] folded
+    // into the class token (the same float sum the forward would make), pos[1:] for the patches
+    // only (no_embed_class).
+    out["reg_token"] = t.take_as("embeddings.register_tokens", {1, c.register_tokens, d});
+    for (int64_t k = 0; k < d; ++k) cls.values[static_cast<size_t>(k)] += pos_embed.values[static_cast<size_t>(k)];
+    pos_embed.values.erase(pos_embed.values.begin(), pos_embed.values.begin() + d);
+    pos_embed.shape = {1, patches, d};
+    c.pos_embed_prefix = false;
+  }
+  out["cls_token"] = std::move(cls);
+  out["pos_embed"] = std::move(pos_embed);
+  if (f.norm_pre) {
+    out["norm_pre.weight"] = t.take_as(std::string(f.norm_pre) + ".weight", {d});
+    out["norm_pre.bias"] = t.take_as(std::string(f.norm_pre) + ".bias", {d});
+  }
+}
+
+void hf_blocks(Tensors& t, const HfBlockNames& n, const VitConfig& c, TensorMap& out) {
+  const int64_t d = c.embed_dim, hm = c.mlp_hidden();
+  for (int i = 0; i < c.depth; ++i) {
+    const std::string src = std::string(n.layers) + "." + std::to_string(i) + ".";
+    const std::string dst = "blocks." + std::to_string(i) + ".";
+    auto move = [&](const std::string& from, const std::string& to, const std::vector<int64_t>& shape) {
+      out[dst + to] = t.take_as(src + from, shape);
+    };
+    move(std::string(n.norm1) + ".weight", "norm1.weight", {d});
+    move(std::string(n.norm1) + ".bias", "norm1.bias", {d});
+    // Separate q, k, v Linear(D, D) -> timm's fused qkv (3D, D); head h is rows h*d..h*d+d-1 of
+    // each, as transpose_for_scores splits them, which is the order timm's reshape reads.
+    std::vector<TensorData> w, b;
+    for (const char* part : {n.q, n.k, n.v}) {
+      w.push_back(t.take_as(src + part + ".weight", {d, d}));
+      if (c.qkv_bias) b.push_back(t.take_as(src + part + ".bias", {d}));
+    }
+    out[dst + "attn.qkv.weight"] = stack_rows(w);
+    if (c.qkv_bias) out[dst + "attn.qkv.bias"] = stack_rows(b);
+    move(std::string(n.proj) + ".weight", "attn.proj.weight", {d, d});
+    move(std::string(n.proj) + ".bias", "attn.proj.bias", {d});
+    move(std::string(n.norm2) + ".weight", "norm2.weight", {d});
+    move(std::string(n.norm2) + ".bias", "norm2.bias", {d});
+    move(std::string(n.fc1) + ".weight", "mlp.fc1.weight", {hm, d});
+    move(std::string(n.fc1) + ".bias", "mlp.fc1.bias", {hm});
+    move(std::string(n.fc2) + ".weight", "mlp.fc2.weight", {d, hm});
+    move(std::string(n.fc2) + ".bias", "mlp.fc2.bias", {d});
+    if (c.layer_scale) {
+      move(n.ls1, "ls1.gamma", {d});
+      move(n.ls2, "ls2.gamma", {d});
+    }
+  }
+}
+
+// After the blocks: the final norm, a (C, D) classifier as timm's head, the pooled-only parts
+// dropped with a note; anything left was not mapped and is refused.
+void hf_after_blocks(Tensors& t, const HfFamily& f, const VitConfig& c, TensorMap& out, std::vector<std::string>& notes) {
+  const int64_t d = c.embed_dim;
+  if (f.norm) {
+    out["norm.weight"] = t.take_as(std::string(f.norm) + ".weight", {d});
+    out["norm.bias"] = t.take_as(std::string(f.norm) + ".bias", {d});
+  }
+  // Dinov2's classifier reads the class token and the patch mean (C, 2D): not a head vitlens has.
+  const std::string head = f.classifier ? f.classifier : "";
+  if (!head.empty() && t.has(head + ".weight") && t.has(head + ".bias")) {
+    const TensorData& w = t.peek(head + ".weight");
+    if (w.shape.size() == 2 && w.shape[1] == d) {
+      out["head.weight"] = t.take(head + ".weight");
+      out["head.bias"] = t.take(head + ".bias");
+    }
+  }
+  for (const auto& [prefix, note] : kHfPooledOnly)
+    if (t.drop_prefix(prefix) && note) notes.push_back(note);
+  if (!t.map.empty())
+    throw Error(t.what + ": tensor '" + t.map.begin()->first + "' is not part of a Hugging Face " + f.model_type +
+                " model as vitlens maps it; vitlens would ignore it");
+}
+
+// mean/std: preprocessor_config.json when it is there, else the family's usual values.
+void hf_mean_std(const std::string& folder, const HfFamily& f, ConvertedModel& m, const std::string& what) {
+  VitConfig& c = m.config;
+  const std::string pre_path = folder + "/preprocessor_config.json";
+  if (is_file(pre_path)) {
+    const json pre = read_json(pre_path, what);
+    if (json_rgb(pre, "image_mean", c.mean) && json_rgb(pre, "image_std", c.std)) return;
+  }
+  c.mean = f.mean;
+  c.std = f.std;
+  m.notes.push_back(std::string("mean/std: no preprocessor_config.json, so ") + f.model_type + "'s usual values are used");
+}
+
+}  // namespace
+
+using namespace layout_support;
+
+ConvertedModel convert_hf(layout_support::Tensors t, const std::string& folder, const LoadOptions& options) {
+  ConvertedModel m;
+  json cfg;
+  const HfFamily& f = read_hf_config(t, folder, cfg, m.notes);
+  m.format = f.format;
+  t.strip_prefix(f.prefix);
+  read_hf_options(cfg, f, options, m.config, t.what);
+  check_hf_shapes(t, f, m.config);
+  TensorMap out;
+  hf_embeddings(t, f, m.config, out);
+  hf_blocks(t, *f.block, m.config, out);
+  hf_after_blocks(t, f, m.config, out, m.notes);
+  hf_mean_std(folder, f, m, t.what);
+  m.tensors = std::move(out);
+  return m;
+}
+
+
+}  // namespace vitlens

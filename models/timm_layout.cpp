@@ -1,0 +1,376 @@
+// timm's hub layout (model.safetensors + config.json as timm saves them) onto vitlens' block:
+// tensor names that mean a feature vitlens lacks are refused by name, the options the tensors fix,
+// config.json's model_args checked against them, the image size as timm builds the model, and
+// timm_architecture_options: what an architecture name sets without changing a tensor name.
+#include "models/layout_support.hpp"
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.hpp"
+#include "models/json_file.hpp"
+
+namespace vitlens {
+
+namespace {
+
+using namespace layout_support;
+
+// [SECTION] timm
+
+// Tensor names that mean a feature vitlens' block does not compute.
+void refuse_timm_features(const Tensors& t) {
+  static const std::pair<const char*, const char*> kRefused[] = {
+      {".attn.q_norm.", "qk-norm (a LayerNorm on each head's queries and keys)"},
+      {".attn.k_norm.", "qk-norm (a LayerNorm on each head's queries and keys)"},
+      {".attn.q_bias", "separate q/v biases (BEiT / EVA attention)"},
+      {".attn.norm.", "a norm on the attention output (scale_norm)"},
+      {".attn.lambda_q1", "differential attention (timm's DiffAttention)"},
+      {".mlp.fc1_g.", "a SwiGLU MLP"},
+      {".mlp.w12.", "a SwiGLU MLP"},
+      {".mlp.fc1_x.", "a SwiGLU MLP"},
+      {".mlp.norm.", "a norm inside the MLP"},
+      {"relative_position", "relative position biases"},
+      {"rel_pos.", "relative position biases (timm's vit_relpos_* / vit_srelpos_*)"},
+      {"rope", "rotary position embeddings"},
+      {".gamma_1", "an Eva block (timm's Eva: DINOv3, EVA-02) with rotary position embeddings"},
+      {".in_proj.", "parallel attention and MLP blocks"},
+      {".attns.", "parallel attention and MLP branches (timm's ParallelThingsBlock, vit_*_18x2_*)"},
+      {"patch_embed.backbone.", "a hybrid CNN stem"},
+      {"patch_embed.norm.", "a norm in the patch embedding"},
+      {".attn.gate.", "gated attention"},
+      {"attn_pool.", "an attention-pool head (timm global_pool 'map', as SigLIP's)"},
+  };
+  for (const auto& entry : t.map)
+    for (const auto& [part, why] : kRefused)
+      if (contains(entry.first, part))
+        throw Error(t.what + ": unsupported model: tensor '" + entry.first + "' means " + why +
+                    ", which vitlens' ViT block does not compute (see README, Supported models)");
+}
+
+// config.json as timm's save_for_hf writes it; empty objects when there is none.
+struct TimmConfig {
+  bool present = false;
+  json cfg = json::object();
+  json args = json::object();  // model_args: the arguments the model was built with
+  json pre = json::object();   // pretrained_cfg: how the weights were trained (input_size, mean, std)
+  std::string arch;            // "architecture", e.g. "vit_small_patch16_224.dino"; "" without
+};
+
+TimmConfig read_timm_config(const std::string& folder, const std::string& what) {
+  TimmConfig tc;
+  const std::string path = folder + "/config.json";
+  tc.present = is_file(path);
+  if (!tc.present) return tc;
+  tc.cfg = read_json(path, what);
+  if (tc.cfg.contains("model_args") && tc.cfg["model_args"].is_object()) tc.args = tc.cfg["model_args"];
+  if (tc.cfg.contains("pretrained_cfg") && tc.cfg["pretrained_cfg"].is_object()) tc.pre = tc.cfg["pretrained_cfg"];
+  if (tc.cfg.contains("architecture") && tc.cfg["architecture"].is_string()) tc.arch = tc.cfg["architecture"].get<std::string>();
+  return tc;
+}
+
+// The shapes the tensors fix, and the features their shapes (not their names) show.
+void timm_options_from_tensors(Tensors& t, ConvertedModel& m) {
+  const std::string& what = t.what;
+  VitConfig& c = m.config;
+  read_patch_embed(t.peek("patch_embed.proj.weight"), "patch_embed.proj.weight", what, c.embed_dim, c.patch_size);
+  const int dim = c.embed_dim;
+  c.depth = 0;
+  while (t.has("blocks." + std::to_string(c.depth) + ".norm1.weight")) ++c.depth;
+  if (c.depth == 0) throw Error(what + ": timm layout without 'blocks.0.norm1.weight': no transformer blocks found");
+  auto refuse = [&](const std::string& why) {
+    throw Error(what + ": unsupported model: " + why + ", which vitlens' ViT block does not compute (see README, Supported models)");
+  };
+  if (!t.has("pos_embed"))
+    refuse("it has no position table 'pos_embed' (its positions are rotary or relative, as DINOv3's and vit_relpos_*'s)");
+  if (!t.has("blocks.0.norm1.bias")) refuse("blocks.0.norm1 has no bias: an RMSNorm (timm norm_layer 'rmsnorm')");
+  if (!t.has("blocks.0.attn.proj.bias")) refuse("blocks.0.attn.proj has no bias (timm proj_bias=False)");
+  const std::vector<int64_t>& fc1 = t.peek("blocks.0.mlp.fc1.weight").shape;
+  const std::vector<int64_t>& fc2 = t.peek("blocks.0.mlp.fc2.weight").shape;
+  if (fc1.size() == 2 && fc2.size() == 2 && fc1[0] == 2 * fc2[1])
+    refuse("blocks.0.mlp.fc1 is twice as wide as fc2 reads (" + shape_text(fc1) + " then " + shape_text(fc2) +
+           "): a packed SwiGLU MLP (timm SwiGLUPacked, DINOv2 giant)");
+  c.class_token = t.has("cls_token");
+  c.dist_token = t.has("dist_token");
+  if (t.has("reg_token")) {
+    const TensorData& reg = t.peek("reg_token");
+    if (reg.shape.size() != 3 || reg.shape[0] != 1 || reg.shape[2] != dim)
+      throw Error(what + ": tensor 'reg_token' has shape " + shape_text(reg.shape) + ", expected [1, R, " + std::to_string(dim) + "]");
+    c.register_tokens = static_cast<int>(reg.shape[1]);
+  }
+  c.patch_bias = t.has("patch_embed.proj.bias");
+  c.pre_norm = t.has("norm_pre.weight");
+  c.layer_scale = t.has("blocks.0.ls1.gamma");
+  c.qkv_bias = t.has("blocks.0.attn.qkv.bias");
+  c.final_norm = t.has("norm.weight");
+  if (t.drop_prefix("fc_norm."))
+    m.notes.push_back("fc_norm ignored: it norms the pooled vector only; the tokens are shown as they leave the last block");
+  c.mlp_ratio = mlp_ratio_for(dim, static_cast<int>(fc1.at(0)));
+  c.norm_eps = 1e-6f;  // timm's VisionTransformer default (partial(nn.LayerNorm, eps=1e-6))
+}
+
+// model_args keys the tensors answer: each must agree with them.
+void check_args_against_tensors(const json& args, const VitConfig& c, const std::string& what) {
+  static const std::pair<const char*, const char*> kFromTensors[] = {
+      {"embed_dim", "patch_embed.proj.weight"}, {"patch_size", "patch_embed.proj.weight"},
+      {"depth", "the blocks.* tensors"},        {"reg_tokens", "reg_token"},
+      {"class_token", "cls_token"},             {"qkv_bias", "blocks.0.attn.qkv.bias"},
+      {"pre_norm", "norm_pre.weight"},
+  };
+  const json said = {{"embed_dim", c.embed_dim},     {"patch_size", c.patch_size},   {"depth", c.depth},
+                     {"reg_tokens", c.register_tokens}, {"class_token", c.class_token}, {"qkv_bias", c.qkv_bias},
+                     {"pre_norm", c.pre_norm}};
+  for (const auto& [key, from] : kFromTensors) {
+    if (!args.contains(key)) continue;
+    const json& v = args[key];
+    const bool same_kind = said[key].is_boolean() ? v.is_boolean() : v.is_number_integer();
+    if (!same_kind || v != said[key])
+      throw Error(what + ": config.json model_args." + key + " is " + v.dump() + " but " + from + " says " + said[key].dump());
+  }
+}
+
+// model_args that change the computation without changing the tensor names: refused unless they
+// hold timm's standard block's value (null is the default too).
+void refuse_timm_args(const json& args, const std::string& what) {
+  static const struct { const char* key; const char* standard; const char* means; } kArgs[] = {
+      {"qk_norm", "false", "qk-norm (a LayerNorm on each head's queries and keys)"},
+      {"scale_attn_norm", "false", "a norm on the attention output"},
+      {"scale_mlp_norm", "false", "a norm inside the MLP"},
+      {"proj_bias", "true", "Linear layers without bias"},
+      {"pos_embed", "\"learn\"", "no learned position table"},
+      {"norm_layer", "\"layernorm\"", "a norm other than LayerNorm (e.g. RMSNorm)"},
+      {"embed_norm_layer", "null", "a norm in the patch embedding"},
+      {"mlp_layer", "null", "a replaced MLP (e.g. SwiGLU)"},
+      {"block_fn", "null", "a replaced block"},
+      {"attn_layer", "null", "a replaced attention layer"},
+      {"embed_layer", "null", "a replaced patch embedding"},
+  };
+  for (const auto& rule : kArgs) {
+    if (!args.contains(rule.key) || args[rule.key].is_null() || args[rule.key] == json::parse(rule.standard)) continue;
+    throw Error(what + ": unsupported model: config.json model_args." + rule.key + " = " + args[rule.key].dump() + " means " +
+                rule.means + ", which vitlens' ViT block does not compute");
+  }
+}
+
+// The activation, by timm's act_layer name.
+void read_timm_activation(const json& args, VitConfig& c, const std::string& what) {
+  static const std::pair<const char*, Activation> kActs[] = {
+      {"gelu", Activation::Gelu}, {"gelu_tanh", Activation::GeluTanh}, {"quick_gelu", Activation::QuickGelu}};
+  if (!args.contains("act_layer") || args["act_layer"].is_null()) return;
+  const std::string act = args["act_layer"].is_string() ? args["act_layer"].get<std::string>() : args["act_layer"].dump();
+  for (const auto& [name, a] : kActs)
+    if (act == name) {
+      c.act = a;
+      return;
+    }
+  throw Error(what + ": unsupported model: config.json model_args.act_layer '" + act + "'; vitlens computes gelu, gelu_tanh and quick_gelu");
+}
+
+// num_heads: model_args, then the architecture's standard width, then --heads.
+void read_timm_heads(const TimmConfig& tc, const LoadOptions& options, bool heads_known, ConvertedModel& m,
+                     const std::string& what) {
+  VitConfig& c = m.config;
+  const json& args = tc.args;
+  if (args.contains("num_heads")) {
+    if (!args["num_heads"].is_number_integer() || args["num_heads"].get<int64_t>() < 1 || args["num_heads"].get<int64_t>() > c.embed_dim)
+      throw Error(what + ": config.json model_args.num_heads is not an integer in [1, " + std::to_string(c.embed_dim) + "]");
+    c.num_heads = static_cast<int>(args["num_heads"].get<int64_t>());
+    heads_known = true;
+  }
+  if (options.heads > 0) {
+    if (heads_known && options.heads != c.num_heads)
+      throw Error(what + ": --heads " + std::to_string(options.heads) + " contradicts config.json (" + tc.arch + " has " +
+                  std::to_string(c.num_heads) + " heads)");
+    c.num_heads = options.heads;
+    if (!heads_known) m.notes.push_back("num_heads " + std::to_string(options.heads) + " from --heads");
+    heads_known = true;
+  }
+  if (!heads_known)
+    throw Error(what + ": the number of attention heads cannot be read from the tensors (width " + std::to_string(c.embed_dim) +
+                (tc.arch.empty() ? ", no config.json" : ", architecture '" + tc.arch + "'") + "): pass --heads");
+}
+
+// The size the model was built for, as timm builds it: model_args.img_size (what create_model
+// was given) over pretrained_cfg.input_size (the size the weights were trained at, which a model
+// made with another img_size, e.g. dynamic_img_size=True, keeps); 0 x 0 when neither says.
+void timm_built_size(const TimmConfig& tc, int& h, int& w, std::vector<std::string>& notes) {
+  auto pair_of = [](const json& v, size_t first, int& a, int& b) {
+    if (!v.is_array() || v.size() != first + 2 || !v[first].is_number_integer() || !v[first + 1].is_number_integer()) return false;
+    a = v[first].get<int>();
+    b = v[first + 1].get<int>();
+    return true;
+  };
+  int pre_h = 0, pre_w = 0;
+  const bool from_pre = tc.pre.contains("input_size") && pair_of(tc.pre["input_size"], 1, pre_h, pre_w);
+  const json img = tc.args.contains("img_size") ? tc.args["img_size"] : json();
+  if (img.is_number_integer()) h = w = img.get<int>();
+  else if (!pair_of(img, 0, h, w)) h = w = 0;
+  if (h == 0 && from_pre) h = pre_h, w = pre_w;
+  else if (h != 0 && from_pre && (pre_h != h || pre_w != w))
+    notes.push_back("image size " + std::to_string(h) + "x" + std::to_string(w) + " from model_args.img_size, as timm builds it (pretrained_cfg.input_size says " +
+                    std::to_string(pre_h) + "x" + std::to_string(pre_w) + ")");
+}
+
+// Image size and whether the positional table covers the prefix tokens (no_embed_class).
+void timm_image_size(const Tensors& t, const TimmConfig& tc, ConvertedModel& m) {
+  const std::string& what = t.what;
+  VitConfig& c = m.config;
+  const int dim = c.embed_dim, patch = c.patch_size, prefix = c.prefix_tokens();
+  const TensorData& pos = t.peek("pos_embed");
+  if (pos.shape.size() != 3 || pos.shape[0] != 1 || pos.shape[2] != dim)
+    throw Error(what + ": tensor 'pos_embed' has shape " + shape_text(pos.shape) + ", expected [1, tokens, " + std::to_string(dim) + "]");
+  const int64_t pos_rows = pos.shape[1];
+  int img_h = 0, img_w = 0;
+  timm_built_size(tc, img_h, img_w, m.notes);
+  const std::string size_text = std::to_string(img_h) + "x" + std::to_string(img_w);
+  if (img_h < 0 || img_w < 0 || img_h > 16384 || img_w > 16384)
+    throw Error(what + ": config.json input size " + size_text + " is not in [1, 16384]");
+  if (img_h > 0) {
+    if (img_h % patch || img_w % patch)
+      throw Error(what + ": config.json input size " + size_text + " is not a multiple of the patch size " + std::to_string(patch) +
+                  " (patch_embed.proj.weight)");
+    const int64_t patches = static_cast<int64_t>(img_h / patch) * (img_w / patch);
+    if (pos_rows != prefix + patches && pos_rows != patches)
+      throw Error(what + ": config.json input size " + size_text + " gives " + std::to_string(patches) + " patches, but pos_embed has " +
+                  std::to_string(pos_rows) + " rows for " + std::to_string(prefix) + " prefix token(s)");
+    c.pos_embed_prefix = pos_rows == prefix + patches;
+  } else {
+    int side = square_side(pos_rows - prefix);
+    c.pos_embed_prefix = side > 0;
+    if (side == 0) side = square_side(pos_rows);
+    if (side == 0 || prefix == 0) c.pos_embed_prefix = true;
+    if (side == 0)
+      throw Error(what + ": pos_embed has " + std::to_string(pos_rows) + " rows, not a square patch grid plus " +
+                  std::to_string(prefix) + " prefix token(s); vitlens cannot infer the image size");
+    img_h = img_w = side * patch;
+    m.notes.push_back("image size " + std::to_string(img_h) + "x" + std::to_string(img_w) + " from pos_embed (" + std::to_string(side) +
+                      "x" + std::to_string(side) + " patches" + (c.pos_embed_prefix || prefix == 0 ? "" : ", no rows for the prefix tokens") + ")");
+  }
+  if (tc.args.contains("no_embed_class") && tc.args["no_embed_class"].is_boolean() &&
+      tc.args["no_embed_class"].get<bool>() == c.pos_embed_prefix && prefix > 0)
+    throw Error(what + ": config.json model_args.no_embed_class is " + tc.args["no_embed_class"].dump() + " but pos_embed has " +
+                std::to_string(pos_rows) + " rows");
+  c.img_h = img_h;
+  c.img_w = img_w;
+}
+
+// The classifier: timm's head (C, D); DeiT's distillation head dropped; num_classes checked.
+void timm_head(Tensors& t, const TimmConfig& tc, ConvertedModel& m) {
+  if (t.drop_prefix("head_dist.")) m.notes.push_back("head_dist (DeiT's distillation classifier) ignored");
+  if (!tc.cfg.contains("num_classes") || !tc.cfg["num_classes"].is_number_integer()) return;
+  const int64_t classes = tc.cfg["num_classes"].get<int64_t>();
+  const int64_t in_file = t.has("head.weight") ? t.peek("head.weight").shape.at(0) : 0;
+  if (classes != in_file)
+    throw Error(t.what + ": config.json num_classes is " + std::to_string(classes) + " but head.weight has " +
+                std::to_string(in_file) + " rows");
+}
+
+}  // namespace
+
+using namespace layout_support;
+
+ConvertedModel convert_timm(layout_support::Tensors t, const std::string& folder, const LoadOptions& options) {
+  const std::string& what = t.what;
+  refuse_timm_features(t);
+  const TimmConfig tc = read_timm_config(folder, what);
+  refuse_timm_args(tc.args, what);
+  ConvertedModel m;
+  m.format = "timm";
+  VitConfig& c = m.config;
+  timm_options_from_tensors(t, m);
+  c.name = tc.arch.empty() ? capped_text(what.substr(what.find_last_of('/') + 1), kMaxModelNameBytes) : tc.arch;
+  c.description = tc.arch.empty() ? "timm layout, architecture inferred from the tensors" : "timm " + tc.arch;
+
+  bool heads_known = false;
+  if (!tc.arch.empty()) timm_architecture_options(tc.arch, c.embed_dim, c, heads_known, what);
+  if (contains(tc.arch, "_clip_") && contains(tc.arch, ".openai") && !contains(tc.arch, "quickgelu"))
+    m.notes.push_back("GELU as timm runs '" + tc.arch + "'; the original OpenAI CLIP uses quick-GELU (timm's *_clip_quickgelu_* name)");
+  if (c.post_norm) m.notes.push_back("residual post-norm blocks (timm ResPostBlock), from the architecture name");
+  check_args_against_tensors(tc.args, c, what);
+  read_timm_activation(tc.args, c, what);
+  read_timm_heads(tc, options, heads_known, m, what);
+  timm_image_size(t, tc, m);
+
+  if (!json_rgb(tc.pre, "mean", c.mean) || !json_rgb(tc.pre, "std", c.std)) {
+    c.mean = {0.5f, 0.5f, 0.5f};
+    c.std = {0.5f, 0.5f, 0.5f};
+    m.notes.push_back("mean/std 0.5 assumed (no pretrained_cfg mean/std in a config.json)");
+  }
+  if (!tc.present) {
+    m.notes.push_back("no config.json beside the file: every option read from the tensors (patch " + std::to_string(c.patch_size) +
+                      " from patch_embed.proj.weight, width " + std::to_string(c.embed_dim) + ", depth " + std::to_string(c.depth) +
+                      " from the blocks, MLP " + std::to_string(c.mlp_hidden()) + ")");
+    m.notes.push_back("GELU (exact) and LayerNorm eps 1e-6 assumed: timm's defaults");
+  }
+  timm_head(t, tc, m);
+  m.tensors = std::move(t.map);
+  return m;
+}
+
+
+void timm_architecture_options(const std::string& arch, int embed_dim, VitConfig& c, bool& heads_known,
+                               const std::string& what) {
+  const std::string base = arch.substr(0, arch.find('.'));
+  if (!starts_with(base, "vit_") && !starts_with(base, "deit_") && !starts_with(base, "deit3_"))
+    throw Error(what + ": unsupported model: timm architecture '" + arch +
+                "' is not a VisionTransformer family vitlens maps (vit_*, deit_*, deit3_*; see README, Supported models)");
+  // Families whose entrypoint changes the computation; most also show it in their tensor names,
+  // which refuse_timm_features names when there is no config.json.
+  static const std::pair<const char*, const char*> kRefused[] = {
+      {"rope", "it uses rotary position embeddings"},
+      {"dinov3", "it is DINOv3 (timm's Eva block with rotary position embeddings)"},
+      {"relpos", "it uses relative position biases instead of a position table"},
+      {"_xp_", "it uses parallel blocks"},
+      {"_parallel_", "it uses parallel blocks"},
+      {"_18x2_", "it uses parallel blocks (timm's ParallelThingsBlock)"},
+      {"_pwee_", "it uses parallel blocks (timm's ParallelScalingBlock)"},
+      {"_dpwee_", "it uses parallel blocks with differential attention"},
+      {"_dwee_", "it uses differential attention (timm's DiffAttention)"},
+      {"_dlittle_", "it uses differential attention (timm's DiffAttention)"},
+      {"naflex", "it uses NaFlex variable-resolution patches"},
+      {"resnet", "it has a CNN stem"},
+      {"_pe_", "it is a Perception Encoder tower with rotary embeddings"},
+  };
+  for (const auto& [part, why] : kRefused)
+    if (contains(base, part))
+      throw Error(what + ": unsupported model: timm architecture '" + arch + "' is refused because " + why);
+  // Options the entrypoint sets (vision_transformer.py) that leave the tensor names as they are.
+  static const std::pair<const char*, void (*)(VitConfig&)> kOptions[] = {
+      {"_clip_", [](VitConfig& v) { v.norm_eps = 1e-5f; }},                    // norm_layer=partial(LayerNorm, eps=1e-5)
+      {"quickgelu", [](VitConfig& v) { v.act = Activation::QuickGelu; }},      // act_layer='quick_gelu'
+      {"_rpn_", [](VitConfig& v) { v.post_norm = true; }},                     // block_fn=ResPostBlock
+  };
+  for (const auto& [part, apply] : kOptions)
+    if (contains(base, part)) apply(c);
+  // SigLIP 2's towers (with or without _gap) set act_layer='gelu_tanh'; the first SigLIP's keep GELU.
+  static const char* const kGeluTanh[] = {"vit_base_patch32_siglip_256",     "vit_large_patch16_siglip_512",
+                                          "vit_so400m_patch16_siglip_256",   "vit_so400m_patch16_siglip_384",
+                                          "vit_so400m_patch16_siglip_512",   "vit_giantopt_patch16_siglip_256",
+                                          "vit_giantopt_patch16_siglip_384"};
+  std::string without_gap = base;
+  if (const size_t gap = without_gap.find("_gap"); gap != std::string::npos) without_gap.erase(gap, 4);
+  for (const char* name : kGeluTanh)
+    if (without_gap == name) c.act = Activation::GeluTanh;
+  // num_heads of timm's standard widths: the name's size word and the tensor width must agree.
+  static const struct { const char* size; int dim; int heads; } kHeads[] = {
+      {"_tiny_", 192, 3},   {"_small_", 384, 6},  {"_base_", 768, 12},     {"_medium_", 512, 8},
+      {"_large_", 1024, 16}, {"_huge_", 1280, 16}, {"_giant_", 1408, 16},  {"_giant_", 1536, 24},
+      {"_gigantic_", 1664, 16},
+  };
+  for (const auto& h : kHeads)
+    if (contains(base + "_", h.size) && embed_dim == h.dim) {
+      c.num_heads = h.heads;
+      heads_known = true;
+    }
+}
+
+}  // namespace vitlens
