@@ -102,46 +102,21 @@ struct ImageRunData {
 };
 
 ImageRunData load_run_data(const TrainArgs& a, bool quiet) {
-  ImageRunData d;
-  if (a.data == "fashion-mnist") {
-    const std::string dir = default_fashion_mnist_dir();
-    d.name = "fashion-mnist";
-    ImageSet all = load_fashion_mnist(dir, true, a.limit);
-    d.test = load_fashion_mnist(dir, false, a.limit);
-    if (a.val_split > 0.0) {
-      split_holdout(all, a.val_split, a.seed, &d.train, &d.eval);
-      d.eval_name = "val";
-    } else {
-      d.train = std::move(all);
-      d.eval = std::move(d.test);
-      d.test = ImageSet();
-      d.eval_name = "test";
-    }
-    d.img_size = 28;
-  } else {
-    if (!is_dir(a.data)) throw Error(a.data + ": --data is neither 'fashion-mnist' nor a folder");
-    d.name = a.data;
-    FolderReport report;
-    ImageSet all = load_image_folder(a.data, a.img_size, &report);
-    if (report.skipped > 0 && !quiet) {
-      std::fprintf(stderr, "vitlens: skipped %d unreadable image(s) in %s", report.skipped, a.data.c_str());
-      for (const std::string& e : report.examples) std::fprintf(stderr, "; %s", e.c_str());
-      std::fprintf(stderr, "\n");
-    }
-    if (report.links_outside > 0 && !quiet) std::fprintf(stderr, "vitlens: %s\n", links_outside_warning(report).c_str());
-    if (a.limit > 0 && all.size() > a.limit) {
-      all.pixels.resize(static_cast<size_t>(a.limit) * 3 * all.height * all.width);
-      all.labels.resize(static_cast<size_t>(a.limit));
-    }
-    if (a.val_split > 0.0) {
-      split_holdout(all, a.val_split, a.seed, &d.train, &d.eval);
-      d.eval_name = "val";
-    } else {
-      d.train = std::move(all);
-      d.eval_name = "";
-    }
-    d.img_size = a.img_size;
+  LabelledData data = load_labelled_data(a.data, a.img_size, a.limit, a.val_split, a.seed, /*keep_test=*/true);
+  const FolderReport& report = data.report;
+  if (report.skipped > 0 && !quiet) {
+    std::fprintf(stderr, "vitlens: skipped %d unreadable image(s) in %s", report.skipped, a.data.c_str());
+    for (const std::string& e : report.examples) std::fprintf(stderr, "; %s", e.c_str());
+    std::fprintf(stderr, "\n");
   }
+  if (report.links_outside > 0 && !quiet) std::fprintf(stderr, "vitlens: %s\n", links_outside_warning(report).c_str());
+  ImageRunData d;
+  d.name = a.data;
+  d.train = std::move(data.train);
+  d.eval = std::move(data.eval);
+  d.test = std::move(data.test);
+  d.eval_name = data.eval_name;
+  d.img_size = a.data == "fashion-mnist" ? 28 : a.img_size;
   return d;
 }
 

@@ -1047,3 +1047,26 @@ TEST_CASE("IDX files with any single bit flipped: a one-line error or a set that
   CHECK(refused > 0);   // flips in the headers do not
   fs::remove_all(dir);
 }
+
+TEST_CASE("a classifier run's data: evaluation on the test set, or a seeded held-out split", "[dataset][fashion]") {
+  // The one loader `vitlens train` and the viewer's Train window both use.
+  const LabelledData plain = load_labelled_data("fashion-mnist", 28, 50, 0.0, 7, true);
+  CHECK(plain.eval_name == "test");
+  CHECK(plain.train.size() == 50);
+  CHECK(plain.eval.size() == 50);
+  CHECK(plain.test.size() == 0);
+  CHECK(plain.eval.source == load_fashion_mnist(default_fashion_mnist_dir(), false, 50).source);
+
+  const LabelledData held = load_labelled_data("fashion-mnist", 28, 50, 0.2, 7, true);
+  CHECK(held.eval_name == "val");
+  CHECK(held.train.size() + held.eval.size() == 50);
+  CHECK(held.eval.size() >= 10);
+  CHECK(held.test.size() == 50);  // kept aside for the final test accuracy
+  const LabelledData again = load_labelled_data("fashion-mnist", 28, 50, 0.2, 7, false);
+  CHECK(again.test.size() == 0);
+  CHECK(again.train.labels == held.train.labels);  // same seed, same split
+  CHECK(again.eval.pixels == held.eval.pixels);
+
+  CHECK_THROWS_WITH(load_labelled_data("/no/such/folder", 28, 0, 0.0, 7, true),
+                    Catch::Contains("/no/such/folder") && Catch::Contains("neither 'fashion-mnist', a folder"));
+}

@@ -102,6 +102,21 @@ ImageSet load_image_folder(const std::string& dir, int img_size, FolderReport* r
 // 0 gives an empty `val`. Both sets keep the images' original order.
 void split_holdout(const ImageSet& all, double val_fraction, uint64_t seed, ImageSet* train, ImageSet* val);
 
+// The labelled images a classifier run trains and evaluates on, as `vitlens train --data` and the
+// viewer's Train window both read them: `data` is "fashion-mnist" (its training and test files,
+// 28 px) or a folder of one subfolder per class (images resized to img_size); limit > 0 keeps the
+// first `limit` images of each set. val_split > 0 holds that fraction of the training images out
+// (split_holdout with `seed`) as the evaluation set, "val", and keeps Fashion-MNIST's test set
+// aside in `test` when keep_test; otherwise Fashion-MNIST evaluates on its test set ("test") and a
+// folder has no evaluation set (""). Throws vitlens::Error naming `data` when it is neither.
+struct LabelledData {
+  ImageSet train, eval, test;  // test: only beside a "val" evaluation set, with keep_test
+  std::string eval_name;       // "test", "val" or ""
+  FolderReport report;         // a folder's files left out (unused for Fashion-MNIST)
+};
+LabelledData load_labelled_data(const std::string& data, int img_size, int limit, double val_split, uint64_t seed,
+                                bool keep_test);
+
 // Unlabelled photos for masked patch prediction (MAE): whole images kept at their size (long side
 // capped at `max_side` by area downscaling), sampled as random crops. Reads the files in `dir` and
 // its subfolders (DataWalker: recursively, hidden entries ignored, each file once), sorted by path;

@@ -89,32 +89,11 @@ RunData load_run_data(const TrainSettings& s) {
     d.probe_what = (held_out ? "held-out photo " : "photo ") + from.names[0] + ", centre crop";
     return d;
   }
-  ImageSet all;
-  if (s.data == "fashion-mnist") {
-    all = load_fashion_mnist(default_fashion_mnist_dir(), true, s.limit);
-    if (split <= 0.0) {
-      d.train = std::move(all);
-      d.eval = load_fashion_mnist(default_fashion_mnist_dir(), false, s.limit);
-      d.eval_name = "test";
-    }
-  } else {
-    std::error_code ec;
-    if (!std::filesystem::is_directory(s.data, ec))
-      throw Error(s.data + ": the training data is neither 'fashion-mnist', a folder nor photos[:DIR]");
-    all = load_image_folder(s.data, s.img_size, &d.folder_report);
-    if (s.limit > 0 && all.size() > s.limit) {
-      all.pixels.resize(static_cast<size_t>(s.limit) * 3 * all.height * all.width);
-      all.labels.resize(static_cast<size_t>(s.limit));
-    }
-  }
-  if (d.eval_name.empty()) {
-    if (split > 0.0) {
-      split_holdout(all, split, s.seed, &d.train, &d.eval);
-      d.eval_name = "val";
-    } else {
-      d.train = std::move(all);
-    }
-  }
+  LabelledData data = load_labelled_data(s.data, s.img_size, s.limit, split, s.seed, /*keep_test=*/false);
+  d.train = std::move(data.train);
+  d.eval = std::move(data.eval);
+  d.eval_name = data.eval_name;
+  d.folder_report = std::move(data.report);
   d.train_count = d.train.size();
   d.eval_count = d.eval.size();
   if (d.eval_count > 0) probe_from(d.eval, "image 0 of the " + d.eval_name + " set");
