@@ -1,6 +1,6 @@
 #pragma once
 // The machine's limits as vitlens_bench measures them (bench/limits.cpp): what the kernels in use
-// (fast_attention.hpp's kernel_isa) could reach on one core, so each timing can be given as a
+// (core/cpu/cpu.hpp's kernel_isa) could reach on one core, so each timing can be given as a
 // fraction of its floor.
 namespace vitlens::bench {
 

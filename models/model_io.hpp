@@ -59,7 +59,7 @@ VitConfig read_model_config(const std::string& path);
 void save_model(const std::string& path, const VitConfig& config, const TensorMap& tensors,
                 const std::map<std::string, std::string>& extra_metadata = {});
 // The bytes save_model writes to `path` (named in errors): a checkpoint writes them together with
-// its optimizer state (checkpoint.hpp).
+// its optimizer state (training_checkpoint.hpp).
 std::string model_file_bytes(const std::string& path, const VitConfig& config, const TensorMap& tensors,
                              const std::map<std::string, std::string>& extra_metadata = {});
 

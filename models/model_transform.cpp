@@ -9,6 +9,7 @@
 
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"  // read_whole_file
+#include "core/io/paths.hpp"
 #include "models/json_file.hpp"
 
 namespace vitlens {
@@ -23,11 +24,6 @@ constexpr int kMaxTransformSide = 16384;                   // as the model confi
 bool is_file(const std::string& path) {
   struct stat st {};
   return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
-std::string folder_of(const std::string& path) {
-  const size_t slash = path.find_last_of('/');
-  return slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
 }
 
 json read_json_file(const std::string& path) {
@@ -249,7 +245,7 @@ ImageTransform hf_transform(const json& j, const std::string& file) {
 }  // namespace
 
 ImageTransform read_model_transform(const std::string& model_path, const std::string& format) {
-  const std::string folder = folder_of(model_path);
+  const std::string folder = parent_dir(model_path);
   if (format == "timm") {
     const std::string config = folder + "/config.json";
     if (!is_file(config)) return {};

@@ -25,11 +25,14 @@
 #include <string>
 #include <vector>
 
+#include "core/cpu/bf16.hpp"
+#include "core/cpu/cpu.hpp"
 #include "core/io/image.hpp"
 #include "core/model/vit.hpp"
 #include "core/render/export.hpp"
 #include "core/render/maps.hpp"
 #include "models/model_io.hpp"
+#include "test_support.hpp"
 
 using namespace vitlens;
 
@@ -195,6 +198,19 @@ TEST_CASE("Precision names, parsing and what auto picks", "[bf16]") {
   const VitModel small = load_model(assets_dir() + "/models/vitlens-designed.safetensors");
   CHECK(resolve_precision(Precision::Auto, small) == Precision::Fp32);
   CHECK(resolve_precision(Precision::Bf16, small) == Precision::Bf16);
+  // A ViT-S/16-sized model: bf16 exactly when the bfloat16 products run in hardware, which needs
+  // the CPU's AVX512-BF16 and the AVX-512 kernels chosen (VITLENS_ISA=avx2 or portable: float32).
+  VitConfig vit_s16 = test::vit_config("vit-s16-shape", 16, 384, 6, 12, 224);
+  vit_s16.mlp_ratio = 4.0;  // timm's ViT-S/16: 22 M parameters
+  const VitModel large = test::random_model(vit_s16, 5, 0.02f);
+  REQUIRE(large.parameter_count() >= kAutoBf16MinParameters);
+  for (KernelIsa isa : test::isas_here()) {
+    INFO(kernel_isa_id(isa));
+    test::UseIsa use(isa);
+    const bool hardware = isa == KernelIsa::Avx512 && cpu_features().avx512_bf16;
+    CHECK(cpu_has_bf16_dot() == hardware);
+    CHECK(resolve_precision(Precision::Auto, large) == (hardware ? Precision::Bf16 : Precision::Fp32));
+  }
 }
 
 TEST_CASE("Export records the precision in its JSON and a bf16 caption says so", "[bf16]") {

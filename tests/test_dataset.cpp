@@ -1067,6 +1067,25 @@ TEST_CASE("a classifier run's data: evaluation on the test set, or a seeded held
   CHECK(again.train.labels == held.train.labels);  // same seed, same split
   CHECK(again.eval.pixels == held.eval.pixels);
 
+  // A folder: trimmed to the limit, no evaluation set without a split, its left-out files reported.
+  const std::string root = test::temp_dir("labelled");
+  for (const char* c : {"a", "b"}) {
+    fs::create_directory(root + "/" + c);
+    for (int i = 0; i < 4; ++i)
+      REQUIRE(cv::imwrite(root + "/" + c + "/" + std::to_string(i) + ".png", cv::Mat(6, 6, CV_8UC3, cv::Scalar(40 * i, 0, 0))));
+  }
+  write_bytes(root + "/b/broken.png", "not a png");
+  const LabelledData folder = load_labelled_data(root, 4, 6, 0.0, 7, true);
+  CHECK(folder.train.size() == 6);
+  CHECK(folder.eval_name.empty());
+  CHECK(folder.eval.size() == 0);
+  CHECK(folder.report.skipped == 1);
+  const LabelledData split = load_labelled_data(root, 4, 0, 0.25, 7, true);
+  CHECK(split.eval_name == "val");
+  CHECK(split.eval.size() == 2);  // one of each class's four
+  CHECK(split.train.size() == 6);
+  CHECK(split.test.size() == 0);
+
   CHECK_THROWS_WITH(load_labelled_data("/no/such/folder", 28, 0, 0.0, 7, true),
                     Catch::Contains("/no/such/folder") && Catch::Contains("neither 'fashion-mnist', a folder"));
 }

@@ -62,8 +62,9 @@ bool bf16_kernel_supported(Bf16Kernel kernel);
 // The kernel the products run: Avx512Bf16 where the CPU has it and kernel_isa() (cpu.hpp)
 // is Avx512 (set_kernel_isa to a narrower set selects the emulation too), else Emulated.
 Bf16Kernel bf16_kernel();
-// Whether this CPU has bfloat16 dot products in hardware (what Precision::Auto asks).
-inline bool cpu_has_bf16_dot() { return bf16_kernel_supported(Bf16Kernel::Avx512Bf16); }
+// Whether the bfloat16 products run in hardware: the CPU has them and the kernels chosen (VITLENS_ISA,
+// set_kernel_isa) are the ones that use them. What Precision::Auto asks.
+inline bool cpu_has_bf16_dot() { return bf16_kernel() == Bf16Kernel::Avx512Bf16; }
 
 // A Linear's W (N, K) rounded to bfloat16 and packed into panels, once.
 struct PackedLinearBf16 {

@@ -20,7 +20,7 @@ namespace vitlens {
 
 // [SECTION] Kernel choice
 //
-// The one place that maps the CPU onto a bfloat16 kernel (to move onto a common CPU-feature table).
+// The one place that maps the CPU (cpu.hpp's features and kernel_isa()) onto a bfloat16 kernel.
 
 const char* bf16_kernel_name(Bf16Kernel kernel) {
   return kernel == Bf16Kernel::Avx512Bf16 ? "avx512bf16" : "emulated";
