@@ -99,7 +99,7 @@ constexpr int kGrid = kImage / kPatch;  // 56 patches a side
 constexpr int kConstFeature = 0;      // 1: b, the same for every patch
 constexpr int kPositionFeatures = 1;  // 4: A (cos, sin)(w row), A (cos, sin)(w col)
 constexpr int kRampFeatures = 5;      // 2: K * luminance ramp coefficients (x, y)
-constexpr int kDetailFeatures = 7;    // 13: K * the other zero-mean luminance coefficients
+[[maybe_unused]] constexpr int kDetailFeatures = 7;  // 13: K * the other zero-mean luminance coefficients (the layout; unread)
 constexpr int kColourFeatures = 20;   // 3: eps * mean normalised R, G, B
 constexpr int kFeatures = 23;
 

@@ -21,9 +21,6 @@ namespace {
 
 using test::IsaGuard;
 
-// The instruction sets this CPU runs (and a skip line for each it lacks): test_support.hpp.
-std::vector<KernelIsa> runnable_isas() { return test::isas_here(); }
-
 std::vector<float> random_floats(size_t count, std::mt19937& rng, float lo = -1.0f, float hi = 1.0f) {
   std::uniform_real_distribution<float> dist(lo, hi);
   std::vector<float> v(count);
