@@ -146,7 +146,9 @@ class HeaderReader final : public nlohmann::json_sax<json> {
     return true;
   }
   bool start_array(std::size_t) override {
-    if (depth_ == 2 && (field_ == Field::Shape || field_ == Field::Offsets)) {
+    // Only a tensor entry's shape or data_offsets: field_ still names the last entry's field while
+    // __metadata__ is read, and an array there has no entry to fill.
+    if (depth_ == 2 && entry_ && !in_metadata_ && (field_ == Field::Shape || field_ == Field::Offsets)) {
       ++depth_;
       return true;
     }

@@ -209,6 +209,14 @@ TEST_CASE("malformed safetensors containers give an error naming the file", "[sa
     // 8 + length wraps around in 64 bits: must not be taken as a small length.
     expect_load_error(dir, "len_wraps", le64(~uint64_t{0} - 3) + header_text + valid.data);
   }
+  SECTION("an array among __metadata__'s strings, after a tensor's shape (found by fuzz_model)") {
+    const std::string header = "{\"a.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]},"
+                               "\"__metadata__\":{\"config\":\"x\",\"shape\":[12]}}";
+    expect_load_error(dir, "metadata_array", join_text(header, std::string(4, '\0')), {"__metadata__", "shape"});
+    const std::string offsets = "{\"a.weight\":{\"dtype\":\"F32\",\"data_offsets\":[0,4],\"shape\":[1]},"
+                                "\"__metadata__\":{\"data_offsets\":[0,4]}}";
+    expect_load_error(dir, "metadata_offsets", join_text(offsets, std::string(4, '\0')), {"__metadata__", "data_offsets"});
+  }
   SECTION("header not JSON") {
     expect_load_error(dir, "not_json", join_text("{\"norm.weight\": {", valid.data), {"JSON"});
     expect_load_error(dir, "zero_length_header", join_text("", valid.data));
