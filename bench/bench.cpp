@@ -4,7 +4,8 @@
 // Each size runs in a fresh child process, so its peak memory is its own. Medians over repeated
 // runs (at least --min-runs, at most --runs, fewer once --budget seconds are spent) of:
 //   forward     vitlens::forward: every head's outputs, attention received and the class row
-//   attention   the attention alone: multi_head_attention for every head of the layer
+//   attention   the attention alone: multi_head_attention for every head of the layer (with
+//               bfloat16 products when the forward's precision is bf16)
 //   reference   the plain reference on the same q, k, v (scaled_dot_product_attention per head
 //               plus column means): the peer the fast path is compared with in the same run
 //   query map   attention_maps in query mode: one query's weights for every head
@@ -49,6 +50,7 @@
 #include "core/base/error.hpp"
 #include "core/render/export.hpp"
 #include "core/cpu/cpu.hpp"
+#include "core/cpu/attention_bf16.hpp"
 #include "core/cpu/fast_attention.hpp"
 #include "models/bundled.hpp"
 #include "core/render/layer_grid.hpp"
@@ -81,7 +83,7 @@ struct BenchArgs {
   bool grid = false;  // --grid: the viewer's layers x heads grid on a ViT-S/16 shape
   bool no_limits = false;
   std::string model_path;  // a vitlens safetensors model instead of the random default shape
-  Precision precision = Precision::Fp32;  // --precision: the forward's Linear layers
+  Precision precision = Precision::Fp32;  // --precision: the forward's products
   std::string precision_text = "fp32";    // as typed
 };
 
@@ -216,7 +218,10 @@ json bench_size(const BenchArgs& args, int img) {
   out.context = context.data(), out.context_stride = dim;
   out.column_sums = column_sums.data();
   out.first_rows = first_rows.data();
-  r["attention_ms"] = time_runs(args.runs, [&](int) { multi_head_attention(in, out, args.threads); });
+  r["attention_ms"] = time_runs(args.runs, [&](int) {
+    if (result.precision == Precision::Bf16) multi_head_attention_bf16(in, out, args.threads);  // the forward's
+    else multi_head_attention(in, out, args.threads);
+  });
   r["peak_rss_mib"] = peak_rss_mib();
 
   if (n <= args.reference_max_tokens) {
@@ -395,10 +400,11 @@ void print_table(const json& report) {
   if (report.contains("limits")) {
     const json& lim = report["limits"];
     std::printf("limits, one core: FMA %.1f GFLOP/s, exp %.2f per ns; GEMM 512^3 %.1f GFLOP/s (%.0f %% of FMA), "
-                "%.1f GFLOP/s on all threads\n\n",
+                "%.1f GFLOP/s on all threads\n",
                 lim["fma_gflops_per_core"].get<double>(), lim["exp_per_ns_per_core"].get<double>(),
                 lim["gemm_512_gflops_1_thread"].get<double>(), 100.0 * lim["gemm_fraction_of_fma_peak"].get<double>(),
                 lim["gemm_512_gflops_all_threads"].get<double>());
+    std::printf("%s\n\n", lim["floors"].get<std::string>().c_str());
   }
   std::printf("%6s %7s %11s %13s %13s %8s %13s %10s %13s %10s %10s\n", "image", "tokens", "forward", "attention",
               "reference", "speedup", "query map", "export", "peak RSS MiB", "fwd/floor", "attn/floor");
@@ -452,7 +458,7 @@ void add_options(CLI::App& app, BenchArgs& args) {
                  "a vitlens .safetensors model to time instead of the default shape with random weights "
                  "(the image is resized to each --size; bench/compare_peers.py passes the peers' weights)");
   app.add_flag("--no-limits", args.no_limits, "skip measuring the machine's limits (FMA, exp, GEMM)");
-  app.add_option("--precision", args.precision_text, "the forward's Linear layers: fp32, bf16 or auto (vit.hpp Precision)")
+  app.add_option("--precision", args.precision_text, "the forward's products (Linear layers, attention): fp32, bf16 or auto (vit.hpp Precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
 }
 
@@ -497,7 +503,11 @@ json report_header(const BenchArgs& args, bool freed_memory_kept) {
                         {"exp_per_ns_per_core", lim.exp_per_ns},
                         {"gemm_512_gflops_1_thread", lim.gemm_gflops_1t},
                         {"gemm_512_gflops_all_threads", lim.gemm_gflops_nt},
-                        {"gemm_fraction_of_fma_peak", lim.gemm_gflops_1t / lim.fma_gflops}};
+                        {"gemm_fraction_of_fma_peak", lim.gemm_gflops_1t / lim.fma_gflops},
+                        {"avx512_bf16_gflops_per_core", lim.bf16_dot_note.empty() ? json(lim.bf16_dot_gflops)
+                                                                                  : json(lim.bf16_dot_note)},
+                        {"amx_bf16", lim.amx_note},
+                        {"floors", bench::floors_line(lim)}};
   }
   return report;
 }
@@ -506,7 +516,13 @@ json report_header(const BenchArgs& args, bool freed_memory_kept) {
 void add_floors(json& report) {
   const json& lim = report["limits"];
   const double threads = report["threads"].get<int>();
-  const double fma = lim["fma_gflops_per_core"].get<double>() * threads;
+  // The products' rate: the bfloat16 dot product's for a bf16 forward where the CPU has one (its
+  // Linear layers and attention products are bfloat16), else float32 FMA's.
+  const bool bf16_unit = report["precision"] == "bf16" && lim["avx512_bf16_gflops_per_core"].is_number() &&
+                         report["bf16_kernel"] == "avx512bf16";
+  const double fma = (bf16_unit ? lim["avx512_bf16_gflops_per_core"].get<double>()
+                                : lim["fma_gflops_per_core"].get<double>()) * threads;
+  report["floor_rate"] = bf16_unit ? "avx512-bf16 dot products" : "float32 fma";
   const double exps = lim["exp_per_ns_per_core"].get<double>() * threads;
   for (json& r : report["sizes"]) {
     if (r.contains("error")) continue;

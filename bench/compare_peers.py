@@ -13,12 +13,9 @@ memory is its own; the Python peers' peak includes the interpreter and torch, ab
                       (fused attention) and with every layer's (H, N, N) attention maps returned
   onnx / onnx_maps    ONNX Runtime (default CPU provider) on the same two models exported with
                       torch.onnx.export
-  timm_bf16           (with --precision bf16 or auto) timm's forward_features with the model and the
-                      image in bfloat16 (model.to(torch.bfloat16): PyTorch 2 with bfloat16 weights)
-  timm_autocast       (with --precision bf16 or auto) timm's float32 model under
-                      torch.autocast("cpu", dtype=torch.bfloat16)
-  vitlens_fp32        (with --precision bf16 or auto) vitlens_bench --precision fp32 in the same round:
-                      the ratio is vitlens' own float32 forward over its bf16 one
+  timm_bf16           (bfloat16 peers) timm's forward_features with the model and the image in
+                      bfloat16 (model.to(torch.bfloat16): PyTorch 2 with bfloat16 weights)
+  timm_autocast       (bfloat16 peers) timm's float32 model under torch.autocast("cpu", dtype=torch.bfloat16)
   torch113_mha[_weights], torch113_plain
                       Debian's python3-torch 1.13 (/usr/bin/python3) with libblas.so.3 = OpenBLAS
                       (`apt-get install python3-torch libopenblas0-pthread`), MHA and softmax(QK^T)V;
@@ -31,9 +28,19 @@ config in __metadata__), so vitlens, timm and ONNX Runtime compute the same func
 `--arch vit_b16` ViT-B/16's (D 768, 12 heads of 64, 12 blocks; --size 224) and `--arch vit_s8`
 ViT-S/8's (D 384, 6 heads of 64, patch 8, 12 blocks; --size 480 gives its 3601 tokens).
 
+`--precision` picks the arithmetic compared: fp32 (default) runs `vitlens_bench --precision fp32`
+against the float32 peers above; bf16 runs `vitlens_bench --precision bf16` (bfloat16 Linear layers
+and attention products, vit.hpp Precision) against the bfloat16 peers; both runs vitlens in both
+precisions and every peer, each peer's ratio against vitlens in its own precision, plus vitlens'
+own float32 forward over its bf16 one.
+
+Every table and JSON names the machine (the CPU's model name as lscpu prints it, its ISA flags),
+the cores and threads, the date and every peer's version. `--save` also writes the table to
+bench/results/<date>-peers-<arch>-<precision>-<threads>t.md (never over an existing file).
+
 Usage: /work/venv/bin/python bench/compare_peers.py --bench build/bench/vitlens_bench
            [--arch card|vit_s16|vit_b16|vit_s8] [--size S ...] [--threads T] [--runs R] [--budget SECONDS]
-           [--rounds R] [--json] [--skip PEER ...] [--precision fp32|bf16|auto]
+           [--rounds R] [--json] [--skip PEER ...] [--precision fp32|bf16|both] [--save]
 Ratios are peer / vitlens (above 1: vitlens is faster): full-model peers against vitlens' forward,
 attention-only peers (sdpa, *_plain) against vitlens' attention alone. With --rounds R (default 1)
 vitlens and the peers run in turn R times: a shared VM's speed drifts by tens of percent within
@@ -71,7 +78,9 @@ MODEL_PEERS = ["timm", "timm_maps", "onnx", "onnx_maps"]
 ATTENTION_PEERS = ["sdpa", "torch113_plain"]
 TORCH2_PEERS = ["mha", "mha_weights", "sdpa"] + MODEL_PEERS
 TORCH113_PEERS = ["torch113_mha", "torch113_mha_weights", "torch113_plain"]
-BF16_PEERS = ["timm_bf16", "timm_autocast"]  # only with --precision bf16 or auto
+BF16_PEERS = ["timm_bf16", "timm_autocast"]  # with --precision bf16 or both
+# The peer whose ratio is vitlens' own float32 forward over its bf16 one (--precision both).
+OWN_FP32 = "vitlens_fp32_over_bf16"
 
 
 def median_ms(step, runs, budget_s):
@@ -243,20 +252,28 @@ def peer_in_child(python, peer, size, args, model_dir):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def summarise_rounds(rounds, order):
-    """The row of one size from --rounds rounds of (vitlens' bench JSON, {peer: result}): medians over
-    rounds, and each peer's ratio as the median of its per-round ratios (rounds where both ran),
-    with their range. Rounds where vitlens failed keep their peers' times and list the errors."""
-    good = [(v, p) for v, p in rounds if "error" not in v]
-    row = {"rounds": len(rounds)}
-    if len(good) < len(rounds):
-        row["vitlens_errors"] = [v["error"] for v, _ in rounds if "error" in v]
-    if good:
-        row["vitlens"] = {"forward_ms": statistics.median(v["forward_ms"]["median"] for v, _ in good),
-                          "attention_ms": statistics.median(v["attention_ms"]["median"] for v, _ in good),
-                          "peak_rss_mib": max(v["peak_rss_mib"] for v, _ in good)}
-    else:
-        row["vitlens_error"] = rounds[0][0]["error"]
+def peer_precision(peer):
+    """The vitlens precision a peer's ratio is taken against."""
+    return "bf16" if peer in BF16_PEERS or peer == OWN_FP32 else "fp32"
+
+
+def summarise_rounds(rounds, order, precisions):
+    """The row of one size from --rounds rounds of ({precision: vitlens' bench JSON}, {peer: result}):
+    vitlens' medians over rounds in each precision, and each peer's ratio as the median of its
+    per-round ratios against vitlens in the peer's precision (rounds where both ran), with their
+    range. Rounds where vitlens failed keep their peers' times and list the errors."""
+    row = {"rounds": len(rounds), "vitlens": {}}
+    for precision in precisions:
+        good = [v[precision] for v, _ in rounds if "error" not in v[precision]]
+        if not good:
+            row["vitlens"][precision] = {"error": rounds[0][0][precision]["error"]}
+            continue
+        entry = {"forward_ms": statistics.median(v["forward_ms"]["median"] for v in good),
+                 "attention_ms": statistics.median(v["attention_ms"]["median"] for v in good),
+                 "peak_rss_mib": max(v["peak_rss_mib"] for v in good)}
+        if len(good) < len(rounds):
+            entry["errors"] = [v[precision]["error"] for v, _ in rounds if "error" in v[precision]]
+        row["vitlens"][precision] = entry
     peers = {}
     for peer in order:
         ran = [p[peer] for _, p in rounds if "ms" in p[peer]]
@@ -264,12 +281,13 @@ def summarise_rounds(rounds, order):
             peers[peer] = rounds[0][1][peer]
             continue
         entry = {"ms": statistics.median(r["ms"] for r in ran), "rounds": len(ran),
-                 "peak_rss_mib": max(r["peak_rss_mib"] for r in ran)}
+                 "peak_rss_mib": max(r["peak_rss_mib"] for r in ran), "against": "vitlens " + peer_precision(peer)}
         blas = sorted({r["openblas_threads"] for r in ran if "openblas_threads" in r})
         if blas:
             entry["openblas_threads"] = blas  # the faster setting of each round
         key = "attention_ms" if peer in ATTENTION_PEERS else "forward_ms"
-        ratios = [p[peer]["ms"] / v[key]["median"] for v, p in good if "ms" in p[peer]]
+        own = peer_precision(peer)
+        ratios = [p[peer]["ms"] / v[own][key]["median"] for v, p in rounds if "ms" in p[peer] and "error" not in v[own]]
         if ratios:
             entry.update(ratio=statistics.median(ratios), ratio_min=min(ratios), ratio_max=max(ratios))
         peers[peer] = entry
@@ -288,6 +306,19 @@ def fits(size, factor):
 # The run
 
 
+def cpu_model_name():
+    """lscpu's "Model name", or /proc/cpuinfo's "model name" where lscpu is missing."""
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        name = next((line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")), "")
+        if name:
+            return name
+    except OSError:
+        pass
+    with open("/proc/cpuinfo") as f:
+        return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown CPU")
+
+
 def environment(threads):
     import numpy
     import onnxruntime
@@ -297,9 +328,9 @@ def environment(threads):
     with open("/proc/cpuinfo") as f:
         for line in f:
             if line.startswith("flags"):
-                flags = sorted(w for w in line.split(":")[1].split() if w.startswith(("avx", "fma", "sse4")))
+                flags = sorted(w for w in line.split(":")[1].split() if w.startswith(("avx", "fma", "sse4", "amx")))
                 break
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), "?")
+    cpu = cpu_model_name()
     old = subprocess.run([SYSTEM_PYTHON, "-c", "import torch; print(torch.__version__)"], capture_output=True,
                          text=True)
     blas = subprocess.run(["readlink", "-f", "/usr/lib/x86_64-linux-gnu/libblas.so.3"], capture_output=True,
@@ -325,8 +356,11 @@ def main():
                         help="run vitlens and every peer this many times in turn; medians and ratios over rounds")
     parser.add_argument("--arch", choices=sorted(ARCHS), default="card",
                         help="card: the card's block (P 4, D 48, 4 heads, 1 block); vit_s16, vit_b16, vit_s8: those timm shapes")
-    parser.add_argument("--precision", choices=["fp32", "bf16", "auto"], default="fp32",
-                        help="vitlens' Linear layers (vitlens_bench --precision); bf16 or auto add the bfloat16 peers")
+    parser.add_argument("--precision", choices=["fp32", "bf16", "both"], default="fp32",
+                        help="fp32: vitlens_bench --precision fp32 against the float32 peers; bf16: --precision bf16 "
+                             "against the bfloat16 peers; both: both, each peer against vitlens in its precision")
+    parser.add_argument("--save", action="store_true",
+                        help="also write the table (or with --json the JSON) under bench/results/")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--peer", help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
@@ -340,6 +374,9 @@ def main():
     if args.rounds < 1:
         sys.exit(f"compare_peers.py: --rounds must be at least 1, not {args.rounds}")
     sizes = args.size or [64, 128, 224, 448, 1024]
+    precisions = {"fp32": ["fp32"], "bf16": ["bf16"], "both": ["fp32", "bf16"]}[args.precision]
+    candidates = ((TORCH2_PEERS + TORCH113_PEERS if "fp32" in precisions else []) +
+                  (BF16_PEERS if "bf16" in precisions else []))
     report = {"environment": {**environment(args.threads), "vitlens_precision": args.precision},
               "model": f"{args.arch}: P={PATCH} D={DIM} H={HEADS} d={HEAD_DIM}, {DEPTH} block(s), MLP 4D",
               "sizes": []}
@@ -352,7 +389,7 @@ def main():
             write_vitlens_model(model, size, model_path)
             failed = {}  # peers that cannot run at this size: an export error or no memory for the maps
             for name, maps in (("onnx", False), ("onnx_maps", True)):
-                if name in args.skip:
+                if name in args.skip or name not in candidates:
                     continue
                 if maps and not fits(size, 3):
                     failed[name] = {"skipped": "(H, N, N) tensors do not fit in memory"}
@@ -363,8 +400,7 @@ def main():
                     failed[name] = {"error": f"export failed: {e}".splitlines()[0]}
             exported = {n for n in ("onnx", "onnx_maps") if os.path.exists(os.path.join(tmp, f"{n}.onnx"))}
             order = []
-            reduced = args.precision != "fp32"
-            for peer in TORCH2_PEERS + TORCH113_PEERS + (BF16_PEERS if reduced else []):
+            for peer in candidates:
                 if peer in args.skip or peer in failed or (peer.startswith("onnx") and peer not in exported):
                     continue
                 with_maps = peer.endswith("weights") or peer.endswith("maps") or peer.endswith("plain")
@@ -372,11 +408,8 @@ def main():
                     failed[peer] = {"skipped": "(H, N, N) tensors do not fit in memory"}
                     continue
                 order.append(peer)
-            # --rounds R: vitlens and every peer, one after the other, R times, so that each round's
-            # ratios compare runs minutes apart at most; the medians and ratios below are over rounds.
-            rounds = []
-            if reduced and "vitlens_fp32" not in args.skip:
-                order.append("vitlens_fp32")
+            if len(precisions) == 2 and OWN_FP32 not in args.skip:
+                order.append(OWN_FP32)
 
             def run_vitlens(precision):
                 out = subprocess.run([args.bench, "--json", "--model", model_path, "--size", str(size), "--threads",
@@ -384,59 +417,90 @@ def main():
                                       "--no-export", "--no-limits", "--reference-max-tokens", "0",
                                       "--precision", precision],
                                      capture_output=True, text=True)
-                return json.loads(out.stdout)["sizes"][0] if out.stdout.strip() else {"error": out.stderr.strip()}
+                if not out.stdout.strip():
+                    return {"error": (out.stderr.strip().splitlines() or ["vitlens_bench failed"])[-1]}
+                return json.loads(out.stdout)["sizes"][0]
 
+            # --rounds R: vitlens and every peer, one after the other, R times, so that each round's
+            # ratios compare runs minutes apart at most; the medians and ratios below are over rounds.
+            rounds = []
             for _ in range(args.rounds):
-                vit = run_vitlens(args.precision)
+                vit = {precision: run_vitlens(precision) for precision in precisions}
                 peers = {}
-                if "vitlens_fp32" in order:  # vitlens' own float32 forward, as a peer of its bf16 one
-                    own = run_vitlens("fp32")
-                    peers["vitlens_fp32"] = ({"ms": own["forward_ms"]["median"], "runs": own["forward_ms"]["runs"],
-                                              "peak_rss_mib": own["peak_rss_mib"]} if "error" not in own else own)
-                for peer in (p for p in order if p != "vitlens_fp32"):
+                if OWN_FP32 in order:  # vitlens' own float32 forward, as a peer of its bf16 one
+                    own = vit["fp32"]
+                    peers[OWN_FP32] = ({"ms": own["forward_ms"]["median"], "runs": own["forward_ms"]["runs"],
+                                        "peak_rss_mib": own["peak_rss_mib"]} if "error" not in own else own)
+                for peer in (p for p in order if p != OWN_FP32):
                     python = SYSTEM_PYTHON if peer.startswith("torch113") else sys.executable
                     peers[peer] = peer_in_child(python, peer, size, args, tmp)
                 rounds.append((vit, peers))
-            row.update(summarise_rounds(rounds, order))
+            row.update(summarise_rounds(rounds, order, precisions))
             row["peers"].update(failed)
         report["sizes"].append(row)
         print(f"compare_peers.py: {size} px done", file=sys.stderr)
     with open("/proc/loadavg") as f:
         report["environment"]["load_average_after"] = float(f.read().split()[0])
-    if args.json:
-        print(json.dumps(report, indent=2))
-        return
+    text = json.dumps(report, indent=2) + "\n" if args.json else table(report)
+    print(text, end="")
+    if args.save:
+        save_result(text, report, args)
+
+
+def table(report):
+    """The report as a Markdown table headed by the machine, threads, versions and date."""
     env = report["environment"]
-    print(f"# vitlens vs peers, {report['model']}, {env['date']}, {env['cpu']} ({env['cores']} cores; {' '.join(env['cpu_flags'])}),"
-          f" {env['threads']} threads each, vitlens --precision {env['vitlens_precision']}, load average {env['load_average_before']:.1f} / "
-          f"{env['load_average_after']:.1f}")
-    print(f"# torch {env['torch']}, timm {env['timm']}, onnxruntime {env['onnxruntime']}, Debian torch "
-          f"{env['debian_torch']} with libblas.so.3 = {env['libblas.so.3']}")
-    print("# medians in ms; ratio = peer / vitlens (forward, or attention alone for sdpa / torch113_plain); "
-          "peak RSS MiB of each process\n")
-    print("| image | tokens | peer | median ms | ratio | peak RSS MiB |")
-    print("|---:|---:|---|---:|---:|---:|")
+    lines = [f"# vitlens vs peers, {report['model']}, {env['date']}, {env['cpu']} ({env['cores']} cores; "
+             f"{' '.join(env['cpu_flags'])}), {env['threads']} threads each, vitlens --precision "
+             f"{env['vitlens_precision']}, load average {env['load_average_before']:.1f} / "
+             f"{env['load_average_after']:.1f}",
+             f"# torch {env['torch']}, timm {env['timm']}, onnxruntime {env['onnxruntime']}, Debian torch "
+             f"{env['debian_torch']} with libblas.so.3 = {env['libblas.so.3']}",
+             "# medians in ms; ratio = peer / vitlens in the precision named (forward, or attention alone for "
+             "sdpa / torch113_plain); peak RSS MiB of each process", "",
+             "| image | tokens | peer | median ms | ratio | against | peak RSS MiB |",
+             "|---:|---:|---|---:|---:|---|---:|"]
     for row in report["sizes"]:
-        if "vitlens" in row:
-            v = row["vitlens"]
-            print(f"| {row['image']} | {row['tokens']} | vitlens forward | {v['forward_ms']:.4g} | 1 | "
-                  f"{v['peak_rss_mib']:.0f} |")
-            print(f"| {row['image']} | {row['tokens']} | vitlens attention | {v['attention_ms']:.4g} | | |")
-            if row.get("vitlens_errors"):
-                print(f"| {row['image']} | {row['tokens']} | vitlens | failed in {len(row['vitlens_errors'])} of "
-                      f"{row['rounds']} rounds: {row['vitlens_errors'][0]} | | |")
-        else:
-            print(f"| {row['image']} | {row['tokens']} | vitlens | error: {row['vitlens_error']} | | |")
+        head = f"| {row['image']} | {row['tokens']} |"
+        for precision, v in row["vitlens"].items():
+            if "error" in v:
+                lines.append(f"{head} vitlens {precision} | error: {v['error']} | | | |")
+                continue
+            lines.append(f"{head} vitlens {precision} forward | {v['forward_ms']:.4g} | 1 | | {v['peak_rss_mib']:.0f} |")
+            lines.append(f"{head} vitlens {precision} attention | {v['attention_ms']:.4g} | | | |")
+            if v.get("errors"):
+                lines.append(f"{head} vitlens {precision} | failed in {len(v['errors'])} of {row['rounds']} rounds: "
+                             f"{v['errors'][0]} | | | |")
         for peer, r in row["peers"].items():
-            if "ms" in r:
-                ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
-                if "ratio_min" in r and r["rounds"] > 1:
-                    ratio += f" ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
-                name = peer + (f" (OpenBLAS {'/'.join(map(str, r['openblas_threads']))} thr)"
-                               if "openblas_threads" in r else "")
-                print(f"| {row['image']} | {row['tokens']} | {name} | {r['ms']:.4g} | {ratio} | {r['peak_rss_mib']:.0f} |")
-            else:
-                print(f"| {row['image']} | {row['tokens']} | {peer} | {r.get('error', r.get('skipped'))} | | |")
+            if "ms" not in r:
+                lines.append(f"{head} {peer} | {r.get('error', r.get('skipped'))} | | | |")
+                continue
+            ratio = f"{r['ratio']:.2f}x" if "ratio" in r else ""
+            if "ratio_min" in r and r["rounds"] > 1:
+                ratio += f" ({r['ratio_min']:.2f}-{r['ratio_max']:.2f})"
+            name = peer + (f" (OpenBLAS {'/'.join(map(str, r['openblas_threads']))} thr)"
+                           if "openblas_threads" in r else "")
+            lines.append(f"{head} {name} | {r['ms']:.4g} | {ratio} | {r['against']} | {r['peak_rss_mib']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def save_result(text, report, args):
+    """text into bench/results/<date>-peers-<arch>-<precision>-<threads>t.md (.json), written whole
+    under a temporary name and linked into place, never over an existing file."""
+    results = os.path.join(HERE, "results")
+    date = report["environment"]["date"][:10]
+    name = f"{date}-peers-{args.arch}-{args.precision}-{args.threads}t.{'json' if args.json else 'md'}"
+    path = os.path.join(results, name)
+    with tempfile.NamedTemporaryFile("w", dir=results, prefix=".peers-", delete=False) as f:
+        f.write(text)
+        temporary = f.name
+    try:
+        os.link(temporary, path)  # fails if the file exists: a result is never overwritten
+    except FileExistsError:
+        sys.exit(f"compare_peers.py: {path} exists already; move it away to save this run")
+    finally:
+        os.unlink(temporary)
+    print(f"compare_peers.py: wrote {path}", file=sys.stderr)
 
 
 if __name__ == "__main__":

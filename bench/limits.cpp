@@ -1,17 +1,21 @@
 // The machine's limits for vitlens_bench: FMA throughput at the vector width in use, exp
-// throughput, and what the GEMM reaches. Each is the best of a few short runs (the machine may be
-// shared: the best run is the one least disturbed).
+// throughput, what the GEMM reaches, and the bfloat16 dot product's throughput where the CPU has
+// AVX512-BF16. Each is the best of a few short runs (the machine may be shared: the best run is
+// the one least disturbed).
 #include "limits.hpp"
 
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <vector>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
+#include "core/cpu/bf16.hpp"
+#include "core/cpu/cpu.hpp"
 #include "core/cpu/fast_attention.hpp"
 #include "core/cpu/gemm.hpp"
 
@@ -50,6 +54,21 @@ __attribute__((target("avx2,fma"))) void fma_loop_avx2(int64_t iterations, float
   _mm256_storeu_ps(sink, total);
 }
 
+// The bfloat16 dot product's peak: vdpbf16ps (16 lanes, a pair of products each) on independent
+// chains, as the fma loops above. Run only where bf16_kernel_supported(Avx512Bf16) says the CPU
+// has it; its numbers are never used, only its time.
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma"))) void dpbf16_loop(int64_t iterations,
+                                                                                          float* sink) {
+  __m512 acc[kChains];
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(0.01f * c);
+  const __m512bh a = (__m512bh)_mm512_set1_epi32(0x3f803f80), b = (__m512bh)_mm512_set1_epi32(0x33d633d6);  // 1, 1e-7
+  for (int64_t i = 0; i < iterations; ++i)
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
+  __m512 total = acc[0];
+  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  _mm512_storeu_ps(sink, total);
+}
+
 // Baseline x86-64: SSE2, a multiply and an add per lane (counted as the 2 flops of an FMA).
 void fma_loop_sse2(int64_t iterations, float* sink) {
   __m128 acc[kChains];
@@ -79,6 +98,17 @@ double fma_gflops() {
   const int64_t iterations = 4000000;
   const double s = seconds_of(fn, iterations, sink);
   return 2.0 * lanes * kChains * static_cast<double>(iterations) / s * 1e-9;
+#else
+  return 0.0;
+#endif
+}
+
+double bf16_dot_gflops() {
+#if defined(__x86_64__)
+  alignas(64) float sink[16];
+  const int64_t iterations = 2000000;
+  const double s = seconds_of(dpbf16_loop, iterations, sink);
+  return 64.0 * kChains * static_cast<double>(iterations) / s * 1e-9;
 #else
   return 0.0;
 #endif
@@ -114,7 +144,20 @@ MachineLimits measure_limits(int threads) {
   limits.exp_per_ns = best_of(5, exp_per_ns);
   limits.gemm_gflops_1t = best_of(5, [] { return gemm_gflops_with(1); });
   limits.gemm_gflops_nt = best_of(5, [] { return gemm_gflops_with(g_threads); });
+  if (bf16_kernel_supported(Bf16Kernel::Avx512Bf16)) limits.bf16_dot_gflops = best_of(5, bf16_dot_gflops);
+  else limits.bf16_dot_note = "not on this CPU";
+  limits.amx_note = cpu_features().amx_bf16 ? "on this CPU, not measured (this build has no AMX code)"
+                                            : "not on this CPU";
   return limits;
+}
+
+std::string floors_line(const MachineLimits& limits) {
+  char fma[96], dot[96];
+  std::snprintf(fma, sizeof fma, "float32 FMA %.1f GFLOP/s (%s kernels)", limits.fma_gflops,
+                kernel_isa_name(kernel_isa()));
+  if (limits.bf16_dot_note.empty()) std::snprintf(dot, sizeof dot, "AVX512-BF16 dot products %.1f GFLOP/s", limits.bf16_dot_gflops);
+  else std::snprintf(dot, sizeof dot, "AVX512-BF16 dot products %s", limits.bf16_dot_note.c_str());
+  return std::string("floors, one core: ") + fma + "; " + dot + "; AMX-BF16 " + limits.amx_note;
 }
 
 }  // namespace vitlens::bench

@@ -1,7 +1,9 @@
 #pragma once
 // The machine's limits as vitlens_bench measures them (bench/limits.cpp): what the kernels in use
 // (core/cpu/cpu.hpp's kernel_isa) could reach on one core, so each timing can be given as a
-// fraction of its floor.
+// fraction of its floor; and the floors of the bfloat16 units where the CPU has them.
+#include <string>
+
 namespace vitlens::bench {
 
 struct MachineLimits {
@@ -9,7 +11,16 @@ struct MachineLimits {
   double exp_per_ns = 0.0;      // one core, exp_array over an L1-resident buffer (exps per ns)
   double gemm_gflops_1t = 0.0;  // linear_forward, 512 x 512 x 512, one thread
   double gemm_gflops_nt = 0.0;  // the same with `threads` threads
+  // One core, independent vdpbf16ps chains (each instruction 16 lanes x 2 pairs = 64 flops);
+  // 0 where the CPU has no AVX512-BF16 (bf16_dot_note says so).
+  double bf16_dot_gflops = 0.0;
+  std::string bf16_dot_note;    // "not on this CPU", or empty when measured
+  std::string amx_note;         // "not on this CPU", or why AMX-BF16 is present but not measured
 };
+
+// The floors' line: "floors, one core: float32 FMA 40.1 GFLOP/s (avx2); AVX512-BF16 dot products
+// not on this CPU; AMX-BF16 not on this CPU".
+std::string floors_line(const MachineLimits& limits);
 
 // Takes about a second; threads as --threads (0 = one per core).
 MachineLimits measure_limits(int threads);

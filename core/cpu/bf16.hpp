@@ -1,6 +1,8 @@
 #pragma once
 // bfloat16 operands with float32 accumulation: the Linear layers of the reduced-precision forward
-// (vit.hpp Precision::Bf16). Softmax, LayerNorm, GELU and the residual stream stay float32.
+// (vit.hpp Precision::Bf16), and its attention's two products, run as Linears with K and V^T as
+// weights (attention_bf16.hpp). Softmax, LayerNorm, GELU and the residual
+// stream stay float32.
 //
 // A bfloat16 is the top 16 bits of a float32 (sign, 8 exponent bits, 7 mantissa bits): the same
 // range, about 2.6 significant decimal digits. Conversion rounds to nearest, ties to even; a NaN

@@ -9,6 +9,8 @@
 //   [SECTION] One query row
 #include "core/cpu/fast_attention.hpp"
 
+#include "core/cpu/attention_bf16.hpp"  // detail::run_row_blocks, check_attention_inputs
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -314,18 +316,6 @@ MatRM key_panels(const float* keys, int stride, int tokens, int heads, int head_
 
 namespace {
 
-void check_attention_inputs(const AttentionInputs& in, const AttentionOutputs& out) {
-  const int n = in.tokens, heads = in.heads, d = in.head_dim;
-  if (n < 1 || heads < 1 || d < 1)
-    throw Error("multi_head_attention: tokens, heads and head_dim must be positive, got " + std::to_string(n) +
-                ", " + std::to_string(heads) + ", " + std::to_string(d));
-  if (!in.queries || !in.keys || !in.values || !out.context || !out.column_sums)
-    throw Error("multi_head_attention: an input or output buffer is missing");
-  if (in.mask && !in.mask->key_allowed.empty() && in.mask->key_allowed.size() != static_cast<size_t>(n))
-    throw Error("multi_head_attention: the key mask has " + std::to_string(in.mask->key_allowed.size()) +
-                " entries for " + std::to_string(n) + " tokens");
-}
-
 // The key mask as a score bias (ld): 0 allowed, -inf masked and for the padding columns past N.
 void fill_key_bias(const std::vector<uint8_t>& key_allowed, int ld, std::vector<float>& bias) {
   bias.assign(static_cast<size_t>(ld), kNegInf);
@@ -393,15 +383,24 @@ void keep_rows(const BlockJob& job, const AttentionOutputs& out, int h) {
 
 }  // namespace
 
-bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out, int threads,
-                          const std::function<bool(float)>& progress) {
-  check_attention_inputs(in, out);
-  const int n = in.tokens, heads = in.heads;
-  const detail::LeafKernels& kernels = active_kernels();
-  const int ld = aligned_keys(n), d4 = (in.head_dim + 3) / 4 * 4;
-  HeadPanels panels(in, ld, d4);
+namespace detail {
 
-  const int block_rows = rows_per_block(ld);
+void check_attention_inputs(const AttentionInputs& in, const AttentionOutputs& out) {
+  const int n = in.tokens, heads = in.heads, d = in.head_dim;
+  if (n < 1 || heads < 1 || d < 1)
+    throw Error("multi_head_attention: tokens, heads and head_dim must be positive, got " + std::to_string(n) +
+                ", " + std::to_string(heads) + ", " + std::to_string(d));
+  if (!in.queries || !in.keys || !in.values || !out.context || !out.column_sums)
+    throw Error("multi_head_attention: an input or output buffer is missing");
+  if (in.mask && !in.mask->key_allowed.empty() && in.mask->key_allowed.size() != static_cast<size_t>(n))
+    throw Error("multi_head_attention: the key mask has " + std::to_string(in.mask->key_allowed.size()) +
+                " entries for " + std::to_string(n) + " tokens");
+}
+
+bool run_row_blocks(const AttentionInputs& in, const AttentionOutputs& out, int block_rows, int threads,
+                    const std::function<bool(float)>& progress, const std::function<void(int)>& prepare,
+                    const std::function<void(int, int, int, double*)>& block) {
+  const int n = in.tokens, heads = in.heads, ld = aligned_keys(n);
   const int blocks = (n + block_rows - 1) / block_rows;
   const int groups = std::min(kRowGroups, blocks);
   const int units = heads * groups;  // (head, row group) pairs, each with its own column sums
@@ -410,10 +409,7 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
   int workers = resolve_threads(threads);
   workers = std::clamp(workers, 1, units);
   if (static_cast<double>(n) * n * heads < kMinScoresPerThread * workers) workers = 1;
-  std::vector<BlockScratch> scratch;
-  for (int w = 0; w < workers; ++w)
-    scratch.push_back({AlignedFloats(static_cast<size_t>(block_rows + 3) / 4 * 4 * ld),
-                       AlignedFloats(static_cast<size_t>(ld)), std::vector<double>(static_cast<size_t>(block_rows) * d4)});
+  prepare(workers);
 
   std::atomic<int> next_unit{0};
   std::atomic<long> blocks_done{0};
@@ -427,10 +423,7 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
     for (int unit = next_unit++; unit < units && !stop; unit = next_unit++) {
       const int h = unit / groups, group = unit % groups;
       for (int b = group; b < blocks && !stop; b += groups) {
-        BlockJob job = block_job(in, out, panels, h, b * block_rows, block_rows, scratch[static_cast<size_t>(slot)],
-                                 group_sums.data() + static_cast<size_t>(unit) * ld);
-        attention_block(kernels, job);
-        keep_rows(job, out, h);
+        block(slot, h, b * block_rows, group_sums.data() + static_cast<size_t>(unit) * ld);
         const long done = ++blocks_done;
         if (!reporter) continue;
         const auto now = std::chrono::steady_clock::now();
@@ -467,6 +460,29 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
       out.column_sums[static_cast<size_t>(h) * n + j] = static_cast<float>(sum);
     }
   return true;
+}
+
+}  // namespace detail
+
+bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out, int threads,
+                          const std::function<bool(float)>& progress) {
+  detail::check_attention_inputs(in, out);
+  const detail::LeafKernels& kernels = active_kernels();
+  const int ld = aligned_keys(in.tokens), d4 = (in.head_dim + 3) / 4 * 4;
+  HeadPanels panels(in, ld, d4);
+  const int block_rows = rows_per_block(ld);
+  std::vector<BlockScratch> scratch;
+  auto prepare = [&](int slots) {
+    for (int w = 0; w < slots; ++w)
+      scratch.push_back({AlignedFloats(static_cast<size_t>(block_rows + 3) / 4 * 4 * ld),
+                         AlignedFloats(static_cast<size_t>(ld)), std::vector<double>(static_cast<size_t>(block_rows) * d4)});
+  };
+  auto block = [&](int slot, int h, int r0, double* column_sums) {
+    BlockJob job = block_job(in, out, panels, h, r0, block_rows, scratch[static_cast<size_t>(slot)], column_sums);
+    attention_block(kernels, job);
+    keep_rows(job, out, h);
+  };
+  return detail::run_row_blocks(in, out, block_rows, threads, progress, prepare, block);
 }
 
 // [SECTION] One query row

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/base/error.hpp"
+#include "core/cpu/attention_bf16.hpp"
 #include "core/cpu/fast_attention.hpp"
 #include "core/cpu/gemm.hpp"
 #include "core/base/parallel.hpp"
@@ -505,7 +506,11 @@ void attend_all_heads(const VitConfig& cfg, const ForwardResult& result, const s
   std::function<bool(float)> layer_progress;
   if (options.progress)
     layer_progress = [&](float f) { return options.progress((static_cast<float>(l) + f) / cfg.depth); };
-  if (!multi_head_attention(in, out, options.threads, layer_progress)) throw Error("cancelled");
+  // Precision::Bf16: Q K^T and P V with bfloat16 operands, float32 sums (attention_bf16.hpp).
+  const bool finished = result.precision == Precision::Bf16
+                            ? multi_head_attention_bf16(in, out, options.threads, layer_progress)
+                            : multi_head_attention(in, out, options.threads, layer_progress);
+  if (!finished) throw Error("cancelled");
   // Scores can still overflow (finite q and k, a huge score scale): an error, not NaN maps.
   if (!all_finite(attn_out) || !all_finite(state.received))
     throw Error("attention scores overflow in layer " + std::to_string(l) +
@@ -614,6 +619,11 @@ void attention_row(const VitModel& model, const ForwardResult& result, int layer
   // scores_j = q_query . k_j * scale for every key j: O(N d), one row of the (N, N) matrix, with
   // the forward pass's kernels (fast_attention.hpp), so the same numbers as its rows.
   const float* q = state.qkv.row(query).data() + head * hd;
+  if (result.precision == Precision::Bf16) {  // its attention's bfloat16 products (attention_bf16.hpp)
+    attention_row_bf16(q, state.qkv.data() + dim + head * hd, static_cast<int>(state.qkv.cols()), n, hd,
+                       result.score_scale, result.mask, query, out);
+    return;
+  }
   const Eigen::Index panel_floats = static_cast<Eigen::Index>(aligned_keys(n)) * hd;
   if (state.key_panels.rows() == cfg.num_heads && state.key_panels.cols() == panel_floats) {
     attention_row_fast(q, state.key_panels.row(head).data(), n, hd, result.score_scale, result.mask, query, out);

@@ -122,10 +122,12 @@ struct VitWeights {
   int num_classes = 0;
 };
 
-// The arithmetic of the forward's Linear layers (patch embedding, qkv, proj, fc1, fc2).
+// The arithmetic of the forward's products: the Linear layers (patch embedding, qkv, proj, fc1,
+// fc2) and the attention's Q K^T and P V.
 //   Fp32: float32 throughout, the PyTorch parity the tests hold (the default).
-//   Bf16: their operands rounded to bfloat16, sums in float32 (bf16.hpp); softmax, LayerNorm, GELU,
-//         the residual stream and the attention products stay float32.
+//   Bf16: their operands rounded to bfloat16, sums in float32 (bf16.hpp; the probabilities rounded
+//         for P V as PyTorch's bfloat16 matmul takes them: attention_bf16.hpp); softmax, LayerNorm,
+//         GELU, the residual stream and the maps' probabilities stay float32.
 //   Auto: Bf16 for models of at least kAutoBf16MinParameters on a CPU with bfloat16 dot products
 //         (cpu_has_bf16_dot), else Fp32: below that size a forward is quick either way.
 enum class Precision { Fp32, Bf16, Auto };
@@ -211,7 +213,7 @@ struct ForwardOptions {
   bool keep_probs = false;               // keep every (N, N) weight matrix (raw export only)
   float score_scale = -1.0f;             // < 0: the model's 1/sqrt(d); else this factor instead
   int threads = 0;                       // attention threads; 0 = one per core (same numbers for any count)
-  Precision precision = Precision::Fp32;   // the Linear layers' arithmetic
+  Precision precision = Precision::Fp32;   // the products' arithmetic
   // Progress in [0, 1]; return false to cancel (forward then throws vitlens::Error "cancelled").
   std::function<bool(float)> progress;
 };
@@ -233,7 +235,7 @@ struct ForwardResult {
   int grid_h = 0, grid_w = 0;
   std::vector<uint8_t> patch_is_padding;  // (gh*gw) the grid's: 1 = padding, not part of the image
   float score_scale = 0.0f;        // the factor the scores were multiplied by
-  Precision precision = Precision::Fp32;  // what the Linear layers ran (Auto resolved)
+  Precision precision = Precision::Fp32;  // what the products ran (Auto resolved)
   KeyMask mask;                    // the mask every layer used
   int received_queries = 0;        // how many query rows the received means average over
   std::vector<LayerState> layers;  // (L)

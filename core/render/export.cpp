@@ -232,7 +232,7 @@ std::vector<std::string> forward_caption(const VitModel& model, const ForwardRes
   if (!mask_image.empty()) mask += ", painted " + mask_image + " (" + std::to_string(painted_patches(f)) + " patches)";
   std::vector<std::string> phrases{mask, softmax_phrase(model, f)};
   // Only a reduced-precision picture says so: a float32 caption (and its pixels) is as before.
-  if (f.precision == Precision::Bf16) phrases.push_back("bf16 Linear layers (float32 sums)");
+  if (f.precision == Precision::Bf16) phrases.push_back("bf16 products (float32 sums)");
   return phrases;
 }
 

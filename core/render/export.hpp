@@ -80,7 +80,7 @@ struct ExportSettings {
   int layer = -1;                  // < 0: the last layer
   bool causal = false;
   float temperature = 1.0f;        // softmax temperature T: scores times 1 / (sqrt(d) T); 1 = the model's scale
-  Precision precision = Precision::Fp32;  // the forward's Linear layers (vit.hpp); Auto resolved per model
+  Precision precision = Precision::Fp32;  // the forward's products (vit.hpp); Auto resolved per model
   float threshold = 0.0f;          // DINO's top-mass threshold in (0, 1] applied to every map; 0 = off
   std::string mask_image;          // painted key mask (key_mask_from_image); empty = none
   HeatmapStyle style;
