@@ -1,14 +1,17 @@
-// The bfloat16 forward (vit.hpp Precision::Bf16) against the float32 one on real photos and on
-// checkpoints with non-uniform weights: the shipped models (assets/models) and the foreign
-// fixtures (timm / Hugging Face layouts with noisy weights). What a user sees is the map's 8-bit
-// colour index, so that is what is bounded, beside the attention probabilities themselves, over
-// every layer, every head and the mean, the received and class-token maps, per-head and robust
-// scales, the image's patches. The bounds are what this measured (bench/results/
-// 2026-12-06-bf16-zen4.md) with a margin; they are NOT "the same picture":
-//   trained models (mae-photos, fashion-mnist): colour index within 1 level on >= 99 % of patches,
-//     every probability within 0.01 (measured: 99.39 % and 99.59 %, worst 4-5 levels, 0.0063);
-//   noisy fixtures: within 1 level on >= 93 %, probabilities within 0.04 (measured 94.3 to 97.7 %,
-//     worst 8 to 23 levels, 0.027);
+// The bfloat16 forward (vit.hpp Precision::Bf16: bfloat16 products in the Linear layers and the
+// attention's Q K^T and P V) against the float32 one on real photos and on checkpoints with
+// non-uniform weights: the shipped models (assets/models) and the foreign fixtures (timm / Hugging
+// Face layouts with noisy weights). What a user sees is the map's 8-bit colour index, so that is
+// what is bounded, beside the attention probabilities themselves, over every layer, every head and
+// the mean, the received and class-token maps, per-head and robust scales, the image's patches.
+// The bounds are what this measured with a margin (bench/results/2026-12-06-bf16-attention-zen3.md,
+// AMD EPYC Zen 3, AVX2 kernels, the bf16 products emulated; the AVX512-BF16 kernel gives the same
+// bits); they are NOT "the same picture":
+//   trained models (mae-photos, fashion-mnist): colour index within 1 level on >= 98.5 % of
+//     patches, every probability within 0.015 (measured: 99.32 % and 99.06 %, worst 5-6 levels,
+//     0.0097; with float32 attention products it was 99.59 % and 99.39 %, 0.0063);
+//   noisy fixtures: within 1 level on >= 90 %, probabilities within 0.06 (measured 92.2 to 97.2 %,
+//     worst 12 to 47 levels, 0.047; with float32 attention products 94.3 to 97.7 %, 0.027);
 //   the hand-designed model (scores in the tens: one rounding moves the argmax) is measured and
 //     printed but not bounded: bf16 redraws its maps (|dP| up to 1). Precision::Auto keeps it in
 //     float32 (it is far below kAutoBf16MinParameters).
@@ -137,12 +140,12 @@ TEST_CASE("bf16 forward draws the float32 maps on photos within the stated bound
     return;
   }
   // The foreign fixtures' own size is 4 x 4 patches: a 64 px long side (positional table resized) gives up to 256.
-  std::vector<Checkpoint> checkpoints{{assets_dir() + "/models/vitlens-mae-photos.safetensors", -1, 0.99, 0.01},
-                                      {assets_dir() + "/models/vitlens-fashion-mnist.safetensors", -1, 0.99, 0.01},
+  std::vector<Checkpoint> checkpoints{{assets_dir() + "/models/vitlens-mae-photos.safetensors", -1, 0.985, 0.015},
+                                      {assets_dir() + "/models/vitlens-fashion-mnist.safetensors", -1, 0.985, 0.015},
                                       {assets_dir() + "/models/vitlens-designed.safetensors", -1, 0.0, 1.0}};
   for (const char* name : {"timm_vit", "timm_deit_distilled", "timm_dino", "timm_dinov2", "timm_dinov2_reg",
                            "timm_clip", "hf_vit", "hf_vit_cls", "hf_dinov2", "hf_dinov2_reg", "hf_clip"})
-    checkpoints.push_back({kForeignDir + name + "/model.safetensors", 64, 0.93, 0.04});
+    checkpoints.push_back({kForeignDir + name + "/model.safetensors", 64, 0.90, 0.06});
   Drift all;
   for (const Checkpoint& c : checkpoints) {
     const VitModel model = load_model(c.path);
