@@ -494,6 +494,7 @@ def save_result(text, report, args):
     with tempfile.NamedTemporaryFile("w", dir=results, prefix=".peers-", delete=False) as f:
         f.write(text)
         temporary = f.name
+    os.chmod(temporary, 0o644)  # NamedTemporaryFile makes it 0600
     try:
         os.link(temporary, path)  # fails if the file exists: a result is never overwritten
     except FileExistsError:
