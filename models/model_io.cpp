@@ -244,7 +244,9 @@ namespace {
 // A pair `<name>.weight` and `<name>.bias` that is optional: both or neither. True when present.
 bool optional_pair(const TensorMap& tensors, const std::string& name, const std::string& what) {
   const bool w = tensors.count(name + ".weight") != 0, b = tensors.count(name + ".bias") != 0;
-  if (w != b) throw Error(what + ": tensor '" + name + ".weight' and '" + name + ".bias' must both be present or both absent");
+  if (w != b)
+    throw Error(what + ": tensor '" + name + (w ? ".weight" : ".bias") + "' is not part of the configured model without '" +
+                name + (w ? ".bias" : ".weight") + "': '" + name + ".weight' and '" + name + ".bias' must both be present or both absent");
   return w;
 }
 
@@ -255,8 +257,9 @@ int check_head(const VitConfig& config, const TensorMap& tensors, std::map<std::
   const bool fc_norm = optional_pair(tensors, "fc_norm", what);
   const bool head_dist = optional_pair(tensors, "head_dist", what);
   if (!optional_pair(tensors, "head", what)) {
-    if (fc_norm || head_dist) throw Error(what + ": tensor '" + std::string(fc_norm ? "fc_norm" : "head_dist") +
-                                          ".weight' is present without a classifier 'head.weight'");
+    if (fc_norm || head_dist)
+      throw Error(what + ": tensor '" + std::string(fc_norm ? "fc_norm" : "head_dist") +
+                  ".weight' is not part of the configured model: it belongs to a classifier 'head.weight' the file does not have");
     return 0;
   }
   const auto head_w = tensors.find("head.weight");

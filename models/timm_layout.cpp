@@ -349,7 +349,7 @@ void timm_head(Tensors& t, const TimmConfig& tc, ConvertedModel& m) {
   const HeadPool pool = t.has("head_dist.weight") ? HeadPool::Token  // VisionTransformerDistilled reads x[:, 0] and x[:, 1]
                                                   : head ? timm_head_pool(tc, c, fc_norm, m.notes, t.what) : HeadPool::Auto;
   if (head && pool == HeadPool::Auto) {
-    const std::string said = tc.cfg.contains("global_pool") ? tc.cfg["global_pool"].dump() : tc.args["global_pool"].dump();
+    const std::string said = tc.cfg.contains("global_pool") ? tc.cfg["global_pool"].dump() : tc.args.value("global_pool", json()).dump();
     t.drop_prefix("head.");
     m.notes.push_back("classifier ignored: config.json global_pool " + said +
                       " is a pooling vitlens' classifier does not compute (token, avg, max, avgmax), so there are no predictions");

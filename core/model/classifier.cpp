@@ -2,6 +2,7 @@
 #include "core/model/classifier.hpp"
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <numeric>
 
@@ -25,7 +26,7 @@ std::vector<int> pooled_rows(const VitConfig& cfg, const ForwardResult& result) 
   return rows;
 }
 
-// x = global_pool_nlc(x, pool_type): (D) in double.
+// x = global_pool_nlc(x, pool_type): (D) in double. (timm's 'map' attention pool: see HeadPool.)
 std::vector<double> pool_tokens(const VitConfig& cfg, const ForwardResult& result) {
   const int dim = static_cast<int>(result.output.cols());
   std::vector<double> pooled(static_cast<size_t>(dim), 0.0);
@@ -154,6 +155,12 @@ std::string classifier_summary(const VitModel& model) {
   if (pool != HeadPool::Token && model.config.pool_include_prefix) line += " and the prefix tokens";
   if (w.fc_norm_w) line += ", fc_norm";
   return line;
+}
+
+std::string prediction_line(int rank, double probability, const std::string& label) {
+  char text[64];
+  std::snprintf(text, sizeof text, "%d. %6.2f %%  ", rank, 100.0 * probability);
+  return text + label;
 }
 
 Predictions predict(const VitModel& model, const ForwardResult& result) {

@@ -56,4 +56,7 @@ struct Predictions {
 // classifier_logits + top_classes + labels; has_classifier false (and nothing else) without a head.
 Predictions predict(const VitModel& model, const ForwardResult& result);
 
+// One prediction as the CLI and the viewer show it: "1.  87.31 %  tabby cat" (rank from 1).
+std::string prediction_line(int rank, double probability, const std::string& label);
+
 }  // namespace vitlens

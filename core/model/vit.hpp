@@ -38,6 +38,9 @@ enum class HeadPool {
   Avg,     // x[:, prefix:].mean(1)                    timm 'avg'
   Max,     // x[:, prefix:].amax(1)                    timm 'max'
   AvgMax,  // 0.5 * (amax + mean) over x[:, prefix:]   timm 'avgmax'
+  // timm 'map' (SigLIP's attention pool) is not here yet: its pooled vector comes from the
+  // attention-pool head beside the forward; when ForwardResult keeps it, a Map value makes the
+  // classifier read it (classifier.cpp pool_tokens) and the timm layout stop dropping the head.
 };
 const char* head_pool_name(HeadPool pool);  // "auto", "token", "avg", "max", "avgmax"
 bool parse_head_pool(const std::string& text, HeadPool& pool);
