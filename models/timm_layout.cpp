@@ -327,9 +327,10 @@ void timm_class_names(const TimmConfig& tc, int classes, ConvertedModel& m) {
   if (classes == 1000 || classes == 1001) {
     m.class_names = imagenet1k_class_names();
     if (classes == 1001) m.class_names.insert(m.class_names.begin(), "background");
-    m.class_names_source = std::string("ImageNet-1k's class names (assets/labels), as timm's ") +
-                           (classes == 1000 ? "1000-class heads use" : "1001-class heads use with a background class first");
-    m.notes.push_back("class names: " + m.class_names_source + "; config.json gives none");
+    m.class_names_source = classes == 1000 ? "ImageNet-1k's standard names (assets/labels/imagenet-1k.txt)"
+                                           : "ImageNet-1k's standard names after 'background' (assets/labels/imagenet-1k.txt)";
+    m.notes.push_back("class names: " + m.class_names_source + ", timm's convention for a " + std::to_string(classes) +
+                      "-class head; config.json gives none");
   }
 }
 
