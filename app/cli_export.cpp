@@ -8,17 +8,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <map>
 #include <set>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <nlohmann/json.hpp>
+
 #include "cli.hpp"
 #include "core/base/enum_names.hpp"
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
 #include "core/io/image.hpp"
+#include "core/model/classifier.hpp"
 #include "core/render/export_layers.hpp"
 #include "models/bundled_models.hpp"
 #include "models/model_io.hpp"
@@ -502,7 +506,20 @@ struct Progress {
   }
 };
 
-// Exports one image and prints its line; false when it failed (reported on stderr).
+// The record's top classes under the image's line, one a line ("  1.  87.31 %  tabby cat"): read
+// back from the record just written, so the terminal says what the file says. Nothing for a
+// model without a classifier (its record says so).
+void print_predictions(const std::vector<std::string>& files) {
+  if (files.empty() || std::filesystem::path(files.back()).extension() != ".json") return;
+  std::ifstream in(files.back());
+  const nlohmann::json record = nlohmann::json::parse(in, nullptr, false);
+  if (!record.is_object() || !record.contains("predictions") || !record["predictions"].is_array()) return;
+  for (const nlohmann::json& p : record["predictions"])
+    std::printf("  %s\n", terminal_text(prediction_line(p.at("rank").get<int>(), p.at("probability").get<double>(),
+                                                         p.at("label").get<std::string>())).c_str());
+}
+
+// Exports one image and prints its line, then its top classes; false when it failed (reported on stderr).
 bool run_one(const VitModel& model, const std::string& image, ExportSettings settings, const ExportWork& work,
              Progress& progress, bool quiet) {
   if (progress.shown) settings.progress = progress.percent();  // a long forward pass shows its percentage
@@ -514,6 +531,7 @@ bool run_one(const VitModel& model, const std::string& image, ExportSettings set
       progress.clear();
       std::printf("%s: %zu files in %s (%s), %.0f ms\n", progress.name.c_str(), files.size(),
                   terminal_text(settings.out_dir).c_str(), terminal_text(describe_files(files)).c_str(), ms);
+      print_predictions(files);
       std::fflush(stdout);
     }
     return true;

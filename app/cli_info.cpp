@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli.hpp"
+#include "core/model/classifier.hpp"
 #include "models/bundled_models.hpp"
 #include "models/model_io.hpp"
 
@@ -50,7 +51,15 @@ int run_info(const InfoArgs& args) {
   std::printf("mean / std:   [%g, %g, %g] / [%g, %g, %g]\n", static_cast<double>(c.mean[0]), static_cast<double>(c.mean[1]),
               static_cast<double>(c.mean[2]), static_cast<double>(c.std[0]), static_cast<double>(c.std[1]),
               static_cast<double>(c.std[2]));
-  std::printf("classifier:   %s\n", model.w.num_classes ? (std::to_string(model.w.num_classes) + " classes").c_str() : "none");
+  std::printf("classifier:   %s\n", terminal_text(classifier_summary(model)).c_str());
+  if (!model.class_names.empty()) {
+    // The first few names, so a reader sees what the head was trained to tell apart.
+    std::string names;
+    const size_t shown = std::min<size_t>(model.class_names.size(), 5);
+    for (size_t k = 0; k < shown; ++k) names += (k ? ", " : "") + std::to_string(k) + " '" + model.class_names[k] + "'";
+    if (shown < model.class_names.size()) names += ", ... " + std::to_string(model.class_names.size() - 1) + " '" + model.class_names.back() + "'";
+    std::printf("class names:  %s\n", terminal_text(names).c_str());
+  }
   std::printf("parameters:   %lld\n", static_cast<long long>(model.parameter_count()));
   for (const std::string& line : model.notes) std::printf("inferred:     %s\n", terminal_text(line).c_str());
   if (c.head_descriptions.empty()) {

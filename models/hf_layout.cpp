@@ -95,7 +95,8 @@ const std::pair<const char*, const char*> kHfPooledOnly[] = {
     {"post_layernorm.", "post_layernorm ignored: it norms the pooled class token only; the tokens are shown as they leave the last block"},
     {"visual_projection.", "visual_projection ignored (it maps the pooled vector into CLIP's joint space)"},
     {"distillation_classifier.", "distillation_classifier (DeiT's distillation head) ignored"},
-    {"classifier.", "classifier ignored"},
+    {"classifier.", "classifier ignored: it is not a (classes, width) head on the class token (Dinov2's reads the class "
+                    "token and the patch mean), so there are no predictions"},
     {"embeddings.mask_token", nullptr},
     {"embeddings.position_ids", nullptr},
 };
@@ -257,25 +258,56 @@ void hf_blocks(Tensors& t, const HfBlockNames& n, const VitConfig& c, TensorMap&
   }
 }
 
-// After the blocks: the final norm, a (C, D) classifier as timm's head, the pooled-only parts
-// dropped with a note; anything left was not mapped and is refused.
-void hf_after_blocks(Tensors& t, const HfFamily& f, const VitConfig& c, TensorMap& out, std::vector<std::string>& notes) {
+// Hugging Face's id2label ({"0": "cat", ...}): the names when every class has one.
+void hf_class_names(const json& cfg, int classes, ConvertedModel& m) {
+  if (!cfg.contains("id2label") || !cfg["id2label"].is_object()) return;
+  const json& labels = cfg["id2label"];
+  std::vector<std::string> names;
+  for (int k = 0; k < classes; ++k) {
+    const std::string key = std::to_string(k);
+    if (!labels.contains(key) || !labels[key].is_string()) {
+      m.notes.push_back("config.json id2label does not name each of the " + std::to_string(classes) + " classes: not used");
+      return;
+    }
+    names.push_back(labels[key].get<std::string>());
+  }
+  m.class_names = std::move(names);
+  m.class_names_source = "config.json id2label";
+}
+
+// After the blocks: the final norm; a (C, D) classifier on the class token read as timm's head
+// (ViTForImageClassification, DeiTForImageClassification: "classifier"; DeiT's WithTeacher:
+// "cls_classifier" with "distillation_classifier" on the distillation token, read as timm's
+// head_dist, the two averaged as transformers does); the pooled-only parts dropped with a note;
+// anything left was not mapped and is refused.
+void hf_after_blocks(Tensors& t, const HfFamily& f, const json& cfg, ConvertedModel& m, TensorMap& out) {
+  const VitConfig& c = m.config;
   const int64_t d = c.embed_dim;
   if (f.norm) {
     out["norm.weight"] = t.take_as(std::string(f.norm) + ".weight", {d});
     out["norm.bias"] = t.take_as(std::string(f.norm) + ".bias", {d});
   }
   // Dinov2's classifier reads the class token and the patch mean (C, 2D): not a head vitlens has.
-  const std::string head = f.classifier ? f.classifier : "";
-  if (!head.empty() && t.has(head + ".weight") && t.has(head + ".bias")) {
-    const TensorData& w = t.peek(head + ".weight");
-    if (w.shape.size() == 2 && w.shape[1] == d) {
-      out["head.weight"] = t.take(head + ".weight");
-      out["head.bias"] = t.take(head + ".bias");
+  auto is_head = [&](const std::string& name) {
+    if (!t.has(name + ".weight") || !t.has(name + ".bias")) return false;
+    const TensorData& w = t.peek(name + ".weight");
+    return w.shape.size() == 2 && w.shape[1] == d && t.peek(name + ".bias").shape == std::vector<int64_t>{w.shape[0]};
+  };
+  for (const char* name : {f.classifier, "classifier"}) {
+    if (!f.classifier || !name || !is_head(name)) continue;
+    const int64_t classes = t.peek(std::string(name) + ".weight").shape[0];
+    out["head.weight"] = t.take(std::string(name) + ".weight");
+    out["head.bias"] = t.take(std::string(name) + ".bias");
+    if (c.dist_token && is_head("distillation_classifier") && t.peek("distillation_classifier.weight").shape[0] == classes) {
+      out["head_dist.weight"] = t.take("distillation_classifier.weight");
+      out["head_dist.bias"] = t.take("distillation_classifier.bias");
     }
+    m.config.head_pool = HeadPool::Token;
+    hf_class_names(cfg, static_cast<int>(classes), m);
+    break;
   }
   for (const auto& [prefix, note] : kHfPooledOnly)
-    if (t.drop_prefix(prefix) && note) notes.push_back(note);
+    if (t.drop_prefix(prefix) && note) m.notes.push_back(note);
   if (!t.map.empty())
     throw Error(t.what + ": tensor '" + t.map.begin()->first + "' is not part of a Hugging Face " + f.model_type +
                 " model as vitlens maps it; vitlens would ignore it");
@@ -309,7 +341,7 @@ ConvertedModel convert_hf(layout_support::Tensors t, const std::string& folder, 
   TensorMap out;
   hf_embeddings(t, f, m.config, out);
   hf_blocks(t, *f.block, m.config, out);
-  hf_after_blocks(t, f, m.config, out, m.notes);
+  hf_after_blocks(t, f, cfg, m, out);
   hf_mean_std(folder, f, m, t.what);
   m.tensors = std::move(out);
   return m;

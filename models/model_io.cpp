@@ -151,6 +151,12 @@ VitConfig config_from_json(const json& j, const std::string& what) {
     if (!parse_activation(act, c.act))
       throw Error(what + ": config key 'act' is '" + act + "'; vitlens knows gelu, gelu_tanh and quick_gelu");
   }
+  if (j.contains("global_pool")) {
+    const std::string pool = get_string(j, "global_pool", 32, what);
+    if (!parse_head_pool(pool, c.head_pool))
+      throw Error(what + ": config key 'global_pool' is '" + pool + "'; vitlens knows auto, token, avg, max and avgmax");
+  }
+  if (j.contains("pool_include_prefix")) c.pool_include_prefix = get_bool(j, "pool_include_prefix", what);
   if (j.contains("head_descriptions")) {
     const json& hd = j["head_descriptions"];
     bool ok = hd.is_array();
@@ -188,6 +194,8 @@ json config_to_json(const VitConfig& c) {
   if (c.post_norm != base.post_norm) j["post_norm"] = c.post_norm;
   if (c.final_norm != base.final_norm) j["final_norm"] = c.final_norm;
   if (c.act != base.act) j["act"] = activation_name(c.act);
+  if (c.head_pool != base.head_pool) j["global_pool"] = head_pool_name(c.head_pool);
+  if (c.pool_include_prefix != base.pool_include_prefix) j["pool_include_prefix"] = c.pool_include_prefix;
   if (!c.head_descriptions.empty()) j["head_descriptions"] = c.head_descriptions;
   return j;
 }
@@ -233,20 +241,43 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
 
 namespace {
 
-// The optional classifier head: its class count (0 without), its shapes added to `shapes`.
+// A pair `<name>.weight` and `<name>.bias` that is optional: both or neither. True when present.
+bool optional_pair(const TensorMap& tensors, const std::string& name, const std::string& what) {
+  const bool w = tensors.count(name + ".weight") != 0, b = tensors.count(name + ".bias") != 0;
+  if (w != b)
+    throw Error(what + ": tensor '" + name + (w ? ".weight" : ".bias") + "' is not part of the configured model without '" +
+                name + (w ? ".bias" : ".weight") + "': '" + name + ".weight' and '" + name + ".bias' must both be present or both absent");
+  return w;
+}
+
+// The optional classifier head: its class count (0 without), its shapes added to `shapes`, with
+// the optional fc_norm (D) and DeiT's head_dist (C, D) (classifier.hpp).
 int check_head(const VitConfig& config, const TensorMap& tensors, std::map<std::string, std::vector<int64_t>>& shapes,
                const std::string& what) {
+  const bool fc_norm = optional_pair(tensors, "fc_norm", what);
+  const bool head_dist = optional_pair(tensors, "head_dist", what);
+  if (!optional_pair(tensors, "head", what)) {
+    if (fc_norm || head_dist)
+      throw Error(what + ": tensor '" + std::string(fc_norm ? "fc_norm" : "head_dist") +
+                  ".weight' is not part of the configured model: it belongs to a classifier 'head.weight' the file does not have");
+    return 0;
+  }
   const auto head_w = tensors.find("head.weight");
-  const auto head_b = tensors.find("head.bias");
-  if (head_w == tensors.end() && head_b == tensors.end()) return 0;
-  if (head_w == tensors.end() || head_b == tensors.end())
-    throw Error(what + ": tensor 'head.weight' and 'head.bias' must both be present or both absent");
   if (head_w->second.shape.size() != 2 || head_w->second.shape[0] < 1)
     throw Error(what + ": tensor 'head.weight' has shape " + shape_text(head_w->second.shape) + ", expected [classes, " +
                 std::to_string(config.embed_dim) + "]");
   const int num_classes = static_cast<int>(head_w->second.shape[0]);
   shapes["head.weight"] = {num_classes, config.embed_dim};
   shapes["head.bias"] = {num_classes};
+  if (fc_norm) {
+    shapes["fc_norm.weight"] = {config.embed_dim};
+    shapes["fc_norm.bias"] = {config.embed_dim};
+  }
+  if (head_dist) {
+    if (!config.dist_token) throw Error(what + ": tensor 'head_dist.weight' is present but the model has no distillation token");
+    shapes["head_dist.weight"] = {num_classes, config.embed_dim};
+    shapes["head_dist.bias"] = {num_classes};
+  }
   return num_classes;
 }
 
@@ -310,8 +341,12 @@ VitWeights weight_views(const VitConfig& config, const std::map<std::string, con
   }
   w.norm_w = view("norm.weight");
   w.norm_b = view("norm.bias");
+  w.fc_norm_w = view("fc_norm.weight");
+  w.fc_norm_b = view("fc_norm.bias");
   w.head_w = view("head.weight");
   w.head_b = view("head.bias");
+  w.head_dist_w = view("head_dist.weight");
+  w.head_dist_b = view("head_dist.bias");
   return w;
 }
 
@@ -341,6 +376,29 @@ VitModel model_from_tensors(const VitConfig& config, const TensorMap& tensors, c
 
 namespace {
 
+// The classifier's labels of a trained vitlens model: the training record's "class_names", when
+// there is one name per row of the head (a record that does not match is left unread).
+void read_class_names(const std::map<std::string, std::string>& metadata, VitModel& model) {
+  const auto it = metadata.find("training");
+  if (it == metadata.end() || model.w.num_classes < 1) return;
+  json record;
+  try {
+    record = parse_json_text(it->second, "training record", kMaxModelNameBytes);
+  } catch (const Error&) {
+    return;  // the record is informational; a model loads without it
+  }
+  if (!record.is_object() || !record.contains("class_names") || !record["class_names"].is_array()) return;
+  const json& names = record["class_names"];
+  if (static_cast<int>(names.size()) != model.w.num_classes) return;
+  std::vector<std::string> out;
+  for (const json& n : names) {
+    if (!n.is_string()) return;
+    out.push_back(n.get<std::string>());
+  }
+  model.class_names = std::move(out);
+  model.class_names_source = "the training record";
+}
+
 VitConfig config_from_metadata(const std::string& text, const std::string& what) {
   return config_from_json(parse_json_text(text, what + ": __metadata__[\"config\"]"), what);
 }
@@ -360,6 +418,8 @@ VitModel model_from_file(SafetensorsFile file, const std::string& what, const st
     VitModel model = model_from_tensors(converted.config, converted.tensors, what);
     model.format = converted.format;
     model.notes = std::move(converted.notes);
+    model.class_names = std::move(converted.class_names);
+    model.class_names_source = std::move(converted.class_names_source);
     model.position_resize = library_position_resize(converted.format, folder);
     return model;
   }
@@ -368,7 +428,9 @@ VitModel model_from_file(SafetensorsFile file, const std::string& what, const st
   if (options.heads > 0 && options.heads != config.num_heads)
     throw Error(what + ": --heads " + std::to_string(options.heads) + " contradicts the model's config, which has " +
                 std::to_string(config.num_heads) + " heads (leave --heads out for a vitlens model file)");
-  return model_from_tensors(config, file.tensors, what);
+  VitModel model = model_from_tensors(config, file.tensors, what);
+  read_class_names(file.metadata, model);
+  return model;
 }
 
 }  // namespace

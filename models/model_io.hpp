@@ -19,12 +19,17 @@
 //   blocks.{i}.mlp.fc1.weight (Hm, D)          blocks.{i}.mlp.fc1.bias (Hm)
 //   blocks.{i}.mlp.fc2.weight (D, Hm)          blocks.{i}.mlp.fc2.bias (D)
 //   norm.weight/bias (D)  [final_norm only]    head.weight (C, D), head.bias (C)  [optional]
+//   fc_norm.weight/bias (D)  [optional, with a head: a LayerNorm on the pooled vector]
+//   head_dist.weight (C, D), head_dist.bias (C)  [optional, dist_token and a head: DeiT's second head]
 //
 // Config keys (JSON object): patch_size, embed_dim, num_heads, depth, img_size [H, W],
 // class_token, mlp_ratio, norm_eps, mean [3], std [3], qkv_bias, name, description, the
 // optional head_descriptions [[str per head] per layer], and the optional architecture keys
 // dist_token, register_tokens, pos_embed_prefix, patch_bias, pre_norm, layer_scale, final_norm,
-// post_norm, act (written only when they differ from the original block's defaults).
+// post_norm, act, global_pool (the classifier's pooling: auto, token, avg, max, avgmax),
+// pool_include_prefix (written only when they differ from the original block's defaults).
+// A classifier's class names are read from __metadata__["training"]["class_names"] (what
+// `vitlens train` records) when their count is the head's.
 #include <map>
 #include <string>
 

@@ -4,6 +4,7 @@
 #include "models/published_layouts.hpp"
 
 #include "models/layout_support.hpp"
+#include "models/model_io.hpp"  // assets_dir
 
 namespace vitlens {
 
@@ -30,6 +31,21 @@ ConvertedModel convert_checkpoint(TensorMap tensors, const std::string& path, co
   const std::string first = t.map.empty() ? std::string("(no tensors)") : t.map.begin()->first;
   throw Error(path + ": no vitlens config in __metadata__ and the tensor names (first: '" + first +
               "') match neither timm's VisionTransformer nor a Hugging Face ViT, DeiT, Dinov2 or CLIP vision model (see README, Supported models)");
+}
+
+const std::vector<std::string>& imagenet1k_class_names() {
+  static const std::vector<std::string> names = [] {
+    const std::string path = assets_dir() + "/labels/imagenet-1k.txt";
+    std::ifstream in(path);
+    if (!in) throw Error(path + ": cannot read ImageNet-1k's class names (the file is part of vitlens' assets)");
+    std::vector<std::string> list;
+    for (std::string line; std::getline(in, line);)
+      if (!line.empty()) list.push_back(line);
+    if (list.size() != 1000)
+      throw Error(path + ": holds " + std::to_string(list.size()) + " class names, ImageNet-1k has 1000");
+    return list;
+  }();
+  return names;
 }
 
 }  // namespace vitlens

@@ -32,7 +32,14 @@ struct ConvertedModel {
   TensorMap tensors;  // timm names, as model_io.hpp lists them
   std::string format;  // "timm", "hf-vit", "hf-deit", "hf-dinov2", "hf-clip"
   std::vector<std::string> notes;  // what was inferred or assumed, for `vitlens info`
+  std::vector<std::string> class_names;  // the classifier's labels (C), or empty
+  std::string class_names_source;        // where they were read ("config.json id2label", ...)
 };
+
+// ImageNet-1k's 1000 class names in the standard class-index order (assets/labels/imagenet-1k.txt,
+// its source in assets/labels/README.md), read once; throws vitlens::Error when the file is
+// missing or does not hold 1000 lines.
+const std::vector<std::string>& imagenet1k_class_names();
 
 // A safetensors file without vitlens metadata: detects the layout from the tensor names, reads
 // the companion config.json (and preprocessor_config.json for Hugging Face mean/std) from

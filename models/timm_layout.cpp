@@ -112,8 +112,8 @@ void timm_options_from_tensors(Tensors& t, ConvertedModel& m) {
   c.layer_scale = t.has("blocks.0.ls1.gamma");
   c.qkv_bias = t.has("blocks.0.attn.qkv.bias");
   c.final_norm = t.has("norm.weight");
-  if (t.drop_prefix("fc_norm."))
-    m.notes.push_back("fc_norm ignored: it norms the pooled vector only; the tokens are shown as they leave the last block");
+  // fc_norm norms the pooled vector only: kept for the classifier (timm_head), the tokens shown as
+  // they leave the last block.
   c.mlp_ratio = mlp_ratio_for(dim, static_cast<int>(fc1.at(0)));
   c.norm_eps = 1e-6f;  // timm's VisionTransformer default (partial(nn.LayerNorm, eps=1e-6))
 }
@@ -263,15 +263,110 @@ void timm_image_size(const Tensors& t, const TimmConfig& tc, ConvertedModel& m) 
   c.img_w = img_w;
 }
 
-// The classifier: timm's head (C, D); DeiT's distillation head dropped; num_classes checked.
+// timm's global_pool: config.json's (save_for_hf writes it at the top and in model_args), else
+// VisionTransformer's default ('token'; a model without a class token cannot have it).
+// Auto when config.json names a pool vitlens' classifier does not compute ('map', '').
+HeadPool timm_head_pool(const TimmConfig& tc, const VitConfig& c, bool fc_norm, std::vector<std::string>& notes,
+                        const std::string& what) {
+  const json* said = tc.cfg.contains("global_pool") ? &tc.cfg["global_pool"]
+                     : tc.args.contains("global_pool") ? &tc.args["global_pool"] : nullptr;
+  if (!said || said->is_null()) {
+    if (!tc.present && (fc_norm || !c.class_token)) {
+      notes.push_back("classifier pooling: the mean of the patch tokens, inferred (no config.json; " +
+                      std::string(fc_norm ? "fc_norm" : "no class token") + ")");
+      return HeadPool::Avg;
+    }
+    return c.class_token ? HeadPool::Token : HeadPool::Avg;
+  }
+  const std::string pool = said->is_string() ? said->get<std::string>() : said->dump();
+  HeadPool out = HeadPool::Auto;
+  // 'map' (the attention pool) and '' (no pooling) are not pools this head reads: Auto says so.
+  if (!parse_head_pool(pool, out) || out == HeadPool::Auto) return HeadPool::Auto;
+  if (out == HeadPool::Token && !c.class_token)
+    throw Error(what + ": config.json global_pool is 'token' but the model has no class token (cls_token)");
+  return out;
+}
+
+// timm's label names: config.json's label_names (a list, or {index: name}), at the top as
+// save_for_hf writes them or in pretrained_cfg; else ImageNet-1k's for a 1000-class head (timm's
+// convention for num_classes 1000), with "background" first for a 1001-class one (TF-slim heads,
+// timm label_offset 1). Other heads (ImageNet-21k's 21843, 11k, 12k) get no names.
+void timm_class_names(const TimmConfig& tc, int classes, ConvertedModel& m) {
+  const json* said = tc.cfg.contains("label_names") ? &tc.cfg["label_names"]
+                     : tc.pre.contains("label_names") ? &tc.pre["label_names"] : nullptr;
+  if (said && (said->is_array() || said->is_object())) {
+    std::vector<std::string> names(static_cast<size_t>(classes));
+    bool all = true;
+    for (int k = 0; k < classes; ++k) {
+      const json* v = said->is_array() ? (k < static_cast<int>(said->size()) ? &(*said)[static_cast<size_t>(k)] : nullptr)
+                                       : (said->contains(std::to_string(k)) ? &(*said)[std::to_string(k)] : nullptr);
+      if (!v || !v->is_string()) {
+        all = false;
+        break;
+      }
+      names[static_cast<size_t>(k)] = v->get<std::string>();
+    }
+    if (all && (!said->is_array() || static_cast<int>(said->size()) == classes)) {
+      // timm's hub configs name ImageNet classes by synset ("n01440764") and describe them in
+      // label_descriptions ({"n01440764": "tench, Tinca tinca"}): the description is the name shown.
+      const json* text = tc.cfg.contains("label_descriptions") ? &tc.cfg["label_descriptions"]
+                         : tc.pre.contains("label_descriptions") ? &tc.pre["label_descriptions"] : nullptr;
+      bool described = false;
+      if (text && text->is_object())
+        for (std::string& name : names)
+          if (text->contains(name) && (*text)[name].is_string()) {
+            name = (*text)[name].get<std::string>();
+            described = true;
+          }
+      m.class_names = std::move(names);
+      m.class_names_source = described ? "config.json label_names and label_descriptions" : "config.json label_names";
+      return;
+    }
+    m.notes.push_back("config.json label_names does not name each of the " + std::to_string(classes) + " classes: not used");
+  }
+  if (classes == 1000 || classes == 1001) {
+    m.class_names = imagenet1k_class_names();
+    if (classes == 1001) m.class_names.insert(m.class_names.begin(), "background");
+    m.class_names_source = classes == 1000 ? "ImageNet-1k's standard names (assets/labels/imagenet-1k.txt)"
+                                           : "ImageNet-1k's standard names after 'background' (assets/labels/imagenet-1k.txt)";
+    m.notes.push_back("class names: " + m.class_names_source + ", timm's convention for a " + std::to_string(classes) +
+                      "-class head; config.json gives none");
+  }
+}
+
+// The classifier: timm's head (C, D), with DeiT's distillation head (averaged with it, as timm's
+// eval forward) and fc_norm; num_classes checked; the pooling and the class names.
 void timm_head(Tensors& t, const TimmConfig& tc, ConvertedModel& m) {
-  if (t.drop_prefix("head_dist.")) m.notes.push_back("head_dist (DeiT's distillation classifier) ignored");
-  if (!tc.cfg.contains("num_classes") || !tc.cfg["num_classes"].is_number_integer()) return;
-  const int64_t classes = tc.cfg["num_classes"].get<int64_t>();
-  const int64_t in_file = t.has("head.weight") ? t.peek("head.weight").shape.at(0) : 0;
-  if (classes != in_file)
-    throw Error(t.what + ": config.json num_classes is " + std::to_string(classes) + " but head.weight has " +
-                std::to_string(in_file) + " rows");
+  VitConfig& c = m.config;
+  const bool head = t.has("head.weight");
+  if (tc.cfg.contains("num_classes") && tc.cfg["num_classes"].is_number_integer()) {
+    const int64_t classes = tc.cfg["num_classes"].get<int64_t>();
+    const int64_t in_file = head ? t.peek("head.weight").shape.at(0) : 0;
+    if (classes != in_file)
+      throw Error(t.what + ": config.json num_classes is " + std::to_string(classes) + " but head.weight has " +
+                  std::to_string(in_file) + " rows");
+  }
+  const bool fc_norm = t.has("fc_norm.weight");
+  const HeadPool pool = t.has("head_dist.weight") ? HeadPool::Token  // VisionTransformerDistilled reads x[:, 0] and x[:, 1]
+                                                  : head ? timm_head_pool(tc, c, fc_norm, m.notes, t.what) : HeadPool::Auto;
+  if (head && pool == HeadPool::Auto) {
+    const std::string said = tc.cfg.contains("global_pool") ? tc.cfg["global_pool"].dump() : tc.args.value("global_pool", json()).dump();
+    t.drop_prefix("head.");
+    m.notes.push_back("classifier ignored: config.json global_pool " + said +
+                      " is a pooling vitlens' classifier does not compute (token, avg, max, avgmax), so there are no predictions");
+  }
+  if (!t.has("head.weight")) {
+    if (t.drop_prefix("fc_norm."))
+      m.notes.push_back("fc_norm ignored: it norms the pooled vector of a classifier the file does not have");
+    if (t.drop_prefix("head_dist.")) m.notes.push_back("head_dist ignored: the file has no head beside it");
+    return;
+  }
+  if (t.has("head_dist.weight") && !c.dist_token)
+    throw Error(t.what + ": tensor 'head_dist.weight' is present but the model has no distillation token (dist_token)");
+  c.head_pool = pool;
+  if (tc.args.contains("pool_include_prefix") && tc.args["pool_include_prefix"].is_boolean())
+    c.pool_include_prefix = tc.args["pool_include_prefix"].get<bool>();
+  timm_class_names(tc, static_cast<int>(t.peek("head.weight").shape.at(0)), m);
 }
 
 }  // namespace

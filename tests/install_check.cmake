@@ -40,6 +40,7 @@ else()
 endif()
 
 foreach(f bin/vitlens share/vitlens/models/vitlens-designed.safetensors share/vitlens/images/vitlens-demo.png
+          share/vitlens/labels/imagenet-1k.txt
           share/applications/vitlens.desktop share/pixmaps/vitlens.png)
   if(NOT EXISTS ${PREFIX}/${f})
     message(FATAL_ERROR "${MODE}: ${f} was not installed")

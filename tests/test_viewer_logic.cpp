@@ -988,3 +988,34 @@ TEST_CASE("viewer layers x heads grid, prefix-token query and rollout mode are c
   CHECK_FALSE(app.ui.compute.rollout.on);
   CHECK(app.ui.view.focus_head == 3);
 }
+
+TEST_CASE("viewer predictions are the export's: the top classes of the pass on screen, in the state JSON",
+          "[viewer][predictions]") {
+  Fixture fx;
+  const std::string image = std::string(VITLENS_TEST_FIXTURES) + "/foreign/image.png";
+  const std::string model = std::string(VITLENS_TEST_FIXTURES) + "/foreign/hf_deit_cls/model.safetensors";
+  App app;
+  start_app(app, image, model);
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  const nlohmann::json state = state_json(app);
+  ExportSettings settings;
+  settings.max_side = app.doc.comp->key.max_side;
+  const ImageAnalysis analysis = analyse_image(app.doc.model->model, image, settings);
+  REQUIRE(analysis.predictions.has_classifier);
+  REQUIRE(state.at("predictions").size() == analysis.predictions.top.size());
+  for (size_t i = 0; i < analysis.predictions.top.size(); ++i) {
+    CHECK(state["predictions"][i].at("index") == analysis.predictions.top[i].index);
+    CHECK(state["predictions"][i].at("label") == analysis.predictions.labels[i]);
+    CHECK(state["predictions"][i].at("probability").get<double>() == analysis.predictions.top[i].probability);
+  }
+  CHECK(state.at("classifier").at("names") == "config.json id2label");
+
+  // A model without a head: an empty list and the one-line reason.
+  App plain;
+  start_app(plain, image, fx.model_path);
+  REQUIRE(run_until_idle(plain));
+  const nlohmann::json none = state_json(plain);
+  CHECK(none.at("predictions").empty());
+  CHECK_THAT(none.at("classifier").get<std::string>(), Catch::StartsWith("none: the model has no classifier head"));
+}

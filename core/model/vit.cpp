@@ -5,6 +5,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "core/base/enum_names.hpp"
 #include "core/base/error.hpp"
 #include "core/cpu/attention_bf16.hpp"
 #include "core/cpu/fast_attention.hpp"
@@ -40,6 +41,8 @@ std::string VitConfig::validate() const {
       if (!(std[c] >= 1e-6f) || !std::isfinite(std[c]) || std[c] > 1e3f) { why << "std[" << c << "] " << std[c] << " is not in [1e-6, 1000]"; break; }
     }
   }
+  if (why.tellp() == 0 && head_pool == HeadPool::Token && !class_token)
+    why << "head_pool 'token' needs a class token";
   if (why.tellp() == 0 && name.size() > kMaxModelNameBytes)
     why << "name is " << name.size() << " bytes long, more than " << kMaxModelNameBytes;
   else if (why.tellp() == 0 && description.size() > kMaxModelDescriptionBytes)
@@ -74,6 +77,17 @@ const char* activation_name(Activation act) {
   }
   return "?";
 }
+
+namespace {
+constexpr EnumName<HeadPool> kHeadPoolNames[] = {{HeadPool::Auto, "auto"},
+                                                 {HeadPool::Token, "token"},
+                                                 {HeadPool::Avg, "avg"},
+                                                 {HeadPool::Max, "max"},
+                                                 {HeadPool::AvgMax, "avgmax"}};
+}  // namespace
+
+const char* head_pool_name(HeadPool pool) { return enum_name(kHeadPoolNames, pool); }
+bool parse_head_pool(const std::string& text, HeadPool& pool) { return parse_enum(kHeadPoolNames, text, pool); }
 
 std::string token_name(const VitConfig& config, int grid_w, int token) {
   if (token == config.class_index()) return "class token";

@@ -30,6 +30,21 @@ enum class Activation {
 };
 const char* activation_name(Activation act);  // "gelu", "gelu_tanh", "quick_gelu"
 
+// How the classifier head reads the tokens after the blocks (timm global_pool_nlc; transformers'
+// *ForImageClassification read the class token). core/model/classifier.hpp computes the head.
+enum class HeadPool {
+  Auto,    // the class token when the model has one, else Avg: the trainer's pooling (vitlens files)
+  Token,   // x[:, 0]                                  timm 'token', transformers ViT / DeiT
+  Avg,     // x[:, prefix:].mean(1)                    timm 'avg'
+  Max,     // x[:, prefix:].amax(1)                    timm 'max'
+  AvgMax,  // 0.5 * (amax + mean) over x[:, prefix:]   timm 'avgmax'
+  // timm 'map' (SigLIP's attention pool) is not here yet: its pooled vector comes from the
+  // attention-pool head beside the forward; when ForwardResult keeps it, a Map value makes the
+  // classifier read it (classifier.cpp pool_tokens) and the timm layout stop dropping the head.
+};
+const char* head_pool_name(HeadPool pool);  // "auto", "token", "avg", "max", "avgmax"
+bool parse_head_pool(const std::string& text, HeadPool& pool);
+
 // The longest texts a config holds, in bytes: a name is one line of a caption, a description a
 // paragraph. Model readers cut longer texts from a file to these (capped_text, json_file.hpp);
 // validate() refuses longer ones given any other way (e.g. `vitlens train --name`).
@@ -65,6 +80,8 @@ struct VitConfig {
   bool final_norm = true;       // norm over every token after the blocks; false when the model
                                 // only norms the pooled vector (timm fc_norm, CLIP post_layernorm)
   Activation act = Activation::Gelu;
+  HeadPool head_pool = HeadPool::Auto;  // what the classifier head reads (when there is one)
+  bool pool_include_prefix = false;     // timm pool_include_prefix: Avg/Max over the prefix tokens too
   std::array<float, 3> mean{0.5f, 0.5f, 0.5f};  // per RGB channel, applied to x / 255
   std::array<float, 3> std{0.5f, 0.5f, 0.5f};
   // Optional human descriptions: head_descriptions[layer][head]. Empty when the file has none.
@@ -117,8 +134,12 @@ struct VitWeights {
   std::vector<BlockWeights> blocks;  // (L)
   const float* norm_w = nullptr;     // (D) final_norm only
   const float* norm_b = nullptr;     // (D)
+  const float* fc_norm_w = nullptr;  // (D) timm fc_norm: a LayerNorm on the pooled vector, or nullptr
+  const float* fc_norm_b = nullptr;  // (D)
   const float* head_w = nullptr;     // (num_classes, D) or nullptr
   const float* head_b = nullptr;     // (num_classes) or nullptr
+  const float* head_dist_w = nullptr;  // (num_classes, D) DeiT's distillation head on the
+  const float* head_dist_b = nullptr;  // distillation token, or nullptr (classifier.hpp)
   int num_classes = 0;
 };
 
@@ -185,6 +206,8 @@ struct VitModel {
   std::string source;  // the file it came from, for messages
   std::string format = "vitlens";  // the layout it was read from ("vitlens", "timm", "hf-vit", ...)
   std::vector<std::string> notes;  // what the loader inferred or assumed, one line each (vitlens info)
+  std::vector<std::string> class_names;  // (num_classes) the classifier's labels, or empty (classifier.hpp)
+  std::string class_names_source;        // where they came from ("config.json id2label", ...)
   PositionResize position_resize = PositionResize::Bicubic;  // set by the loader from the layout
   // Empty until the first forward() fills it; null in a moved-from model (forward() then packs
   // for each call).

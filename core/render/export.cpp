@@ -164,6 +164,7 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
     a.threshold = settings.threshold;
   }
   a.maps_ms = ms_since(t0);
+  a.predictions = predict(model, a.forward);
   return a;
 }
 
@@ -439,6 +440,40 @@ nlohmann::json sidecar_heads(const VitConfig& cfg, const ImageAnalysis& a, const
 
 }  // namespace
 
+void add_predictions(nlohmann::json& record, const VitModel& model, const ForwardResult& forward, const Predictions& p) {
+  using nlohmann::json;
+  json top = json::array();
+  if (!p.has_classifier) {
+    record["classifier"] = classifier_summary(model);
+    record["predictions"] = top;
+    return;
+  }
+  json c = {{"classes", model.w.num_classes},
+            {"names", model.class_names.empty() ? json(nullptr) : json(model.class_names_source)},
+            {"head", classifier_summary(model)}};
+  if (p.pooled_patches > 0)
+    c["pool"] = "over the " + std::to_string(p.pooled_patches) + " patches of the image" +
+                (p.padding_patches ? ", the " + std::to_string(p.padding_patches) +
+                                         " padding patches left out (the library never sees padding)"
+                                   : std::string());
+  // The head reads this forward's tokens: a causal mask, a temperature or a painted mask change
+  // them, and then the predictions are not the model's own.
+  std::vector<std::string> changed;
+  if (forward.mask.causal) changed.push_back("a causal mask");
+  const float model_scale = 1.0f / std::sqrt(static_cast<float>(model.config.head_dim()));
+  if (std::abs(forward.score_scale - model_scale) > 1e-6f * model_scale) changed.push_back("a softmax temperature");
+  if (painted_patches(forward) > 0) changed.push_back("a painted mask");
+  std::string forward_text = "the model's own";
+  for (size_t i = 0; i < changed.size(); ++i)
+    forward_text = (i == 0 ? "changed by " : forward_text + (i + 1 == changed.size() ? " and " : ", ")) + changed[i];
+  c["forward"] = forward_text;
+  record["classifier"] = c;
+  for (size_t i = 0; i < p.top.size(); ++i)
+    top.push_back({{"rank", i + 1}, {"index", p.top[i].index}, {"label", p.labels[i]},
+                   {"probability", p.top[i].probability}, {"logit", p.top[i].logit}});
+  record["predictions"] = top;
+}
+
 nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, const ExportSettings& settings) {
   using nlohmann::json;
   const VitConfig& cfg = model.config;
@@ -494,6 +529,7 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["head_roles"] = {{"top_fraction", roles.top_fraction}, {"queries", roles.queries}};
   j["heads"] = sidecar_heads(cfg, a, roles);
   j["mean"] = {{"min", map_min(a.maps.mean, a.maps.in_image)}, {"max", a.maps.mean.maxCoeff()}, {"entropy", map_entropy(a.maps.mean)}};
+  add_predictions(j, model, a.forward, a.predictions);
   j["timings_ms"] = {{"forward", a.forward_ms}, {"maps", a.maps_ms}};
   return j;
 }

@@ -15,6 +15,7 @@
 #include "core/io/image.hpp"
 #include "core/io/preprocess.hpp"
 #include "core/render/maps.hpp"
+#include "core/model/classifier.hpp"
 #include "core/model/vit.hpp"
 
 namespace vitlens {
@@ -119,6 +120,7 @@ struct ImageAnalysis {
   float threshold = 0.0f;             // the mass those results kept; 0 = none
   std::string mask_image;             // the painted mask's file, when one was used
   std::array<int, 2> requested_pixel{-1, -1};  // a --query pixel of the source image, as given; -1: none
+  Predictions predictions;            // the classifier's top classes (classifier.hpp); none without a head
   double forward_ms = 0.0, maps_ms = 0.0;
 };
 
@@ -189,6 +191,14 @@ std::string tile_label(const std::string& name, const MatRM& map, float scale, N
 std::string head_label(const VitConfig& config, int layer, int head);
 
 nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& analysis, const ExportSettings& settings);
+
+// The records' "classifier" and "predictions" (every export mode writes them): "classifier" says
+// how the head read the tokens (classes, names, pooling, the padding left out, whether the forward
+// was the model's own or changed by a causal mask, a temperature or a painted mask), or is the
+// string "none: ..." for a model without a head; "predictions" is the top classes, highest first,
+// [{"rank", "index", "label", "probability", "logit"}], empty without a head.
+void add_predictions(nlohmann::json& record, const VitModel& model, const ForwardResult& forward,
+                     const Predictions& predictions);
 
 // The names of one layer's maps of `stem`: <stem>_head<h>.png for each head, <stem>_mean.png,
 // <stem>_montage.png, <stem>_attn.npy (raw), <stem>_view.json (the viewer's notes) and the

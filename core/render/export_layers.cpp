@@ -66,6 +66,7 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
   nlohmann::json layer_records = nlohmann::json::array();
   for (int l = first; l <= last; ++l) layer_records.push_back(maps_output_names(layer_stem(stem, l), 0, false, false).record);
   record["layer_records"] = layer_records;
+  add_predictions(record, model, a.forward, a.predictions);
   return set.commit(names.record, std::move(record));
 }
 
@@ -159,6 +160,7 @@ std::vector<std::string> write_rollout(const VitModel& model, const std::string&
   nlohmann::json prefix = nlohmann::json::array();
   for (int t = 0; t < forward.prefix; ++t) prefix.push_back(matrix(query, t));
   j["prefix_weights"] = prefix;
+  add_predictions(j, model, forward, predict(model, forward));
   j["timings_ms"] = {{"forward_and_rollout", ms}};
   return set.commit(names.record, std::move(j));
 }

@@ -25,6 +25,7 @@
 #include "core/render/export.hpp"
 #include "core/render/head_roles.hpp"
 #include "core/render/layer_grid.hpp"
+#include "core/model/classifier.hpp"
 #include "core/model/rollout.hpp"
 #include "core/model/vit.hpp"
 
@@ -106,6 +107,7 @@ struct Computation {
   MatRM rollout;         // (N, N) attention_rollout of key.rollout when it is on, else empty; the
                          // forward's own (N, N) weights are dropped once it is made
   RolloutOptions rollout_options;
+  Predictions predictions;  // the classifier's top classes (core/model/classifier.hpp); none without a head
   double forward_ms = 0.0, stats_ms = 0.0;  // stats_ms: entropy, distance and roles together
   double rollout_ms = 0.0;                  // the pass keeping every weight, plus the rollout
 };

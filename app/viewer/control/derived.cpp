@@ -58,6 +58,7 @@ void update_base(App& app) {
   d.view.image = c.image;
   d.view.forward = c.forward;  // render_export_images marks the query on the grid it describes
   d.view.forward_ms = c.forward_ms;
+  d.view.predictions = c.predictions;  // the export records what the window shows
   c.image.rgb.convertTo(d.base_rgb8, CV_8UC3, 255.0);
   ++d.base_version;
   d.map_key.reset();

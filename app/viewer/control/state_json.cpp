@@ -41,6 +41,11 @@ void add_document(const App& app, json& j) {
   int painted = 0;
   for (uint8_t p : c.key.painted) painted += p;
   j["painted_patches"] = painted;
+  // The classifier's top classes, as the export records them (add_predictions).
+  json record;
+  add_predictions(record, app.doc.model->model, c.forward, c.predictions);
+  j["classifier"] = record["classifier"];
+  j["predictions"] = record["predictions"];
 }
 
 // The map mode, layer, query and head.

@@ -237,6 +237,7 @@ std::shared_ptr<Computation> Worker::compute(const ComputeResult& result, const 
   auto t0 = std::chrono::steady_clock::now();
   comp->forward = forward(model, comp->image.grid, options);
   comp->forward_ms = ms_since(t0);
+  comp->predictions = predict(model, comp->forward);
   if (comp->key.rollout.on && !add_rollout(*comp, t0)) return nullptr;
 
   set_activity("head statistics");

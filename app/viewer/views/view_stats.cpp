@@ -1,5 +1,6 @@
 // Head statistics for the current image (entropy, mean attention distance in pixels as the ViT
-// paper's figure 7 reports it, and the head-role lifts), the designed heads' descriptions, and timings.
+// paper's figure 7 reports it, and the head-role lifts), the designed heads' descriptions, and timings;
+// above them the classifier's top classes for the image, when the model has a classifier.
 #include <algorithm>
 #include <string>
 #include <vector>
@@ -12,6 +13,24 @@
 namespace vitlens::viewer {
 
 namespace {
+
+// What the model thinks the image is: the worker's predictions (core/model/classifier.hpp), the
+// lines `vitlens export` prints; a model without a head says so in one line.
+void DrawPredictions(const App& app) {
+  const Predictions& p = app.doc.comp->predictions;
+  const VitModel& model = app.doc.model->model;
+  if (!p.has_classifier) {
+    gui::TextWrappedDisabled("predictions: none, the model has no classifier head");
+    return;
+  }
+  gui::Text("predictions: top %zu of %d classes", p.top.size(), model.w.num_classes);
+  for (size_t i = 0; i < p.top.size(); ++i)
+    gui::TextUnformatted(prediction_line(static_cast<int>(i) + 1, p.top[i].probability, p.labels[i]));
+  if (p.padding_patches > 0)
+    gui::TextWrappedDisabled("pooled over the %d patches of the image; the %d padding patches are left out", p.pooled_patches,
+                             p.padding_patches);
+  ImGui::Separator();
+}
 
 void DrawTimings(const App& app) {
   const Computation& c = *app.doc.comp;
@@ -137,6 +156,7 @@ void DrawStatsView(App& app) {
   }
   const Computation& c = *app.doc.comp;
   const int layer = current_layer(app);
+  DrawPredictions(app);
   DrawTimings(app);
   gui::TextWrappedDisabled("layer %d, over %d patch queries of this image; distance between patch centres weighted by "
                       "attention, in pixels of the %dx%d processed image",
