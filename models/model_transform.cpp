@@ -138,14 +138,17 @@ struct HfDefaults {
   const char* type;  // image_processor_type without "Fast"/"Pil"
   int resample;
   bool center_crop;
+  bool square;       // a plain number as size means S x S (get_size_dict's default_to_square), else shortest edge S
+  int size;          // the class's default size, in the same sense
   std::array<float, 3> mean, std;
 };
 // The processors of the families vitlens opens, with transformers' class defaults.
 constexpr HfDefaults kHfDefaults[] = {
-    {"ViTImageProcessor", 2, false, kHalf, kHalf},
-    {"CLIPImageProcessor", 3, true, kClipMean, kClipStd},
-    {"BitImageProcessor", 3, true, kClipMean, kClipStd},
-    {"Dinov2ImageProcessor", 3, true, kImagenetMean, kImagenetStd},
+    {"ViTImageProcessor", 2, false, true, 224, kHalf, kHalf},
+    {"CLIPImageProcessor", 3, true, false, 224, kClipMean, kClipStd},
+    {"BitImageProcessor", 3, true, false, 224, kClipMean, kClipStd},
+    {"Dinov2ImageProcessor", 3, true, false, 224, kImagenetMean, kImagenetStd},
+    {"DeiTImageProcessor", 3, true, true, 256, kHalf, kHalf},
 };
 
 bool ends_with(const std::string& s, const char* tail) {
@@ -168,6 +171,13 @@ ImageTransform hf_transform(const json& j, const std::string& file) {
   const Reader r{j, file};
   std::string type = r.has("image_processor_type") && j.at("image_processor_type").is_string()
                          ? j.at("image_processor_type").get<std::string>() : "";
+  // Files written before image processors existed (google/vit-base-patch16-224,
+  // openai/clip-vit-base-patch16, facebook/deit-*) name only the feature extractor, which
+  // transformers maps to the image processor of the same name.
+  if (type.empty() && r.has("feature_extractor_type") && j.at("feature_extractor_type").is_string()) {
+    type = j.at("feature_extractor_type").get<std::string>();
+    if (ends_with(type, "FeatureExtractor")) type = type.substr(0, type.size() - 16) + "ImageProcessor";
+  }
   ImageTransform t;
   t.origin = file;
   t.engine = ends_with(type, "Pil") ? ResampleEngine::Pillow : ResampleEngine::TorchAntialias;
@@ -194,12 +204,18 @@ ImageTransform hf_transform(const json& j, const std::string& file) {
         t.resize = ResizeRule::Exact;
         t.resize_h = r.side(size.at("height"), "size.height");
         t.resize_w = r.side(size.at("width"), "size.width");
+      } else if (size.is_number_integer()) {  // the older files' form: its meaning is the class's
+        if (!defaults)
+          r.fail("size", "is a plain number, which means S x S or shortest edge S depending on the processor; "
+                         "image_processor_type '" + type + "' is not one vitlens knows");
+        t.resize = defaults->square ? ResizeRule::Exact : ResizeRule::ShortestEdge;
+        t.resize_short = t.resize_w = t.resize_h = r.side(size, "size");
       } else {
-        r.fail("size", "is not {\"shortest_edge\": S} or {\"height\": H, \"width\": W}");
+        r.fail("size", "is not {\"shortest_edge\": S}, {\"height\": H, \"width\": W} or a number");
       }
-    } else {  // the class default: 224 (ViT squashes, the others resize the shortest edge)
-      t.resize = type == "ViTImageProcessor" ? ResizeRule::Exact : ResizeRule::ShortestEdge;
-      t.resize_short = t.resize_w = t.resize_h = 224;
+    } else {  // the class default (ViT and DeiT squash, the others resize the shortest edge)
+      t.resize = defaults->square ? ResizeRule::Exact : ResizeRule::ShortestEdge;
+      t.resize_short = t.resize_w = t.resize_h = defaults->size;
     }
     need("resample");
     const json& code = r.has("resample") ? j.at("resample") : json(defaults->resample);

@@ -9,7 +9,9 @@
 //   transformers  preprocessor_config.json: do_resize, size (shortest_edge or height/width),
 //                 resample, do_center_crop, crop_size, do_rescale, rescale_factor, do_normalize,
 //                 image_mean, image_std; missing keys take the processor class's defaults (ViT,
-//                 CLIP, Bit, Dinov2). Reproduced as transformers 5's AutoImageProcessor runs it:
+//                 CLIP, Bit, Dinov2, DeiT); the older files' form (feature_extractor_type, a plain
+//                 number as size, meaning S x S or shortest edge S as the class reads it) too.
+//                 Reproduced as transformers 5's AutoImageProcessor runs it:
 //                 the torchvision backend (uint8 tensors, torch's antialiased resize) unless
 //                 image_processor_type names the PIL backend ("...Pil").
 #include <string>

@@ -210,3 +210,97 @@ TEST_CASE("model transforms vitlens cannot reproduce are refused naming the key"
   CHECK_FALSE(vitlens::read_model_transform(dir + "/model.safetensors", "timm").present());
   ::rmdir(dir.c_str());
 }
+
+namespace {
+
+const std::string kTransformDir = std::string(VITLENS_TEST_FIXTURES) + "/transform/";
+
+cv::Mat load_rgb8(const std::string& path) {
+  cv::Mat rgb8;
+  vitlens::load_image(path).rgb01.convertTo(rgb8, CV_8UC3, 255.0);
+  return rgb8;
+}
+
+vitlens::ResampleFilter filter_named(const std::string& name) {
+  if (name == "bicubic") return vitlens::ResampleFilter::Bicubic;
+  if (name == "bilinear") return vitlens::ResampleFilter::Bilinear;
+  if (name == "lanczos") return vitlens::ResampleFilter::Lanczos;
+  if (name == "box") return vitlens::ResampleFilter::Box;
+  if (name == "hamming") return vitlens::ResampleFilter::Hamming;
+  FAIL("unknown filter " << name);
+  return vitlens::ResampleFilter::Bicubic;
+}
+
+}  // namespace
+
+TEST_CASE("Pillow resampling runs its two passes in Pillow's order", "[preprocess][resample]") {
+  // Pillow rounds to 8 bits between the passes; Pillow 13 runs the vertical one first when the
+  // height loses more than twice as many pixels as the width (make_transform_fixtures.py checks
+  // that each case's bytes differ between the two orders).
+  const nlohmann::json m = nlohmann::json::parse(npy_file_bytes(kTransformDir + "manifest.json"));
+  const cv::Mat source = load_rgb8(kTransformDir + m.at("source").get<std::string>());
+  REQUIRE(m.at("resample").size() == 10);
+  for (const auto& c : m.at("resample")) {
+    const std::string file = c.at("file").get<std::string>();
+    SECTION(file) {
+      INFO(file << " (" << c.at("order").get<std::string>() << ")");
+      const cv::Mat want = load_rgb8(kTransformDir + file);
+      const cv::Mat got = vitlens::resample_rgb8(source, c.at("width").get<int>(), c.at("height").get<int>(),
+                                                 filter_named(c.at("filter").get<std::string>()),
+                                                 vitlens::ResampleEngine::Pillow);
+      REQUIRE(got.size() == want.size());
+      CHECK(fnv1a64(got) == fnv1a64(want));  // every byte
+    }
+  }
+}
+
+TEST_CASE("older preprocessor_config.json files are read as transformers reads them", "[preprocess]") {
+  // feature_extractor_type instead of image_processor_type, a plain number as size (S x S for ViT
+  // and DeiT, shortest edge S for CLIP), keys left to the class's defaults.
+  const nlohmann::json m = nlohmann::json::parse(npy_file_bytes(kTransformDir + "manifest.json"));
+  REQUIRE(m.at("legacy").size() == 4);
+  for (const auto& c : m.at("legacy")) {
+    const std::string name = c.at("name").get<std::string>();
+    SECTION(name) {
+      const std::string folder = kTransformDir + "legacy/" + name;
+      const vitlens::ImageTransform t = vitlens::read_model_transform(folder + "/model.safetensors", "hf-vit");
+      INFO(name << ": " << t.describe());
+      REQUIRE(t.present());
+      CHECK(t.engine == vitlens::ResampleEngine::TorchAntialias);  // transformers' default backend
+      CHECK_THAT(t.library, Catch::Contains(c.at("processor").get<std::string>()));
+      const nlohmann::json& size = c.at("size");
+      if (size.contains("shortest_edge")) {
+        CHECK(t.resize == vitlens::ResizeRule::ShortestEdge);
+        CHECK(t.resize_short == size.at("shortest_edge").get<int>());
+      } else {
+        CHECK(t.resize == vitlens::ResizeRule::Exact);
+        CHECK(t.resize_w == size.at("width").get<int>());
+        CHECK(t.resize_h == size.at("height").get<int>());
+      }
+      CHECK(t.center_crop == !c.at("crop").is_null());
+      if (!c.at("crop").is_null()) {
+        CHECK(t.crop_w == c.at("crop").at("width").get<int>());
+        CHECK(t.crop_h == c.at("crop").at("height").get<int>());
+      }
+      const int resample = c.at("resample").get<int>();
+      CHECK(t.filter == (resample == 2 ? vitlens::ResampleFilter::Bilinear : vitlens::ResampleFilter::Bicubic));
+      for (int i = 0; i < 3; ++i) {
+        CHECK(t.mean[static_cast<size_t>(i)] == Approx(c.at("mean")[static_cast<size_t>(i)].get<double>()).margin(1e-7));
+        CHECK(t.std[static_cast<size_t>(i)] == Approx(c.at("std")[static_cast<size_t>(i)].get<double>()).margin(1e-7));
+      }
+    }
+  }
+  // A plain-number size of a processor vitlens does not know is refused, naming the key.
+  const std::string dir = vitlens::test::temp_dir("legacy_transform");
+  std::ofstream(dir + "/preprocessor_config.json")
+      << R"({"feature_extractor_type": "ConvNextFeatureExtractor", "size": 224, "resample": 3})";
+  std::string message;
+  try {
+    vitlens::read_model_transform(dir + "/model.safetensors", "hf-vit");
+  } catch (const vitlens::Error& e) {
+    message = e.what();
+  }
+  std::remove((dir + "/preprocessor_config.json").c_str());
+  ::rmdir(dir.c_str());
+  CHECK_THAT(message, Catch::Contains("'size'") && Catch::Contains("ConvNextImageProcessor"));
+}

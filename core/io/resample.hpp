@@ -2,8 +2,10 @@
 // Resampling as the Python image libraries do it, byte for byte, so that `--preprocess model`
 // gives the model the pixels a notebook gives it.
 //
-// Both libraries resize in two separable passes over 8-bit pixels, horizontal first, each output
-// sample a weighted sum of a window of input samples:
+// Both libraries resize in two separable passes over 8-bit pixels, each output sample a weighted
+// sum of a window of input samples. torch runs the horizontal pass first; so did Pillow up to 12,
+// while Pillow 13 runs the vertical pass first when the height loses more than twice as many pixels
+// as the width (out_h < in_h and in_h - out_h > 2 * (in_w - out_w)); vitlens follows Pillow 13:
 //   scale   = in / out                              (> 1 when shrinking)
 //   support = filter support * max(scale, 1)       (the kernel is stretched when shrinking:
 //                                                    that is the antialiasing)
