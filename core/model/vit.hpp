@@ -64,6 +64,9 @@ struct VitConfig {
                                 // x + norm2(mlp(x)) instead of x + attn(norm1(x)), x + mlp(norm2(x))
   bool final_norm = true;       // norm over every token after the blocks; false when the model
                                 // only norms the pooled vector (timm fc_norm, CLIP post_layernorm)
+  bool attention_pool = false;  // an attention-pool head on the output tokens (timm global_pool 'map',
+                                // SigLIP's head): a learned latent query over the patch tokens
+                                // (attention_pool.hpp); its MLP is mlp_hidden() wide, as the blocks'
   Activation act = Activation::Gelu;
   std::array<float, 3> mean{0.5f, 0.5f, 0.5f};  // per RGB channel, applied to x / 255
   std::array<float, 3> std{0.5f, 0.5f, 0.5f};
@@ -105,6 +108,24 @@ struct BlockWeights {
   const float* fc2_b = nullptr;    // (D)
 };
 
+// The attention-pool head (timm AttentionPoolLatent, transformers
+// SiglipMultiheadAttentionPoolingHead): null pointers without one.
+struct AttentionPoolWeights {
+  const float* latent = nullptr;   // (D) the learned query (timm latent, HF probe)
+  const float* q_w = nullptr;      // (D, D)
+  const float* q_b = nullptr;      // (D)
+  const float* kv_w = nullptr;     // (2D, D): rows [K heads 0..H-1 | V heads]
+  const float* kv_b = nullptr;     // (2D)
+  const float* proj_w = nullptr;   // (D, D)
+  const float* proj_b = nullptr;   // (D)
+  const float* norm_w = nullptr;   // (D)
+  const float* norm_b = nullptr;   // (D)
+  const float* fc1_w = nullptr;    // (Hm, D)
+  const float* fc1_b = nullptr;    // (Hm)
+  const float* fc2_w = nullptr;    // (D, Hm)
+  const float* fc2_b = nullptr;    // (D)
+};
+
 struct VitWeights {
   const float* patch_w = nullptr;    // (D, 3, P, P)  Conv2d weight
   const float* patch_b = nullptr;    // (D) or nullptr without patch_bias
@@ -117,6 +138,7 @@ struct VitWeights {
   std::vector<BlockWeights> blocks;  // (L)
   const float* norm_w = nullptr;     // (D) final_norm only
   const float* norm_b = nullptr;     // (D)
+  AttentionPoolWeights pool;         // attention_pool only
   const float* head_w = nullptr;     // (num_classes, D) or nullptr
   const float* head_b = nullptr;     // (num_classes) or nullptr
   int num_classes = 0;
@@ -239,7 +261,15 @@ struct ForwardResult {
   std::vector<LayerState> layers;  // (L)
   MatRM output;                    // (N, D) after the final norm (or the last block's tokens
                                    // when the model has no final norm over the tokens)
+  // With an attention pool (VitConfig::attention_pool), else empty (attention_pool.hpp):
+  MatRM pool_probs;                // (H, N) each head's weights of the pool's latent query over every
+                                   // token; 0 on the prefix tokens, which the pool does not read
+  MatRM pooled;                    // (1, D) the pool's output: timm forward_head(pre_logits=True),
+                                   // HF pooler_output; what a classifier head on the pool reads
 };
+
+// The MLP activation on `count` values in place, the same numbers as the blocks' MLP.
+void activation_inplace(Activation act, float* x, int64_t count);
 
 // What token `token` is, for the inspector and messages: "class token", "distillation token",
 // "register 2", "patch (row 3, col 5)".

@@ -166,6 +166,9 @@ void DrawHeadsView(App& app, const ViewTextures& textures) {
                     c.forward.layers.size());
       break;
     case MapMode::ClassToken: gui::TextWrapped("Where the class token looks, layer %d", layer); break;
+    case MapMode::Pool:
+      gui::TextWrapped("Where the attention pool's query looks, over the output of layer %zu", c.forward.layers.size() - 1);
+      break;
     case MapMode::Received:
       gui::TextWrapped("Attention each patch receives (mean over %d queries), layer %d", c.forward.received_queries, layer);
       break;
