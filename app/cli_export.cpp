@@ -131,7 +131,7 @@ void add_query_options(CLI::App* cmd, ExportArgs& args) {
       g->add_flag("--received", args.received, "Attention received: mean over queries of each patch's column (the default)"),
       g->add_flag("--pool", args.pool,
                   "Map of the attention pool's latent query over the patch tokens (SigLIP's head, timm global_pool 'map'; "
-                  "models with an attention pool): it reads the last layer's output, so no --layer range or --rollout"),
+                  "models with an attention pool): it reads the last layer's output, so --rollout and any --layer but the last do not apply"),
       g->add_option("--token", args.token,
                     "Map of a prefix token's attention row: cls (class token), dist (distillation token, distilled DeiT) "
                     "or regK (register K of DINOv2 with registers, K from 0)")
