@@ -30,7 +30,7 @@ struct ExportArgs {
   int heads = 0;      // --heads for a checkpoint that does not say it
   std::string query, query_processed, patch;  // "X,Y" / "ROW,COL" as typed (parse_pair)
   std::string token;  // --token cls|dist|regK: a prefix token as the query
-  bool cls = false, received = false;
+  bool cls = false, received = false, pool = false;
   std::string mask = "none";
   bool quiet = false;
   LayerChoice layer;

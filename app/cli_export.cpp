@@ -133,6 +133,9 @@ void add_query_options(CLI::App* cmd, ExportArgs& args) {
       g->add_option("--patch", args.patch, "Map of the query patch at ROW,COL of the patch grid"),
       g->add_flag("--cls", args.cls, "Map of the class token's attention (models with a class token)"),
       g->add_flag("--received", args.received, "Attention received: mean over queries of each patch's column (the default)"),
+      g->add_flag("--pool", args.pool,
+                  "Map of the attention pool's latent query over the patch tokens (SigLIP's head, timm global_pool 'map'; "
+                  "models with an attention pool): it reads the last layer's output, so --rollout and any --layer but the last do not apply"),
       g->add_option("--token", args.token,
                     "Map of a prefix token's attention row: cls (class token), dist (distillation token, distilled DeiT) "
                     "or regK (register K of DINOv2 with registers, K from 0)")
@@ -345,6 +348,8 @@ void select_query(const ExportArgs& args, ExportSettings& s) {
   } else if (!args.token.empty()) {
     s.select = QuerySelect::Token;
     s.token = args.token;
+  } else if (args.pool) {
+    s.select = QuerySelect::Pool;
   } else {
     s.select = args.cls ? QuerySelect::ClassToken : QuerySelect::Received;
   }
@@ -380,6 +385,9 @@ ExportWork plan_work(const ExportArgs& args, const VitModel& model) {
   } else if (args.rollout && layer.kind == LayerChoice::Kind::One) {
     w.rollout_options.last_layer = layer.first;  // --rollout --layer L: layers 0 to L
   }
+  if (args.settings.select == QuerySelect::Pool && (args.rollout || w.layer_range))
+    throw UsageError(std::string("--pool shows the attention pool, which reads the last layer's output; ") +
+                     (args.rollout ? "--rollout follows" : "--layer " + layer.text + " covers") + " the blocks' attention");
   if (args.rollout && args.settings.select == QuerySelect::Received && !model.config.class_token)
     throw UsageError("--rollout: model '" + model.config.name + "' has no class token; choose a query with --patch or --query");
   return w;

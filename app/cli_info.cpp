@@ -47,6 +47,8 @@ int run_info(const InfoArgs& args) {
   std::printf("mlp:          ratio %g (%d hidden), %s\n", c.mlp_ratio, c.mlp_hidden(), activation_name(c.act));
   std::printf("norms:        %s%s%s\n", c.pre_norm ? "pre-norm before the blocks, " : "", c.layer_scale ? "LayerScale, " : "",
               c.final_norm ? "final norm over the tokens" : "no final norm over the tokens (pooled-only norm)");
+  if (c.attention_pool)
+    std::printf("pool:         attention pool after the blocks (its latent query over the patch tokens: export --pool)\n");
   std::printf("norm eps:     %g\n", static_cast<double>(c.norm_eps));
   std::printf("mean / std:   [%g, %g, %g] / [%g, %g, %g]\n", static_cast<double>(c.mean[0]), static_cast<double>(c.mean[1]),
               static_cast<double>(c.mean[2]), static_cast<double>(c.std[0]), static_cast<double>(c.std[1]),

@@ -1,6 +1,7 @@
 // Hugging Face transformers' save_pretrained layout (ViT, DeiT, Dinov2, Dinov2WithRegisters,
-// CLIPVisionModel) onto vitlens' block: one HfFamily row per family (prefix, block names, the
-// names around the blocks, defaults), q/k/v fused into timm's qkv, pooled-only parts dropped.
+// CLIPVisionModel, SiglipVisionModel with its attention-pool head) onto vitlens' block: one
+// HfFamily row per family (prefix, block names, the names around the blocks, defaults), q/k/v
+// fused into timm's qkv, pooled-only parts dropped.
 #include "models/layout_support.hpp"
 
 #include <array>
@@ -69,23 +70,29 @@ struct HfFamily {
   bool qkv_bias_key;           // the config's qkv_bias counts (CLIP's always has the biases)
   double norm_eps;             // layer_norm_eps when the config leaves it out
   std::array<float, 3> mean, std;  // when there is no preprocessor_config.json
+  const char* attention_pool;  // SigLIP's SiglipMultiheadAttentionPoolingHead ("head"), when the file has it
 };
 
 const std::array<float, 3> kHalf{0.5f, 0.5f, 0.5f};
 const HfFamily kHfFamilies[] = {
     {"vit", "hf-vit", "vit.", &kHfVitBlock, "embeddings.patch_embeddings.projection", true, "embeddings.cls_token", nullptr,
-     "embeddings.position_embeddings", nullptr, "layernorm", "classifier", "intermediate_size", true, 1e-12, kHalf, kHalf},
+     "embeddings.position_embeddings", nullptr, "layernorm", "classifier", "intermediate_size", true, 1e-12, kHalf, kHalf, nullptr},
     {"deit", "hf-deit", "deit.", &kHfVitBlock, "embeddings.patch_embeddings.projection", true, "embeddings.cls_token",
      "embeddings.distillation_token", "embeddings.position_embeddings", nullptr, "layernorm", "cls_classifier",
-     "intermediate_size", true, 1e-12, kImagenetMean, kImagenetStd},
+     "intermediate_size", true, 1e-12, kImagenetMean, kImagenetStd, nullptr},
     {"dinov2", "hf-dinov2", "dinov2.", &kHfDinov2Block, "embeddings.patch_embeddings.projection", true, "embeddings.cls_token",
-     nullptr, "embeddings.position_embeddings", nullptr, "layernorm", nullptr, nullptr, true, 1e-12, kImagenetMean, kImagenetStd},
+     nullptr, "embeddings.position_embeddings", nullptr, "layernorm", nullptr, nullptr, true, 1e-12, kImagenetMean, kImagenetStd,
+     nullptr},
     {"dinov2_with_registers", "hf-dinov2", "dinov2_with_registers.", &kHfDinov2Block, "embeddings.patch_embeddings.projection",
      true, "embeddings.cls_token", nullptr, "embeddings.position_embeddings", nullptr, "layernorm", nullptr, nullptr, true, 1e-12,
-     kImagenetMean, kImagenetStd},
+     kImagenetMean, kImagenetStd, nullptr},
     {"clip_vision_model", "hf-clip", "vision_model.", &kHfClipBlock, "embeddings.patch_embedding", false,
      "embeddings.class_embedding", nullptr, "embeddings.position_embedding.weight", "pre_layrnorm", nullptr, nullptr,
-     "intermediate_size", false, 1e-5, kClipMean, kClipStd},
+     "intermediate_size", false, 1e-5, kClipMean, kClipStd, nullptr},
+    // SiglipVisionModel: no class token, post_layernorm over every token, then the pooling head.
+    {"siglip_vision_model", "hf-siglip", "vision_model.", &kHfClipBlock, "embeddings.patch_embedding", true, nullptr, nullptr,
+     "embeddings.position_embedding.weight", nullptr, "post_layernorm", nullptr, "intermediate_size", false, 1e-6, kHalf, kHalf,
+     "head"},
 };
 
 // Parts of a file that act after the tokens vitlens shows (pooled vectors, task heads): dropped,
@@ -128,10 +135,23 @@ const HfFamily& read_hf_config(Tensors& t, const std::string& folder, json& cfg,
     notes.push_back("text tower ignored: the vision tower of a CLIPModel is shown");
     type = "clip_vision_model";
   }
+  if (type == "siglip") {
+    if (!cfg.contains("vision_config") || !cfg["vision_config"].is_object())
+      throw Error(what + ": config.json of a SigLIP model has no vision_config");
+    cfg = json(cfg["vision_config"]);
+    for (const char* part : {"text_model.", "logit_scale", "logit_bias"}) t.drop_prefix(part);
+    notes.push_back("text tower ignored: the vision tower of a SiglipModel is shown");
+    type = "siglip_vision_model";
+  }
+  if (type == "siglip2" || type == "siglip2_vision_model")
+    throw Error(what + ": unsupported model: SigLIP 2 in transformers (Siglip2VisionModel) takes variable-resolution patch "
+                "sequences (NaFlex: a Linear patch embedding, a position table resized bilinearly with antialiasing to each "
+                "image's grid, padded patches masked), which vitlens' fixed patch grid does not compute; timm's "
+                "vit_*_siglip_*.v2_webli towers open");
   for (const HfFamily& f : kHfFamilies)
     if (type == f.model_type) return f;
   throw Error(what + ": unsupported model: Hugging Face model_type '" + type +
-              "'; vitlens maps vit, deit, dinov2, dinov2_with_registers, clip_vision_model and clip (see README, Supported models)");
+              "'; vitlens maps vit, deit, dinov2, dinov2_with_registers, clip_vision_model, clip, siglip_vision_model and siglip (see README, Supported models)");
 }
 
 // The config's numbers, as the family reads them.
@@ -164,9 +184,11 @@ void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& opti
                                 : json_number(cfg, "mlp_ratio", 4.0, what, file);
   c.layer_scale = f.block->ls1 != nullptr;
   c.patch_bias = f.patch_bias;
+  c.class_token = f.cls_token != nullptr;
   c.dist_token = f.dist_token != nullptr;
   c.pre_norm = f.norm_pre != nullptr;
   c.final_norm = f.norm != nullptr;
+  c.attention_pool = f.attention_pool && json_bool(cfg, "vision_use_head", true, what, file);
   if (std::string(f.model_type) == "dinov2_with_registers") c.register_tokens = json_int(cfg, "num_register_tokens", what, file);
   const std::string type = f.model_type;
   c.name = cfg.contains("_name_or_path") && cfg["_name_or_path"].is_string() && !cfg["_name_or_path"].get<std::string>().empty()
@@ -197,9 +219,10 @@ void hf_embeddings(Tensors& t, const HfFamily& f, VitConfig& c, TensorMap& out) 
   const int64_t d = c.embed_dim, patches = static_cast<int64_t>(c.grid_h()) * c.grid_w();
   out["patch_embed.proj.weight"] = t.take(std::string(f.patch_embed) + ".weight");
   if (f.patch_bias) out["patch_embed.proj.bias"] = t.take_as(std::string(f.patch_embed) + ".bias", {d});
-  TensorData cls = t.take_as(f.cls_token, {1, 1, d});
+  TensorData cls;
+  if (f.cls_token) cls = t.take_as(f.cls_token, {1, 1, d});
   if (f.dist_token) out["dist_token"] = t.take_as(f.dist_token, {1, 1, d});
-  const int64_t rows = 1 + (f.dist_token ? 1 : 0) + patches;
+  const int64_t rows = (f.cls_token ? 1 : 0) + (f.dist_token ? 1 : 0) + patches;
   const TensorData& pos = t.peek(f.pos_embed);  // (1, rows, D), or (rows, D) as CLIP's nn.Embedding
   if (pos.shape.size() < 2 || pos.shape.size() > 3 || pos.shape[pos.shape.size() - 2] != rows)
     throw Error(t.what + ": config.json image_size " + std::to_string(c.img_h) + " gives " + std::to_string(patches) + " patches, but " +
@@ -216,7 +239,7 @@ void hf_embeddings(Tensors& t, const HfFamily& f, VitConfig& c, TensorMap& out) 
     pos_embed.shape = {1, patches, d};
     c.pos_embed_prefix = false;
   }
-  out["cls_token"] = std::move(cls);
+  if (f.cls_token) out["cls_token"] = std::move(cls);
   out["pos_embed"] = std::move(pos_embed);
   if (f.norm_pre) {
     out["norm_pre.weight"] = t.take_as(std::string(f.norm_pre) + ".weight", {d});
@@ -256,6 +279,37 @@ void hf_blocks(Tensors& t, const HfBlockNames& n, const VitConfig& c, TensorMap&
       move(n.ls2, "ls2.gamma", {d});
     }
   }
+}
+
+// SigLIP's SiglipMultiheadAttentionPoolingHead in timm's AttentionPoolLatent names: the probe is
+// the latent; nn.MultiheadAttention's in_proj (3D, D) packs [W_q | W_k | W_v] by rows, so its
+// first D rows are timm's q and the other 2D its kv ([K heads | V heads], the order timm's
+// reshape(B, N, 2, H, d) reads); out_proj is proj, layernorm is norm.
+void hf_attention_pool(Tensors& t, const std::string& head, const VitConfig& c, TensorMap& out) {
+  const int64_t d = c.embed_dim, hm = c.mlp_hidden();
+  auto split_rows = [](const TensorData& packed, int64_t first, int64_t rows, int64_t cols) {
+    TensorData part;
+    part.shape = cols > 0 ? std::vector<int64_t>{rows, cols} : std::vector<int64_t>{rows};
+    const int64_t width = cols > 0 ? cols : 1;
+    part.values.assign(packed.values.begin() + first * width, packed.values.begin() + (first + rows) * width);
+    return part;
+  };
+  const std::string h = head + ".";
+  out["attn_pool.latent"] = t.take_as(h + "probe", {1, 1, d});
+  const TensorData in_w = t.take_as(h + "attention.in_proj_weight", {3 * d, d});
+  const TensorData in_b = t.take_as(h + "attention.in_proj_bias", {3 * d});
+  out["attn_pool.q.weight"] = split_rows(in_w, 0, d, d);
+  out["attn_pool.kv.weight"] = split_rows(in_w, d, 2 * d, d);
+  out["attn_pool.q.bias"] = split_rows(in_b, 0, d, 0);
+  out["attn_pool.kv.bias"] = split_rows(in_b, d, 2 * d, 0);
+  out["attn_pool.proj.weight"] = t.take_as(h + "attention.out_proj.weight", {d, d});
+  out["attn_pool.proj.bias"] = t.take_as(h + "attention.out_proj.bias", {d});
+  out["attn_pool.norm.weight"] = t.take_as(h + "layernorm.weight", {d});
+  out["attn_pool.norm.bias"] = t.take_as(h + "layernorm.bias", {d});
+  out["attn_pool.mlp.fc1.weight"] = t.take_as(h + "mlp.fc1.weight", {hm, d});
+  out["attn_pool.mlp.fc1.bias"] = t.take_as(h + "mlp.fc1.bias", {hm});
+  out["attn_pool.mlp.fc2.weight"] = t.take_as(h + "mlp.fc2.weight", {d, hm});
+  out["attn_pool.mlp.fc2.bias"] = t.take_as(h + "mlp.fc2.bias", {d});
 }
 
 // Hugging Face's id2label ({"0": "cat", ...}): the names when every class has one.
@@ -306,6 +360,7 @@ void hf_after_blocks(Tensors& t, const HfFamily& f, const json& cfg, ConvertedMo
     hf_class_names(cfg, static_cast<int>(classes), m);
     break;
   }
+  if (c.attention_pool) hf_attention_pool(t, f.attention_pool, c, out);
   for (const auto& [prefix, note] : kHfPooledOnly)
     if (t.drop_prefix(prefix) && note) m.notes.push_back(note);
   if (!t.map.empty())

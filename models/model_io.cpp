@@ -146,6 +146,7 @@ VitConfig config_from_json(const json& j, const std::string& what) {
   if (j.contains("layer_scale")) c.layer_scale = get_bool(j, "layer_scale", what);
   if (j.contains("post_norm")) c.post_norm = get_bool(j, "post_norm", what);
   if (j.contains("final_norm")) c.final_norm = get_bool(j, "final_norm", what);
+  if (j.contains("attention_pool")) c.attention_pool = get_bool(j, "attention_pool", what);
   if (j.contains("act")) {
     const std::string act = get_string(j, "act", 32, what);
     if (!parse_activation(act, c.act))
@@ -193,6 +194,7 @@ json config_to_json(const VitConfig& c) {
   if (c.layer_scale != base.layer_scale) j["layer_scale"] = c.layer_scale;
   if (c.post_norm != base.post_norm) j["post_norm"] = c.post_norm;
   if (c.final_norm != base.final_norm) j["final_norm"] = c.final_norm;
+  if (c.attention_pool != base.attention_pool) j["attention_pool"] = c.attention_pool;
   if (c.act != base.act) j["act"] = activation_name(c.act);
   if (c.head_pool != base.head_pool) j["global_pool"] = head_pool_name(c.head_pool);
   if (c.pool_include_prefix != base.pool_include_prefix) j["pool_include_prefix"] = c.pool_include_prefix;
@@ -235,6 +237,21 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
   if (c.final_norm) {
     s["norm.weight"] = {d};
     s["norm.bias"] = {d};
+  }
+  if (c.attention_pool) {  // timm's AttentionPoolLatent names
+    s["attn_pool.latent"] = {1, 1, d};
+    s["attn_pool.q.weight"] = {d, d};
+    s["attn_pool.q.bias"] = {d};
+    s["attn_pool.kv.weight"] = {2 * d, d};
+    s["attn_pool.kv.bias"] = {2 * d};
+    s["attn_pool.proj.weight"] = {d, d};
+    s["attn_pool.proj.bias"] = {d};
+    s["attn_pool.norm.weight"] = {d};
+    s["attn_pool.norm.bias"] = {d};
+    s["attn_pool.mlp.fc1.weight"] = {hm, d};
+    s["attn_pool.mlp.fc1.bias"] = {hm};
+    s["attn_pool.mlp.fc2.weight"] = {d, hm};
+    s["attn_pool.mlp.fc2.bias"] = {d};
   }
   return s;
 }
@@ -343,6 +360,20 @@ VitWeights weight_views(const VitConfig& config, const std::map<std::string, con
   w.norm_b = view("norm.bias");
   w.fc_norm_w = view("fc_norm.weight");
   w.fc_norm_b = view("fc_norm.bias");
+  AttentionPoolWeights& pool = w.pool;
+  pool.latent = view("attn_pool.latent");
+  pool.q_w = view("attn_pool.q.weight");
+  pool.q_b = view("attn_pool.q.bias");
+  pool.kv_w = view("attn_pool.kv.weight");
+  pool.kv_b = view("attn_pool.kv.bias");
+  pool.proj_w = view("attn_pool.proj.weight");
+  pool.proj_b = view("attn_pool.proj.bias");
+  pool.norm_w = view("attn_pool.norm.weight");
+  pool.norm_b = view("attn_pool.norm.bias");
+  pool.fc1_w = view("attn_pool.mlp.fc1.weight");
+  pool.fc1_b = view("attn_pool.mlp.fc1.bias");
+  pool.fc2_w = view("attn_pool.mlp.fc2.weight");
+  pool.fc2_b = view("attn_pool.mlp.fc2.bias");
   w.head_w = view("head.weight");
   w.head_b = view("head.bias");
   w.head_dist_w = view("head_dist.weight");

@@ -48,7 +48,11 @@ void refuse_timm_features(const Tensors& t) {
       {"patch_embed.backbone.", "a hybrid CNN stem"},
       {"patch_embed.norm.", "a norm in the patch embedding"},
       {".attn.gate.", "gated attention"},
-      {"attn_pool.", "an attention-pool head (timm global_pool 'map', as SigLIP's)"},
+      {"attn_pool.q_norm.", "qk-norm in the attention pool (timm AttentionPoolLatent qk_norm=True)"},
+      {"attn_pool.k_norm.", "qk-norm in the attention pool (timm AttentionPoolLatent qk_norm=True)"},
+      {"attn_pool.pos_embed", "a position table of the attention pool's own (timm AttentionPoolLatent pos_embed='abs')"},
+      {"attn_pool.pre_norm.", "a parameter-free attention pool (timm global_pool 'prr')"},
+      {"attn_pool.post_norm.", "a parameter-free attention pool (timm global_pool 'prr')"},
   };
   for (const auto& entry : t.map)
     for (const auto& [part, why] : kRefused)
@@ -115,6 +119,15 @@ void timm_options_from_tensors(Tensors& t, ConvertedModel& m) {
   // fc_norm norms the pooled vector only: kept for the classifier (timm_head), the tokens shown as
   // they leave the last block.
   c.mlp_ratio = mlp_ratio_for(dim, static_cast<int>(fc1.at(0)));
+  c.attention_pool = t.has("attn_pool.latent");
+  if (c.attention_pool) {  // timm global_pool 'map' (AttentionPoolLatent): one latent query, q, kv, proj, norm, mlp
+    const std::vector<int64_t>& latent = t.peek("attn_pool.latent").shape;
+    if (latent.size() == 3 && latent[1] != 1)
+      refuse("attn_pool.latent holds " + std::to_string(latent[1]) + " latent queries (timm latent_len > 1)");
+    if (!t.has("attn_pool.q.weight")) refuse("its attention pool has no q Linear: the latent is the query (timm q_proj=False)");
+    if (!t.has("attn_pool.mlp.fc1.weight"))
+      refuse("its attention pool has no proj, norm and MLP (timm AttentionPoolLatent out_features=0)");
+  }
   c.norm_eps = 1e-6f;  // timm's VisionTransformer default (partial(nn.LayerNorm, eps=1e-6))
 }
 
@@ -390,6 +403,12 @@ ConvertedModel convert_timm(layout_support::Tensors t, const std::string& folder
   if (contains(tc.arch, "_clip_") && contains(tc.arch, ".openai") && !contains(tc.arch, "quickgelu"))
     m.notes.push_back("GELU as timm runs '" + tc.arch + "'; the original OpenAI CLIP uses quick-GELU (timm's *_clip_quickgelu_* name)");
   if (c.post_norm) m.notes.push_back("residual post-norm blocks (timm ResPostBlock), from the architecture name");
+  if (c.attention_pool) {
+    if (tc.args.contains("pool_include_prefix") && tc.args["pool_include_prefix"] == json(true))
+      throw Error(what + ": unsupported model: config.json model_args.pool_include_prefix = true means an attention pool over the "
+                  "prefix tokens too, which vitlens' attention pool does not compute");
+    m.notes.push_back("attention pool (timm global_pool 'map'): its latent query over the patch tokens is the query 'pool'");
+  }
   check_args_against_tensors(tc.args, c, what);
   read_timm_activation(tc.args, c, what);
   read_timm_heads(tc, options, heads_known, m, what);

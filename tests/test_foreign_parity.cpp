@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -36,7 +37,7 @@ TEST_CASE("timm and Hugging Face checkpoints match their libraries' forward", "[
   const nlohmann::json manifest = foreign_manifest();
   const double tolerance = manifest.at("tolerance").get<double>();
   REQUIRE(tolerance == Approx(1e-5));
-  REQUIRE(manifest.at("cases").size() == 16);  // the script writes sixteen; fewer means stale fixtures
+  REQUIRE(manifest.at("cases").size() == 20);  // the script writes twenty; fewer means stale fixtures
   const cv::Mat rgb = vitlens::load_image_rgb(kForeignDir + manifest.at("image").get<std::string>());
 
   for (const auto& c : manifest.at("cases")) {
@@ -80,8 +81,38 @@ TEST_CASE("timm and Hugging Face checkpoints match their libraries' forward", "[
       }
       const double worst_output = max_abs_diff(result.output.data(), output.values.data(), output.values.size());
       CHECK(worst_output <= tolerance);
+      // The attention pool (SigLIP's head): its latent query's weights over the patch tokens
+      // (H, Np) and the pooled vector (D), as the library's head computes them.
+      std::string pool_text;
+      CHECK(config.attention_pool == c.contains("pool_probs"));
+      if (c.contains("pool_probs")) {
+        const NpyArray pool = read_npy(kForeignDir + c.at("pool_probs").get<std::string>());  // (H, Np)
+        const NpyArray pooled = read_npy(kForeignDir + c.at("pooled").get<std::string>());    // (D)
+        const int patches = N - result.prefix;
+        REQUIRE(pool.shape == std::vector<int64_t>{H, patches});
+        REQUIRE(pooled.shape == std::vector<int64_t>{D});
+        REQUIRE(result.pool_probs.rows() == H);
+        REQUIRE(result.pool_probs.cols() == N);
+        double worst_pool = 0.0;
+        for (int h = 0; h < H; ++h) {
+          worst_pool = std::max(worst_pool, max_abs_diff(result.pool_probs.row(h).data() + result.prefix,
+                                                         pool.values.data() + static_cast<size_t>(h) * patches,
+                                                         static_cast<size_t>(patches)));
+          for (int t = 0; t < result.prefix; ++t) CHECK(result.pool_probs(h, t) == 0.0f);  // the pool reads patches only
+        }
+        CHECK(worst_pool <= tolerance);
+        REQUIRE(result.pooled.size() == D);
+        const double worst_pooled = max_abs_diff(result.pooled.data(), pooled.values.data(), pooled.values.size());
+        CHECK(worst_pooled <= tolerance);
+        std::ostringstream text;
+        text << ", pool probs " << worst_pool << ", pooled " << worst_pooled;
+        pool_text = text.str();
+      } else {
+        CHECK(result.pool_probs.size() == 0);
+        CHECK(result.pooled.size() == 0);
+      }
       WARN(name << " [" << model.format << "]: max |diff| probs " << worst_probs << ", attention_row " << worst_row
-                << ", output " << worst_output);
+                << ", output " << worst_output << pool_text);
     }
   }
 }
@@ -115,6 +146,10 @@ TEST_CASE("checkpoints get the options of their family", "[formats]") {
       {"timm_siglip_gap", "timm", false, false, 0, true, false, false, true, true, A::GeluTanh, 1e-6f, 0},
       {"hf_deit", "hf-deit", true, true, 0, true, false, false, true, true, A::Gelu, 1e-12f, 0},
       {"hf_deit_teacher", "hf-deit", true, true, 0, true, false, false, true, true, A::Gelu, 1e-12f, 3},
+      {"timm_siglip_map", "timm", false, false, 0, true, false, false, true, true, A::GeluTanh, 1e-6f, 0},
+      {"timm_siglip1_map", "timm", false, false, 0, true, false, false, true, true, A::Gelu, 1e-6f, 0},
+      {"timm_reg_map", "timm", false, false, 4, true, false, false, true, true, A::Gelu, 1e-6f, 0},
+      {"hf_siglip", "hf-siglip", false, false, 0, true, false, false, true, true, A::GeluTanh, 1e-6f, 0},
   };
   for (const Expect& e : expects) {
     INFO(e.name);
@@ -139,6 +174,8 @@ TEST_CASE("checkpoints get the options of their family", "[formats]") {
     CHECK(c.img_h == 16);
     // timm's ResPostBlock is the one family with post-norm blocks.
     CHECK(c.post_norm == (std::string(e.name) == "timm_rpn"));
+    // The attention-pool head: timm global_pool 'map' and transformers' SigLIP head.
+    CHECK(c.attention_pool == (std::string(e.name).find("_map") != std::string::npos || std::string(e.name) == "hf_siglip"));
   }
 }
 

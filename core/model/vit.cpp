@@ -11,6 +11,7 @@
 #include "core/cpu/fast_attention.hpp"
 #include "core/cpu/gemm.hpp"
 #include "core/base/parallel.hpp"
+#include "core/model/attention_pool.hpp"
 #include "core/model/interpolate.hpp"
 
 namespace vitlens {
@@ -345,6 +346,20 @@ void activation_rows(Activation act, MatRM& h, int r0, int r1) {
   }
 }
 
+}  // namespace
+
+void activation_inplace(Activation act, float* x, int64_t count) {
+  if (act == Activation::Gelu) {
+    gelu_inplace(x, count);  // the kernel fc1's Gelu epilogue runs (gemm.hpp)
+    return;
+  }
+  MatRM values = ConstMapRM(x, 1, count);
+  activation_rows(act, values, 0, 1);
+  std::copy(values.data(), values.data() + count, x);
+}
+
+namespace {
+
 // Whether every value of m is finite. x - x is 0 for a finite x and NaN for an infinity or a NaN,
 // summed in eight independent lanes, which the compiler turns into vector instructions; Eigen's
 // allFinite() compared one float at a time (3 % of a ViT-S/16 forward at 224 px).
@@ -610,12 +625,14 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   // last_hidden_state return them.
   if (!cfg.final_norm) {
     result.output = std::move(x);
-    return result;
+  } else {
+    result.output.resize(n, dim);
+    for_row_chunks(n, options.threads, [&](int r0, int r1) {
+      layer_norm(x, model.w.norm_w, model.w.norm_b, cfg.norm_eps, result.output, r0, r1);
+    });
   }
-  result.output.resize(n, dim);
-  for_row_chunks(n, options.threads, [&](int r0, int r1) {
-    layer_norm(x, model.w.norm_w, model.w.norm_b, cfg.norm_eps, result.output, r0, r1);
-  });
+  // The head's attention pool reads the output tokens (timm forward_head -> pool, HF head).
+  if (cfg.attention_pool) attention_pool_forward(model, result, options.threads);
   return result;
 }
 

@@ -79,6 +79,9 @@ struct VitConfig {
                                 // x + norm2(mlp(x)) instead of x + attn(norm1(x)), x + mlp(norm2(x))
   bool final_norm = true;       // norm over every token after the blocks; false when the model
                                 // only norms the pooled vector (timm fc_norm, CLIP post_layernorm)
+  bool attention_pool = false;  // an attention-pool head on the output tokens (timm global_pool 'map',
+                                // SigLIP's head): a learned latent query over the patch tokens
+                                // (attention_pool.hpp); its MLP is mlp_hidden() wide, as the blocks'
   Activation act = Activation::Gelu;
   HeadPool head_pool = HeadPool::Auto;  // what the classifier head reads (when there is one)
   bool pool_include_prefix = false;     // timm pool_include_prefix: Avg/Max over the prefix tokens too
@@ -122,6 +125,24 @@ struct BlockWeights {
   const float* fc2_b = nullptr;    // (D)
 };
 
+// The attention-pool head (timm AttentionPoolLatent, transformers
+// SiglipMultiheadAttentionPoolingHead): null pointers without one.
+struct AttentionPoolWeights {
+  const float* latent = nullptr;   // (D) the learned query (timm latent, HF probe)
+  const float* q_w = nullptr;      // (D, D)
+  const float* q_b = nullptr;      // (D)
+  const float* kv_w = nullptr;     // (2D, D): rows [K heads 0..H-1 | V heads]
+  const float* kv_b = nullptr;     // (2D)
+  const float* proj_w = nullptr;   // (D, D)
+  const float* proj_b = nullptr;   // (D)
+  const float* norm_w = nullptr;   // (D)
+  const float* norm_b = nullptr;   // (D)
+  const float* fc1_w = nullptr;    // (Hm, D)
+  const float* fc1_b = nullptr;    // (Hm)
+  const float* fc2_w = nullptr;    // (D, Hm)
+  const float* fc2_b = nullptr;    // (D)
+};
+
 struct VitWeights {
   const float* patch_w = nullptr;    // (D, 3, P, P)  Conv2d weight
   const float* patch_b = nullptr;    // (D) or nullptr without patch_bias
@@ -136,6 +157,7 @@ struct VitWeights {
   const float* norm_b = nullptr;     // (D)
   const float* fc_norm_w = nullptr;  // (D) timm fc_norm: a LayerNorm on the pooled vector, or nullptr
   const float* fc_norm_b = nullptr;  // (D)
+  AttentionPoolWeights pool;         // attention_pool only
   const float* head_w = nullptr;     // (num_classes, D) or nullptr
   const float* head_b = nullptr;     // (num_classes) or nullptr
   const float* head_dist_w = nullptr;  // (num_classes, D) DeiT's distillation head on the
@@ -264,7 +286,15 @@ struct ForwardResult {
   std::vector<LayerState> layers;  // (L)
   MatRM output;                    // (N, D) after the final norm (or the last block's tokens
                                    // when the model has no final norm over the tokens)
+  // With an attention pool (VitConfig::attention_pool), else empty (attention_pool.hpp):
+  MatRM pool_probs;                // (H, N) each head's weights of the pool's latent query over every
+                                   // token; 0 on the prefix tokens, which the pool does not read
+  MatRM pooled;                    // (1, D) the pool's output: timm forward_head(pre_logits=True),
+                                   // HF pooler_output; what a classifier head on the pool reads
 };
+
+// The MLP activation on `count` values in place, the same numbers as the blocks' MLP.
+void activation_inplace(Activation act, float* x, int64_t count);
 
 // What token `token` is, for the inspector and messages: "class token", "distillation token",
 // "register 2", "patch (row 3, col 5)".

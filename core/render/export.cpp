@@ -71,6 +71,12 @@ void check_settings(const VitModel& model, const ExportSettings& settings) {
   if (settings.select == QuerySelect::ClassToken && !model.config.class_token)
     throw Error("--cls: model '" + model.config.name + "' has no class token; use --query, --patch or --received");
   if (settings.select == QuerySelect::Token) prefix_token_index(model.config, settings.token);  // throws naming --token
+  if (settings.select == QuerySelect::Pool && !model.config.attention_pool)
+    throw Error("--pool: model '" + model.config.name + "' has no attention pool (SigLIP's head, timm global_pool 'map'); "
+                "use --query, --patch, --cls or --received");
+  if (settings.select == QuerySelect::Pool && settings.layer >= 0 && settings.layer != layers - 1)
+    throw Error("--pool: the attention pool reads the output of the last layer (" + std::to_string(layers - 1) +
+                "); --layer " + std::to_string(settings.layer) + " does not apply to it");
   if (!(settings.style.alpha >= 0.0f && settings.style.alpha <= 1.0f)) throw Error("--alpha must be in [0, 1]");
   if (!is_colormap(settings.style.colormap)) throw Error("unknown colormap '" + settings.style.colormap + "'");
   if (!(settings.temperature >= kMinTemperature && settings.temperature <= kMaxTemperature))
@@ -101,6 +107,7 @@ MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const 
       request.mode = MapMode::Query;
       request.query_token = prefix_token_index(model.config, settings.token);
       break;
+    case QuerySelect::Pool: request.mode = MapMode::Pool; break;  // after the last layer, request.layer's
   }
   return request;
 }
@@ -259,7 +266,8 @@ std::string tile_label(const std::string& name, const MatRM& map, float scale, N
 std::vector<std::string> montage_caption(const VitModel& model, const ImageAnalysis& a, Normalize normalize, int last_layer) {
   std::vector<std::string> caption;
   const std::string layers = last_layer >= 0 ? "layers " + std::to_string(a.request.layer) + " to " + std::to_string(last_layer)
-                                             : "layer " + std::to_string(a.request.layer);
+                             : a.request.mode == MapMode::Pool ? "attention pool after layer " + std::to_string(a.request.layer)
+                                                               : "layer " + std::to_string(a.request.layer);
   caption.push_back("model " + model.config.name + ", " + layers + " of depth " + std::to_string(model.config.depth) + ", " +
                     std::to_string(a.forward.tokens) + " tokens");
   switch (a.request.mode) {
@@ -268,6 +276,7 @@ std::vector<std::string> montage_caption(const VitModel& model, const ImageAnaly
                         " queries");
       break;
     case MapMode::ClassToken: caption.push_back("the class token's attention row"); break;
+    case MapMode::Pool: caption.push_back("the attention pool's latent query over the patch tokens"); break;
     case MapMode::Query: {
       const int patch = a.request.query_token - a.forward.prefix;
       if (patch < 0) {  // a prefix token as the query (--token): no patch to box
@@ -345,9 +354,11 @@ Legend export_legend(const VitModel& model, const ImageAnalysis& analysis, const
   const HeadMaps& maps = analysis.maps;
   Legend legend;
   legend.labels.push_back("image " + std::to_string(analysis.image.padded_w) + "x" + std::to_string(analysis.image.padded_h));
+  const bool pool = analysis.request.mode == MapMode::Pool;  // the pool's heads: the blocks' descriptions are not theirs
   for (size_t h = 0; h < maps.heads.size(); ++h)
-    legend.labels.push_back(tile_label(head_label(model.config, analysis.request.layer, static_cast<int>(h)), maps.heads[h],
-                                       scales[h], normalize));
+    legend.labels.push_back(tile_label(pool ? "pool head " + std::to_string(h)
+                                            : head_label(model.config, analysis.request.layer, static_cast<int>(h)),
+                                       maps.heads[h], scales[h], normalize));
   legend.labels.push_back(tile_label("mean of heads", maps.mean, scales.back(), normalize));
   legend.bar = montage_colour_bar(style, normalize, scales.empty() ? 0.0f : scales.front());
   legend.caption = montage_caption(model, analysis, normalize);
@@ -409,6 +420,8 @@ nlohmann::json sidecar_query(const VitConfig& cfg, const ImageAnalysis& a, const
       q["processed_pixel"] = {settings.query_x, settings.query_y};
     return q;
   }
+  if (a.request.mode == MapMode::Pool)  // the pool's learned query: no token of the input
+    return {{"name", "attention pool"}, {"keys", "patch tokens"}, {"after_layer", a.request.layer}};
   return nullptr;
 }
 
@@ -428,7 +441,7 @@ nlohmann::json sidecar_heads(const VitConfig& cfg, const ImageAnalysis& a, const
       head["prefix_weights"] = prefix;
     }
     const auto layer = static_cast<size_t>(a.request.layer);
-    if (layer < cfg.head_descriptions.size()) head["description"] = cfg.head_descriptions[layer][h];
+    if (layer < cfg.head_descriptions.size() && a.request.mode != MapMode::Pool) head["description"] = cfg.head_descriptions[layer][h];
     json lifts;
     for (int role = 0; role < kHeadRoles; ++role)
       lifts[head_role_name(role)] = std::round(roles.lift[layer][h][static_cast<size_t>(role)] * 1e6) / 1e6;

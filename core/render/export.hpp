@@ -23,8 +23,9 @@ namespace vitlens {
 // Which map: attention received, the row of a query given as a pixel of the source image
 // (SourcePixel, what `--query X,Y` takes) or of the processed image (Pixel, `--query-processed`),
 // a patch of the grid, the class token's row, or a prefix token as the query (Token, `--token`:
-// its row from q and K as any query's, class token included).
-enum class QuerySelect { Received, SourcePixel, Pixel, Patch, ClassToken, Token };
+// its row from q and K as any query's, class token included), or the attention pool's latent
+// query (Pool, `--pool`: SigLIP's head, after the last block; models with an attention pool).
+enum class QuerySelect { Received, SourcePixel, Pixel, Patch, ClassToken, Token, Pool };
 // How a head's map is scaled to the colour map:
 //   PerHead  each head from 0 to its own maximum;
 //   Shared   all heads (and the mean) from 0 to the largest value over the heads, to compare them;
@@ -139,7 +140,8 @@ std::vector<uint8_t> key_mask_from_image(const cv::Mat& mask_rgb01, const Prepar
 void source_to_processed_pixel(const PreparedImage& image, int x, int y, int& px, int& py);
 
 // Throws vitlens::Error when the settings cannot apply to this model, whatever the image: a layer
-// past its depth, --cls without a class token, alpha outside [0, 1], an unknown colour map, a
+// past its depth, --cls without a class token, --pool without an attention pool or with a layer
+// other than the last, alpha outside [0, 1], an unknown colour map, a
 // temperature outside [kMinTemperature, kMaxTemperature], a threshold outside (0, 1].
 void check_settings(const VitModel& model, const ExportSettings& settings);
 

@@ -9,6 +9,7 @@
 namespace vitlens {
 
 std::vector<HeadMaps> all_layer_maps(const VitModel& model, const ForwardResult& result, MapMode mode, int query_token) {
+  if (mode == MapMode::Pool) throw Error("the attention pool is one row after the blocks, not one per layer");
   std::vector<HeadMaps> maps;
   maps.reserve(result.layers.size());
   MapRequest request;
@@ -26,18 +27,30 @@ LayerGrid layer_grid(const VitModel& model, const ForwardResult& result, MapMode
   if (!is_colormap(style.colormap)) throw Error("unknown colour map '" + style.colormap + "'");
   if (style.cell_gap < 0) throw Error("layer grid: the gap between tiles must be 0 or more pixels");
   LayerGrid g;
-  g.maps = all_layer_maps(model, result, mode, query_token);
+  if (mode == MapMode::Pool && result.pool_probs.size() == 0) {
+    MapRequest request;
+    request.mode = MapMode::Pool;
+    attention_maps(model, result, request);  // throws, naming the missing pool
+  }
+  if (mode != MapMode::Pool) g.maps = all_layer_maps(model, result, mode, query_token);
   g.layers = static_cast<int>(g.maps.size());
+  g.pool_row = result.pool_probs.size() > 0;
+  if (g.pool_row) {  // the pool's own row, after the blocks
+    MapRequest request;
+    request.mode = MapMode::Pool;
+    request.layer = static_cast<int>(result.layers.size()) - 1;
+    g.maps.push_back(attention_maps(model, result, request));
+  }
   g.heads = model.config.num_heads;
   g.grid_h = result.grid_h;
   g.grid_w = result.grid_w;
   const int gap = style.cell_gap;
-  const int rows = std::max(0, g.layers * (g.grid_h + gap) - gap), cols = std::max(0, g.heads * (g.grid_w + gap) - gap);
+  const int rows = std::max(0, g.rows() * (g.grid_h + gap) - gap), cols = std::max(0, g.heads * (g.grid_w + gap) - gap);
   // Every tile's display values in one canvas, coloured by one apply_colormap call; gaps stay
   // marked (-1) and are painted afterwards.
   cv::Mat values(rows, cols, CV_32F, cv::Scalar(0.0f));
   cv::Mat is_gap(rows, cols, CV_8U, cv::Scalar(1));
-  for (int l = 0; l < g.layers; ++l) {
+  for (int l = 0; l < g.rows(); ++l) {
     HeadMaps& maps = g.maps[static_cast<size_t>(l)];
     if (style.threshold > 0.0f) apply_threshold(maps, style.threshold);  // as analyse_image and the viewer
     g.scales.push_back(map_scales(maps, style.normalize));
@@ -64,7 +77,7 @@ bool layer_grid_cell(const LayerGrid& grid, int cell_gap, int x, int y, int& lay
   if (x < 0 || y < 0 || grid.grid_w <= 0 || grid.grid_h <= 0) return false;
   const int step_x = grid.grid_w + cell_gap, step_y = grid.grid_h + cell_gap;
   const int h = x / step_x, l = y / step_y;
-  if (h >= grid.heads || l >= grid.layers || x % step_x >= grid.grid_w || y % step_y >= grid.grid_h) return false;
+  if (h >= grid.heads || l >= grid.rows() || x % step_x >= grid.grid_w || y % step_y >= grid.grid_h) return false;
   layer = l;
   head = h;
   return true;

@@ -20,7 +20,8 @@
 namespace vitlens {
 
 // attention_maps for every layer with the same mode and query: (L) results, layer order.
-// Throws vitlens::Error as attention_maps does.
+// Throws vitlens::Error as attention_maps does, and for MapMode::Pool (the pool is one row, after
+// the blocks: layer_grid adds it).
 std::vector<HeadMaps> all_layer_maps(const VitModel& model, const ForwardResult& result, MapMode mode, int query_token);
 
 struct LayerGridStyle {
@@ -30,13 +31,18 @@ struct LayerGridStyle {
   int cell_gap = 1;        // pixels between tiles (drawn in the background colour)
 };
 
+// With an attention pool (SigLIP's head) the grid has one row more after the blocks' rows: the
+// pool's heads, its latent query over the patch tokens, whatever the blocks' rows show. In
+// MapMode::Pool that row is the whole grid (layers = 0).
 struct LayerGrid {
   int layers = 0, heads = 0, grid_h = 0, grid_w = 0;
-  std::vector<HeadMaps> maps;             // (L) the maps as drawn: after the threshold when one is set
-  std::vector<std::vector<float>> scales; // (L, H + 1) map_scales of each layer (as the heads view)
-  cv::Mat picture;                        // CV_8UC3 RGB, (L * (gh + gap) - gap, H * (gw + gap) - gap):
+  bool pool_row = false;                  // the last row is the attention pool's (row index `layers`)
+  std::vector<HeadMaps> maps;             // (rows()) the maps as drawn: after the threshold when one is set
+  std::vector<std::vector<float>> scales; // (rows(), H + 1) map_scales of each row (as the heads view)
+  cv::Mat picture;                        // CV_8UC3 RGB, (rows() * (gh + gap) - gap, H * (gw + gap) - gap):
                                           // tile (l, h) at x = h (gw + gap), y = l (gh + gap), one
                                           // pixel per patch (the viewer scales it up, nearest)
+  int rows() const { return layers + (pool_row ? 1 : 0); }
 };
 
 // The maps of all_layer_maps, thresholded (apply_threshold, per layer) and scaled per layer as the
@@ -45,7 +51,8 @@ struct LayerGrid {
 LayerGrid layer_grid(const VitModel& model, const ForwardResult& result, MapMode mode, int query_token,
                      const LayerGridStyle& style);
 
-// The tile (layer, head) under pixel (x, y) of a grid picture; false on a gap or outside.
+// The tile (layer, head) under pixel (x, y) of a grid picture; false on a gap or outside. On the
+// attention pool's row, layer == grid.layers.
 bool layer_grid_cell(const LayerGrid& grid, int cell_gap, int x, int y, int& layer, int& head);
 
 }  // namespace vitlens

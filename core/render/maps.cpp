@@ -20,6 +20,9 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
                 std::to_string(layers) + " layer(s), 0 to " + std::to_string(layers - 1));
   if (request.mode == MapMode::ClassToken && !result.has_class_token)
     throw Error("model '" + model.config.name + "' has no class token: use a query patch or attention received");
+  if (request.mode == MapMode::Pool && result.pool_probs.rows() != heads)
+    throw Error("model '" + model.config.name + "' has no attention pool (SigLIP's head, timm global_pool 'map'): "
+                "use a query patch, the class token or attention received");
   const LayerState& state = result.layers[static_cast<size_t>(request.layer)];
 
   HeadMaps maps;
@@ -40,6 +43,7 @@ HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, cons
         break;
       case MapMode::ClassToken: weights = state.cls_row.row(h).data(); break;
       case MapMode::Received: weights = state.received.row(h).data(); break;
+      case MapMode::Pool: weights = result.pool_probs.row(h).data(); break;
     }
     if (result.has_class_token) maps.cls_weight[static_cast<size_t>(h)] = weights[0];
     if (result.prefix) maps.prefix_weight.row(h) = ConstMapRM(weights, 1, result.prefix);

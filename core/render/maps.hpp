@@ -9,10 +9,12 @@
 
 namespace vitlens {
 
-enum class MapMode { Query, ClassToken, Received };
+// Pool: the attention pool's latent query (SigLIP's head, VitConfig::attention_pool) over the
+// patch tokens; it sits after the last block, so a request's layer does not change it.
+enum class MapMode { Query, ClassToken, Received, Pool };
 inline constexpr EnumName<MapMode> kMapModeNames[] = {
-    {MapMode::Query, "query"}, {MapMode::ClassToken, "cls"}, {MapMode::Received, "received"}};
-const char* map_mode_name(MapMode mode);  // "query", "cls", "received"
+    {MapMode::Query, "query"}, {MapMode::ClassToken, "cls"}, {MapMode::Received, "received"}, {MapMode::Pool, "pool"}};
+const char* map_mode_name(MapMode mode);  // "query", "cls", "received", "pool"
 bool parse_map_mode(const std::string& name, MapMode& mode);
 
 struct MapRequest {
@@ -47,7 +49,7 @@ PatchSelection image_patches(const ForwardResult& result);
 const PatchSelection& shown_patches(const HeadMaps& maps, size_t index);
 
 // Throws vitlens::Error on a layer or query out of range or a mode the model cannot give
-// (class token map without a class token).
+// (class token map without a class token, pool map without an attention pool).
 HeadMaps attention_maps(const VitModel& model, const ForwardResult& result, const MapRequest& request);
 
 // Token index of the patch under pixel (x, y) of the processed image / of patch (row, col) on a

@@ -125,6 +125,7 @@ void fit_choices_to(App& app, int old_rows, int old_cols) {
   if (v.key_row >= rows || v.key_col >= cols) v.key_row = v.key_col = -1;
   if (v.layer >= static_cast<int>(c.forward.layers.size())) v.layer = -1;
   if (v.mode == MapMode::ClassToken && !c.forward.has_class_token) v.mode = MapMode::Query;
+  if (v.mode == MapMode::Pool && c.forward.pool_probs.size() == 0) v.mode = MapMode::Query;  // a model without a pool
   if (v.query_prefix >= c.forward.prefix) v.query_prefix = -1;  // a model without that token
   if (v.focus_head >= app.doc.model->model.config.num_heads) v.focus_head = -1;
   RolloutChoice& r = app.ui.compute.rollout;
@@ -429,8 +430,15 @@ bool set_query_prefix(App& app, int token) {
 }
 
 void open_grid_cell(App& app, int layer, int head) {
-  if (layer < 0 || layer >= model_layers(app) || !app.doc.model || head < 0 || head >= app.doc.model->model.config.num_heads)
+  if (!app.doc.model || head < 0 || head >= app.doc.model->model.config.num_heads) return;
+  if (layer == model_layers(app) && app.doc.model->model.config.attention_pool) {  // the grid's pool row
+    app.ui.view.mode = MapMode::Pool;
+    app.ui.view.focus_head = head;
+    app.ui.compute.rollout.on = false;
     return;
+  }
+  if (layer < 0 || layer >= model_layers(app)) return;
+  if (app.ui.view.mode == MapMode::Pool) app.ui.view.mode = MapMode::Query;  // a block's tile: the blocks' query
   app.ui.view.layer = layer;
   app.ui.view.focus_head = head;
   // The grid shows attention maps: the cell opens as one, also from rollout mode.
@@ -452,6 +460,9 @@ std::string map_mode_caption(const App& app) {
       return "Query patch: where one patch looks. Click a patch (or use the arrow keys) and each head lights up the "
              "patches it draws from: edges, texture, colour or nearby patches.";
     case MapMode::ClassToken: return "Class token: where the class token looks, the summary the classifier reads.";
+    case MapMode::Pool:
+      return "Attention pool: where the head's learned query looks over the last layer's patch tokens (SigLIP's "
+             "pooled vector is their weighted sum); it sits after the blocks, so the layer does not change it.";
     case MapMode::Received:
       return "Received: how much attention each patch gets, averaged over every query; a few patches that every "
              "query visits stand out.";

@@ -72,8 +72,9 @@ std::string cli_command(const App& app, const std::string& out_dir) {
       case MapMode::Query: cmd += query_flag(app); break;
       case MapMode::ClassToken: cmd += " --cls"; break;
       case MapMode::Received: cmd += " --received"; break;
+      case MapMode::Pool: cmd += " --pool"; break;
     }
-    if (ui.view.layer >= 0 && ui.view.layer != static_cast<int>(f.layers.size()) - 1)
+    if (ui.view.mode != MapMode::Pool && ui.view.layer >= 0 && ui.view.layer != static_cast<int>(f.layers.size()) - 1)
       cmd += " --layer " + std::to_string(current_layer(app));
   }
   if (app.doc.comp->key.mask == MaskMode::Causal) cmd += " --mask causal";
@@ -134,6 +135,10 @@ ExportSettings view_export_settings(const App& app, const std::string& folder) {
       break;
     case MapMode::ClassToken: s.select = QuerySelect::ClassToken; break;
     case MapMode::Received: s.select = QuerySelect::Received; break;
+    case MapMode::Pool:
+      s.select = QuerySelect::Pool;
+      s.layer = -1;  // the pool reads the last layer's output, whatever layer the slider shows
+      break;
   }
   return s;
 }

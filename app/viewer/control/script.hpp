@@ -6,7 +6,7 @@
 //
 //   open PATH | model PATH          load an image / a model (a bad file keeps the current one)
 //   pin ROW COL | key left|right|up|down | hover ROW COL
-//   mode query|cls|received|rollout layer N
+//   mode query|cls|received|pool|rollout layer N
 //   token patch|cls|dist|regK       the query: the pinned patch or a prefix token
 //   head N|all                      open one head large in the Heads window, or show them all
 //   rollout on|off | rollout fusion mean|max|min | rollout discard R | rollout layers A B |

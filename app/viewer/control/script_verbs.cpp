@@ -43,7 +43,7 @@ bool check_click(const ScriptArgs& a, std::string&) {
 bool check_drag(const ScriptArgs& a, std::string&) { return a.size() == 2 && float_in(a[1], 0.0f, 1.0f); }
 bool check_expect(const ScriptArgs& a, std::string&) { return a.size() == 2 && !a[0].empty(); }
 bool check_mode(const ScriptArgs& a, std::string&) {
-  return a.size() == 1 && one_of(a[0], {"query", "cls", "received", "rollout"});
+  return a.size() == 1 && one_of(a[0], {"query", "cls", "received", "pool", "rollout"});
 }
 bool check_layer(const ScriptArgs& a, std::string&) { return a.size() == 1 && int_in(a[0], 0, 1000000); }
 bool check_token(const ScriptArgs& a, std::string&) {
@@ -296,6 +296,8 @@ std::string run_mode(App& app, const ScriptArgs& a) {
   parse_map_mode(a[0], mode);
   if (mode == MapMode::ClassToken && app.doc.comp && !app.doc.comp->forward.has_class_token)
     return "model '" + app.doc.model->model.config.name + "' has no class token";
+  if (mode == MapMode::Pool && app.doc.model && !app.doc.model->model.config.attention_pool)
+    return "model '" + app.doc.model->model.config.name + "' has no attention pool (SigLIP's head)";
   app.ui.view.mode = mode;
   return "";
 }
@@ -466,7 +468,7 @@ const ScriptVerb kFileVerbs[] = {
 const ScriptVerb kQueryVerbs[] = {
     {"pin", "pin ROW COL", S::Words, check_row_col, run_pin},
     {"hover", "hover ROW COL", S::Words, check_row_col, run_hover},
-    {"mode", "mode query|cls|received|rollout", S::Words, check_mode, run_mode},
+    {"mode", "mode query|cls|received|pool|rollout", S::Words, check_mode, run_mode},
     {"layer", "layer N (N >= 0)", S::Words, check_layer, run_layer},
     {"token", "token patch|cls|dist|regK", S::Words, check_token, run_token},
 };

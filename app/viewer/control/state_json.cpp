@@ -145,6 +145,7 @@ nlohmann::json state_json(const App& app) {
   add_view(app, j);
   j["rollout"] = rollout_json(app);
   j["layers_grid"] = {{"shown", app.ui.show_layers}, {"layers", d.layers.layers}, {"heads", d.layers.heads},
+                      {"pool_row", d.layers.pool_row},
                       {"ms", d.layers_ms}, {"error", d.layers_error}};
   add_choices(app, j);
   add_windows(app, j);

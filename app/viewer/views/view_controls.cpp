@@ -144,6 +144,15 @@ void DrawMapChoice(App& app) {
     v.mode = MapMode::Received;
     set_rollout(app, false);
   }
+  // The attention pool's latent query (SigLIP's head): a query of its own, after the last block.
+  const bool has_pool = app.doc.model && app.doc.model->model.config.attention_pool;
+  gui::SameLineIfFits(gui::RadioWidth("attention pool"));
+  ImGui::BeginDisabled(!has_pool);
+  if (gui::RadioButton("attention pool", !rollout && v.mode == MapMode::Pool && has_pool)) {
+    v.mode = MapMode::Pool;
+    set_rollout(app, false);
+  }
+  ImGui::EndDisabled();
   gui::SameLineIfFits(gui::RadioWidth("rollout"));
   if (gui::RadioButton("rollout", rollout)) set_rollout(app, true);
   gui::TextWrappedDisabled("%s", map_mode_caption(app).c_str());

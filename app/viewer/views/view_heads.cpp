@@ -74,10 +74,13 @@ void DrawHeadPanel(App& app, const ViewTextures& textures, int index, float widt
   const int layer = current_layer(app);
   const Derived& d = app.derived;
   const bool is_mean = index == heads;
-  const std::string label = is_mean ? std::string("mean of heads") : head_label(model.config, layer, index);
+  const bool pool = app.ui.view.mode == MapMode::Pool && !app.ui.compute.rollout.on;  // the pool's heads, as the export labels them
+  const std::string label = is_mean ? std::string("mean of heads")
+                            : pool  ? "pool head " + std::to_string(index)
+                                    : head_label(model.config, layer, index);
   ImGui::BeginGroup();
   gui::TextUnformatted(label.c_str());
-  if (!is_mean && layer < static_cast<int>(model.config.head_descriptions.size()) && ImGui::IsItemHovered())
+  if (!is_mean && !pool && layer < static_cast<int>(model.config.head_descriptions.size()) && ImGui::IsItemHovered())
     ImGui::SetTooltip("%s", model.config.head_descriptions[static_cast<size_t>(layer)][static_cast<size_t>(index)].c_str());
   const std::string name = is_mean ? std::string("mean") : "head" + std::to_string(index);
   const Texture& texture = is_mean ? textures.mean : textures.heads[static_cast<size_t>(index)];
@@ -166,6 +169,9 @@ void DrawHeadsView(App& app, const ViewTextures& textures) {
                     c.forward.layers.size());
       break;
     case MapMode::ClassToken: gui::TextWrapped("Where the class token looks, layer %d", layer); break;
+    case MapMode::Pool:
+      gui::TextWrapped("Where the attention pool's query looks, over the output of layer %zu", c.forward.layers.size() - 1);
+      break;
     case MapMode::Received:
       gui::TextWrapped("Attention each patch receives (mean over %d queries), layer %d", c.forward.received_queries, layer);
       break;

@@ -32,7 +32,9 @@ std::string GridCaption(const App& app) {
     }
     case MapMode::ClassToken: text = "where the class token looks"; break;
     case MapMode::Received: text = "attention each patch receives"; break;
+    case MapMode::Pool: text = "the attention pool's query only"; break;
   }
+  if (mode != MapMode::Pool && c.forward.pool_probs.size() > 0) text += "; the last row: the attention pool's query";
   return text + (rollout ? " (the rollout's row, layer by layer)" : "");
 }
 
@@ -47,12 +49,15 @@ void DrawLayersView(App& app, const ViewTextures& textures) {
   }
   const Derived& d = app.derived;
   const LayerGrid& g = d.layers;
-  if (!app.doc.ready() || g.layers == 0 || textures.layers.id == 0) {
+  if (!app.doc.ready() || g.rows() == 0 || textures.layers.id == 0) {
     gui::TextWrapped("%s", !d.layers_error.empty() ? d.layers_error.c_str() : app.compute_job ? "Computing ..." : "Nothing to show yet.");
     ImGui::End();
     return;
   }
-  gui::TextWrapped("%d layers x %d heads, %s; click a tile to open it", g.layers, g.heads, GridCaption(app).c_str());
+  if (g.layers > 0)
+    gui::TextWrapped("%d layers x %d heads, %s; click a tile to open it", g.layers, g.heads, GridCaption(app).c_str());
+  else
+    gui::TextWrapped("%d heads, %s; click a tile to open it", g.heads, GridCaption(app).c_str());
   ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
   gui::TextWrapped("every map for this query: %.2f ms (from the cached q and K, no new forward pass)", d.layers_ms);
   ImGui::PopStyleColor();
@@ -76,8 +81,9 @@ void DrawLayersView(App& app, const ViewTextures& textures) {
     if (ImGui::CalcTextSize(label).x <= step_x || h % 2 == 0)
       draw->AddText(ImVec2(origin.x + static_cast<float>(h) * step_x, start.y), text, label);
   }
-  for (int l = 0; l < g.layers; ++l) {
-    std::snprintf(label, sizeof label, "L%d", l);
+  for (int l = 0; l < g.rows(); ++l) {
+    if (l < g.layers) std::snprintf(label, sizeof label, "L%d", l);
+    else std::snprintf(label, sizeof label, "pool");
     if (ImGui::GetTextLineHeight() <= step_y || l % 2 == 0)
       draw->AddText(ImVec2(start.x, origin.y + static_cast<float>(l) * step_y), text, label);
   }
@@ -91,19 +97,22 @@ void DrawLayersView(App& app, const ViewTextures& textures) {
 
   // The tile the Heads window shows (its layer; its head when one is open), outlined.
   const int shown_layer = current_layer(app), shown_head = app.ui.view.focus_head;
-  if (!app.ui.compute.rollout.on && shown_layer < g.layers) {
+  const bool pool_shown = app.ui.view.mode == MapMode::Pool && g.pool_row;  // the pool's row is what the Heads window shows
+  if (!app.ui.compute.rollout.on && (shown_layer < g.layers || pool_shown)) {
     const float x0 = shown_head >= 0 ? origin.x + static_cast<float>(shown_head) * step_x : origin.x;
     const float x1 = shown_head >= 0 ? x0 + static_cast<float>(g.grid_w) * scale : origin.x + width;
-    const float y0 = origin.y + static_cast<float>(shown_layer) * step_y;
+    const float y0 = origin.y + static_cast<float>(pool_shown ? g.layers : shown_layer) * step_y;
     draw->AddRect(ImVec2(x0 - 1.0f, y0 - 1.0f), ImVec2(x1 + 1.0f, y0 + static_cast<float>(g.grid_h) * scale + 1.0f),
                   IM_COL32(255, 255, 255, 230), 0.0f, 0, 1.5f);
   }
   int layer = 0, head = 0;
   if (hovered && layer_grid_cell(g, kLayerGridGap, static_cast<int>((io.MousePos.x - origin.x) / scale),
                                  static_cast<int>((io.MousePos.y - origin.y) / scale), layer, head)) {
-    ImGui::SetTooltip("layer %d, %s: click to open it", layer,
-                      head_label(app.doc.model->model.config, layer, head).c_str());
-    if (clicked) open_grid_cell(app, layer, head);
+    if (layer == g.layers)  // the attention pool's row
+      ImGui::SetTooltip("attention pool, pool head %d: click to open it", head);
+    else
+      ImGui::SetTooltip("layer %d, %s: click to open it", layer, head_label(app.doc.model->model.config, layer, head).c_str());
+    if (clicked) open_grid_cell(app, layer == g.layers ? model_layers(app) : layer, head);
   }
   ImGui::End();
 }
