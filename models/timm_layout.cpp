@@ -278,12 +278,14 @@ void timm_image_size(const Tensors& t, const TimmConfig& tc, ConvertedModel& m) 
 
 // timm's global_pool: config.json's (save_for_hf writes it at the top and in model_args), else
 // VisionTransformer's default ('token'; a model without a class token cannot have it).
-// Auto when config.json names a pool vitlens' classifier does not compute ('map', '').
+// Auto when config.json names a pool vitlens' classifier does not compute (''); 'map' is the
+// attention pool's output.
 HeadPool timm_head_pool(const TimmConfig& tc, const VitConfig& c, bool fc_norm, std::vector<std::string>& notes,
                         const std::string& what) {
   const json* said = tc.cfg.contains("global_pool") ? &tc.cfg["global_pool"]
                      : tc.args.contains("global_pool") ? &tc.args["global_pool"] : nullptr;
   if (!said || said->is_null()) {
+    if (c.attention_pool) return HeadPool::Map;
     if (!tc.present && (fc_norm || !c.class_token)) {
       notes.push_back("classifier pooling: the mean of the patch tokens, inferred (no config.json; " +
                       std::string(fc_norm ? "fc_norm" : "no class token") + ")");
@@ -293,8 +295,10 @@ HeadPool timm_head_pool(const TimmConfig& tc, const VitConfig& c, bool fc_norm, 
   }
   const std::string pool = said->is_string() ? said->get<std::string>() : said->dump();
   HeadPool out = HeadPool::Auto;
-  // 'map' (the attention pool) and '' (no pooling) are not pools this head reads: Auto says so.
+  // '' (no pooling) is not a pool this head reads: Auto says so. 'map' reads the attention pool.
   if (!parse_head_pool(pool, out) || out == HeadPool::Auto) return HeadPool::Auto;
+  if (out == HeadPool::Map && !c.attention_pool)
+    throw Error(what + ": config.json global_pool is 'map' but the file has no attention pool (attn_pool.*)");
   if (out == HeadPool::Token && !c.class_token)
     throw Error(what + ": config.json global_pool is 'token' but the model has no class token (cls_token)");
   return out;
@@ -366,7 +370,7 @@ void timm_head(Tensors& t, const TimmConfig& tc, ConvertedModel& m) {
     const std::string said = tc.cfg.contains("global_pool") ? tc.cfg["global_pool"].dump() : tc.args.value("global_pool", json()).dump();
     t.drop_prefix("head.");
     m.notes.push_back("classifier ignored: config.json global_pool " + said +
-                      " is a pooling vitlens' classifier does not compute (token, avg, max, avgmax), so there are no predictions");
+                      " is a pooling vitlens' classifier does not compute (token, avg, max, avgmax, map), so there are no predictions");
   }
   if (!t.has("head.weight")) {
     if (t.drop_prefix("fc_norm."))

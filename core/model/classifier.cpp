@@ -26,11 +26,17 @@ std::vector<int> pooled_rows(const VitConfig& cfg, const ForwardResult& result) 
   return rows;
 }
 
-// x = global_pool_nlc(x, pool_type): (D) in double. (timm's 'map' attention pool: see HeadPool.)
+// x = global_pool_nlc(x, pool_type), or timm's 'map': the attention pool's output: (D) in double.
 std::vector<double> pool_tokens(const VitConfig& cfg, const ForwardResult& result) {
   const int dim = static_cast<int>(result.output.cols());
   std::vector<double> pooled(static_cast<size_t>(dim), 0.0);
   const HeadPool pool = resolved_head_pool(cfg);
+  if (pool == HeadPool::Map) {
+    if (result.pooled.rows() != 1 || result.pooled.cols() != dim)
+      throw Error("the classifier reads the attention pool's output, but this forward has none");
+    for (int c = 0; c < dim; ++c) pooled[static_cast<size_t>(c)] = result.pooled(0, c);
+    return pooled;
+  }
   if (pool == HeadPool::Token) {
     for (int c = 0; c < dim; ++c) pooled[static_cast<size_t>(c)] = result.output(cfg.class_index(), c);
     return pooled;
@@ -151,8 +157,10 @@ std::string classifier_summary(const VitModel& model) {
                      "), ";
   if (w.head_dist_w && model.config.dist_token) return line + "mean of the class and distillation tokens' heads";
   const HeadPool pool = resolved_head_pool(model.config);
-  line += pool == HeadPool::Token ? "class token" : std::string(head_pool_name(pool)) + " pool over the patch tokens";
-  if (pool != HeadPool::Token && model.config.pool_include_prefix) line += " and the prefix tokens";
+  line += pool == HeadPool::Token ? "class token"
+          : pool == HeadPool::Map ? "the attention pool's output"
+                                  : std::string(head_pool_name(pool)) + " pool over the patch tokens";
+  if (pool != HeadPool::Token && pool != HeadPool::Map && model.config.pool_include_prefix) line += " and the prefix tokens";
   if (w.fc_norm_w) line += ", fc_norm";
   return line;
 }

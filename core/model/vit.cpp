@@ -84,7 +84,8 @@ constexpr EnumName<HeadPool> kHeadPoolNames[] = {{HeadPool::Auto, "auto"},
                                                  {HeadPool::Token, "token"},
                                                  {HeadPool::Avg, "avg"},
                                                  {HeadPool::Max, "max"},
-                                                 {HeadPool::AvgMax, "avgmax"}};
+                                                 {HeadPool::AvgMax, "avgmax"},
+                                                 {HeadPool::Map, "map"}};
 }  // namespace
 
 const char* head_pool_name(HeadPool pool) { return enum_name(kHeadPoolNames, pool); }

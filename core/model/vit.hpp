@@ -38,11 +38,9 @@ enum class HeadPool {
   Avg,     // x[:, prefix:].mean(1)                    timm 'avg'
   Max,     // x[:, prefix:].amax(1)                    timm 'max'
   AvgMax,  // 0.5 * (amax + mean) over x[:, prefix:]   timm 'avgmax'
-  // timm 'map' (SigLIP's attention pool) is not here yet: its pooled vector comes from the
-  // attention-pool head beside the forward; when ForwardResult keeps it, a Map value makes the
-  // classifier read it (classifier.cpp pool_tokens) and the timm layout stop dropping the head.
+  Map,     // the attention pool's output (ForwardResult::pooled)  timm 'map' (SigLIP)
 };
-const char* head_pool_name(HeadPool pool);  // "auto", "token", "avg", "max", "avgmax"
+const char* head_pool_name(HeadPool pool);  // "auto", "token", "avg", "max", "avgmax", "map"
 bool parse_head_pool(const std::string& text, HeadPool& pool);
 
 // The longest texts a config holds, in bytes: a name is one line of a caption, a description a
