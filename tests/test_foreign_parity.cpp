@@ -23,6 +23,7 @@
 #include "models/model_io.hpp"
 #include "models/safetensors.hpp"
 #include "core/model/vit.hpp"
+#include "core/train/vit_train.hpp"
 
 namespace {
 
@@ -372,5 +373,32 @@ TEST_CASE("the rotary embedding is what makes the parity: without it or with the
       INFO("variant " << variant);
       CHECK(dp > 0.01);
     }
+  }
+}
+
+TEST_CASE("rotary and SwiGLU models run in bfloat16 and are refused by training", "[formats]") {
+  const nlohmann::json manifest = foreign_manifest();
+  const cv::Mat rgb = vitlens::load_image_rgb(kForeignDir + manifest.at("image").get<std::string>());
+  for (const char* name : {"timm_dinov3_swiglu", "timm_eva02_base", "hf_dinov3_gated", "timm_rmsnorm"}) {
+    INFO(name);
+    const vitlens::VitModel model = vitlens::load_model(kForeignDir + std::string(name) + "/model.safetensors");
+    const vitlens::PreparedImage image = vitlens::prepare_image(rgb, model.config, 0);
+    // The bf16 Linear layers read fc1's packed gate and value rows as the fp32 ones do: the same
+    // maps to bfloat16's precision.
+    vitlens::ForwardOptions options;
+    options.keep_probs = true;
+    const vitlens::ForwardResult fp32 = vitlens::forward(model, image.grid, options);
+    options.precision = vitlens::Precision::Bf16;
+    const vitlens::ForwardResult bf16 = vitlens::forward(model, image.grid, options);
+    REQUIRE(bf16.precision == vitlens::Precision::Bf16);
+    const vitlens::MatRM& a = fp32.layers.back().probs[0];
+    const vitlens::MatRM& b = bf16.layers.back().probs[0];
+    const double diff = max_abs_diff(a.data(), b.data(), static_cast<size_t>(a.size()));
+    CHECK(diff > 0.0);
+    CHECK(diff < 0.05);
+    // Training computes none of these options: a run is refused naming the first.
+    CHECK_THROWS_WITH(vitlens::train::param_layout(model.config, 3),
+                      Catch::Contains("training does not compute") &&
+                          (Catch::Contains("rotary") || Catch::Contains("RMSNorm")));
   }
 }
