@@ -52,7 +52,7 @@ int run_info(const InfoArgs& args) {
   std::printf("qkv bias:     %s\n", c.qkv_bias ? "yes" : "no");
   std::printf("mlp:          ratio %g (%d hidden), %s%s\n", c.mlp_ratio, c.mlp_hidden(),
               c.swiglu ? "SwiGLU (silu(gate) * value)" : activation_name(c.act), c.mlp_norm ? ", norm before fc2" : "");
-  std::printf("norms:        %s%s%s%s\n", c.rms_norm ? "RMSNorm, " : "", c.pre_norm ? "pre-norm before the blocks, " : "", c.layer_scale ? "LayerScale, " : "",
+  std::printf("norms:        %s%s%s%s%s\n", c.rms_norm ? "RMSNorm, " : "", c.attn_out_norm ? "attention output norm, " : "", c.pre_norm ? "pre-norm before the blocks, " : "", c.layer_scale ? "LayerScale, " : "",
               c.final_norm ? "final norm over the tokens" : "no final norm over the tokens (pooled-only norm)");
   std::printf("norm eps:     %g\n", static_cast<double>(c.norm_eps));
   std::printf("mean / std:   [%g, %g, %g] / [%g, %g, %g]\n", static_cast<double>(c.mean[0]), static_cast<double>(c.mean[1]),

@@ -174,6 +174,7 @@ VitConfig config_from_json(const json& j, const std::string& what) {
   if (j.contains("swiglu")) c.swiglu = get_bool(j, "swiglu", what);
   if (j.contains("mlp_norm")) c.mlp_norm = get_bool(j, "mlp_norm", what);
   if (j.contains("rms_norm")) c.rms_norm = get_bool(j, "rms_norm", what);
+  if (j.contains("attn_out_norm")) c.attn_out_norm = get_bool(j, "attn_out_norm", what);
   if (j.contains("head_descriptions")) {
     const json& hd = j["head_descriptions"];
     bool ok = hd.is_array();
@@ -222,6 +223,7 @@ json config_to_json(const VitConfig& c) {
   if (c.swiglu != base.swiglu) j["swiglu"] = c.swiglu;
   if (c.mlp_norm != base.mlp_norm) j["mlp_norm"] = c.mlp_norm;
   if (c.rms_norm != base.rms_norm) j["rms_norm"] = c.rms_norm;
+  if (c.attn_out_norm != base.attn_out_norm) j["attn_out_norm"] = c.attn_out_norm;
   if (!c.head_descriptions.empty()) j["head_descriptions"] = c.head_descriptions;
   return j;
 }
@@ -245,6 +247,10 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
     s[b + "norm1.bias"] = {d};
     s[b + "attn.qkv.weight"] = {3 * d, d};
     if (c.qkv_bias) s[b + "attn.qkv.bias"] = {3 * d};
+    if (c.attn_out_norm) {
+      s[b + "attn.norm.weight"] = {d};
+      s[b + "attn.norm.bias"] = {d};
+    }
     s[b + "attn.proj.weight"] = {d, d};
     s[b + "attn.proj.bias"] = {d};
     s[b + "norm2.weight"] = {d};
@@ -341,6 +347,8 @@ VitWeights weight_views(const VitConfig& config, const std::map<std::string, con
     bw.norm1_b = view(b + "norm1.bias");
     bw.qkv_w = view(b + "attn.qkv.weight");
     bw.qkv_b = view(b + "attn.qkv.bias");
+    bw.attn_norm_w = view(b + "attn.norm.weight");
+    bw.attn_norm_b = view(b + "attn.norm.bias");
     bw.proj_w = view(b + "attn.proj.weight");
     bw.proj_b = view(b + "attn.proj.bias");
     bw.norm2_w = view(b + "norm2.weight");

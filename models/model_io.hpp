@@ -13,6 +13,7 @@
 //   norm_pre.weight/bias (D)                   [pre_norm only]
 //   blocks.{i}.norm1.weight/bias (D)          blocks.{i}.attn.qkv.weight (3D, D)
 //   blocks.{i}.attn.qkv.bias (3D)              [qkv_bias only]
+//   blocks.{i}.attn.norm.weight/bias (D)       [attn_out_norm only]
 //   blocks.{i}.attn.proj.weight (D, D)         blocks.{i}.attn.proj.bias (D)
 //   blocks.{i}.ls1.gamma, ls2.gamma (D)        [layer_scale only]
 //   blocks.{i}.norm2.weight/bias (D)
@@ -27,7 +28,7 @@
 // optional head_descriptions [[str per head] per layer], and the optional architecture keys
 // dist_token, register_tokens, pos_embed_prefix, patch_bias, pre_norm, layer_scale, final_norm,
 // post_norm, act, pos_embed, rope (+ rope_temperature, rope_rotate_half, rope_grid_offset,
-// rope_ref_grid [rows, cols]), swiglu, mlp_norm (written only when they differ from the original
+// rope_ref_grid [rows, cols]), swiglu, mlp_norm, rms_norm, attn_out_norm (written only when they differ from the original
 // block's defaults).
 #include <map>
 #include <string>

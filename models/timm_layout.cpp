@@ -80,7 +80,6 @@ void refuse_timm_features(const Tensors& t) {
   static const std::pair<const char*, const char*> kRefused[] = {
       {".attn.q_norm.", "qk-norm (a LayerNorm on each head's queries and keys)"},
       {".attn.k_norm.", "qk-norm (a LayerNorm on each head's queries and keys)"},
-      {".attn.norm.", "a norm on the attention output (scale_norm)"},
       {".attn.lambda_q1", "differential attention (timm's DiffAttention)"},
       {".mlp.w12.", "a SwiGLU MLP in xformers' layout (w12, w3)"},
       {"relative_position", "relative position biases"},
@@ -144,6 +143,7 @@ void timm_options_from_tensors(Tensors& t, ConvertedModel& m) {
   // GluMlp with gate_last=False, DINOv2 giant and EVA-02 S/T; or Eva's fc1_g / fc1_x stacked above).
   c.swiglu = fc1[0] == 2 * fc2[1];
   c.mlp_norm = t.has("blocks.0.mlp.norm.weight");
+  c.attn_out_norm = t.has("blocks.0.attn.norm.weight");
   c.pos_embed = t.has("pos_embed");
   c.class_token = t.has("cls_token");
   c.dist_token = t.has("dist_token");
@@ -189,8 +189,6 @@ void check_args_against_tensors(const json& args, const VitConfig& c, const std:
 void refuse_timm_args(const json& args, const std::string& what) {
   static const struct { const char* key; const char* standard; const char* means; } kArgs[] = {
       {"qk_norm", "false", "qk-norm (a LayerNorm on each head's queries and keys)"},
-      {"scale_attn_norm", "false", "a norm on the attention output"},
-      {"scale_attn_inner", "false", "a norm on the attention output (Eva scale_attn_inner)"},
       {"attn_type", "\"eva\"", "timm's AttentionRope block"},
       {"use_post_norm", "false", "Eva's residual post-norm blocks"},
       {"num_kv_heads", "null", "grouped-query attention"},
@@ -432,6 +430,7 @@ ConvertedModel convert_timm(layout_support::Tensors t, const std::string& folder
                       (c.mlp_norm ? ", LayerNorm before fc2" : ""));
   else if (c.mlp_norm)
     m.notes.push_back("a LayerNorm inside the MLP, before fc2");
+  if (c.attn_out_norm) m.notes.push_back("a LayerNorm on the heads' concatenated output, before attn.proj");
   check_args_against_tensors(tc.args, c, what);
   timm_norm_layer(tc.args, c, m.notes, what);
   read_timm_activation(tc.args, c, what);

@@ -133,7 +133,7 @@ TEST_CASE("models the real libraries made are refused naming the feature, with o
       // DINOv3, DINOv2 giant's SwiGLU and RMSNorm, refused here before, are parity cases now
       // (test_foreign_parity.cpp); these two Eva relatives still are not.
       {"timm_vit_rope", "rotary position embeddings (vit_*_rope_*)", "its positions are rotary"},
-      {"timm_eva02_clip", "a norm on the attention output", "a norm on the attention output"},
+      {"timm_eva02_enormous", "Eva's residual post-norm blocks", "timm Eva blocks"},
   };
   const json manifest = json::parse(slurp(kForeign + "manifest.json"));
   REQUIRE(manifest.at("refused").size() == std::size(refused));

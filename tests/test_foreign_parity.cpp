@@ -37,8 +37,8 @@ TEST_CASE("timm and Hugging Face checkpoints match their libraries' forward", "[
   const nlohmann::json manifest = foreign_manifest();
   const double tolerance = manifest.at("tolerance").get<double>();
   REQUIRE(tolerance == Approx(1e-5));
-  // the script writes sixteen, and nine of the rotary / SwiGLU / RMSNorm families; fewer means stale fixtures
-  REQUIRE(manifest.at("cases").size() == 16 + 9);
+  // the script writes sixteen, and ten of the rotary / SwiGLU / RMSNorm families; fewer means stale fixtures
+  REQUIRE(manifest.at("cases").size() == 16 + 10);
   const cv::Mat rgb = vitlens::load_image_rgb(kForeignDir + manifest.at("image").get<std::string>());
 
   for (const auto& c : manifest.at("cases")) {
@@ -266,6 +266,7 @@ TEST_CASE("rotary SwiGLU and RMSNorm families get their options from the files",
     int registers, hidden;
     float eps;
     bool rms = false;
+    bool attn_norm = false;
   };
   using R = vitlens::Rope;
   const Expect expects[] = {
@@ -278,6 +279,7 @@ TEST_CASE("rotary SwiGLU and RMSNorm families get their options from the files",
       {"timm_dinov2_swiglu", "timm", R::None, false, 10000.0f, 0, true, true, false, true, true, true, 0, 24, 1e-6f},
       {"hf_dinov2_swiglu", "hf-dinov2", R::None, false, 10000.0f, 0, true, true, false, true, true, true, 0, 32, 1e-6f},
       {"timm_rmsnorm", "timm", R::None, false, 10000.0f, 0, true, false, false, true, false, true, 0, 48, 1e-6f, true},
+      {"timm_eva02_clip", "timm", R::Eva, false, 10000.0f, 16, true, true, true, true, false, true, 0, 48, 1e-6f, false, true},
   };
   for (const Expect& e : expects) {
     INFO(e.name);
@@ -302,6 +304,7 @@ TEST_CASE("rotary SwiGLU and RMSNorm families get their options from the files",
     CHECK(c.mlp_hidden() == e.hidden);
     CHECK(c.norm_eps == Approx(e.eps));
     CHECK(c.rms_norm == e.rms);
+    CHECK(c.attn_out_norm == e.attn_norm);
     CHECK(c.class_token);
     // `vitlens info` says what was read: the rotary embeddings and the gated MLP each in a note.
     bool rope_note = false, swiglu_note = false;
@@ -321,7 +324,7 @@ TEST_CASE("rotary families match their libraries on a non-square grid", "[parity
   // does.
   const nlohmann::json manifest = foreign_manifest();
   const double tolerance = manifest.at("tolerance").get<double>();
-  REQUIRE(manifest.at("nonsquare").size() == 8);
+  REQUIRE(manifest.at("nonsquare").size() == 9);
   for (const auto& c : manifest.at("nonsquare")) {
     const std::string name = c.at("case").get<std::string>();
     SECTION(name) {

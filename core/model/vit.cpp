@@ -706,6 +706,8 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       // x = x + self.ls1(self.proj(attn_out))          (W^O; ls1 is Identity without LayerScale)
       // ResPostBlock: x = x + self.norm1(self.proj(attn_out))
+      // Eva scale_attn_inner / timm scale_attn_norm: x = self.norm(x) before self.proj
+      if (cfg.attn_out_norm) token_norm(cfg, attn_out, b.attn_norm_w, b.attn_norm_b, attn_out, r0, r1);
       block_linear(linears, l, kProj, attn_out, b.proj_b, projected, r0, r1, inner);
       if (cfg.post_norm) token_norm(cfg, projected, b.norm1_w, b.norm1_b, projected, r0, r1);
       add_branch(x, projected, b.ls1, r0, r1);

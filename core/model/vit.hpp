@@ -87,6 +87,8 @@ struct VitConfig {
   bool swiglu = false;          // MLP = fc2(silu(gate) * value), fc1 (2 Hm, D) rows [gate | value] (timm
                                 // SwiGLU fc1_g / fc1_x, SwiGLUPacked, HF gated MLP); else fc2(act(fc1 x))
   bool mlp_norm = false;        // a LayerNorm over the MLP's hidden Hm before fc2 (timm scale_mlp, EVA-02)
+  bool attn_out_norm = false;   // a norm over the heads' concatenated output before proj (timm scale_attn_norm,
+                                // Eva scale_attn_inner: EVA-02 CLIP)
   bool rms_norm = false;        // every norm is timm's RmsNorm, x rsqrt(mean(x^2) + eps) weight, without bias
   std::array<float, 3> mean{0.5f, 0.5f, 0.5f};  // per RGB channel, applied to x / 255
   std::array<float, 3> std{0.5f, 0.5f, 0.5f};
@@ -117,6 +119,8 @@ struct BlockWeights {
   const float* norm1_b = nullptr;  // (D)
   const float* qkv_w = nullptr;    // (3D, D): rows [Q heads 0..H-1 | K heads | V heads]
   const float* qkv_b = nullptr;    // (3D) or nullptr when qkv_bias is false
+  const float* attn_norm_w = nullptr;  // (D) attn_out_norm only
+  const float* attn_norm_b = nullptr;  // (D)
   const float* proj_w = nullptr;   // (D, D)  W^O
   const float* proj_b = nullptr;   // (D)
   const float* ls1 = nullptr;      // (D) LayerScale gamma on the attention branch

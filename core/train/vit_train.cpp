@@ -54,6 +54,7 @@ std::string untrainable_option(const VitConfig& c) {
       {[](const VitConfig& v) { return v.swiglu; }, "a SwiGLU MLP"},
       {[](const VitConfig& v) { return v.mlp_norm; }, "a norm inside the MLP"},
       {[](const VitConfig& v) { return v.rms_norm; }, "RMSNorm"},
+      {[](const VitConfig& v) { return v.attn_out_norm; }, "a norm on the attention output"},
       {[](const VitConfig& v) { return v.post_norm; }, "residual post-norm blocks"},
       {[](const VitConfig& v) { return v.layer_scale; }, "LayerScale"},
       {[](const VitConfig& v) { return v.pre_norm; }, "a norm before the blocks"},
