@@ -348,6 +348,38 @@ TEST_CASE("rotary families match their libraries on a non-square grid", "[parity
   }
 }
 
+TEST_CASE("rotary families match their libraries on a padded whole-image grid", "[parity][formats]") {
+  // Whole-image mode: a 4 x 7 grid whose last column is padding. The rotary coordinates are those
+  // of the whole padded grid, and the padding is masked as keys; the library given the same
+  // pixels and its own attn_mask over those keys computes the same attention.
+  const nlohmann::json manifest = foreign_manifest();
+  const double tolerance = manifest.at("tolerance").get<double>();
+  REQUIRE(manifest.at("padded").size() == 2);
+  for (const auto& c : manifest.at("padded")) {
+    const std::string name = c.at("case").get<std::string>();
+    SECTION(name) {
+      const vitlens::VitModel model = vitlens::load_model(kForeignDir + name + "/model.safetensors");
+      vitlens::PatchGrid grid = grid_from_pixels(read_npy(kForeignDir + c.at("pixels").get<std::string>()), model.config.patch_size);
+      REQUIRE(grid.grid_h == c.at("grid")[0].get<int>());
+      REQUIRE(grid.grid_w == c.at("grid")[1].get<int>());
+      const int padding = c.at("padding_columns").get<int>();
+      for (int r = 0; r < grid.grid_h; ++r)
+        for (int col = grid.grid_w - padding; col < grid.grid_w; ++col)
+          grid.patch_is_padding[static_cast<size_t>(r * grid.grid_w + col)] = 1;
+      vitlens::ForwardOptions options;
+      options.keep_probs = true;
+      const vitlens::ForwardResult result = vitlens::forward(model, grid, options);
+      double dp = 0.0, dout = 0.0;
+      worst_differences(result, read_npy(kForeignDir + c.at("probs").get<std::string>()),
+                        read_npy(kForeignDir + c.at("output").get<std::string>()), dp, dout);
+      CHECK(dp <= tolerance);
+      CHECK(dout <= tolerance);
+      WARN(name << " [" << model.format << "] padded " << grid.grid_h << "x" << grid.grid_w << ": max |diff| probs " << dp
+                << ", output " << dout);
+    }
+  }
+}
+
 TEST_CASE("the rotary embedding is what makes the parity: without it or with the other pairing the maps differ", "[parity][formats]") {
   const nlohmann::json manifest = foreign_manifest();
   for (const char* name : {"timm_dinov3", "timm_eva02"}) {
