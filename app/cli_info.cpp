@@ -42,10 +42,18 @@ int run_info(const InfoArgs& args) {
   if (c.dist_token) std::printf("distillation: yes (token %d)\n", c.dist_index());
   if (c.register_tokens)
     std::printf("registers:    %d (tokens %d to %d)\n", c.register_tokens, c.first_register(), c.first_register() + c.register_tokens - 1);
-  std::printf("pos embed:    %s\n", c.pos_embed_prefix || c.prefix_tokens() == 0 ? "every token" : "patches only (no_embed_class)");
+  std::printf("pos embed:    %s\n", !c.pos_embed                                    ? "none (rotary positions only)"
+                                   : c.pos_embed_prefix || c.prefix_tokens() == 0 ? "every token"
+                                                                                  : "patches only (no_embed_class)");
+  if (c.rope != Rope::None)
+    std::printf("rope:         %s, temperature %g, %s pairs%s, patch tokens only\n", rope_name(c.rope),
+                static_cast<double>(c.rope_temperature), c.rope_rotate_half ? "rotate-half" : "interleaved",
+                c.rope_ref_h > 0 ? (", reference grid " + std::to_string(c.rope_ref_h) + "x" + std::to_string(c.rope_ref_w)).c_str()
+                                 : "");
   std::printf("qkv bias:     %s\n", c.qkv_bias ? "yes" : "no");
-  std::printf("mlp:          ratio %g (%d hidden), %s\n", c.mlp_ratio, c.mlp_hidden(), activation_name(c.act));
-  std::printf("norms:        %s%s%s\n", c.pre_norm ? "pre-norm before the blocks, " : "", c.layer_scale ? "LayerScale, " : "",
+  std::printf("mlp:          ratio %g (%d hidden), %s%s\n", c.mlp_ratio, c.mlp_hidden(),
+              c.swiglu ? "SwiGLU (silu(gate) * value)" : activation_name(c.act), c.mlp_norm ? ", norm before fc2" : "");
+  std::printf("norms:        %s%s%s%s%s\n", c.rms_norm ? "RMSNorm, " : "", c.attn_out_norm ? "attention output norm, " : "", c.pre_norm ? "pre-norm before the blocks, " : "", c.layer_scale ? "LayerScale, " : "",
               c.final_norm ? "final norm over the tokens" : "no final norm over the tokens (pooled-only norm)");
   if (c.attention_pool)
     std::printf("pool:         attention pool after the blocks (its latent query over the patch tokens: export --pool)\n");

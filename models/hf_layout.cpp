@@ -1,7 +1,7 @@
 // Hugging Face transformers' save_pretrained layout (ViT, DeiT, Dinov2, Dinov2WithRegisters,
-// CLIPVisionModel, SiglipVisionModel with its attention-pool head) onto vitlens' block: one
-// HfFamily row per family (prefix, block names, the names around the blocks, defaults), q/k/v
-// fused into timm's qkv, pooled-only parts dropped.
+// CLIPVisionModel, SiglipVisionModel with its attention-pool head, DINOv3ViTModel) onto vitlens'
+// block: one HfFamily row per family (prefix, block names, the names around the blocks, defaults),
+// q/k/v fused into timm's qkv, pooled-only parts dropped.
 #include "models/layout_support.hpp"
 
 #include <array>
@@ -40,6 +40,8 @@ struct HfBlockNames {
   const char* fc1;
   const char* fc2;
   const char* ls2;
+  const char* fc1_gate = nullptr;  // a gated MLP's gate projection (DINOv3 use_gated_mlp), stacked before fc1
+  bool fc1_gated = false;          // fc1 is already [gate | value] (2 Hm, D), as Dinov2's saved weights_in
 };
 
 constexpr HfBlockNames kHfVitBlock{"encoder.layer", "layernorm_before", "attention.attention.query", "attention.attention.key",
@@ -48,6 +50,14 @@ constexpr HfBlockNames kHfVitBlock{"encoder.layer", "layernorm_before", "attenti
 constexpr HfBlockNames kHfDinov2Block{"encoder.layer", "norm1", "attention.attention.query", "attention.attention.key",
                                       "attention.attention.value", "attention.output.dense", "layer_scale1.lambda1", "norm2",
                                       "mlp.fc1", "mlp.fc2", "layer_scale2.lambda1"};
+// Dinov2 with use_swiglu_ffn (giant): save_pretrained writes Dinov2SwiGLUFFN's gate_proj and
+// up_proj as one weights_in, gate first (transformers' conversion_mapping chunks it on load).
+constexpr HfBlockNames kHfDinov2SwigluBlock{"encoder.layer", "norm1", "attention.attention.query", "attention.attention.key",
+                                            "attention.attention.value", "attention.output.dense", "layer_scale1.lambda1",
+                                            "norm2", "mlp.weights_in", "mlp.weights_out", "layer_scale2.lambda1", nullptr, true};
+constexpr HfBlockNames kHfDinov3Block{"layer", "norm1", "attention.q_proj", "attention.k_proj", "attention.v_proj",
+                                      "attention.o_proj", "layer_scale1.lambda1", "norm2", "mlp.up_proj", "mlp.down_proj",
+                                      "layer_scale2.lambda1", "mlp.gate_proj"};
 constexpr HfBlockNames kHfClipBlock{"encoder.layers", "layer_norm1", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                                     "self_attn.out_proj", nullptr, "layer_norm2", "mlp.fc1", "mlp.fc2", nullptr};
 
@@ -71,6 +81,9 @@ struct HfFamily {
   double norm_eps;             // layer_norm_eps when the config leaves it out
   std::array<float, 3> mean, std;  // when there is no preprocessor_config.json
   const char* attention_pool;  // SigLIP's SiglipMultiheadAttentionPoolingHead ("head"), when the file has it
+  Rope rope = Rope::None;      // rotary positions (DINOv3: rope_theta, rotate-half pairs, no position table)
+  bool optional_biases = false;  // each Linear's bias as the config says (query_bias, key_bias, value_bias,
+                                 // proj_bias, mlp_bias); a missing one is a zero bias
 };
 
 const std::array<float, 3> kHalf{0.5f, 0.5f, 0.5f};
@@ -93,6 +106,10 @@ const HfFamily kHfFamilies[] = {
     {"siglip_vision_model", "hf-siglip", "vision_model.", &kHfClipBlock, "embeddings.patch_embedding", true, nullptr, nullptr,
      "embeddings.position_embedding.weight", nullptr, "post_layernorm", nullptr, "intermediate_size", false, 1e-6, kHalf, kHalf,
      "head"},
+    // DINOv3ViTModel saves its encoder's blocks as layer.<i> (its module path is model.layer.<i>).
+    {"dinov3_vit", "hf-dinov3", "model.", &kHfDinov3Block, "embeddings.patch_embeddings", true, "embeddings.cls_token",
+     nullptr, nullptr, nullptr, "norm", nullptr, "intermediate_size", false, 1e-5, kImagenetMean, kImagenetStd, nullptr, Rope::Dinov3,
+     true},
 };
 
 // Parts of a file that act after the tokens vitlens shows (pooled vectors, task heads): dropped,
@@ -151,14 +168,13 @@ const HfFamily& read_hf_config(Tensors& t, const std::string& folder, json& cfg,
   for (const HfFamily& f : kHfFamilies)
     if (type == f.model_type) return f;
   throw Error(what + ": unsupported model: Hugging Face model_type '" + type +
-              "'; vitlens maps vit, deit, dinov2, dinov2_with_registers, clip_vision_model, clip, siglip_vision_model and siglip (see README, Supported models)");
+              "'; vitlens maps vit, deit, dinov2, dinov2_with_registers, dinov3_vit, clip_vision_model, clip, "
+              "siglip_vision_model and siglip (see README, Supported models)");
 }
 
 // The config's numbers, as the family reads them.
 void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& options, VitConfig& c, const std::string& what) {
   const std::string file = "config.json";
-  if (json_bool(cfg, "use_swiglu_ffn", false, what, file))
-    throw Error(what + ": unsupported model: config.json use_swiglu_ffn is true (DINOv2 giant's SwiGLU MLP), which vitlens' block does not compute");
   if (cfg.contains("num_channels") && json_int(cfg, "num_channels", what, file) != 3)
     throw Error(what + ": config.json num_channels is not 3; vitlens feeds RGB images");
   c.embed_dim = json_int(cfg, "hidden_size", what, file);
@@ -178,10 +194,35 @@ void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& opti
     c.img_h = c.img_w = json_int(cfg, "image_size", what, file);
   }
   c.norm_eps = static_cast<float>(json_number(cfg, "layer_norm_eps", f.norm_eps, what, file));
-  c.act = hf_activation(cfg, what);
-  c.qkv_bias = f.qkv_bias_key ? json_bool(cfg, "qkv_bias", true, what, file) : true;
+  c.swiglu = json_bool(cfg, "use_gated_mlp", false, what, file);
+  if (c.swiglu) {  // DINOv3ViTGatedMLP: down(act(gate x) * up x); vitlens' gated MLP is SiLU's
+    const std::string act = cfg.contains("hidden_act") && cfg["hidden_act"].is_string() ? cfg["hidden_act"].get<std::string>() : "";
+    if (act != "silu" && act != "swish")
+      throw Error(what + ": unsupported model: config.json use_gated_mlp with hidden_act '" + act +
+                  "'; vitlens computes the gated MLP with silu (SwiGLU)");
+  } else {
+    c.act = hf_activation(cfg, what);
+  }
+  if (f.optional_biases)
+    c.qkv_bias = json_bool(cfg, "query_bias", true, what, file) || json_bool(cfg, "key_bias", false, what, file) ||
+                 json_bool(cfg, "value_bias", true, what, file);
+  else
+    c.qkv_bias = f.qkv_bias_key ? json_bool(cfg, "qkv_bias", true, what, file) : true;
+  if (f.rope != Rope::None) {  // DINOv3ViTRopePositionEmbedding: base rope_theta, rotate_half, no offset
+    c.rope = f.rope;
+    c.rope_temperature = static_cast<float>(json_number(cfg, "rope_theta", 100.0, what, file));
+    c.rope_rotate_half = true;
+  }
   c.mlp_ratio = f.mlp_width_key ? mlp_ratio_for(c.embed_dim, json_int(cfg, f.mlp_width_key, what, file))
                                 : json_number(cfg, "mlp_ratio", 4.0, what, file);
+  if (json_bool(cfg, "use_swiglu_ffn", false, what, file)) {
+    // Dinov2SwiGLUFFN: two thirds of int(D * mlp_ratio), rounded up to a multiple of 8
+    const int hidden = static_cast<int>(c.embed_dim * c.mlp_ratio);
+    const int width = (static_cast<int>(hidden * 2.0 / 3.0) + 7) / 8 * 8;
+    if (width < 1) throw Error(what + ": config.json mlp_ratio gives a SwiGLU hidden width of " + std::to_string(width));
+    c.swiglu = true;
+    c.mlp_ratio = mlp_ratio_for(c.embed_dim, width);
+  }
   c.layer_scale = f.block->ls1 != nullptr;
   c.patch_bias = f.patch_bias;
   c.class_token = f.cls_token != nullptr;
@@ -189,7 +230,10 @@ void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& opti
   c.pre_norm = f.norm_pre != nullptr;
   c.final_norm = f.norm != nullptr;
   c.attention_pool = f.attention_pool && json_bool(cfg, "vision_use_head", true, what, file);
-  if (std::string(f.model_type) == "dinov2_with_registers") c.register_tokens = json_int(cfg, "num_register_tokens", what, file);
+  c.pos_embed = f.pos_embed != nullptr;
+  const std::string family = f.model_type;
+  if (family == "dinov2_with_registers" || family == "dinov3_vit")
+    c.register_tokens = json_int(cfg, "num_register_tokens", what, file);
   const std::string type = f.model_type;
   c.name = cfg.contains("_name_or_path") && cfg["_name_or_path"].is_string() && !cfg["_name_or_path"].get<std::string>().empty()
                ? cfg["_name_or_path"].get<std::string>()
@@ -222,6 +266,11 @@ void hf_embeddings(Tensors& t, const HfFamily& f, VitConfig& c, TensorMap& out) 
   TensorData cls;
   if (f.cls_token) cls = t.take_as(f.cls_token, {1, 1, d});
   if (f.dist_token) out["dist_token"] = t.take_as(f.dist_token, {1, 1, d});
+  if (!f.pos_embed) {  // DINOv3: cat(cls, registers, patches), positions rotary only
+    if (c.register_tokens > 0) out["reg_token"] = t.take_as("embeddings.register_tokens", {1, c.register_tokens, d});
+    out["cls_token"] = std::move(cls);
+    return;
+  }
   const int64_t rows = (f.cls_token ? 1 : 0) + (f.dist_token ? 1 : 0) + patches;
   const TensorData& pos = t.peek(f.pos_embed);  // (1, rows, D), or (rows, D) as CLIP's nn.Embedding
   if (pos.shape.size() < 2 || pos.shape.size() > 3 || pos.shape[pos.shape.size() - 2] != rows)
@@ -247,13 +296,23 @@ void hf_embeddings(Tensors& t, const HfFamily& f, VitConfig& c, TensorMap& out) 
   }
 }
 
-void hf_blocks(Tensors& t, const HfBlockNames& n, const VitConfig& c, TensorMap& out) {
+void hf_blocks(Tensors& t, const HfFamily& f, const HfBlockNames& n, const VitConfig& c, TensorMap& out) {
   const int64_t d = c.embed_dim, hm = c.mlp_hidden();
   for (int i = 0; i < c.depth; ++i) {
     const std::string src = std::string(n.layers) + "." + std::to_string(i) + ".";
     const std::string dst = "blocks." + std::to_string(i) + ".";
     auto move = [&](const std::string& from, const std::string& to, const std::vector<int64_t>& shape) {
       out[dst + to] = t.take_as(src + from, shape);
+    };
+    // A bias the family's config may leave out (optional_biases): zeros, the same sums.
+    auto bias = [&](const std::string& name, int64_t size) {
+      if (f.optional_biases && !t.has(name)) {
+        TensorData zero;
+        zero.shape = {size};
+        zero.values.assign(static_cast<size_t>(size), 0.0f);
+        return zero;
+      }
+      return t.take_as(name, {size});
     };
     move(std::string(n.norm1) + ".weight", "norm1.weight", {d});
     move(std::string(n.norm1) + ".bias", "norm1.bias", {d});
@@ -262,18 +321,27 @@ void hf_blocks(Tensors& t, const HfBlockNames& n, const VitConfig& c, TensorMap&
     std::vector<TensorData> w, b;
     for (const char* part : {n.q, n.k, n.v}) {
       w.push_back(t.take_as(src + part + ".weight", {d, d}));
-      if (c.qkv_bias) b.push_back(t.take_as(src + part + ".bias", {d}));
+      if (c.qkv_bias) b.push_back(bias(src + part + ".bias", d));
     }
     out[dst + "attn.qkv.weight"] = stack_rows(w);
     if (c.qkv_bias) out[dst + "attn.qkv.bias"] = stack_rows(b);
     move(std::string(n.proj) + ".weight", "attn.proj.weight", {d, d});
-    move(std::string(n.proj) + ".bias", "attn.proj.bias", {d});
+    out[dst + "attn.proj.bias"] = bias(src + n.proj + ".bias", d);
     move(std::string(n.norm2) + ".weight", "norm2.weight", {d});
     move(std::string(n.norm2) + ".bias", "norm2.bias", {d});
-    move(std::string(n.fc1) + ".weight", "mlp.fc1.weight", {hm, d});
-    move(std::string(n.fc1) + ".bias", "mlp.fc1.bias", {hm});
+    if (c.swiglu && n.fc1_gated) {
+      move(std::string(n.fc1) + ".weight", "mlp.fc1.weight", {2 * hm, d});
+      out[dst + "mlp.fc1.bias"] = bias(src + n.fc1 + ".bias", 2 * hm);
+    } else if (c.swiglu) {  // rows [gate | value], as vitlens' gated MLP reads fc1
+      out[dst + "mlp.fc1.weight"] =
+          stack_rows({t.take_as(src + n.fc1_gate + ".weight", {hm, d}), t.take_as(src + n.fc1 + ".weight", {hm, d})});
+      out[dst + "mlp.fc1.bias"] = stack_rows({bias(src + n.fc1_gate + ".bias", hm), bias(src + n.fc1 + ".bias", hm)});
+    } else {
+      move(std::string(n.fc1) + ".weight", "mlp.fc1.weight", {hm, d});
+      out[dst + "mlp.fc1.bias"] = bias(src + n.fc1 + ".bias", hm);
+    }
     move(std::string(n.fc2) + ".weight", "mlp.fc2.weight", {d, hm});
-    move(std::string(n.fc2) + ".bias", "mlp.fc2.bias", {d});
+    out[dst + "mlp.fc2.bias"] = bias(src + n.fc2 + ".bias", d);
     if (c.layer_scale) {
       move(n.ls1, "ls1.gamma", {d});
       move(n.ls2, "ls2.gamma", {d});
@@ -395,9 +463,24 @@ ConvertedModel convert_hf(layout_support::Tensors t, const std::string& folder, 
   check_hf_shapes(t, f, m.config);
   TensorMap out;
   hf_embeddings(t, f, m.config, out);
-  hf_blocks(t, *f.block, m.config, out);
+  const bool dinov2 = std::string(f.format) == "hf-dinov2";
+  const HfBlockNames& names = m.config.swiglu && dinov2 ? kHfDinov2SwigluBlock : *f.block;
+  if (m.config.swiglu && !names.fc1_gate && !names.fc1_gated)
+    throw Error(t.what + ": unsupported model: config.json asks for a gated MLP in a " + f.model_type + " model");
+  const std::string first_fc1 = std::string(names.layers) + ".0." + (names.fc1_gate ? names.fc1_gate : names.fc1) + ".weight";
+  if (m.config.swiglu && !t.has(first_fc1))
+    throw Error(t.what + ": config.json asks for a SwiGLU MLP (use_swiglu_ffn / use_gated_mlp) but tensor '" + first_fc1 +
+                "' is missing");
+  hf_blocks(t, f, names, m.config, out);
   hf_after_blocks(t, f, cfg, m, out);
   hf_mean_std(folder, f, m, t.what);
+  const VitConfig& c = m.config;
+  if (c.rope != Rope::None)
+    m.notes.push_back("rotary position embeddings (" + std::string(rope_name(c.rope)) + ", rope_theta " +
+                      std::to_string(c.rope_temperature) + ", rotate-half pairs) on the patch tokens' queries and keys, " +
+                      "computed for each image's own grid; no position table");
+  if (c.swiglu)
+    m.notes.push_back("gated MLP read as SwiGLU: fc2(silu(gate_proj x) * up_proj x), hidden width " + std::to_string(c.mlp_hidden()));
   m.tensors = std::move(out);
   return m;
 }

@@ -1,9 +1,11 @@
 // ViT models from and to safetensors: config JSON in the metadata, timm tensor names.
 #include "models/model_io.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -155,9 +157,31 @@ VitConfig config_from_json(const json& j, const std::string& what) {
   if (j.contains("global_pool")) {
     const std::string pool = get_string(j, "global_pool", 32, what);
     if (!parse_head_pool(pool, c.head_pool))
-      throw Error(what + ": config key 'global_pool' is '" + pool + "'; vitlens knows auto, token, avg, max and avgmax");
+      throw Error(what + ": config key 'global_pool' is '" + pool + "'; vitlens knows auto, token, avg, max, avgmax and map");
   }
   if (j.contains("pool_include_prefix")) c.pool_include_prefix = get_bool(j, "pool_include_prefix", what);
+  if (j.contains("pos_embed")) c.pos_embed = get_bool(j, "pos_embed", what);
+  if (j.contains("rope")) {
+    const std::string rope = get_string(j, "rope", 32, what);
+    bool known = false;
+    for (Rope r : {Rope::None, Rope::Dinov3, Rope::Eva})
+      if (rope == rope_name(r)) c.rope = r, known = true;
+    if (!known) throw Error(what + ": config key 'rope' is '" + rope + "'; vitlens knows none, dinov3 and eva");
+  }
+  if (j.contains("rope_temperature")) c.rope_temperature = get_float(j, "rope_temperature", what);
+  if (j.contains("rope_rotate_half")) c.rope_rotate_half = get_bool(j, "rope_rotate_half", what);
+  if (j.contains("rope_grid_offset")) c.rope_grid_offset = get_float(j, "rope_grid_offset", what);
+  if (j.contains("rope_ref_grid")) {
+    const json& ref = j["rope_ref_grid"];
+    if (!ref.is_array() || ref.size() != 2 || !ref[0].is_number_integer() || !ref[1].is_number_integer())
+      throw Error(what + ": config key 'rope_ref_grid' must be [rows, cols] integers");
+    c.rope_ref_h = static_cast<int>(std::clamp<int64_t>(ref[0].get<int64_t>(), -1, 1 << 20));
+    c.rope_ref_w = static_cast<int>(std::clamp<int64_t>(ref[1].get<int64_t>(), -1, 1 << 20));
+  }
+  if (j.contains("swiglu")) c.swiglu = get_bool(j, "swiglu", what);
+  if (j.contains("mlp_norm")) c.mlp_norm = get_bool(j, "mlp_norm", what);
+  if (j.contains("rms_norm")) c.rms_norm = get_bool(j, "rms_norm", what);
+  if (j.contains("attn_out_norm")) c.attn_out_norm = get_bool(j, "attn_out_norm", what);
   if (j.contains("head_descriptions")) {
     const json& hd = j["head_descriptions"];
     bool ok = hd.is_array();
@@ -198,6 +222,18 @@ json config_to_json(const VitConfig& c) {
   if (c.act != base.act) j["act"] = activation_name(c.act);
   if (c.head_pool != base.head_pool) j["global_pool"] = head_pool_name(c.head_pool);
   if (c.pool_include_prefix != base.pool_include_prefix) j["pool_include_prefix"] = c.pool_include_prefix;
+  if (c.pos_embed != base.pos_embed) j["pos_embed"] = c.pos_embed;
+  if (c.rope != base.rope) {
+    j["rope"] = rope_name(c.rope);
+    j["rope_temperature"] = c.rope_temperature;
+    j["rope_rotate_half"] = c.rope_rotate_half;
+    j["rope_grid_offset"] = c.rope_grid_offset;
+    if (c.rope_ref_h > 0) j["rope_ref_grid"] = {c.rope_ref_h, c.rope_ref_w};
+  }
+  if (c.swiglu != base.swiglu) j["swiglu"] = c.swiglu;
+  if (c.mlp_norm != base.mlp_norm) j["mlp_norm"] = c.mlp_norm;
+  if (c.rms_norm != base.rms_norm) j["rms_norm"] = c.rms_norm;
+  if (c.attn_out_norm != base.attn_out_norm) j["attn_out_norm"] = c.attn_out_norm;
   if (!c.head_descriptions.empty()) j["head_descriptions"] = c.head_descriptions;
   return j;
 }
@@ -210,7 +246,7 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
   if (c.class_token) s["cls_token"] = {1, 1, d};
   if (c.dist_token) s["dist_token"] = {1, 1, d};
   if (c.register_tokens) s["reg_token"] = {1, c.register_tokens, d};
-  s["pos_embed"] = {1, c.pos_tokens(), d};
+  if (c.pos_embed) s["pos_embed"] = {1, c.pos_tokens(), d};
   if (c.pre_norm) {
     s["norm_pre.weight"] = {d};
     s["norm_pre.bias"] = {d};
@@ -221,6 +257,10 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
     s[b + "norm1.bias"] = {d};
     s[b + "attn.qkv.weight"] = {3 * d, d};
     if (c.qkv_bias) s[b + "attn.qkv.bias"] = {3 * d};
+    if (c.attn_out_norm) {
+      s[b + "attn.norm.weight"] = {d};
+      s[b + "attn.norm.bias"] = {d};
+    }
     s[b + "attn.proj.weight"] = {d, d};
     s[b + "attn.proj.bias"] = {d};
     s[b + "norm2.weight"] = {d};
@@ -229,8 +269,12 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
       s[b + "ls1.gamma"] = {d};
       s[b + "ls2.gamma"] = {d};
     }
-    s[b + "mlp.fc1.weight"] = {hm, d};
-    s[b + "mlp.fc1.bias"] = {hm};
+    s[b + "mlp.fc1.weight"] = {c.fc1_rows(), d};
+    s[b + "mlp.fc1.bias"] = {c.fc1_rows()};
+    if (c.mlp_norm) {
+      s[b + "mlp.norm.weight"] = {hm};
+      s[b + "mlp.norm.bias"] = {hm};
+    }
     s[b + "mlp.fc2.weight"] = {d, hm};
     s[b + "mlp.fc2.bias"] = {d};
   }
@@ -238,6 +282,13 @@ std::map<std::string, std::vector<int64_t>> expected_tensor_shapes(const VitConf
     s["norm.weight"] = {d};
     s["norm.bias"] = {d};
   }
+  if (c.rms_norm)  // timm's RmsNorm has a weight only: no norm_pre, norm1, norm2, mlp.norm or norm bias
+    for (auto it = s.begin(); it != s.end();) {
+      const std::string& name = it->first;
+      const bool norm_bias = name.find("norm") != std::string::npos && name.size() >= 5 &&
+                             name.compare(name.size() - 5, 5, ".bias") == 0;
+      it = norm_bias ? s.erase(it) : std::next(it);
+    }
   if (c.attention_pool) {  // timm's AttentionPoolLatent names
     s["attn_pool.latent"] = {1, 1, d};
     s["attn_pool.q.weight"] = {d, d};
@@ -344,6 +395,8 @@ VitWeights weight_views(const VitConfig& config, const std::map<std::string, con
     bw.norm1_b = view(b + "norm1.bias");
     bw.qkv_w = view(b + "attn.qkv.weight");
     bw.qkv_b = view(b + "attn.qkv.bias");
+    bw.attn_norm_w = view(b + "attn.norm.weight");
+    bw.attn_norm_b = view(b + "attn.norm.bias");
     bw.proj_w = view(b + "attn.proj.weight");
     bw.proj_b = view(b + "attn.proj.bias");
     bw.norm2_w = view(b + "norm2.weight");
@@ -352,6 +405,8 @@ VitWeights weight_views(const VitConfig& config, const std::map<std::string, con
     bw.ls2 = view(b + "ls2.gamma");
     bw.fc1_w = view(b + "mlp.fc1.weight");
     bw.fc1_b = view(b + "mlp.fc1.bias");
+    bw.mlp_norm_w = view(b + "mlp.norm.weight");
+    bw.mlp_norm_b = view(b + "mlp.norm.bias");
     bw.fc2_w = view(b + "mlp.fc2.weight");
     bw.fc2_b = view(b + "mlp.fc2.bias");
     w.blocks.push_back(bw);

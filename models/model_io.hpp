@@ -9,14 +9,17 @@
 //   cls_token (1, 1, D)                        [class_token only]
 //   dist_token (1, 1, D)                       [dist_token only]
 //   reg_token (1, R, D)                        [register_tokens > 0 only]
-//   pos_embed (1, pos_prefix + Np, D)
+//   pos_embed (1, pos_prefix + Np, D)          [pos_embed only]
 //   norm_pre.weight/bias (D)                   [pre_norm only]
 //   blocks.{i}.norm1.weight/bias (D)          blocks.{i}.attn.qkv.weight (3D, D)
 //   blocks.{i}.attn.qkv.bias (3D)              [qkv_bias only]
+//   blocks.{i}.attn.norm.weight/bias (D)       [attn_out_norm only]
 //   blocks.{i}.attn.proj.weight (D, D)         blocks.{i}.attn.proj.bias (D)
 //   blocks.{i}.ls1.gamma, ls2.gamma (D)        [layer_scale only]
 //   blocks.{i}.norm2.weight/bias (D)
-//   blocks.{i}.mlp.fc1.weight (Hm, D)          blocks.{i}.mlp.fc1.bias (Hm)
+//   blocks.{i}.mlp.fc1.weight (Hm, D)          blocks.{i}.mlp.fc1.bias (Hm)  [(2 Hm, ...) with swiglu:
+//                                              rows [gate | value]]
+//   blocks.{i}.mlp.norm.weight/bias (Hm)       [mlp_norm only]
 //   blocks.{i}.mlp.fc2.weight (D, Hm)          blocks.{i}.mlp.fc2.bias (D)
 //   norm.weight/bias (D)  [final_norm only]    head.weight (C, D), head.bias (C)  [optional]
 //   fc_norm.weight/bias (D)  [optional, with a head: a LayerNorm on the pooled vector]
@@ -26,8 +29,10 @@
 // class_token, mlp_ratio, norm_eps, mean [3], std [3], qkv_bias, name, description, the
 // optional head_descriptions [[str per head] per layer], and the optional architecture keys
 // dist_token, register_tokens, pos_embed_prefix, patch_bias, pre_norm, layer_scale, final_norm,
-// post_norm, act, global_pool (the classifier's pooling: auto, token, avg, max, avgmax),
-// pool_include_prefix (written only when they differ from the original block's defaults).
+// post_norm, act, global_pool (the classifier's pooling: auto, token, avg, max, avgmax, map),
+// pool_include_prefix, attention_pool, pos_embed, rope (+ rope_temperature, rope_rotate_half,
+// rope_grid_offset, rope_ref_grid [rows, cols]), swiglu, mlp_norm, rms_norm, attn_out_norm (written
+// only when they differ from the original block's defaults).
 // A classifier's class names are read from __metadata__["training"]["class_names"] (what
 // `vitlens train` records) when their count is the head's.
 #include <map>

@@ -30,7 +30,7 @@ ConvertedModel convert_checkpoint(TensorMap tensors, const std::string& path, co
     throw Error(path + ": unsupported model: an OpenAI / open_clip checkpoint (visual.*); timm's vit_*_clip_* or Hugging Face CLIPVisionModel files open");
   const std::string first = t.map.empty() ? std::string("(no tensors)") : t.map.begin()->first;
   throw Error(path + ": no vitlens config in __metadata__ and the tensor names (first: '" + first +
-              "') match neither timm's VisionTransformer nor a Hugging Face ViT, DeiT, Dinov2 or CLIP vision model (see README, Supported models)");
+              "') match neither timm's VisionTransformer / Eva nor a Hugging Face ViT, DeiT, Dinov2, DINOv3 or CLIP vision model (see README, Supported models)");
 }
 
 const std::vector<std::string>& imagenet1k_class_names() {

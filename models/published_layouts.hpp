@@ -12,6 +12,8 @@
 //             model_type "deit": ViT's block with a distillation token
 //   hf-dinov2 Dinov2Model / Dinov2WithRegistersModel (model_type "dinov2",
 //             "dinov2_with_registers"; optional "dinov2." / "dinov2_with_registers." prefix)
+//   hf-dinov3 DINOv3ViTModel (model_type "dinov3_vit"): rotary positions, registers, LayerScale,
+//             a gated MLP when use_gated_mlp
 //   hf-clip   CLIPVisionModel (model_type "clip_vision_model", optional "vision_model." prefix),
 //             or the vision tower of a whole CLIPModel (model_type "clip")
 #include <string>
@@ -30,7 +32,7 @@ struct LoadOptions {
 struct ConvertedModel {
   VitConfig config;
   TensorMap tensors;  // timm names, as model_io.hpp lists them
-  std::string format;  // "timm", "hf-vit", "hf-deit", "hf-dinov2", "hf-clip"
+  std::string format;  // "timm", "hf-vit", "hf-deit", "hf-dinov2", "hf-dinov3", "hf-clip"
   std::vector<std::string> notes;  // what was inferred or assumed, for `vitlens info`
   std::vector<std::string> class_names;  // the classifier's labels (C), or empty
   std::string class_names_source;        // where they were read ("config.json id2label", ...)

@@ -27,22 +27,64 @@ using namespace layout_support;
 
 // [SECTION] timm
 
+// timm's Eva (eva.py: DINOv3, EVA-02) names the block's parts its own way; mapped onto the
+// VisionTransformer names vitlens reads, as a checkpoint filter would: gamma_1 / gamma_2 are
+// LayerScale; the q and v biases (q_bias, v_bias, or q_proj / v_proj with a k_proj without bias)
+// become one qkv bias with a zero key part, as EvaAttention concatenates them with its zero k_bias;
+// separate q/k/v projections are stacked; SwiGLU's fc1_g and fc1_x are stacked into one fc1 with
+// rows [gate | value]. True when any Eva name was there.
+bool eva_to_vit_names(Tensors& t) {
+  bool eva = false;
+  for (int i = 0; t.has("blocks." + std::to_string(i) + ".norm1.weight"); ++i) {
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    for (const auto& [from, to] : {std::pair<const char*, const char*>{"gamma_1", "ls1.gamma"}, {"gamma_2", "ls2.gamma"}})
+      if (t.has(b + from)) {
+        t.map[b + to] = t.take(b + from);
+        eva = true;
+      }
+    // A zero key bias as long as the query bias (EvaAttention's k_bias buffer, never saved).
+    auto zero_like = [](const TensorData& like) {
+      TensorData z;
+      z.shape = like.shape;
+      z.values.assign(like.values.size(), 0.0f);
+      return z;
+    };
+    if (t.has(b + "attn.q_bias") || t.has(b + "attn.v_bias")) {
+      TensorData q = t.take(b + "attn.q_bias"), v = t.take(b + "attn.v_bias");
+      t.map[b + "attn.qkv.bias"] = stack_rows({q, zero_like(q), v});
+      eva = true;
+    }
+    if (t.has(b + "attn.q_proj.weight")) {
+      std::vector<TensorData> w;
+      for (const char* part : {"q_proj", "k_proj", "v_proj"}) w.push_back(t.take(b + "attn." + part + ".weight"));
+      t.map[b + "attn.qkv.weight"] = stack_rows(w);
+      if (t.has(b + "attn.q_proj.bias") || t.has(b + "attn.v_proj.bias")) {
+        TensorData q = t.take(b + "attn.q_proj.bias"), v = t.take(b + "attn.v_proj.bias");
+        TensorData k = t.has(b + "attn.k_proj.bias") ? t.take(b + "attn.k_proj.bias") : zero_like(q);
+        t.map[b + "attn.qkv.bias"] = stack_rows({q, k, v});
+      }
+      eva = true;
+    }
+    if (t.has(b + "mlp.fc1_g.weight")) {
+      t.map[b + "mlp.fc1.weight"] = stack_rows({t.take(b + "mlp.fc1_g.weight"), t.take(b + "mlp.fc1_x.weight")});
+      if (t.has(b + "mlp.fc1_g.bias"))
+        t.map[b + "mlp.fc1.bias"] = stack_rows({t.take(b + "mlp.fc1_g.bias"), t.take(b + "mlp.fc1_x.bias")});
+      eva = true;
+    }
+  }
+  return eva;
+}
+
 // Tensor names that mean a feature vitlens' block does not compute.
 void refuse_timm_features(const Tensors& t) {
   static const std::pair<const char*, const char*> kRefused[] = {
       {".attn.q_norm.", "qk-norm (a LayerNorm on each head's queries and keys)"},
       {".attn.k_norm.", "qk-norm (a LayerNorm on each head's queries and keys)"},
-      {".attn.q_bias", "separate q/v biases (BEiT / EVA attention)"},
-      {".attn.norm.", "a norm on the attention output (scale_norm)"},
       {".attn.lambda_q1", "differential attention (timm's DiffAttention)"},
-      {".mlp.fc1_g.", "a SwiGLU MLP"},
-      {".mlp.w12.", "a SwiGLU MLP"},
-      {".mlp.fc1_x.", "a SwiGLU MLP"},
-      {".mlp.norm.", "a norm inside the MLP"},
+      {".mlp.w12.", "a SwiGLU MLP in xformers' layout (w12, w3)"},
       {"relative_position", "relative position biases"},
       {"rel_pos.", "relative position biases (timm's vit_relpos_* / vit_srelpos_*)"},
       {"rope", "rotary position embeddings"},
-      {".gamma_1", "an Eva block (timm's Eva: DINOv3, EVA-02) with rotary position embeddings"},
       {".in_proj.", "parallel attention and MLP blocks"},
       {".attns.", "parallel attention and MLP branches (timm's ParallelThingsBlock, vit_*_18x2_*)"},
       {"patch_embed.backbone.", "a hybrid CNN stem"},
@@ -94,15 +136,19 @@ void timm_options_from_tensors(Tensors& t, ConvertedModel& m) {
   auto refuse = [&](const std::string& why) {
     throw Error(what + ": unsupported model: " + why + ", which vitlens' ViT block does not compute (see README, Supported models)");
   };
-  if (!t.has("pos_embed"))
-    refuse("it has no position table 'pos_embed' (its positions are rotary or relative, as DINOv3's and vit_relpos_*'s)");
-  if (!t.has("blocks.0.norm1.bias")) refuse("blocks.0.norm1 has no bias: an RMSNorm (timm norm_layer 'rmsnorm')");
+  c.rms_norm = !t.has("blocks.0.norm1.bias");  // confirmed by model_args.norm_layer in timm_norm_layer
   if (!t.has("blocks.0.attn.proj.bias")) refuse("blocks.0.attn.proj has no bias (timm proj_bias=False)");
   const std::vector<int64_t>& fc1 = t.peek("blocks.0.mlp.fc1.weight").shape;
   const std::vector<int64_t>& fc2 = t.peek("blocks.0.mlp.fc2.weight").shape;
-  if (fc1.size() == 2 && fc2.size() == 2 && fc1[0] == 2 * fc2[1])
-    refuse("blocks.0.mlp.fc1 is twice as wide as fc2 reads (" + shape_text(fc1) + " then " + shape_text(fc2) +
-           "): a packed SwiGLU MLP (timm SwiGLUPacked, DINOv2 giant)");
+  if (fc1.size() != 2 || fc2.size() != 2)
+    throw Error(what + ": tensors 'blocks.0.mlp.fc1.weight' " + shape_text(fc1) + " and 'blocks.0.mlp.fc2.weight' " +
+                shape_text(fc2) + " are not matrices");
+  // fc1 twice as wide as fc2 reads: a gated MLP, silu(first half) * second half (timm SwiGLUPacked /
+  // GluMlp with gate_last=False, DINOv2 giant and EVA-02 S/T; or Eva's fc1_g / fc1_x stacked above).
+  c.swiglu = fc1[0] == 2 * fc2[1];
+  c.mlp_norm = t.has("blocks.0.mlp.norm.weight");
+  c.attn_out_norm = t.has("blocks.0.attn.norm.weight");
+  c.pos_embed = t.has("pos_embed");
   c.class_token = t.has("cls_token");
   c.dist_token = t.has("dist_token");
   if (t.has("reg_token")) {
@@ -118,7 +164,7 @@ void timm_options_from_tensors(Tensors& t, ConvertedModel& m) {
   c.final_norm = t.has("norm.weight");
   // fc_norm norms the pooled vector only: kept for the classifier (timm_head), the tokens shown as
   // they leave the last block.
-  c.mlp_ratio = mlp_ratio_for(dim, static_cast<int>(fc1.at(0)));
+  c.mlp_ratio = mlp_ratio_for(dim, static_cast<int>(fc2[1]));
   c.attention_pool = t.has("attn_pool.latent");
   if (c.attention_pool) {  // timm global_pool 'map' (AttentionPoolLatent): one latent query, q, kv, proj, norm, mlp
     const std::vector<int64_t>& latent = t.peek("attn_pool.latent").shape;
@@ -156,8 +202,12 @@ void check_args_against_tensors(const json& args, const VitConfig& c, const std:
 void refuse_timm_args(const json& args, const std::string& what) {
   static const struct { const char* key; const char* standard; const char* means; } kArgs[] = {
       {"qk_norm", "false", "qk-norm (a LayerNorm on each head's queries and keys)"},
-      {"scale_attn_norm", "false", "a norm on the attention output"},
-      {"scale_mlp_norm", "false", "a norm inside the MLP"},
+      {"attn_type", "\"eva\"", "timm's AttentionRope block"},
+      {"use_post_norm", "false", "Eva's residual post-norm blocks"},
+      {"num_kv_heads", "null", "grouped-query attention"},
+      {"attn_only_layer_scale", "false", "LayerScale on the attention branch only"},
+      {"gated_attn", "false", "gated attention"},
+      {"rope_grid_indexing", "\"ij\"", "rotary coordinates in 'xy' order"},
       {"proj_bias", "true", "Linear layers without bias"},
       {"pos_embed", "\"learn\"", "no learned position table"},
       {"norm_layer", "\"layernorm\"", "a norm other than LayerNorm (e.g. RMSNorm)"},
@@ -169,9 +219,22 @@ void refuse_timm_args(const json& args, const std::string& what) {
   };
   for (const auto& rule : kArgs) {
     if (!args.contains(rule.key) || args[rule.key].is_null() || args[rule.key] == json::parse(rule.standard)) continue;
+    if (std::string(rule.key) == "norm_layer" && args[rule.key] == "rmsnorm") continue;  // timm_norm_layer
     throw Error(what + ": unsupported model: config.json model_args." + rule.key + " = " + args[rule.key].dump() + " means " +
                 rule.means + ", which vitlens' ViT block does not compute");
   }
+}
+
+// LayerNorm or timm's RmsNorm: norms without bias are an RMSNorm only when model_args.norm_layer
+// says 'rmsnorm' (a LayerNorm without bias would be another computation).
+void timm_norm_layer(const json& args, VitConfig& c, std::vector<std::string>& notes, const std::string& what) {
+  const bool said = args.contains("norm_layer") && args["norm_layer"] == "rmsnorm";
+  if (c.rms_norm && !said)
+    throw Error(what + ": unsupported model: blocks.0.norm1 has no bias, an RMSNorm (timm norm_layer 'rmsnorm') that no "
+                       "config.json model_args.norm_layer confirms, which vitlens' ViT block does not compute");
+  if (said && !c.rms_norm)
+    throw Error(what + ": config.json model_args.norm_layer is 'rmsnorm' but blocks.0.norm1.bias is there");
+  if (c.rms_norm) notes.push_back("RMSNorm for every norm (model_args.norm_layer 'rmsnorm'): x rsqrt(mean(x^2) + eps) weight");
 }
 
 // The activation, by timm's act_layer name.
@@ -238,6 +301,16 @@ void timm_image_size(const Tensors& t, const TimmConfig& tc, ConvertedModel& m) 
   const std::string& what = t.what;
   VitConfig& c = m.config;
   const int dim = c.embed_dim, patch = c.patch_size, prefix = c.prefix_tokens();
+  if (!c.pos_embed) {  // rotary positions only (DINOv3): the size timm builds, any grid runs
+    timm_built_size(tc, c.img_h, c.img_w, m.notes);
+    const std::string size_text = std::to_string(c.img_h) + "x" + std::to_string(c.img_w);
+    if (c.img_h < 1 || c.img_w < 1 || c.img_h > 16384 || c.img_w > 16384)
+      throw Error(what + ": config.json gives no input size in [1, 16384] (model_args.img_size or pretrained_cfg.input_size), "
+                  "and without 'pos_embed' the tensors cannot say it");
+    if (c.img_h % patch || c.img_w % patch)
+      throw Error(what + ": config.json input size " + size_text + " is not a multiple of the patch size " + std::to_string(patch));
+    return;
+  }
   const TensorData& pos = t.peek("pos_embed");
   if (pos.shape.size() != 3 || pos.shape[0] != 1 || pos.shape[2] != dim)
     throw Error(what + ": tensor 'pos_embed' has shape " + shape_text(pos.shape) + ", expected [1, tokens, " + std::to_string(dim) + "]");
@@ -274,6 +347,58 @@ void timm_image_size(const Tensors& t, const TimmConfig& tc, ConvertedModel& m) 
                 std::to_string(pos_rows) + " rows");
   c.img_h = img_h;
   c.img_w = img_w;
+}
+
+// Rotary embeddings: what the architecture name set (timm_architecture_options), then
+// config.json's model_args as Eva reads them; a missing position table needs rotary positions.
+void timm_rope_options(const TimmConfig& tc, bool eva_names, ConvertedModel& m, const std::string& what) {
+  VitConfig& c = m.config;
+  const json& args = tc.args;
+  const std::string file = "config.json model_args";
+  auto refuse = [&](const std::string& why) {
+    throw Error(what + ": unsupported model: " + why + ", which vitlens' ViT block does not compute (see README, Supported models)");
+  };
+  if (args.contains("use_rot_pos_emb") && args["use_rot_pos_emb"].is_boolean() && !args["use_rot_pos_emb"].get<bool>())
+    c.rope = Rope::None;
+  if (args.contains("rope_type") && !args["rope_type"].is_null() && c.rope != Rope::None) {
+    const json& type = args["rope_type"];
+    if (type == "dinov3") c.rope = Rope::Dinov3;
+    else if (type == "cat") c.rope = Rope::Eva;
+    else refuse("config.json model_args.rope_type " + type.dump() + " (vitlens computes 'dinov3' and 'cat')");
+  }
+  if (c.rope != Rope::None) {
+    c.rope_temperature = static_cast<float>(json_number(args, "rope_temperature", c.rope_temperature, what, file));
+    c.rope_rotate_half = json_bool(args, "rope_rotate_half", c.rope_rotate_half, what, file);
+    c.rope_grid_offset = static_cast<float>(json_number(args, "rope_grid_offset", c.rope_grid_offset, what, file));
+    if (args.contains("ref_feat_shape") && !args["ref_feat_shape"].is_null()) {
+      const json& ref = args["ref_feat_shape"];
+      if (ref.is_number_integer()) c.rope_ref_h = c.rope_ref_w = ref.get<int>();
+      else if (ref.is_array() && ref.size() == 2 && ref[0].is_number_integer() && ref[1].is_number_integer())
+        c.rope_ref_h = ref[0].get<int>(), c.rope_ref_w = ref[1].get<int>();
+      else throw Error(what + ": config.json model_args.ref_feat_shape is not an integer or [rows, cols]");
+      if (c.rope == Rope::Dinov3) c.rope_ref_h = c.rope_ref_w = 0;  // create_rope_embed drops it for DINOv3
+    }
+  } else if (args.contains("use_rot_pos_emb") && args["use_rot_pos_emb"] == true) {
+    refuse("rotary position embeddings of architecture '" + tc.arch + "'");
+  }
+  if (!c.pos_embed && c.rope == Rope::None)
+    refuse(tc.present ? "it has no position table 'pos_embed' (its positions are rotary or relative)"
+                      : "it has no position table 'pos_embed': its positions are rotary (as DINOv3's), and without its "
+                        "config.json the architecture that says how is unknown");
+  if (c.rope != Rope::None && !eva_names)
+    throw Error(what + ": config.json architecture '" + tc.arch + "' is timm's Eva (rotary positions), but the tensors are a "
+                "VisionTransformer's (no gamma_1, q_bias, q_proj or fc1_g)");
+  if (eva_names && c.rope == Rope::None && c.pos_embed && tc.arch.empty())
+    refuse("it has timm Eva blocks (gamma_1, q_bias) and no config.json to say whether they use rotary position embeddings");
+  if (c.rope == Rope::None) return;
+  std::ostringstream note;
+  note << "rotary position embeddings (" << rope_name(c.rope) << ", temperature " << c.rope_temperature << ", "
+       << (c.rope_rotate_half ? "rotate-half" : "interleaved") << " pairs";
+  if (c.rope_ref_h > 0) note << ", coordinates scaled to a " << c.rope_ref_h << "x" << c.rope_ref_w << " reference grid";
+  if (c.rope_grid_offset != 0.0f) note << ", grid offset " << c.rope_grid_offset;
+  note << ") on the patch tokens' queries and keys, computed for each image's own grid"
+       << (c.pos_embed ? ", beside the position table" : "; no position table");
+  m.notes.push_back(note.str());
 }
 
 // timm's global_pool: config.json's (save_for_hf writes it at the top and in model_args), else
@@ -392,6 +517,7 @@ using namespace layout_support;
 
 ConvertedModel convert_timm(layout_support::Tensors t, const std::string& folder, const LoadOptions& options) {
   const std::string& what = t.what;
+  const bool eva_names = eva_to_vit_names(t);
   refuse_timm_features(t);
   const TimmConfig tc = read_timm_config(folder, what);
   refuse_timm_args(tc.args, what);
@@ -413,7 +539,18 @@ ConvertedModel convert_timm(layout_support::Tensors t, const std::string& folder
                   "prefix tokens too, which vitlens' attention pool does not compute");
     m.notes.push_back("attention pool (timm global_pool 'map'): its latent query over the patch tokens is the query 'pool'");
   }
+  timm_rope_options(tc, eva_names, m, what);
+  if (eva_names)
+    m.notes.push_back("timm Eva names read as the ViT block's: gamma_1/gamma_2 as LayerScale, the q and v biases as one qkv bias "
+                      "with a zero key bias, separate q/k/v and fc1_g/fc1_x stacked");
+  if (c.swiglu)
+    m.notes.push_back("SwiGLU MLP: fc2(silu(gate) * value), hidden width " + std::to_string(c.mlp_hidden()) +
+                      (c.mlp_norm ? ", LayerNorm before fc2" : ""));
+  else if (c.mlp_norm)
+    m.notes.push_back("a LayerNorm inside the MLP, before fc2");
+  if (c.attn_out_norm) m.notes.push_back("a LayerNorm on the heads' concatenated output, before attn.proj");
   check_args_against_tensors(tc.args, c, what);
+  timm_norm_layer(tc.args, c, m.notes, what);
   read_timm_activation(tc.args, c, what);
   read_timm_heads(tc, options, heads_known, m, what);
   timm_image_size(t, tc, m);
@@ -438,14 +575,16 @@ ConvertedModel convert_timm(layout_support::Tensors t, const std::string& folder
 void timm_architecture_options(const std::string& arch, int embed_dim, VitConfig& c, bool& heads_known,
                                const std::string& what) {
   const std::string base = arch.substr(0, arch.find('.'));
-  if (!starts_with(base, "vit_") && !starts_with(base, "deit_") && !starts_with(base, "deit3_"))
+  if (!starts_with(base, "vit_") && !starts_with(base, "deit_") && !starts_with(base, "deit3_") && !starts_with(base, "eva02_"))
     throw Error(what + ": unsupported model: timm architecture '" + arch +
-                "' is not a VisionTransformer family vitlens maps (vit_*, deit_*, deit3_*; see README, Supported models)");
+                "' is not a VisionTransformer family vitlens maps (vit_*, deit_*, deit3_*, or Eva's eva02_*; see README, Supported models)");
   // Families whose entrypoint changes the computation; most also show it in their tensor names,
   // which refuse_timm_features names when there is no config.json.
   static const std::pair<const char*, const char*> kRefused[] = {
-      {"rope", "it uses rotary position embeddings"},
-      {"dinov3", "it is DINOv3 (timm's Eva block with rotary position embeddings)"},
+      {"rope", "it uses timm's own rotary position embeddings (vit_*_rope_*), not DINOv3's or EVA-02's"},
+      {"lingbot", "it is LingBot-Vision (timm's Eva with options vitlens does not map)"},
+      {"sapiens2", "it is Sapiens2 (grouped-query attention)"},
+      {"eva02_enormous", "it uses Eva's residual post-norm blocks"},
       {"relpos", "it uses relative position biases instead of a position table"},
       {"_xp_", "it uses parallel blocks"},
       {"_parallel_", "it uses parallel blocks"},
@@ -466,6 +605,17 @@ void timm_architecture_options(const std::string& arch, int embed_dim, VitConfig
       {"_clip_", [](VitConfig& v) { v.norm_eps = 1e-5f; }},                    // norm_layer=partial(LayerNorm, eps=1e-5)
       {"quickgelu", [](VitConfig& v) { v.act = Activation::QuickGelu; }},      // act_layer='quick_gelu'
       {"_rpn_", [](VitConfig& v) { v.post_norm = true; }},                     // block_fn=ResPostBlock
+      // eva.py vit_*_dinov3*: rope_type='dinov3', rope_temperature=100, rope_rotate_half=True,
+      // norm_layer=partial(LayerNorm, eps=1e-5)
+      {"dinov3", [](VitConfig& v) {
+         v.rope = Rope::Dinov3, v.rope_temperature = 100.0f, v.rope_rotate_half = true, v.norm_eps = 1e-5f;
+       }},
+      // eva.py eva02_*: use_rot_pos_emb=True (RotaryEmbeddingCat, in_pixels=False, temperature
+      // 10000, interleaved), ref_feat_shape=(16, 16)
+      {"eva02_", [](VitConfig& v) {
+         v.rope = Rope::Eva, v.rope_temperature = 10000.0f, v.rope_rotate_half = false, v.rope_ref_h = v.rope_ref_w = 16;
+         v.norm_eps = 1e-6f;  // timm's LayerNorm default, also in the eva02_*_clip_* names
+       }},
   };
   for (const auto& [part, apply] : kOptions)
     if (contains(base, part)) apply(c);
@@ -483,6 +633,7 @@ void timm_architecture_options(const std::string& arch, int embed_dim, VitConfig
       {"_tiny_", 192, 3},   {"_small_", 384, 6},  {"_base_", 768, 12},     {"_medium_", 512, 8},
       {"_large_", 1024, 16}, {"_huge_", 1280, 16}, {"_giant_", 1408, 16},  {"_giant_", 1536, 24},
       {"_gigantic_", 1664, 16},
+      {"_huge_plus_", 1280, 20}, {"_7b_", 4096, 32},  // DINOv3's, after "_huge_" so that they win
   };
   for (const auto& h : kHeads)
     if (contains(base + "_", h.size) && embed_dim == h.dim) {

@@ -87,8 +87,11 @@ TEST_CASE("a config.json that contradicts the tensors is one line", "[formats][e
 }
 
 TEST_CASE("unsupported families are refused, saying which and why", "[formats][errors]") {
+  // EVA-02 opens (test_foreign_parity.cpp), but not a plain ViT's tensors under its name.
   CHECK_THAT(error_with_config("timm_vit", [](json& j) { j["architecture"] = "eva02_small_patch14_224.mim_in22k"; }),
-             Contains("unsupported model") && Contains("eva02_small_patch14_224"));
+             Contains("eva02_small_patch14_224") && Contains("VisionTransformer's"));
+  CHECK_THAT(error_with_config("timm_vit", [](json& j) { j["architecture"] = "eva_giant_patch14_224.clip_ft_in1k"; }),
+             Contains("unsupported model") && Contains("eva_giant_patch14_224"));
   CHECK_THAT(error_with_config("hf_vit", [](json& j) { j["model_type"] = "beit"; }),
              Contains("model_type 'beit'"));
   CHECK_THAT(error_with_config("hf_dinov2", [](json& j) { j["use_swiglu_ffn"] = true; }),
@@ -123,13 +126,14 @@ TEST_CASE("models the real libraries made are refused naming the feature, with o
     const char* without_config;  // when only the tensors speak; nullptr: the file needs its config
   };
   const Refused refused[] = {
-      {"timm_dinov3", "DINOv3", "DINOv3"},
       {"timm_relpos", "relative position biases", "relative position biases"},
-      {"timm_rmsnorm", "RMSNorm", "RMSNorm"},
-      {"timm_swiglu", "SwiGLU", "SwiGLU"},
       {"timm_parallel", "ParallelThingsBlock", "ParallelThingsBlock"},
       {"hf_timm_wrapper", "TimmWrapper", "TimmWrapper"},
       {"hf_siglip2", "variable-resolution", nullptr},
+      // DINOv3, DINOv2 giant's SwiGLU and RMSNorm, refused here before, are parity cases now
+      // (test_foreign_parity.cpp); these two Eva relatives still are not.
+      {"timm_vit_rope", "rotary position embeddings (vit_*_rope_*)", "its positions are rotary"},
+      {"timm_eva02_enormous", "Eva's residual post-norm blocks", "timm Eva blocks"},
   };
   const json manifest = json::parse(slurp(kForeign + "manifest.json"));
   REQUIRE(manifest.at("refused").size() == std::size(refused));
@@ -178,6 +182,24 @@ TEST_CASE("attention pools vitlens does not compute are refused naming the featu
              Contains("unsupported model") && Contains("out_features=0"));
   CHECK_THAT(error_with_config("timm_siglip_map", [](json& j) { j["model_args"]["pool_include_prefix"] = true; }),
              Contains("unsupported model") && Contains("pool_include_prefix"));
+}
+
+TEST_CASE("norms without bias are RMSNorm only when config.json says so", "[formats][errors]") {
+  // timm_rmsnorm opens with its config.json (test_foreign_parity.cpp); alone, or with a config that
+  // does not name 'rmsnorm', norms without bias could be a LayerNorm without bias: refused.
+  CHECK(load_error(kForeign + "timm_rmsnorm/model.safetensors").empty());
+  const std::string bare = copy_case("timm_rmsnorm", false);
+  CHECK_THAT(load_error(bare + "/model.safetensors", 3), Contains("unsupported model") && Contains("RMSNorm"));
+  const std::string unsaid = copy_case("timm_rmsnorm");
+  json cfg = read_config(unsaid);
+  cfg["model_args"].erase("norm_layer");
+  write_config(unsaid, cfg);
+  CHECK_THAT(load_error(unsaid + "/model.safetensors"), Contains("RMSNorm") && Contains("model_args.norm_layer"));
+  const std::string layernorm = copy_case("timm_vit");
+  cfg = read_config(layernorm);
+  cfg["model_args"]["norm_layer"] = "rmsnorm";
+  write_config(layernorm, cfg);
+  CHECK_THAT(load_error(layernorm + "/model.safetensors"), Contains("norm_layer is 'rmsnorm' but blocks.0.norm1.bias is there"));
 }
 
 TEST_CASE("a NaN in a Hugging Face file is named as the file names it", "[formats][errors]") {
@@ -286,9 +308,24 @@ TEST_CASE("the architecture table fills what tensors cannot say", "[formats]") {
   vitlens::timm_architecture_options("vit_base_patch16_siglip_gap_224.webli", 768, s1, heads, "x");
   CHECK(s1.act == vitlens::Activation::Gelu);
   CHECK_FALSE(s1.post_norm);
+  // DINOv3 (refused by name before) and EVA-02: the rotary embeddings their entrypoints set.
+  vitlens::VitConfig d3;
+  vitlens::timm_architecture_options("vit_huge_plus_patch16_dinov3.lvd1689m", 1280, d3, heads, "x");
+  CHECK(d3.rope == vitlens::Rope::Dinov3);
+  CHECK(d3.rope_rotate_half);
+  CHECK(d3.rope_temperature == 100.0f);
+  CHECK(d3.norm_eps == 1e-5f);
+  CHECK(d3.num_heads == 20);  // not the 16 of the other "_huge_" widths
+  vitlens::VitConfig e2;
+  vitlens::timm_architecture_options("eva02_base_patch14_448.mim_in22k_ft_in22k_in1k", 768, e2, heads, "x");
+  CHECK(e2.rope == vitlens::Rope::Eva);
+  CHECK_FALSE(e2.rope_rotate_half);
+  CHECK(e2.rope_ref_h == 16);
+  CHECK(e2.num_heads == 12);
   // Families refused by name, saying why.
   const std::pair<const char*, const char*> by_name[] = {
-      {"vit_base_patch16_dinov3.lvd1689m", "DINOv3"},
+      {"vit_base_patch16_rope_224.naver_in1k", "rotary"},
+      {"eva02_enormous_patch14_clip_224.laion2b", "post-norm"},
       {"vit_relpos_base_patch16_224.sw_in1k", "relative position"},
       {"vit_small_patch16_18x2_224", "parallel blocks"},
       {"vit_dwee_patch16_reg1_gap_256", "differential attention"},

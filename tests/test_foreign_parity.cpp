@@ -24,6 +24,7 @@
 #include "models/model_io.hpp"
 #include "models/safetensors.hpp"
 #include "core/model/vit.hpp"
+#include "core/train/vit_train.hpp"
 
 namespace {
 
@@ -37,7 +38,9 @@ TEST_CASE("timm and Hugging Face checkpoints match their libraries' forward", "[
   const nlohmann::json manifest = foreign_manifest();
   const double tolerance = manifest.at("tolerance").get<double>();
   REQUIRE(tolerance == Approx(1e-5));
-  REQUIRE(manifest.at("cases").size() == 20);  // the script writes twenty; fewer means stale fixtures
+  // the script writes sixteen, four with an attention pool and ten of the rotary / SwiGLU / RMSNorm
+  // families; fewer means stale fixtures
+  REQUIRE(manifest.at("cases").size() == 16 + 4 + 10);
   const cv::Mat rgb = vitlens::load_image_rgb(kForeignDir + manifest.at("image").get<std::string>());
 
   for (const auto& c : manifest.at("cases")) {
@@ -246,4 +249,229 @@ TEST_CASE("timm reads model_args.img_size over pretrained_cfg.input_size, as tim
   bool said = false;
   for (const std::string& note : m.notes) said |= note.find("model_args.img_size") != std::string::npos && note.find("518x518") != std::string::npos;
   CHECK(said);
+}
+
+// [SECTION] Rotary position embeddings, SwiGLU and RMSNorm (DINOv3, EVA-02, DINOv3ViT, DINOv2 giant)
+
+namespace {
+
+// A PatchGrid from the library's own normalised input (1, 3, H, W) float32: rows (c, y, x) per patch.
+vitlens::PatchGrid grid_from_pixels(const NpyArray& pixels, int patch) {
+  REQUIRE(pixels.shape.size() == 4);
+  const int h = static_cast<int>(pixels.shape[2]), w = static_cast<int>(pixels.shape[3]);
+  vitlens::PatchGrid grid;
+  grid.grid_h = h / patch;
+  grid.grid_w = w / patch;
+  grid.patches.resize(grid.grid_h * grid.grid_w, 3 * patch * patch);
+  for (int r = 0; r < grid.grid_h; ++r)
+    for (int c = 0; c < grid.grid_w; ++c)
+      for (int ch = 0; ch < 3; ++ch)
+        for (int y = 0; y < patch; ++y)
+          for (int x = 0; x < patch; ++x)
+            grid.patches(r * grid.grid_w + c, (ch * patch + y) * patch + x) =
+                pixels.values[(static_cast<size_t>(ch) * h + r * patch + y) * w + c * patch + x];
+  grid.patch_is_padding.assign(static_cast<size_t>(grid.grid_h * grid.grid_w), 0);
+  return grid;
+}
+
+// The largest |difference| of every layer's probs and of the output against the library's.
+void worst_differences(const vitlens::ForwardResult& result, const NpyArray& probs, const NpyArray& output, double& dp,
+                       double& dout) {
+  const int L = static_cast<int>(result.layers.size()), N = result.tokens;
+  const int H = static_cast<int>(result.layers.at(0).probs.size());
+  REQUIRE(probs.shape == std::vector<int64_t>{L, H, N, N});
+  REQUIRE(output.values.size() == static_cast<size_t>(result.output.size()));
+  dp = 0.0;
+  for (int l = 0; l < L; ++l)
+    for (int h = 0; h < H; ++h)
+      dp = std::max(dp, max_abs_diff(result.layers[static_cast<size_t>(l)].probs[static_cast<size_t>(h)].data(),
+                                     probs.values.data() + (static_cast<size_t>(l) * H + h) * N * N,
+                                     static_cast<size_t>(N) * N));
+  dout = max_abs_diff(result.output.data(), output.values.data(), output.values.size());
+}
+
+}  // namespace
+
+TEST_CASE("rotary SwiGLU and RMSNorm families get their options from the files", "[formats]") {
+  struct Expect {
+    const char* name;
+    const char* format;
+    vitlens::Rope rope;
+    bool rotate_half;
+    float temperature;
+    int ref;  // the reference grid's side, 0 = none
+    bool pos_embed, swiglu, mlp_norm, qkv_bias, layer_scale, final_norm;
+    int registers, hidden;
+    float eps;
+    bool rms = false;
+    bool attn_norm = false;
+  };
+  using R = vitlens::Rope;
+  const Expect expects[] = {
+      {"timm_dinov3", "timm", R::Dinov3, true, 100.0f, 0, false, false, false, false, true, true, 4, 48, 1e-5f},
+      {"timm_dinov3_swiglu", "timm", R::Dinov3, true, 100.0f, 0, false, true, false, true, true, true, 4, 48, 1e-5f},
+      {"timm_eva02", "timm", R::Eva, false, 10000.0f, 16, true, true, false, true, false, false, 0, 48, 1e-6f},
+      {"timm_eva02_base", "timm", R::Eva, false, 10000.0f, 16, true, true, true, true, false, false, 0, 48, 1e-6f},
+      {"hf_dinov3", "hf-dinov3", R::Dinov3, true, 100.0f, 0, false, false, false, true, true, true, 2, 48, 1e-5f},
+      {"hf_dinov3_gated", "hf-dinov3", R::Dinov3, true, 100.0f, 0, false, true, false, true, true, true, 4, 48, 1e-5f},
+      {"timm_dinov2_swiglu", "timm", R::None, false, 10000.0f, 0, true, true, false, true, true, true, 0, 24, 1e-6f},
+      {"hf_dinov2_swiglu", "hf-dinov2", R::None, false, 10000.0f, 0, true, true, false, true, true, true, 0, 32, 1e-6f},
+      {"timm_rmsnorm", "timm", R::None, false, 10000.0f, 0, true, false, false, true, false, true, 0, 48, 1e-6f, true},
+      {"timm_eva02_clip", "timm", R::Eva, false, 10000.0f, 16, true, true, true, true, false, true, 0, 48, 1e-6f, false, true},
+  };
+  for (const Expect& e : expects) {
+    INFO(e.name);
+    const vitlens::VitModel m = vitlens::load_model(kForeignDir + e.name + "/model.safetensors");
+    const vitlens::VitConfig& c = m.config;
+    CHECK(m.format == e.format);
+    CHECK(c.rope == e.rope);
+    if (e.rope != R::None) {
+      CHECK(c.rope_rotate_half == e.rotate_half);
+      CHECK(c.rope_temperature == e.temperature);
+      CHECK(c.rope_ref_h == e.ref);
+      CHECK(c.rope_ref_w == e.ref);
+    }
+    CHECK(c.pos_embed == e.pos_embed);
+    CHECK((m.w.pos_embed != nullptr) == e.pos_embed);
+    CHECK(c.swiglu == e.swiglu);
+    CHECK(c.mlp_norm == e.mlp_norm);
+    CHECK(c.qkv_bias == e.qkv_bias);
+    CHECK(c.layer_scale == e.layer_scale);
+    CHECK(c.final_norm == e.final_norm);
+    CHECK(c.register_tokens == e.registers);
+    CHECK(c.mlp_hidden() == e.hidden);
+    CHECK(c.norm_eps == Approx(e.eps));
+    CHECK(c.rms_norm == e.rms);
+    CHECK(c.attn_out_norm == e.attn_norm);
+    CHECK(c.class_token);
+    // `vitlens info` says what was read: the rotary embeddings and the gated MLP each in a note.
+    bool rope_note = false, swiglu_note = false;
+    for (const std::string& note : m.notes) {
+      rope_note |= note.find("rotary position embeddings") != std::string::npos;
+      swiglu_note |= note.find("silu(gate") != std::string::npos;
+    }
+    CHECK(rope_note == (e.rope != R::None));
+    CHECK(swiglu_note == e.swiglu);
+  }
+}
+
+TEST_CASE("rotary families match their libraries on a non-square grid", "[parity][formats]") {
+  // The library run on a 16 x 24 input (a 4 x 6 grid): the rotary coordinates are those of that
+  // grid (DINOv3 normalises each axis by its own size, EVA-02 rescales to its 16 x 16 reference
+  // grid) and EVA-02's, DINOv2 giant's and the RMSNorm ViT's position tables are resampled as timm
+  // does.
+  const nlohmann::json manifest = foreign_manifest();
+  const double tolerance = manifest.at("tolerance").get<double>();
+  REQUIRE(manifest.at("nonsquare").size() == 9);
+  for (const auto& c : manifest.at("nonsquare")) {
+    const std::string name = c.at("case").get<std::string>();
+    SECTION(name) {
+      const vitlens::VitModel model = vitlens::load_model(kForeignDir + name + "/model.safetensors");
+      const NpyArray pixels = read_npy(kForeignDir + c.at("pixels").get<std::string>());
+      const vitlens::PatchGrid grid = grid_from_pixels(pixels, model.config.patch_size);
+      REQUIRE(grid.grid_h == c.at("grid")[0].get<int>());
+      REQUIRE(grid.grid_w == c.at("grid")[1].get<int>());
+      REQUIRE(grid.grid_h != grid.grid_w);
+      vitlens::ForwardOptions options;
+      options.keep_probs = true;
+      const vitlens::ForwardResult result = vitlens::forward(model, grid, options);
+      double dp = 0.0, dout = 0.0;
+      worst_differences(result, read_npy(kForeignDir + c.at("probs").get<std::string>()),
+                        read_npy(kForeignDir + c.at("output").get<std::string>()), dp, dout);
+      CHECK(dp <= tolerance);
+      CHECK(dout <= tolerance);
+      WARN(name << " [" << model.format << "] at " << grid.grid_h << "x" << grid.grid_w << ": max |diff| probs " << dp
+                << ", output " << dout);
+    }
+  }
+}
+
+TEST_CASE("rotary families match their libraries on a padded whole-image grid", "[parity][formats]") {
+  // Whole-image mode: a 4 x 7 grid whose last column is padding. The rotary coordinates are those
+  // of the whole padded grid, and the padding is masked as keys; the library given the same
+  // pixels and its own attn_mask over those keys computes the same attention.
+  const nlohmann::json manifest = foreign_manifest();
+  const double tolerance = manifest.at("tolerance").get<double>();
+  REQUIRE(manifest.at("padded").size() == 2);
+  for (const auto& c : manifest.at("padded")) {
+    const std::string name = c.at("case").get<std::string>();
+    SECTION(name) {
+      const vitlens::VitModel model = vitlens::load_model(kForeignDir + name + "/model.safetensors");
+      vitlens::PatchGrid grid = grid_from_pixels(read_npy(kForeignDir + c.at("pixels").get<std::string>()), model.config.patch_size);
+      REQUIRE(grid.grid_h == c.at("grid")[0].get<int>());
+      REQUIRE(grid.grid_w == c.at("grid")[1].get<int>());
+      const int padding = c.at("padding_columns").get<int>();
+      for (int r = 0; r < grid.grid_h; ++r)
+        for (int col = grid.grid_w - padding; col < grid.grid_w; ++col)
+          grid.patch_is_padding[static_cast<size_t>(r * grid.grid_w + col)] = 1;
+      vitlens::ForwardOptions options;
+      options.keep_probs = true;
+      const vitlens::ForwardResult result = vitlens::forward(model, grid, options);
+      double dp = 0.0, dout = 0.0;
+      worst_differences(result, read_npy(kForeignDir + c.at("probs").get<std::string>()),
+                        read_npy(kForeignDir + c.at("output").get<std::string>()), dp, dout);
+      CHECK(dp <= tolerance);
+      CHECK(dout <= tolerance);
+      WARN(name << " [" << model.format << "] padded " << grid.grid_h << "x" << grid.grid_w << ": max |diff| probs " << dp
+                << ", output " << dout);
+    }
+  }
+}
+
+TEST_CASE("the rotary embedding is what makes the parity: without it or with the other pairing the maps differ", "[parity][formats]") {
+  const nlohmann::json manifest = foreign_manifest();
+  for (const char* name : {"timm_dinov3", "timm_eva02"}) {
+    INFO(name);
+    const vitlens::VitModel model = vitlens::load_model(kForeignDir + std::string(name) + "/model.safetensors");
+    const vitlens::PreparedImage image =
+        vitlens::prepare_image(vitlens::load_image_rgb(kForeignDir + manifest.at("image").get<std::string>()), model.config, 0);
+    vitlens::ForwardOptions options;
+    options.keep_probs = true;
+    const vitlens::ForwardResult right = vitlens::forward(model, image.grid, options);
+    const NpyArray probs = read_npy(kForeignDir + name + "/probs.npy");
+    const NpyArray output = read_npy(kForeignDir + name + "/output.npy");
+    double dp = 0.0, dout = 0.0;
+    worst_differences(right, probs, output, dp, dout);
+    CHECK(dp <= 1e-5);
+    for (int variant = 0; variant < 2; ++variant) {
+      // The model's own weights (views into model.storage) under the other config.
+      vitlens::VitModel other;
+      other.config = model.config;
+      if (variant == 0) other.config.rope = vitlens::Rope::None;
+      else other.config.rope_rotate_half = !other.config.rope_rotate_half;
+      other.w = model.w;
+      other.position_resize = model.position_resize;
+      const vitlens::ForwardResult wrong = vitlens::forward(other, image.grid, options);
+      worst_differences(wrong, probs, output, dp, dout);
+      INFO("variant " << variant);
+      CHECK(dp > 0.01);
+    }
+  }
+}
+
+TEST_CASE("rotary and SwiGLU models run in bfloat16 and are refused by training", "[formats]") {
+  const nlohmann::json manifest = foreign_manifest();
+  const cv::Mat rgb = vitlens::load_image_rgb(kForeignDir + manifest.at("image").get<std::string>());
+  for (const char* name : {"timm_dinov3_swiglu", "timm_eva02_base", "hf_dinov3_gated", "timm_rmsnorm"}) {
+    INFO(name);
+    const vitlens::VitModel model = vitlens::load_model(kForeignDir + std::string(name) + "/model.safetensors");
+    const vitlens::PreparedImage image = vitlens::prepare_image(rgb, model.config, 0);
+    // The bf16 Linear layers read fc1's packed gate and value rows as the fp32 ones do: the same
+    // maps to bfloat16's precision.
+    vitlens::ForwardOptions options;
+    options.keep_probs = true;
+    const vitlens::ForwardResult fp32 = vitlens::forward(model, image.grid, options);
+    options.precision = vitlens::Precision::Bf16;
+    const vitlens::ForwardResult bf16 = vitlens::forward(model, image.grid, options);
+    REQUIRE(bf16.precision == vitlens::Precision::Bf16);
+    const vitlens::MatRM& a = fp32.layers.back().probs[0];
+    const vitlens::MatRM& b = bf16.layers.back().probs[0];
+    const double diff = max_abs_diff(a.data(), b.data(), static_cast<size_t>(a.size()));
+    CHECK(diff > 0.0);
+    CHECK(diff < 0.05);
+    // Training computes none of these options: a run is refused naming the first.
+    CHECK_THROWS_WITH(vitlens::train::param_layout(model.config, 3),
+                      Catch::Contains("training does not compute") &&
+                          (Catch::Contains("rotary") || Catch::Contains("RMSNorm")));
+  }
 }

@@ -34,6 +34,17 @@ std::string VitConfig::validate() const {
     why << "mlp_ratio " << mlp_ratio << " gives an MLP hidden size of int(" << embed_dim << " * " << mlp_ratio << ") = 0";
   else if (!(norm_eps > 0.0f) || norm_eps > 1.0f) why << "norm_eps " << norm_eps << " is not in (0, 1]";
   else if (register_tokens < 0 || register_tokens > 256) why << "register_tokens " << register_tokens << " is not in [0, 256]";
+  else if (attention_pool && (swiglu || mlp_norm || rms_norm))
+    why << "attention_pool with " << (swiglu ? "swiglu" : mlp_norm ? "mlp_norm" : "rms_norm")
+        << " blocks: the attention pool's MLP and norm are computed as LayerNorm and a plain MLP only";
+  else if (rope != Rope::None && head_dim() % 4 != 0)
+    why << "rotary embeddings need a head width divisible by 4, and it is " << head_dim();
+  else if (rope != Rope::None && (!(rope_temperature > 0.0f) || !std::isfinite(rope_temperature)))
+    why << "rope_temperature " << rope_temperature << " is not a positive number";
+  else if (rope != Rope::None && (!std::isfinite(rope_grid_offset) || std::abs(rope_grid_offset) > 16384.0f))
+    why << "rope_grid_offset " << rope_grid_offset << " is not in [-16384, 16384]";
+  else if (rope_ref_h < 0 || rope_ref_w < 0 || rope_ref_h > 16384 || rope_ref_w > 16384 || (rope_ref_h == 0) != (rope_ref_w == 0))
+    why << "rope reference grid [" << rope_ref_h << ", " << rope_ref_w << "] is not two sides in [1, 16384] (or none)";
   else {
     for (int c = 0; c < 3; ++c) {
       if (!std::isfinite(mean[c])) { why << "mean[" << c << "] is not finite"; break; }
@@ -68,6 +79,15 @@ std::string VitConfig::validate() const {
 
 const char* position_resize_name(PositionResize r) {
   return r == PositionResize::BicubicAntialias ? "bicubic-antialias" : "bicubic";
+}
+
+const char* rope_name(Rope rope) {
+  switch (rope) {
+    case Rope::None: return "none";
+    case Rope::Dinov3: return "dinov3";
+    case Rope::Eva: return "eva";
+  }
+  return "?";
 }
 
 const char* activation_name(Activation act) {
@@ -192,12 +212,24 @@ void for_row_chunks(int n, int threads, Fn&& fn) {
   run_tasks(chunks, threads, [&](int c) { fn(c * kChunk, std::min(n, (c + 1) * kChunk)); });
 }
 
-// out[r0:r1] = LayerNorm(x[r0:r1]) row by row over D, statistics in double. out is (N, D) already;
-// out may be x (each value is read before it is overwritten).
-void layer_norm(const MatRM& x, const float* weight, const float* bias, float eps, MatRM& out, int r0, int r1) {
+// out[r0:r1] = the model's norm of x[r0:r1] row by row over x's columns, statistics in double: a
+// LayerNorm, or with rms_norm timm's RmsNorm, x rsqrt(mean(x^2) + eps) weight (no mean, no bias).
+// out is sized already; out may be x (each value is read before it is overwritten).
+void token_norm(const VitConfig& cfg, const MatRM& x, const float* weight, const float* bias, MatRM& out, int r0, int r1) {
   const int dim = static_cast<int>(x.cols());
   if (r1 <= r0) return;
-  layer_norm_rows(x.row(r0).data(), dim, r1 - r0, dim, weight, bias, eps, out.row(r0).data(), dim);
+  if (!cfg.rms_norm) {
+    layer_norm_rows(x.row(r0).data(), dim, r1 - r0, dim, weight, bias, cfg.norm_eps, out.row(r0).data(), dim);
+    return;
+  }
+  for (int r = r0; r < r1; ++r) {
+    const float* in = x.row(r).data();
+    double squares = 0.0;
+    for (int c = 0; c < dim; ++c) squares += static_cast<double>(in[c]) * in[c];
+    const double inv = 1.0 / std::sqrt(squares / dim + static_cast<double>(cfg.norm_eps));
+    float* o = out.row(r).data();
+    for (int c = 0; c < dim; ++c) o[c] = static_cast<float>(in[c] * inv) * weight[c];
+  }
 }
 
 // y[r0:r1] = x[r0:r1] W^T + b  (nn.Linear), W (out, in) row-major packed by pack_linear; b may be
@@ -242,7 +274,7 @@ std::shared_ptr<const PackedModelWeights> pack_model(const VitModel& model, cons
     std::array<PackedLinear, 4>& p = packed->blocks[static_cast<size_t>(l)];
     pack_linear(b.qkv_w, 3 * dim, dim, p[0], threads);
     pack_linear(b.proj_w, dim, dim, p[1], threads);
-    pack_linear(b.fc1_w, hidden, dim, p[2], threads);
+    pack_linear(b.fc1_w, cfg.fc1_rows(), dim, p[2], threads);
     pack_linear(b.fc2_w, dim, hidden, p[3], threads);
   }
   return packed;
@@ -276,7 +308,7 @@ std::shared_ptr<const PackedModelWeightsBf16> packed_weights_bf16(const VitModel
       std::array<PackedLinearBf16, 4>& p = packed->blocks[static_cast<size_t>(l)];
       pack_linear_bf16(b.qkv_w, 3 * dim, dim, p[0]);
       pack_linear_bf16(b.proj_w, dim, dim, p[1]);
-      pack_linear_bf16(b.fc1_w, hidden, dim, p[2]);
+      pack_linear_bf16(b.fc1_w, cfg.fc1_rows(), dim, p[2]);
       pack_linear_bf16(b.fc2_w, dim, hidden, p[3]);
     }
     pack_linear_bf16(model.w.patch_w, dim, cfg.patch_values(), packed->patch);
@@ -360,6 +392,18 @@ void activation_inplace(Activation act, float* x, int64_t count) {
 }
 
 namespace {
+
+// gated[r0:r1] = silu(gate) * value, gate and value the two halves of fc1's output (N, 2 Hm):
+// nn.SiLU is x * sigmoid(x).
+void swiglu_rows(const MatRM& fc1_out, MatRM& gated, int r0, int r1) {
+  const Eigen::Index hm = gated.cols();
+  for (int r = r0; r < r1; ++r) {
+    const float* gate = fc1_out.row(r).data();
+    const float* value = gate + hm;
+    float* out = gated.row(r).data();
+    for (Eigen::Index c = 0; c < hm; ++c) out[c] = gate[c] / (1.0f + std::exp(-gate[c])) * value[c];
+  }
+}
 
 // Whether every value of m is finite. x - x is 0 for a finite x and NaN for an infinity or a NaN,
 // summed in eight independent lanes, which the compiler turns into vector instructions; Eigen's
@@ -458,6 +502,90 @@ MatRM positional_table(const VitModel& model, int grid_h, int grid_w) {
 
 namespace {
 
+// [SECTION] Rotary position embeddings
+
+// cos and sin of every patch's rotary angles for a gh x gw grid, as the model's library computes
+// them for that grid (the coordinates follow the grid at hand, not the trained one): (gh*gw, d/2)
+// each; pair j < d/4 turns with the patch's row coordinate at frequency j, pair d/4 + j with its
+// column's (the [y bands | x bands] order of timm's flatten and transformers' angles.flatten(1, 2)).
+// Coordinates and frequencies in float32 as the libraries build them, the angle and its sine in double.
+struct RopeTable {
+  MatRM cos, sin;  // (gh*gw, d/2)
+};
+
+RopeTable rope_table(const VitConfig& cfg, int grid_h, int grid_w) {
+  const int quarter = cfg.head_dim() / 4, patches = grid_h * grid_w;
+  // Frequencies: DINOv3 divides by periods temperature^(2j / (d/2)) (timm _compute_periods;
+  // transformers multiplies by 1 / base^(4j/d), the same number); Eva multiplies by the bands
+  // 1 / temperature^(j / (d/4)) (timm freq_bands, step 1).
+  std::vector<double> freq(static_cast<size_t>(quarter));
+  for (int j = 0; j < quarter; ++j) {
+    if (cfg.rope == Rope::Dinov3) {
+      const float exponent = 2.0f * static_cast<float>(j) / static_cast<float>(cfg.head_dim() / 2);
+      freq[static_cast<size_t>(j)] = 2.0 * 3.14159265358979323846 / static_cast<double>(std::pow(cfg.rope_temperature, exponent));
+    } else {
+      const float exponent = static_cast<float>(j) / static_cast<float>(quarter);
+      freq[static_cast<size_t>(j)] = static_cast<double>(1.0f / std::pow(cfg.rope_temperature, exponent));
+    }
+  }
+  // One axis' coordinates: DINOv3 2 (i + 0.5 + offset) / s - 1 (timm _build_grid 'centered',
+  // normalize 'separate'; transformers get_patches_center_coordinates), Eva i + offset, times
+  // ref / s when there is a reference grid (timm's eva scheme, x / f * r).
+  auto coords = [&](int size, int ref) {
+    std::vector<double> c(static_cast<size_t>(size));
+    for (int i = 0; i < size; ++i) {
+      float t;
+      if (cfg.rope == Rope::Dinov3) {
+        t = (static_cast<float>(i) + 0.5f + cfg.rope_grid_offset) / static_cast<float>(size);
+        t = 2.0f * t - 1.0f;
+      } else {
+        t = static_cast<float>(i) + cfg.rope_grid_offset;
+        if (ref > 0) t = t / static_cast<float>(size) * static_cast<float>(ref);
+      }
+      c[static_cast<size_t>(i)] = static_cast<double>(t);
+    }
+    return c;
+  };
+  const std::vector<double> ys = coords(grid_h, cfg.rope_ref_h), xs = coords(grid_w, cfg.rope_ref_w);
+  RopeTable table;
+  table.cos.resize(patches, 2 * quarter);
+  table.sin.resize(patches, 2 * quarter);
+  for (int r = 0; r < grid_h; ++r)
+    for (int c = 0; c < grid_w; ++c)
+      for (int j = 0; j < 2 * quarter; ++j) {
+        const double coord = j < quarter ? ys[static_cast<size_t>(r)] : xs[static_cast<size_t>(c)];
+        const double angle = coord * freq[static_cast<size_t>(j % quarter)];
+        table.cos(r * grid_w + c, j) = static_cast<float>(std::cos(angle));
+        table.sin(r * grid_w + c, j) = static_cast<float>(std::sin(angle));
+      }
+  return table;
+}
+
+// Rotates the queries and keys of token rows [r0, r1) of qkv (N, 3D) in place, patch p = row -
+// prefix, as timm's apply_rot_embed / transformers' apply_rotary_pos_emb:
+//   rotate_half: out[c] = x[c] cos - x[c + d/2] sin, out[c + d/2] = x[c + d/2] cos + x[c] sin
+//   interleaved: out[2j] = x[2j] cos - x[2j + 1] sin, out[2j + 1] = x[2j + 1] cos + x[2j] sin
+// Prefix rows are left as they are (the libraries skip the class and register tokens).
+void apply_rope(const VitConfig& cfg, const RopeTable& table, int prefix, MatRM& qkv, int r0, int r1) {
+  const int dim = cfg.embed_dim, hd = cfg.head_dim(), pairs = hd / 2;
+  for (int row = std::max(r0, prefix); row < r1; ++row) {
+    const float* cs = table.cos.row(row - prefix).data();
+    const float* sn = table.sin.row(row - prefix).data();
+    for (int part = 0; part < 2; ++part)  // queries, then keys
+      for (int h = 0; h < cfg.num_heads; ++h) {
+        float* x = qkv.row(row).data() + part * dim + h * hd;
+        for (int j = 0; j < pairs; ++j) {
+          const int a = cfg.rope_rotate_half ? j : 2 * j, b = cfg.rope_rotate_half ? j + pairs : 2 * j + 1;
+          const float xa = x[a], xb = x[b];
+          x[a] = xa * cs[j] - xb * sn[j];
+          x[b] = xb * cs[j] + xa * sn[j];
+        }
+      }
+  }
+}
+
+// [SECTION] The forward
+
 // A forward result's description of its input, before any layer: token counts, grid, padding,
 // the score scale and the key mask.
 ForwardResult result_header(const VitConfig& cfg, const PatchGrid& grid, const ForwardOptions& options) {
@@ -493,13 +621,15 @@ MatRM embed_tokens(const VitModel& model, const ForwardLinears& linears, const P
     if (cfg.dist_token) x.row(cfg.dist_index()) = ConstMapVec(model.w.dist_token, dim).transpose();
     if (cfg.register_tokens)
       x.middleRows(cfg.first_register(), cfg.register_tokens) = ConstMapRM(model.w.reg_tokens, cfg.register_tokens, dim);
-    const MatRM pos = positional_table(model, grid.grid_h, grid.grid_w);
-    x.bottomRows(pos.rows()) += pos;
+    if (cfg.pos_embed) {
+      const MatRM pos = positional_table(model, grid.grid_h, grid.grid_w);
+      x.bottomRows(pos.rows()) += pos;
+    }
   }
   // x = self.norm_pre(x): CLIP's ln_pre / pre_layrnorm, before the first block.
   if (cfg.pre_norm)
     for_row_chunks(n, threads, [&](int r0, int r1) {
-      layer_norm(x, model.w.norm_pre_w, model.w.norm_pre_b, cfg.norm_eps, x, r0, r1);
+      token_norm(cfg, x, model.w.norm_pre_w, model.w.norm_pre_b, x, r0, r1);
     });
   return x;
 }
@@ -578,7 +708,8 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   const ForwardLinears linears = forward_linears(model, result.precision, options.threads);
   MatRM x = embed_tokens(model, linears, grid, options.threads);
 
-  MatRM normed, attn_out(n, dim), projected, hidden, mlp_out;
+  MatRM normed, attn_out(n, dim), projected, hidden, gated, mlp_out;
+  const RopeTable rope = cfg.rope != Rope::None ? rope_table(cfg, grid.grid_h, grid.grid_w) : RopeTable{};
   const int inner = threads_within_chunk(n, options.threads);
   result.layers.resize(static_cast<size_t>(cfg.depth));
   for (int l = 0; l < cfg.depth; ++l) {
@@ -590,8 +721,10 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     normed.resize(n, dim);
     state.qkv.resize(n, 3 * dim);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
-      if (!cfg.post_norm) layer_norm(x, b.norm1_w, b.norm1_b, cfg.norm_eps, normed, r0, r1);
+      if (!cfg.post_norm) token_norm(cfg, x, b.norm1_w, b.norm1_b, normed, r0, r1);
       block_linear(linears, l, kQkv, branch_in, b.qkv_b, state.qkv, r0, r1, inner);
+      // Eva / DINOv3: q, k = rope(q), rope(k) on the patch tokens, before the scores.
+      if (cfg.rope != Rope::None) apply_rope(cfg, rope, prefix, state.qkv, r0, r1);
     });
     // NaN scores would look like fully masked rows (zero attention) downstream: stop here instead.
     if (!all_finite(state.qkv))
@@ -603,21 +736,33 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
     attend_all_heads(cfg, result, counts_as_query, l, options, state, attn_out);
 
     projected.resize(n, dim);
-    hidden.resize(n, cfg.mlp_hidden());
+    hidden.resize(n, cfg.fc1_rows());
+    if (cfg.swiglu) gated.resize(n, cfg.mlp_hidden());
     mlp_out.resize(n, dim);
+    // What fc2 reads: act(fc1 x), or silu(gate) * value; then the MLP's own norm when it has one.
+    MatRM& fc2_in = cfg.swiglu ? gated : hidden;
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
       // x = x + self.ls1(self.proj(attn_out))          (W^O; ls1 is Identity without LayerScale)
       // ResPostBlock: x = x + self.norm1(self.proj(attn_out))
+      // Eva scale_attn_inner / timm scale_attn_norm: x = self.norm(x) before self.proj
+      if (cfg.attn_out_norm) token_norm(cfg, attn_out, b.attn_norm_w, b.attn_norm_b, attn_out, r0, r1);
       block_linear(linears, l, kProj, attn_out, b.proj_b, projected, r0, r1, inner);
-      if (cfg.post_norm) layer_norm(projected, b.norm1_w, b.norm1_b, cfg.norm_eps, projected, r0, r1);
+      if (cfg.post_norm) token_norm(cfg, projected, b.norm1_w, b.norm1_b, projected, r0, r1);
       add_branch(x, projected, b.ls1, r0, r1);
       // x = x + self.ls2(fc2(act(fc1(norm2(x)))))
       // ResPostBlock: x = x + self.norm2(fc2(act(fc1(x))))
-      if (!cfg.post_norm) layer_norm(x, b.norm2_w, b.norm2_b, cfg.norm_eps, normed, r0, r1);
-      block_linear(linears, l, kFc1, branch_in, b.fc1_b, hidden, r0, r1, inner, fc1_epilogue(cfg.act));
-      activation_rows(cfg.act, hidden, r0, r1);
-      block_linear(linears, l, kFc2, hidden, b.fc2_b, mlp_out, r0, r1, inner);
-      if (cfg.post_norm) layer_norm(mlp_out, b.norm2_w, b.norm2_b, cfg.norm_eps, mlp_out, r0, r1);
+      if (!cfg.post_norm) token_norm(cfg, x, b.norm2_w, b.norm2_b, normed, r0, r1);
+      if (cfg.swiglu) {
+        // timm SwiGLU: fc2(norm(silu(fc1_g x) * fc1_x x)); GluMlp / HF: silu(x1) * x2 of one fc1
+        block_linear(linears, l, kFc1, branch_in, b.fc1_b, hidden, r0, r1, inner);
+        swiglu_rows(hidden, gated, r0, r1);
+      } else {
+        block_linear(linears, l, kFc1, branch_in, b.fc1_b, hidden, r0, r1, inner, fc1_epilogue(cfg.act));
+        activation_rows(cfg.act, hidden, r0, r1);
+      }
+      if (cfg.mlp_norm) token_norm(cfg, fc2_in, b.mlp_norm_w, b.mlp_norm_b, fc2_in, r0, r1);
+      block_linear(linears, l, kFc2, fc2_in, b.fc2_b, mlp_out, r0, r1, inner);
+      if (cfg.post_norm) token_norm(cfg, mlp_out, b.norm2_w, b.norm2_b, mlp_out, r0, r1);
       add_branch(x, mlp_out, b.ls2, r0, r1);
     });
   }
@@ -629,7 +774,7 @@ ForwardResult forward(const VitModel& model, const PatchGrid& grid, const Forwar
   } else {
     result.output.resize(n, dim);
     for_row_chunks(n, options.threads, [&](int r0, int r1) {
-      layer_norm(x, model.w.norm_w, model.w.norm_b, cfg.norm_eps, result.output, r0, r1);
+      token_norm(cfg, x, model.w.norm_w, model.w.norm_b, result.output, r0, r1);
     });
   }
   // The head's attention pool reads the output tokens (timm forward_head -> pool, HF head).

@@ -2,10 +2,11 @@
 // The Vision Transformer forward pass, laid out exactly as timm's VisionTransformer
 // (timm/models/vision_transformer.py): patch embedding, prefix tokens (class, distillation,
 // registers), positional embedding, optional pre-norm, `depth` blocks (pre-norm, or timm's
-// residual post-norm) with optional LayerScale, final norm. One block with options covers the
-// families vitlens opens (timm ViT, DeiT, DINO, DINOv2 with or without registers, CLIP's vision
-// tower, Hugging Face ViT / Dinov2 / CLIPVision): models/ maps each file's tensor names onto this
-// layout at load time. Weights are read-only views into one blob that the model owns; the file
+// residual post-norm) with optional LayerScale, rotary position embeddings on the queries and keys
+// and a GELU or SwiGLU MLP, final norm. One block with options covers the families vitlens opens
+// (timm ViT, DeiT, DINO, DINOv2 with or without registers, CLIP's vision tower, timm's Eva as
+// DINOv3 and EVA-02, Hugging Face ViT / Dinov2 / CLIPVision / DINOv3ViT): models/ maps each file's
+// tensor names onto this layout at load time. Weights are read-only views into one blob that the model owns; the file
 // formats live in models/.
 #include <array>
 #include <cstdint>
@@ -42,6 +43,17 @@ enum class HeadPool {
 };
 const char* head_pool_name(HeadPool pool);  // "auto", "token", "avg", "max", "avgmax", "map"
 bool parse_head_pool(const std::string& text, HeadPool& pool);
+// Rotary position embeddings on the patch tokens' queries and keys (the prefix tokens keep theirs):
+// each head's d channels hold d/4 frequencies of the patch row's coordinate and d/4 of its column's,
+// each a rotation of a channel pair by the angle coordinate * frequency.
+enum class Rope {
+  None,
+  Dinov3,  // timm RotaryEmbeddingDinoV3 / transformers DINOv3ViTRopePositionEmbedding: patch centres
+           // normalised to [-1, 1] by the grid's own size, angle 2 pi c / temperature^(4j/d)
+  Eva,     // timm RotaryEmbeddingCat (EVA-02, in_pixels=False): integer patch indices, rescaled to
+           // the reference grid when there is one, angle c / temperature^(4j/d)
+};
+const char* rope_name(Rope rope);  // "none", "dinov3", "eva"
 
 // The longest texts a config holds, in bytes: a name is one line of a caption, a description a
 // paragraph. Model readers cut longer texts from a file to these (capped_text, json_file.hpp);
@@ -83,6 +95,18 @@ struct VitConfig {
   Activation act = Activation::Gelu;
   HeadPool head_pool = HeadPool::Auto;  // what the classifier head reads (when there is one)
   bool pool_include_prefix = false;     // timm pool_include_prefix: Avg/Max over the prefix tokens too
+  bool pos_embed = true;        // a learned absolute position table (false: positions are rotary only, DINOv3)
+  Rope rope = Rope::None;       // rotary embeddings on the patch tokens' queries and keys
+  float rope_temperature = 10000.0f;  // the frequencies' base (timm rope_temperature, HF rope_theta)
+  bool rope_rotate_half = false;      // pairs (c, c + d/2) as rotate_half; false: (2j, 2j + 1) interleaved
+  float rope_grid_offset = 0.0f;      // added to each patch index before normalising (timm rope_grid_offset)
+  int rope_ref_h = 0, rope_ref_w = 0; // Eva: coordinates rescaled to this grid (timm ref_feat_shape); 0 = none
+  bool swiglu = false;          // MLP = fc2(silu(gate) * value), fc1 (2 Hm, D) rows [gate | value] (timm
+                                // SwiGLU fc1_g / fc1_x, SwiGLUPacked, HF gated MLP); else fc2(act(fc1 x))
+  bool mlp_norm = false;        // a LayerNorm over the MLP's hidden Hm before fc2 (timm scale_mlp, EVA-02)
+  bool attn_out_norm = false;   // a norm over the heads' concatenated output before proj (timm scale_attn_norm,
+                                // Eva scale_attn_inner: EVA-02 CLIP)
+  bool rms_norm = false;        // every norm is timm's RmsNorm, x rsqrt(mean(x^2) + eps) weight, without bias
   std::array<float, 3> mean{0.5f, 0.5f, 0.5f};  // per RGB channel, applied to x / 255
   std::array<float, 3> std{0.5f, 0.5f, 0.5f};
   // Optional human descriptions: head_descriptions[layer][head]. Empty when the file has none.
@@ -90,6 +114,7 @@ struct VitConfig {
 
   int head_dim() const { return embed_dim / num_heads; }                   // d
   int mlp_hidden() const { return static_cast<int>(embed_dim * mlp_ratio); }  // Hm (timm: int(), in double)
+  int fc1_rows() const { return swiglu ? 2 * mlp_hidden() : mlp_hidden(); }  // fc1's outputs: Hm, or gate and value
   int prefix_tokens() const { return (class_token ? 1 : 0) + (dist_token ? 1 : 0) + register_tokens; }
   int class_index() const { return class_token ? 0 : -1; }  // the class token's row, -1 without
   int dist_index() const { return dist_token ? (class_token ? 1 : 0) : -1; }
@@ -97,7 +122,7 @@ struct VitConfig {
   int pos_prefix() const { return pos_embed_prefix ? prefix_tokens() : 0; }  // prefix rows of pos_embed
   int grid_h() const { return img_h / patch_size; }
   int grid_w() const { return img_w / patch_size; }
-  int pos_tokens() const { return pos_prefix() + grid_h() * grid_w(); }  // rows of pos_embed
+  int pos_tokens() const { return pos_embed ? pos_prefix() + grid_h() * grid_w() : 0; }  // rows of pos_embed
   int tokens() const { return prefix_tokens() + grid_h() * grid_w(); }   // N at the config's size
   int patch_values() const { return 3 * patch_size * patch_size; }  // 48 for P = 4
   // Empty when consistent, else a one-line reason naming the key (e.g. "embed_dim 50 is not
@@ -111,14 +136,18 @@ struct BlockWeights {
   const float* norm1_b = nullptr;  // (D)
   const float* qkv_w = nullptr;    // (3D, D): rows [Q heads 0..H-1 | K heads | V heads]
   const float* qkv_b = nullptr;    // (3D) or nullptr when qkv_bias is false
+  const float* attn_norm_w = nullptr;  // (D) attn_out_norm only
+  const float* attn_norm_b = nullptr;  // (D)
   const float* proj_w = nullptr;   // (D, D)  W^O
   const float* proj_b = nullptr;   // (D)
   const float* ls1 = nullptr;      // (D) LayerScale gamma on the attention branch
   const float* norm2_w = nullptr;  // (D)
   const float* norm2_b = nullptr;  // (D)
   const float* ls2 = nullptr;      // (D) LayerScale gamma on the MLP branch
-  const float* fc1_w = nullptr;    // (Hm, D)
-  const float* fc1_b = nullptr;    // (Hm)
+  const float* fc1_w = nullptr;    // (Hm, D), or (2 Hm, D) rows [gate | value] with swiglu
+  const float* fc1_b = nullptr;    // (Hm) or (2 Hm)
+  const float* mlp_norm_w = nullptr;  // (Hm) mlp_norm only
+  const float* mlp_norm_b = nullptr;  // (Hm)
   const float* fc2_w = nullptr;    // (D, Hm)
   const float* fc2_b = nullptr;    // (D)
 };
@@ -147,7 +176,7 @@ struct VitWeights {
   const float* cls_token = nullptr;  // (D) or nullptr without class token
   const float* dist_token = nullptr; // (D) or nullptr without distillation token
   const float* reg_tokens = nullptr; // (R, D) or nullptr without registers
-  const float* pos_embed = nullptr;  // (pos_prefix + gh*gw, D) for the config's img_size
+  const float* pos_embed = nullptr;  // (pos_prefix + gh*gw, D) for the config's img_size; null without one
   const float* norm_pre_w = nullptr; // (D) pre_norm only
   const float* norm_pre_b = nullptr; // (D)
   std::vector<BlockWeights> blocks;  // (L)
@@ -262,7 +291,8 @@ struct ForwardOptions {
 };
 
 struct LayerState {
-  MatRM qkv;       // (N, 3D) LN1(x) W_qkv^T + b: every head's queries, keys and values
+  MatRM qkv;       // (N, 3D) LN1(x) W_qkv^T + b: every head's queries, keys and values, the patch
+                   // tokens' queries and keys rotated when the model has rotary embeddings
   MatRM received;  // (H, N) attention received: each column's mean over the non-padding query rows
                    // (a row whose keys are all masked is a zero row and still counts)
   MatRM cls_row;   // (H, N) the class token's attention row; empty without class token

@@ -47,9 +47,34 @@ BlockOffsets add_block_params(ParamLayout& layout, const std::string& b, int64_t
   return o;
 }
 
+std::string untrainable_option(const VitConfig& c) {
+  static const std::pair<bool (*)(const VitConfig&), const char*> kOptions[] = {
+      {[](const VitConfig& v) { return v.rope != Rope::None; }, "rotary position embeddings"},
+      {[](const VitConfig& v) { return !v.pos_embed; }, "no position table"},
+      {[](const VitConfig& v) { return v.swiglu; }, "a SwiGLU MLP"},
+      {[](const VitConfig& v) { return v.mlp_norm; }, "a norm inside the MLP"},
+      {[](const VitConfig& v) { return v.rms_norm; }, "RMSNorm"},
+      {[](const VitConfig& v) { return v.attn_out_norm; }, "a norm on the attention output"},
+      {[](const VitConfig& v) { return v.post_norm; }, "residual post-norm blocks"},
+      {[](const VitConfig& v) { return v.layer_scale; }, "LayerScale"},
+      {[](const VitConfig& v) { return v.pre_norm; }, "a norm before the blocks"},
+      {[](const VitConfig& v) { return v.dist_token; }, "a distillation token"},
+      {[](const VitConfig& v) { return v.register_tokens > 0; }, "register tokens"},
+      {[](const VitConfig& v) { return !v.pos_embed_prefix; }, "a position table without rows for the prefix tokens"},
+      {[](const VitConfig& v) { return v.act != Activation::Gelu; }, "an activation other than exact GELU"},
+      {[](const VitConfig& v) { return !v.final_norm; }, "no final norm over the tokens"},
+      {[](const VitConfig& v) { return !v.patch_bias; }, "a patch embedding without bias"},
+  };
+  for (const auto& [has, what] : kOptions)
+    if (has(c)) return std::string("the model has ") + what + ", which vitlens' training does not compute";
+  return "";
+}
+
 void add_encoder_params(ParamLayout& layout, const VitConfig& c) {
   const std::string why = c.validate();
   if (!why.empty()) throw Error("model config: " + why);
+  const std::string untrainable = untrainable_option(c);
+  if (!untrainable.empty()) throw Error("model config: " + untrainable);
   const int64_t D = c.embed_dim, P = c.patch_size, Hm = c.mlp_hidden();
   if (c.class_token) layout.cls_token = add_param(layout, "cls_token", {1, 1, D}, false);
   layout.pos_embed = add_param(layout, "pos_embed", {1, c.pos_tokens(), D}, false);

@@ -46,6 +46,10 @@ BlockOffsets add_block_params(ParamLayout& layout, const std::string& prefix, in
 // Appends the encoder of timm's VisionTransformer without its head: cls_token, pos_embed,
 // patch_embed, blocks, norm (state_dict order); sets the layout's encoder offsets.
 void add_encoder_params(ParamLayout& layout, const VitConfig& config);
+// Empty when the training ops compute every option of `config` (timm's plain pre-norm block, exact
+// GELU, a position table, class token or not), else a one-line reason naming the first option they
+// do not (rotary embeddings, SwiGLU, LayerScale, registers, ...). add_encoder_params refuses those.
+std::string untrainable_option(const VitConfig& config);
 
 // The pre-norm transformer blocks (timm's Block: x = x + attn(norm1(x)); x = x + mlp(norm2(x))) on
 // any token count: the classifier's encoder, MAE's encoder on the visible tokens and MAE's decoder
