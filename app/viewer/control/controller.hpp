@@ -85,8 +85,9 @@ std::string cli_command(const App& app, const std::string& out_dir);
 // The model's transform as one line, when the pass on screen used it ("timm eval transform (PIL):
 // resize shortest edge 248 bicubic (pillow), center crop 224x224, ..."); "" in the whole-image mode.
 std::string preprocess_caption(const App& app);
-// What ran and why, one line each: the precision of the pass on screen (auto resolved, with its
-// reason) and, where bf16 is chosen or ran, that this CPU emulates it. Empty before a pass.
+// What the precision switch alone does not say, one line each: auto's choice for the pass on
+// screen and why, the precision on screen while another is computed, and, where bf16 is chosen
+// or ran, that this CPU emulates it. Empty for fp32 chosen and run.
 std::vector<std::string> precision_lines(const App& app);
 
 // [SECTION] Output folders

@@ -72,9 +72,9 @@ std::vector<std::string> precision_lines(const App& app) {
   Precision ran = Precision::Fp32;
   if (app.doc.ready()) {
     ran = app.doc.comp->forward.precision;
-    lines.push_back(ran == Precision::Bf16 ? "ran: bf16 (bfloat16 Linear layers, float32 sums)"
-                                           : "ran: fp32 (float32 throughout, as PyTorch)");
     if (chosen == Precision::Auto) lines.push_back(auto_line(app, ran));
+    else if (chosen != ran)  // the chosen pass is still running
+      lines.push_back(std::string("on screen: the ") + precision_name(ran) + " pass");
   }
   const std::string emulated = bf16_emulation_reason();
   if ((chosen == Precision::Bf16 || ran == Precision::Bf16) && !emulated.empty())

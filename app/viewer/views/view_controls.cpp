@@ -1,10 +1,9 @@
 // The controls view: what to compute and how to draw it. Index:
-//   [SECTION] Files, preprocessing and working size
+//   [SECTION] Files, preprocessing, precision and working size
 //   [SECTION] Map
 //   [SECTION] Display
 //   [SECTION] Mask
 //   [SECTION] Softmax scale
-//   [SECTION] Precision
 //   [SECTION] Export
 //   [SECTION] View
 #include <algorithm>
@@ -22,7 +21,7 @@ namespace vitlens::viewer {
 
 namespace {
 
-// [SECTION] Files, preprocessing and working size
+// [SECTION] Files, preprocessing, precision and working size
 
 void DrawFiles(App& app) {
   const Document& doc = app.doc;
@@ -72,6 +71,24 @@ void DrawTransform(App& app) {
   const LoadedImage& src = app.doc.image->pixels;
   gui::TextWrappedDisabled("%s", caption.c_str());
   gui::TextWrappedDisabled("%dx%d image -> %s", src.source_w, src.source_h, status_text(app).c_str());
+}
+
+// fp32, bf16 or auto (`vitlens export --precision`) on one row, and under it what the pass on
+// screen ran when the row alone does not say it (auto's choice, a pass still running) and whether
+// this CPU emulates bf16.
+void DrawPrecision(App& app) {
+  gui::TextUnformatted("precision");
+  for (Precision p : {Precision::Fp32, Precision::Bf16, Precision::Auto}) {
+    if (p == Precision::Fp32) ImGui::SameLine();
+    else gui::SameLineIfFits(gui::RadioWidth(precision_name(p)));
+    if (gui::RadioButton(precision_name(p), app.ui.compute.precision == p)) set_precision(app, p);
+  }
+  gui::HelpMarker("The Linear layers' arithmetic, as `vitlens export --precision`. fp32: float32 throughout, what "
+                  "PyTorch computes (the default). bf16: their operands rounded to bfloat16, sums in float32; softmax, "
+                  "LayerNorm, GELU and the residual stay float32; trained models' maps stay within about one colour "
+                  "level of fp32. auto: bf16 for models of 20 M parameters or more on a CPU with bfloat16 dot "
+                  "products (AVX512-BF16), else fp32. The caption and the exported JSON say which ran.");
+  for (const std::string& line : precision_lines(app)) gui::TextWrappedDisabled("%s", line.c_str());
 }
 
 // The slider edits a size; the line under it says what is on screen, in the status bar's words
@@ -291,22 +308,6 @@ void DrawScale(App& app) {
                         d > 0 ? 1.0 / std::sqrt(static_cast<double>(d)) : 0.0);
 }
 
-// [SECTION] Precision
-
-// fp32, bf16 or auto (`vitlens export --precision`), and what the pass on screen ran.
-void DrawPrecision(App& app) {
-  for (Precision p : {Precision::Fp32, Precision::Bf16, Precision::Auto}) {
-    if (p != Precision::Fp32) gui::SameLineIfFits(gui::RadioWidth(precision_name(p)));
-    if (gui::RadioButton(precision_name(p), app.ui.compute.precision == p)) set_precision(app, p);
-  }
-  gui::HelpMarker("The Linear layers' arithmetic, as `vitlens export --precision`. fp32: float32 throughout, what "
-                  "PyTorch computes (the default). bf16: their operands rounded to bfloat16, sums in float32; softmax, "
-                  "LayerNorm, GELU and the residual stay float32; trained models' maps stay within about one colour "
-                  "level of fp32. auto: bf16 for models of 20 M parameters or more on a CPU with bfloat16 dot "
-                  "products (AVX512-BF16), else fp32. The caption and the exported JSON say which ran.");
-  for (const std::string& line : precision_lines(app)) gui::TextWrappedDisabled("%s", line.c_str());
-}
-
 // [SECTION] Export
 
 void DrawExport(App& app) {
@@ -351,6 +352,7 @@ void DrawControlsView(App& app) {
   ImGui::PushItemWidth(-(ImGui::CalcTextSize("working size (?)").x + 2.0f * style.ItemInnerSpacing.x + style.ItemSpacing.x));
   DrawFiles(app);
   DrawPreprocess(app);
+  DrawPrecision(app);
   DrawWorkingSize(app);
   // Each header's widgets live in the header's ID scope (gui::Section): the mask's and the scale's
   // "none" are two widgets, and no widget shares its ID with the header above it.
@@ -359,8 +361,7 @@ void DrawControlsView(App& app) {
     void (*draw)(App&);
   };
   for (const Part& part : {Part{"Map", DrawMapChoice}, Part{"Display", DrawDisplay}, Part{"Mask", DrawMask},
-                           Part{"Softmax scale", DrawScale}, Part{"Precision", DrawPrecision},
-                           Part{"Export and screenshot", DrawExport}}) {
+                           Part{"Softmax scale", DrawScale}, Part{"Export and screenshot", DrawExport}}) {
     if (!gui::CollapsingHeader(part.header, ImGuiTreeNodeFlags_DefaultOpen)) continue;
     gui::Section section(part.header);
     part.draw(app);
