@@ -404,8 +404,8 @@ void choose_preprocess(const ExportArgs& args, const std::string& model_path, co
     throw UsageError("--mask-image covers the whole file, which --preprocess model crops or resizes; use --preprocess whole");
   s.transform = read_model_transform(model_path, model.format);
   if (!s.transform.present())
-    throw UsageError("--preprocess model: " + model_path + " publishes no transform (a vitlens model, or a checkpoint "
-                     "without timm's config.json pretrained_cfg or a preprocessor_config.json beside it); use --preprocess whole");
+    throw UsageError("--preprocess model: " + model_path + " " + missing_transform_reason(model.format) +
+                     "; use --preprocess whole");
 }
 
 // Settings that cannot fit this model, and a mask that cannot be read, are usage errors.

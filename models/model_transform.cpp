@@ -277,6 +277,12 @@ ImageTransform read_model_transform(const std::string& model_path, const std::st
   return {};
 }
 
+std::string missing_transform_reason(const std::string& format) {
+  if (format == "timm") return "publishes no transform (no config.json with a pretrained_cfg beside it)";
+  if (format.compare(0, 3, "hf-") == 0) return "publishes no transform (no preprocessor_config.json beside it)";
+  return "publishes no transform (a " + format + " model: only timm and Hugging Face checkpoints carry one)";
+}
+
 PositionResize library_position_resize(const std::string& format, const std::string& folder) {
   if (format == "timm") return PositionResize::BicubicAntialias;  // resample_abs_pos_embed(antialias=True)
   if (format == "hf-dinov2" && is_file(folder + "/config.json")) {

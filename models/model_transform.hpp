@@ -27,6 +27,10 @@ namespace vitlens {
 // reproduce exactly (a border crop, a longest_edge size, nearest or lanczos in torch, ...).
 ImageTransform read_model_transform(const std::string& model_path, const std::string& format);
 
+// Why a model of `format` has no transform, for messages that refuse the model's preprocessing:
+// "publishes no transform (a vitlens model, ...)" without the file's name.
+std::string missing_transform_reason(const std::string& format);
+
 // How the model's library resizes its positional table (vit.hpp PositionResize): timm and
 // Dinov2WithRegisters (model_type in the folder's config.json) antialias, the rest do not.
 PositionResize library_position_resize(const std::string& format, const std::string& folder);

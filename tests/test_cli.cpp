@@ -169,6 +169,7 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
       {"--patch a,b", 2, "--patch expects two integers"},
       {"--cls --received", 2, "excludes"},
       {"--bogus", 2, "--bogus"},
+      {"--preprocess model", 2, "publishes no transform (a vitlens model"},
   };
   for (const Case& c : cases) {
     Run r = run(base + c.args);

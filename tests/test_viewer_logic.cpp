@@ -21,10 +21,13 @@
 #include "control/settings.hpp"
 #include "test_support.hpp"
 #include "core/base/error.hpp"
+#include "core/cpu/bf16.hpp"
+#include "core/io/preprocess.hpp"
 #include "core/render/export.hpp"
 #include "core/render/export_layers.hpp"
 #include "core/io/files.hpp"
 #include "core/io/image.hpp"
+#include "models/model_transform.hpp"
 
 using namespace vitlens;
 using namespace vitlens::viewer;
@@ -1018,4 +1021,171 @@ TEST_CASE("viewer predictions are the export's: the top classes of the pass on s
   const nlohmann::json none = state_json(plain);
   CHECK(none.at("predictions").empty());
   CHECK_THAT(none.at("classifier").get<std::string>(), Catch::StartsWith("none: the model has no classifier head"));
+}
+
+// [SECTION] Preprocessing and precision
+
+TEST_CASE("viewer preprocessing and precision switches give the CLI's picture and export", "[viewer][preprocess]") {
+  Fixture fx;
+  const std::string foreign = std::string(VITLENS_TEST_FIXTURES) + "/foreign";
+  const std::string timm = foreign + "/timm_vit/model.safetensors";  // config.json beside it: pretrained_cfg
+  App app;
+  start_app(app, fx.wide_path, timm);  // 50x30: the crop shows
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  auto run = [&app](const std::string& verb, const std::string& arg) {
+    ScriptCommand c;
+    c.verb = verb;
+    c.args = {arg};
+    return apply_script_command(app, c);
+  };
+  auto has_line = [&app](const std::string& text) {
+    for (const std::string& line : precision_lines(app))
+      if (line.find(text) != std::string::npos) return true;
+    return false;
+  };
+
+  // The defaults: the whole image, float32 (as `vitlens export`).
+  CHECK(app.ui.compute.preprocess == Preprocess::Whole);
+  CHECK(app.ui.compute.precision == Precision::Fp32);
+  nlohmann::json state = state_json(app);
+  CHECK(state["preprocess"] == "whole");
+  CHECK(state["precision"] == "fp32");
+  CHECK(state["transform"]["available"] == true);
+  CHECK(preprocess_unavailable(app).empty());
+  CHECK(preprocess_caption(app).empty());
+  CHECK(precision_lines(app).empty());  // fp32 chosen and run: the switch says it all
+  const int whole_rows = grid_rows(app), whole_cols = grid_cols(app);
+  CHECK(whole_rows != whole_cols);  // 50x30 scaled to 16x10, padded to 16x12: 3x4 patches
+
+  // The model's transform (timm: shortest edge to 16 / 0.9, centre crop 16x16) and bf16, from the script.
+  REQUIRE(run("preprocess", "model").empty());
+  REQUIRE(run("precision", "bf16").empty());
+  REQUIRE(run_until_idle(app));
+  const VitModel model = load_model(timm);
+  const ImageTransform t = read_model_transform(timm, model.format);
+  REQUIRE(t.present());
+  // The picture is what the model sees: core's transform of the same file, byte for byte.
+  const PreparedImage sees = prepare_image_transformed(load_image(fx.wide_path), model.config, t, fx.wide_path);
+  cv::Mat sees8;
+  sees.rgb.convertTo(sees8, CV_8UC3, 255.0);
+  CHECK(same_bytes(app.derived.base_rgb8, sees8));
+  CHECK(grid_rows(app) == 4);
+  CHECK(grid_cols(app) == 4);
+  CHECK(app.doc.comp->forward.precision == Precision::Bf16);
+  CHECK(preprocess_caption(app) == t.library + ": " + t.describe());
+  state = state_json(app);
+  CHECK(state["preprocess"] == "model");
+  CHECK(state["precision"] == "bf16");
+  CHECK(state["precision_choice"] == "bf16");
+  CHECK(state["transform"]["steps"] == t.describe());
+  CHECK_FALSE(has_line("on screen"));  // the bf16 pass is the one on screen
+  // This machine's bfloat16 products are emulated unless it has AVX512-BF16 and runs those kernels.
+  CHECK(has_line("bf16 is emulated here") == !cpu_has_bf16_dot());
+  const std::string command = cli_command(app, "out");
+  CHECK_THAT(command, Catch::Contains("--preprocess model --precision bf16"));
+  CHECK_THAT(command, !Catch::Contains("--size"));
+  CHECK(cli_equivalent(app));
+
+  // Pictures and export: core's for the same settings, as `vitlens export --preprocess model --precision bf16`.
+  ExportSettings s;
+  s.select = QuerySelect::Patch;
+  s.patch_row = app.ui.view.query_row;
+  s.patch_col = app.ui.view.query_col;
+  s.transform = t;
+  s.precision = Precision::Bf16;
+  const ImageAnalysis reference = analyse_image(model, fx.wide_path, s);
+  const ExportImages expected = render_export_images(model, reference, s.style, s.normalize);
+  CHECK(same_bytes(app.derived.pictures.montage, expected.montage));
+  bool names_transform = false, names_bf16 = false;
+  for (const std::string& phrase : montage_caption(model, app.derived.view, s.normalize)) {
+    names_transform = names_transform || phrase.find("preprocess: the model's own") != std::string::npos;
+    names_bf16 = names_bf16 || phrase.find("bf16") != std::string::npos;
+  }
+  CHECK(names_transform);
+  CHECK(names_bf16);
+  const std::string viewer_dir = fx.dir + "/viewer-model", cli_dir = fx.dir + "/cli-model";
+  fs::create_directory(viewer_dir);
+  fs::create_directory(cli_dir);
+  app.requests.export_folder = viewer_dir;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  s.out_dir = cli_dir;
+  export_attention(model, fx.wide_path, s);
+  for (const char* name : {"wide_head0.png", "wide_mean.png", "wide_montage.png"}) {
+    INFO(name);
+    REQUIRE(fs::exists(viewer_dir + "/" + name));
+    CHECK(read_text(viewer_dir + "/" + name) == read_text(cli_dir + "/" + name));
+  }
+  auto record = [](const std::string& path) {
+    nlohmann::json j = nlohmann::json::parse(read_text(path));
+    j.erase("timings_ms");
+    j.erase("set");
+    for (auto& f : j["files"]) f = fs::path(f.get<std::string>()).filename().string();
+    return j;
+  };
+  const nlohmann::json exported = record(viewer_dir + "/wide.json");
+  CHECK(exported == record(cli_dir + "/wide.json"));
+  CHECK(exported["preprocess"] == "model");
+  CHECK(exported["precision"] == "bf16");
+  CHECK(exported["transform"]["steps"] == t.describe());
+
+  // auto is core's rule: this tiny model stays float32 on any CPU, and the line says why. The pass
+  // is the fp32 one, so choosing auto after fp32 computes nothing new.
+  REQUIRE(run("precision", "auto").empty());
+  REQUIRE(run_until_idle(app));
+  CHECK(app.doc.comp->forward.precision == resolve_precision(Precision::Auto, model));
+  CHECK(app.doc.comp->forward.precision == Precision::Fp32);
+  CHECK(has_line("auto chose fp32"));
+  CHECK(has_line("below 20.0 M"));
+  CHECK_FALSE(has_line("emulated"));  // nothing runs in bf16
+  CHECK_THAT(cli_command(app, "out"), !Catch::Contains("--precision"));
+
+  // Back to the whole image: the working size's grid again.
+  REQUIRE(run("preprocess", "whole").empty());
+  REQUIRE(run_until_idle(app));
+  CHECK(grid_rows(app) == whole_rows);
+  CHECK(grid_cols(app) == whole_cols);
+
+  // A model without a transform: the switch is refused with the reason, and a model choice
+  // falls back to the whole image.
+  REQUIRE(run("preprocess", "model").empty());
+  app.requests.open_model = foreign + "/hf_vit/model.safetensors";  // no preprocessor_config.json
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  CHECK(app.doc.comp->key.preprocess == Preprocess::Whole);
+  CHECK(preprocess_caption(app).empty());
+  const std::string why = preprocess_unavailable(app);
+  CHECK_THAT(why, Catch::Contains("publishes no transform") && Catch::Contains("preprocessor_config.json"));
+  CHECK(run("preprocess", "model") == why);
+  state = state_json(app);
+  CHECK(state["transform"]["available"] == false);
+  CHECK(state["transform"]["why_not"] == why);
+  CHECK(state["preprocess"] == "whole");
+  CHECK_THAT(cli_command(app, "out"), !Catch::Contains("--preprocess"));
+  // Script words are checked before any window opens.
+  CHECK_THROWS_WITH(parse_script("preprocess crop\n", "t"), Catch::Contains("preprocess whole|model"));
+  CHECK_THROWS_WITH(parse_script("precision fp16\n", "t"), Catch::Contains("precision fp32|bf16|auto"));
+}
+
+TEST_CASE("viewer remembers the precision choice between runs", "[viewer]") {
+  Fixture fx;
+  const std::string path = fx.dir + "/settings.json";
+  Settings settings;
+  settings.precision = "auto";
+  save_settings(path, settings);
+  App app;
+  app.settings_file = path;
+  CHECK(load_app_settings(app).empty());
+  CHECK(app.ui.compute.precision == Precision::Auto);
+  set_precision(app, Precision::Bf16);
+  save_app_settings(app, 0, 0);
+  CHECK(load_settings(path, nullptr).precision == "bf16");
+  // A name vitlens does not know keeps the default.
+  settings.precision = "fp16";
+  save_settings(path, settings);
+  App other;
+  other.settings_file = path;
+  load_app_settings(other);
+  CHECK(other.ui.compute.precision == kViewerDefaultPrecision);
 }

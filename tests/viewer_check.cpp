@@ -17,6 +17,8 @@
 //   viewer_check train-record MODEL [/KEY=VALUE ...]
 //                                           a checkpoint's training record: one finite, positive
 //                                           loss per step run, and each KEY (a JSON pointer) as given
+//   viewer_check json FILE [/KEY=VALUE ...]
+//                                           each KEY (a JSON pointer) of the JSON file as given
 //   viewer_check xdotool DIR                what the xdotool run (viewer_xdotool.sh) left in DIR
 //   viewer_check layout DUMP W H            the --dump-widgets / `widgets` file of a W x H window:
 //                                           no two windows overlap, each inside the display, every
@@ -565,8 +567,30 @@ int print_train_step(const std::string& path) {
   return 0;
 }
 
-// Each "/KEY=VALUE": the record at that JSON pointer equals VALUE (numbers within 1e-9 relative,
-// anything else exactly; VALUE is read as JSON, else as a string).
+// Each "/KEY=VALUE": `r` at that JSON pointer equals VALUE (numbers within 1e-9 relative,
+// anything else exactly; VALUE is read as JSON, else as a string). `what` names r in the lines.
+void check_keys(const json& r, const std::vector<std::string>& expected, const std::string& what) {
+  for (const std::string& e : expected) {
+    const auto eq = e.find('=');
+    if (e.empty() || e[0] != '/' || eq == std::string::npos) throw std::runtime_error("'" + e + "' is not /KEY=VALUE");
+    const json::json_pointer pointer(e.substr(0, eq));
+    const std::string text = e.substr(eq + 1);
+    json want = json::parse(text, nullptr, false);
+    if (want.is_discarded()) want = text;
+    if (!r.contains(pointer)) {
+      check(false, e.substr(0, eq) + " is in " + what);
+      continue;
+    }
+    const json& got = r.at(pointer);
+    bool same = got == want;
+    if (got.is_number() && want.is_number()) {
+      const double g = got.get<double>(), w = want.get<double>();
+      same = std::fabs(g - w) <= 1e-9 * std::max(1.0, std::fabs(w));
+    }
+    check(same, e.substr(0, eq) + " is " + got.dump() + " (typed: " + want.dump() + ")");
+  }
+}
+
 int check_train_record(const std::string& path, const std::vector<std::string>& expected) {
   const json r = read_training_record(path);
   const long long step = r.at("step").get<long long>();
@@ -580,25 +604,13 @@ int check_train_record(const std::string& path, const std::vector<std::string>& 
   int good = 0;
   for (const json& v : loss) good += v.is_number() && std::isfinite(v.get<double>()) && v.get<double>() > 0.0;
   check(good == static_cast<int>(loss.size()), std::to_string(good) + " of the losses are finite and positive");
-  for (const std::string& e : expected) {
-    const auto eq = e.find('=');
-    if (e.empty() || e[0] != '/' || eq == std::string::npos) throw std::runtime_error("'" + e + "' is not /KEY=VALUE");
-    const json::json_pointer pointer(e.substr(0, eq));
-    const std::string text = e.substr(eq + 1);
-    json want = json::parse(text, nullptr, false);
-    if (want.is_discarded()) want = text;
-    if (!r.contains(pointer)) {
-      check(false, e.substr(0, eq) + " is in the training record");
-      continue;
-    }
-    const json& got = r.at(pointer);
-    bool same = got == want;
-    if (got.is_number() && want.is_number()) {
-      const double g = got.get<double>(), w = want.get<double>();
-      same = std::fabs(g - w) <= 1e-9 * std::max(1.0, std::fabs(w));
-    }
-    check(same, e.substr(0, eq) + " is " + got.dump() + " (typed: " + want.dump() + ")");
-  }
+  check_keys(r, expected, "the training record");
+  return g_failures == 0 ? 0 : 1;
+}
+
+// A JSON file (an export's record, a `state` file) with each KEY as given.
+int check_json_file(const std::string& path, const std::vector<std::string>& expected) {
+  check_keys(read_json(path), expected, path);
   return g_failures == 0 ? 0 : 1;
 }
 
@@ -658,6 +670,8 @@ int main(int argc, char** argv) {
     if (args.size() == 2 && args[0] == "train-step") return print_train_step(args[1]);
     if (args.size() >= 2 && args[0] == "train-record")
       return check_train_record(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
+    if (args.size() >= 2 && args[0] == "json")
+      return check_json_file(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
     if (args.size() == 2 && args[0] == "xdotool") return check_xdotool(args[1]);
     if (args.size() == 4 && args[0] == "layout")
       return check_layout(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()), "");
@@ -688,6 +702,6 @@ int main(int argc, char** argv) {
   }
   std::cerr << "usage: viewer_check screenshots DIR | export VIEWER_DIR CLI_DIR | bad-file DIR | png FILE W H | "
                "widget-centre DUMP SPEC [--enabled] | widget-point DUMP SPEC FX FY | widget-value DUMP SPEC | layout DUMP W H | text DUMP WINDOW TEXT | "
-               "layout DUMP W H --only WINDOW | labels-before DUMP WINDOW | same-size DUMP | text-number DUMP WINDOW PREFIX | tooltip-clear DUMP MENU | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
+               "layout DUMP W H --only WINDOW | labels-before DUMP WINDOW | same-size DUMP | text-number DUMP WINDOW PREFIX | tooltip-clear DUMP MENU | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | json FILE [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
   return 2;
 }

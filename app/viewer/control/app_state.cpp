@@ -13,6 +13,8 @@ constexpr EnumName<MaskMode> kMaskModeNames[] = {
 constexpr EnumName<ScaleMode> kScaleModeNames[] = {
     {ScaleMode::Model, "default"}, {ScaleMode::Unscaled, "none"}, {ScaleMode::Temperature, "temperature"}};
 
+constexpr EnumName<Preprocess> kPreprocessNames[] = {{Preprocess::Whole, "whole"}, {Preprocess::Model, "model"}};
+
 constexpr EnumName<Brush> kBrushNames[] = {{Brush::Paint, "paint"}, {Brush::Erase, "erase"}, {Brush::Off, "off"}};
 
 constexpr EnumName<BrowserPurpose> kBrowserPurposeNames[] = {{BrowserPurpose::OpenImage, "open image"},
@@ -34,6 +36,8 @@ constexpr EnumName<WidgetKind> kWidgetKindNames[] = {
 const char* mask_mode_name(MaskMode mode) { return enum_name(kMaskModeNames, mode); }
 bool parse_mask_mode(const std::string& name, MaskMode& mode) { return parse_enum(kMaskModeNames, name, mode); }
 const char* scale_mode_name(ScaleMode mode) { return enum_name(kScaleModeNames, mode); }
+const char* preprocess_name(Preprocess p) { return enum_name(kPreprocessNames, p); }
+bool parse_preprocess(const std::string& name, Preprocess& p) { return parse_enum(kPreprocessNames, name, p); }
 const char* brush_name(Brush brush) { return enum_name(kBrushNames, brush); }
 const char* browser_purpose_name(BrowserPurpose purpose) { return enum_name(kBrowserPurposeNames, purpose); }
 const char* widget_kind_name(WidgetKind kind) { return enum_name(kWidgetKindNames, kind); }

@@ -53,12 +53,25 @@ const char* brush_name(Brush brush);  // "paint", "erase", "off"
 constexpr int kMinWorkingSide = 64, kMaxWorkingSide = 512;
 constexpr int kLayerGridGap = 1;  // pixels between the layers x heads grid's tiles (one pixel per patch)
 
+// How the image becomes the model's input (`vitlens export --preprocess`): the whole image at the
+// working size, aspect kept and padding masked, or the checkpoint's own transform (crop, squash).
+enum class Preprocess { Whole, Model };
+const char* preprocess_name(Preprocess p);  // "whole", "model"
+bool parse_preprocess(const std::string& name, Preprocess& p);
+
+// The viewer's default precision: float32, as `vitlens export` (README, "The viewer", says why).
+constexpr Precision kViewerDefaultPrecision = Precision::Fp32;
+
 // [SECTION] Document
 
 struct LoadedModel {
   uint64_t serial = 0;  // unique per load, so a reloaded file counts as new
   std::string path;     // as the user gave it (it is written into exported JSON)
   VitModel model;
+  // The checkpoint's own preprocessing (models/model_transform.hpp), read once at load: present()
+  // when it publishes one vitlens reproduces; else `no_transform` says why, in one line.
+  ImageTransform transform;
+  std::string no_transform;
 };
 
 struct SourceImage {
@@ -89,9 +102,12 @@ struct ForwardKey {
   float score_scale = -1.0f;        // < 0: the model's 1/sqrt(d)
   float temperature = 1.0f;         // the softmax temperature score_scale came from (1: none, or "no scale")
   RolloutChoice rollout;            // on: the pass keeps every weight and the rollout is computed
+  Preprocess preprocess = Preprocess::Whole;  // Model only when the model has a transform (max_side then 0)
+  Precision precision = Precision::Fp32;      // resolved: never Auto
   bool operator==(const ForwardKey& o) const {
     return model == o.model && image == o.image && max_side == o.max_side && mask == o.mask &&
-           painted == o.painted && score_scale == o.score_scale && temperature == o.temperature && rollout == o.rollout;
+           painted == o.painted && score_scale == o.score_scale && temperature == o.temperature && rollout == o.rollout &&
+           preprocess == o.preprocess && precision == o.precision;
   }
   bool operator!=(const ForwardKey& o) const { return !(*this == o); }
 };
@@ -150,6 +166,8 @@ struct ComputeChoice {
   ScaleMode scale = ScaleMode::Model;
   float temperature = 1.0f;
   RolloutChoice rollout;
+  Preprocess preprocess = Preprocess::Whole;  // Model applies only to a model with a transform
+  Precision precision = kViewerDefaultPrecision;
 };
 
 enum class BrowserPurpose { OpenImage, OpenModel, ExportFolder, ScreenshotFile };

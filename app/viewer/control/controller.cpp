@@ -160,6 +160,7 @@ std::string load_app_settings(App& app) {
     parse_normalize_name(s.normalize, app.ui.display.normalize);
     parse_upsample(s.upsample, app.ui.display.style.upsample);
     app.ui.display.show_grid = s.show_grid;
+    parse_precision(s.precision, app.ui.compute.precision);  // an unknown name keeps the default
     app.ui.recent_images = s.recent_images;
     app.ui.recent_models = s.recent_models;
     if (!s.last_folder.empty()) app.ui.browser.folder = s.last_folder;
@@ -186,6 +187,7 @@ void save_app_settings(App& app, int window_w, int window_h) {
   s.normalize = normalize_name(app.ui.display.normalize);
   s.upsample = upsample_name(app.ui.display.style.upsample);
   s.show_grid = app.ui.display.show_grid;
+  s.precision = precision_name(app.ui.compute.precision);
   s.recent_images = app.ui.recent_images;
   s.recent_models = app.ui.recent_models;
   s.last_folder = app.ui.browser.folder;

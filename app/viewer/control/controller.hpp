@@ -4,6 +4,7 @@
 // the menus and the script all call the same functions, so a script drives the real code paths.
 // Nothing here touches ImGui, GLFW or OpenGL.
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -45,6 +46,13 @@ bool set_query_prefix(App& app, int token);
 void open_grid_cell(App& app, int layer, int head);
 // Rollout mode on or off (its settings stay); on needs a new pass keeping every weight.
 void set_rollout(App& app, bool on);
+// The image as the model's library prepares it (Preprocess::Model) or whole; "" when done, else
+// why not (no model yet, or it publishes no transform vitlens reproduces) and nothing changes.
+std::string set_preprocess(App& app, Preprocess preprocess);
+// Why the model's own preprocessing cannot be chosen for the loaded model, or "" when it can
+// (the switch's tooltip when disabled, the script's error).
+std::string preprocess_unavailable(const App& app);
+void set_precision(App& app, Precision precision);
 // Opens the in-app file browser for a purpose (menus, buttons and the script's `browse`).
 void open_browser(App& app, BrowserPurpose purpose);
 // Exports the current view (what the heads panel shows) into `folder` on the worker.
@@ -71,6 +79,16 @@ std::string viewer_only_settings(const App& app);
 std::string map_mode_caption(const App& app);
 // The `vitlens export` flags that give the same files when cli_equivalent, for the UI to show.
 std::string cli_command(const App& app, const std::string& out_dir);
+
+// [SECTION] Preprocessing and precision, in words (pass_choice.cpp)
+
+// The model's transform as one line, when the pass on screen used it ("timm eval transform (PIL):
+// resize shortest edge 248 bicubic (pillow), center crop 224x224, ..."); "" in the whole-image mode.
+std::string preprocess_caption(const App& app);
+// What the precision switch alone does not say, one line each: auto's choice for the pass on
+// screen and why, the precision on screen while another is computed, and, where bf16 is chosen
+// or ran, that this CPU emulates it. Empty for fp32 chosen and run.
+std::vector<std::string> precision_lines(const App& app);
 
 // [SECTION] Output folders
 

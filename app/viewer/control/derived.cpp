@@ -56,6 +56,8 @@ void update_base(App& app) {
   d.view = ImageAnalysis{};
   d.view.image_path = app.doc.image->path;
   d.view.image = c.image;
+  // The caption and the export's record name the model's transform when it made the image.
+  if (c.key.preprocess == Preprocess::Model) d.view.transform = app.doc.model->transform;
   d.view.forward = c.forward;  // render_export_images marks the query on the grid it describes
   d.view.forward_ms = c.forward_ms;
   d.view.predictions = c.predictions;  // the export records what the window shows

@@ -83,7 +83,11 @@ std::string cli_command(const App& app, const std::string& out_dir) {
   cmd += std::string(" --upsample ") + upsample_name(ui.display.style.upsample);
   cmd += std::string(" --normalize ") + normalize_name(ui.display.normalize);
   if (ui.display.threshold_on && !rollout.on) cmd += " --threshold " + format_float(ui.display.threshold);
-  if (ui.compute.max_side > 0) cmd += " --size " + std::to_string(ui.compute.max_side);
+  if (app.doc.comp->key.preprocess == Preprocess::Model) cmd += " --preprocess model";
+  else if (ui.compute.max_side > 0) cmd += " --size " + std::to_string(ui.compute.max_side);
+  // The precision that ran (auto resolved): the command gives the same files on this machine.
+  if (app.doc.comp->key.precision != Precision::Fp32)
+    cmd += std::string(" --precision ") + precision_name(app.doc.comp->key.precision);
   if (ui.export_raw && !rollout.on) cmd += " --raw";
   cmd += " --out '" + out_dir + "'";
   return cmd;
@@ -123,6 +127,11 @@ ExportSettings view_export_settings(const App& app, const std::string& folder) {
   s.normalize = ui.display.normalize;
   s.raw = ui.export_raw && !c.key.rollout.on;
   s.max_side = c.key.max_side;
+  s.precision = c.key.precision;
+  if (c.key.preprocess == Preprocess::Model) {  // as `--preprocess model`: the transform, no --size
+    s.transform = app.doc.model->transform;
+    s.max_side = -1;
+  }
   switch (ui.view.mode) {
     case MapMode::Query:
       s.select = QuerySelect::Patch;

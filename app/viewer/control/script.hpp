@@ -15,6 +15,9 @@
 //   threshold off|T | grid on|off
 //   mask none|padding|causal|painted | paint ROW COL | erase ROW COL | clear-paint
 //   scale default|none|temperature T | size default|N
+//   preprocess whole|model          the whole image, or the checkpoint's own transform (refused, one
+//                                   line, for a model that publishes none)
+//   precision fp32|bf16|auto        the Linear layers' arithmetic (`vitlens export --precision`)
 //   show image|heads|controls|inspector|stats|example|train|layers on|off
 //   example q|k|v ROW COL VALUE | example scaled on|off | example reset
 //   browse image|model|export|screenshot (opens the file browser, as the menus do)

@@ -91,6 +91,14 @@ bool check_scale(const ScriptArgs& a, std::string&) {
   if (a.size() == 1) return one_of(a[0], {"default", "none"});
   return a.size() == 2 && a[0] == "temperature" && float_in(a[1], 0.05f, 20.0f);
 }
+bool check_preprocess(const ScriptArgs& a, std::string&) {
+  Preprocess p;
+  return a.size() == 1 && parse_preprocess(a[0], p);
+}
+bool check_precision(const ScriptArgs& a, std::string&) {
+  Precision p;
+  return a.size() == 1 && parse_precision(a[0], p);
+}
 bool check_size(const ScriptArgs& a, std::string&) {
   return a.size() == 1 && (a[0] == "default" || int_in(a[0], kMinWorkingSide, kMaxWorkingSide));
 }
@@ -398,6 +406,18 @@ std::string run_size(App& app, const ScriptArgs& a) {
   return "";
 }
 
+std::string run_preprocess(App& app, const ScriptArgs& a) {
+  Preprocess p = Preprocess::Whole;
+  parse_preprocess(a[0], p);
+  return set_preprocess(app, p);
+}
+std::string run_precision(App& app, const ScriptArgs& a) {
+  Precision p = Precision::Fp32;
+  parse_precision(a[0], p);
+  set_precision(app, p);
+  return "";
+}
+
 // The window switch `show NAME` turns on or off.
 bool& window_switch(UiState& ui, const std::string& name) {
   if (name == "image") return ui.show_image;
@@ -491,11 +511,14 @@ const ScriptVerb kDisplayVerbs[] = {
     {"threshold", "threshold off|T (0 < T <= 1)", S::Words, check_threshold, run_threshold},
 };
 
-// The forward pass: mask, scale and working size.
+// The forward pass: mask, scale, working size, preprocessing and precision.
 const ScriptVerb kPassVerbs[] = {
     {"mask", "mask none|padding|causal|painted", S::Words, check_mask, run_mask},
     {"scale", "scale default|none|temperature T (0.05 to 20)", S::Words, check_scale, run_scale},
     {"size", "size default|N (64 to 512)", S::Words, check_size, run_size},
+    {"preprocess", "preprocess whole|model (model: the checkpoint's own transform)", S::Words, check_preprocess,
+     run_preprocess},
+    {"precision", "precision fp32|bf16|auto", S::Words, check_precision, run_precision},
 };
 
 // The painted mask.

@@ -64,6 +64,7 @@ Settings load_settings(const std::string& path, std::string* warning) {
   read_key(j, "normalize", s.normalize);
   read_key(j, "upsample", s.upsample);
   read_key(j, "show_grid", s.show_grid);
+  read_key(j, "precision", s.precision);
   read_key(j, "window_w", s.window_w);
   read_key(j, "window_h", s.window_h);
   read_key(j, "last_folder", s.last_folder);
@@ -84,6 +85,7 @@ void save_settings(const std::string& path, const Settings& s) {
       {"recent_images", s.recent_images}, {"recent_models", s.recent_models}, {"colormap", s.colormap},
       {"alpha", s.alpha},                 {"normalize", s.normalize},         {"upsample", s.upsample},
       {"show_grid", s.show_grid},         {"window_w", s.window_w},           {"window_h", s.window_h},
+      {"precision", s.precision},
       {"last_folder", s.last_folder},     {"export_folder", s.export_folder},
   };
   write_file_atomic(path, j.dump(2) + "\n");

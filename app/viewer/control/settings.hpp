@@ -13,6 +13,7 @@ struct Settings {
   std::string normalize = "robust"; // robust, head, shared, log (as `vitlens export`)
   std::string upsample = "nearest"; // nearest, bilinear
   bool show_grid = false;
+  std::string precision;            // fp32, bf16, auto (as `vitlens export`); empty: the viewer's default
   int window_w = 1440, window_h = 900;
   std::string last_folder;          // where the file browser last was
   std::string export_folder;

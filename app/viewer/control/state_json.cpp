@@ -5,6 +5,7 @@
 
 #include "control/controller.hpp"
 #include "control/controller_detail.hpp"
+#include "core/cpu/bf16.hpp"
 #include "core/render/maps.hpp"
 
 namespace vitlens::viewer {
@@ -97,6 +98,25 @@ void add_choices(const App& app, json& j) {
   j["temperature"] = ui.compute.temperature;
 }
 
+// Preprocessing and precision: the choices, what the pass on screen ran, and the loaded model's
+// transform (or why it has none).
+void add_pass_choices(const App& app, json& j) {
+  const ComputeChoice& c = app.ui.compute;
+  j["preprocess_choice"] = preprocess_name(c.preprocess);
+  j["precision_choice"] = precision_name(c.precision);
+  j["preprocess"] = app.doc.ready() ? json(preprocess_name(app.doc.comp->key.preprocess)) : json(nullptr);
+  j["precision"] = app.doc.ready() ? json(precision_name(app.doc.comp->forward.precision)) : json(nullptr);
+  j["precision_lines"] = precision_lines(app);
+  j["bf16_kernel"] = bf16_kernel_name(bf16_kernel());
+  json t = nullptr;
+  if (app.doc.model) {
+    const LoadedModel& m = *app.doc.model;
+    t = {{"available", m.transform.present()}, {"why_not", preprocess_unavailable(app)}};
+    if (m.transform.present()) t.update({{"library", m.transform.library}, {"from", m.transform.origin}, {"steps", m.transform.describe()}});
+  }
+  j["transform"] = t;
+}
+
 // The windows, the file browser, the output paths and the worked example.
 void add_windows(const App& app, json& j) {
   const UiState& ui = app.ui;
@@ -148,6 +168,7 @@ nlohmann::json state_json(const App& app) {
                       {"pool_row", d.layers.pool_row},
                       {"ms", d.layers_ms}, {"error", d.layers_error}};
   add_choices(app, j);
+  add_pass_choices(app, j);
   add_windows(app, j);
   j["maps"] = maps_json(d.view.maps);
   j["train"] = training_state_json(app);

@@ -10,6 +10,7 @@
 #include "core/io/files.hpp"
 #include "core/io/image.hpp"
 #include "models/model_io.hpp"
+#include "models/model_transform.hpp"
 
 namespace vitlens::viewer {
 
@@ -21,6 +22,18 @@ double ms_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// The checkpoint's own transform, as `vitlens export --preprocess model` reads it; one it cannot
+// reproduce (a border crop, ...) leaves the model usable in the whole-image mode, with the reason.
+void read_transform(LoadedModel& loaded) {
+  try {
+    loaded.transform = read_model_transform(loaded.path, loaded.model.format);
+    if (!loaded.transform.present()) loaded.no_transform = missing_transform_reason(loaded.model.format);
+  } catch (const Error& e) {
+    loaded.transform = ImageTransform{};
+    loaded.no_transform = e.what();
+  }
+}
+
 }  // namespace
 
 // [SECTION] The forward pass a choice asks for
@@ -29,7 +42,12 @@ ForwardKey make_forward_key(const LoadedModel& model, const SourceImage& image, 
   ForwardKey key;
   key.model = model.serial;
   key.image = image.serial;
-  key.max_side = working_side(model.model.config, choice);
+  // The model's transform sets the size itself (`--preprocess model` takes no --size); a model
+  // without one is shown whole whatever the choice.
+  if (choice.preprocess == Preprocess::Model && model.transform.present()) key.preprocess = Preprocess::Model;
+  key.max_side = key.preprocess == Preprocess::Model ? 0 : working_side(model.model.config, choice);
+  // Resolved here (core's rule), so auto that resolves to fp32 is the fp32 pass, not a new one.
+  key.precision = resolve_precision(choice.precision, model.model);
   key.mask = choice.mask;
   if (choice.mask == MaskMode::Painted) {
     for (uint8_t v : choice.painted)
@@ -71,6 +89,7 @@ ForwardOptions forward_options_for_key(const ForwardKey& key) {
   options.mask_padding = key.mask != MaskMode::None;
   options.forbidden_patches = key.painted;
   options.score_scale = key.score_scale;
+  options.precision = key.precision;
   return options;
 }
 
@@ -177,6 +196,7 @@ void Worker::load_files(const ComputeJob& job, ComputeResult& result) {
     loaded->model = load_model(job.load_model, job.load_options);
     loaded->path = job.load_model;
     loaded->serial = g_next_serial++;
+    read_transform(*loaded);
     result.model = std::move(loaded);
     result.loaded_model = true;
   }
@@ -223,7 +243,11 @@ std::shared_ptr<Computation> Worker::compute(const ComputeResult& result, const 
   comp->serial = g_next_serial++;
   comp->key = make_forward_key(*result.model, *result.image, job.choice);
   set_activity("preparing the image");
-  comp->image = prepare_image(result.image->pixels, model.config, comp->key.max_side, result.image->path);
+  // What `vitlens export` prepares for the same settings (analyse_image), from the same pixels.
+  if (comp->key.preprocess == Preprocess::Model)
+    comp->image = prepare_image_transformed(result.image->pixels, model.config, result.model->transform, result.image->path);
+  else
+    comp->image = prepare_image(result.image->pixels, model.config, comp->key.max_side, result.image->path);
   const size_t patches = static_cast<size_t>(comp->image.grid.grid_h * comp->image.grid.grid_w);
   if (!comp->key.painted.empty() && comp->key.painted.size() != patches) comp->key.painted.clear();
 

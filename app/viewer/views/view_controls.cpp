@@ -1,5 +1,5 @@
 // The controls view: what to compute and how to draw it. Index:
-//   [SECTION] Files and working size
+//   [SECTION] Files, preprocessing, precision and working size
 //   [SECTION] Map
 //   [SECTION] Display
 //   [SECTION] Mask
@@ -21,7 +21,7 @@ namespace vitlens::viewer {
 
 namespace {
 
-// [SECTION] Files and working size
+// [SECTION] Files, preprocessing, precision and working size
 
 void DrawFiles(App& app) {
   const Document& doc = app.doc;
@@ -39,10 +39,66 @@ void DrawFiles(App& app) {
   if (gui::Button("Open model...")) open_browser(app, BrowserPurpose::OpenModel);
 }
 
+// The whole image or the checkpoint's own transform (`vitlens export --preprocess`); the second
+// is disabled, its tooltip saying why, for a model that publishes none vitlens reproduces.
+void DrawPreprocess(App& app) {
+  if (!app.doc.model) return;
+  const std::string why_not = preprocess_unavailable(app);
+  const bool model = app.ui.compute.preprocess == Preprocess::Model && why_not.empty();
+  gui::TextUnformatted("input");
+  ImGui::SameLine();
+  if (gui::RadioButton("whole image", !model)) set_preprocess(app, Preprocess::Whole);
+  gui::SideTooltip("The whole image at the working size, aspect kept, padded to whole patches (padding masked): every "
+                   "pixel of the file has a token. `vitlens export --preprocess whole`, the default.");
+  gui::SameLineIfFits(gui::RadioWidth("model's transform"));
+  ImGui::BeginDisabled(!why_not.empty());
+  if (gui::RadioButton("model's transform", model)) set_preprocess(app, Preprocess::Model);
+  ImGui::EndDisabled();
+  gui::SideTooltip(why_not.empty()
+                       ? "What the checkpoint's library feeds the model (timm's pretrained_cfg, a Hugging Face "
+                         "preprocessor_config.json), pixel for pixel: the picture shows the crop or squash the model "
+                         "sees, so the maps are a notebook's. `vitlens export --preprocess model`."
+                       : "Not available: " + why_not + ".");
+}
+
+// In the model's transform the transform sets the size: the line says what it does and gives.
+void DrawTransform(App& app) {
+  const std::string caption = preprocess_caption(app);
+  if (caption.empty()) {
+    gui::TextWrappedDisabled("computing with the model's transform ...");
+    return;
+  }
+  const LoadedImage& src = app.doc.image->pixels;
+  gui::TextWrappedDisabled("%s", caption.c_str());
+  gui::TextWrappedDisabled("%dx%d image -> %s", src.source_w, src.source_h, status_text(app).c_str());
+}
+
+// fp32, bf16 or auto (`vitlens export --precision`) on one row, and under it what the pass on
+// screen ran when the row alone does not say it (auto's choice, a pass still running) and whether
+// this CPU emulates bf16.
+void DrawPrecision(App& app) {
+  gui::TextUnformatted("precision");
+  for (Precision p : {Precision::Fp32, Precision::Bf16, Precision::Auto}) {
+    if (p == Precision::Fp32) ImGui::SameLine();
+    else gui::SameLineIfFits(gui::RadioWidth(precision_name(p)));
+    if (gui::RadioButton(precision_name(p), app.ui.compute.precision == p)) set_precision(app, p);
+  }
+  gui::HelpMarker("The Linear layers' arithmetic, as `vitlens export --precision`. fp32: float32 throughout, what "
+                  "PyTorch computes (the default). bf16: their operands rounded to bfloat16, sums in float32; softmax, "
+                  "LayerNorm, GELU and the residual stay float32; trained models' maps stay within about one colour "
+                  "level of fp32. auto: bf16 for models of 20 M parameters or more on a CPU with bfloat16 dot "
+                  "products (AVX512-BF16), else fp32. The caption and the exported JSON say which ran.");
+  for (const std::string& line : precision_lines(app)) gui::TextWrappedDisabled("%s", line.c_str());
+}
+
 // The slider edits a size; the line under it says what is on screen, in the status bar's words
 // (status_text), and what a dragged size would give until it is released.
 void DrawWorkingSize(App& app) {
   if (!app.doc.model || !app.doc.image) return;
+  if (app.ui.compute.preprocess == Preprocess::Model && preprocess_unavailable(app).empty()) {
+    DrawTransform(app);
+    return;
+  }
   const VitConfig& config = app.doc.model->model.config;
   int& edit = app.ui.working_side_edit;
   const int committed = working_side(config, app.ui.compute);
@@ -304,6 +360,8 @@ void DrawControlsView(App& app) {
   const ImGuiStyle& style = ImGui::GetStyle();
   ImGui::PushItemWidth(-(ImGui::CalcTextSize("working size (?)").x + 2.0f * style.ItemInnerSpacing.x + style.ItemSpacing.x));
   DrawFiles(app);
+  DrawPreprocess(app);
+  DrawPrecision(app);
   DrawWorkingSize(app);
   // Each header's widgets live in the header's ID scope (gui::Section): the mask's and the scale's
   // "none" are two widgets, and no widget shares its ID with the header above it.

@@ -16,7 +16,7 @@ void DrawImageHeader(const App& app) {
   gui::TextWrapped("%s", app.doc.image->path.c_str());
   gui::TextWrappedDisabled("%dx%d -> %dx%d (%dx%d patches of %dx%d, %d tokens)%s", c.image.source_w, c.image.source_h,
                       c.image.padded_w, c.image.padded_h, c.forward.grid_h, c.forward.grid_w, p, p, c.forward.tokens,
-                      c.image.resized ? ", resized" : "");
+                      c.key.preprocess == Preprocess::Model ? ", the model's transform" : c.image.resized ? ", resized" : "");
   if (v.hover_row >= 0)
     gui::TextWrapped("hover: patch (%d, %d), pixels %d..%d x %d..%d", v.hover_row, v.hover_col, v.hover_col * p,
                 v.hover_col * p + p - 1, v.hover_row * p, v.hover_row * p + p - 1);
