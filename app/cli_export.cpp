@@ -219,7 +219,7 @@ void add_pass_options(CLI::App* cmd, ExportArgs& args) {
       ->capture_default_str();
   g->add_option("--precision", args.precision,
                 "The products' arithmetic (Linear layers, attention scores and mix): fp32 (exact, as PyTorch), "
-                "bf16 (bfloat16 operands, float32 sums; softmax, LayerNorm and the residual stay float32) or auto (bf16 for models of 20 M parameters "
+                "bf16 (bfloat16 operands, float32 sums; softmax, LayerNorm, the residual and an attention pool stay float32) or auto (bf16 for models of 20 M parameters "
                 "or more on a CPU with bfloat16 dot products, else fp32); recorded in the caption and the JSON")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}))
       ->capture_default_str();

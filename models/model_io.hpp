@@ -24,6 +24,11 @@
 //   norm.weight/bias (D)  [final_norm only]    head.weight (C, D), head.bias (C)  [optional]
 //   fc_norm.weight/bias (D)  [optional, with a head: a LayerNorm on the pooled vector]
 //   head_dist.weight (C, D), head_dist.bias (C)  [optional, dist_token and a head: DeiT's second head]
+//   blocks.{i}.attn.norm.weight/bias (D)       [attn_out_norm only]
+//   attn_pool.latent (1, 1, D), attn_pool.q.weight (D, D) / .bias (D), attn_pool.kv.weight (2D, D) / .bias (2D),
+//   attn_pool.proj.weight (D, D) / .bias, attn_pool.norm.weight/bias (D), attn_pool.mlp.fc1.weight (Hm, D) / .bias,
+//   attn_pool.mlp.fc2.weight (D, Hm) / .bias  [attention_pool only]
+//   (rms_norm: every norm above has its weight only, no bias)
 //
 // Config keys (JSON object): patch_size, embed_dim, num_heads, depth, img_size [H, W],
 // class_token, mlp_ratio, norm_eps, mean [3], std [3], qkv_bias, name, description, the

@@ -416,7 +416,8 @@ HeadPool timm_head_pool(const TimmConfig& tc, const VitConfig& c, bool fc_norm, 
                       std::string(fc_norm ? "fc_norm" : "no class token") + ")");
       return HeadPool::Avg;
     }
-    return c.class_token ? HeadPool::Token : HeadPool::Avg;
+    // timm's Eva (the rotary families) pools with 'avg' by default, VisionTransformer with 'token'.
+    return c.class_token && c.rope == Rope::None ? HeadPool::Token : HeadPool::Avg;
   }
   const std::string pool = said->is_string() ? said->get<std::string>() : said->dump();
   HeadPool out = HeadPool::Auto;
@@ -488,6 +489,12 @@ void timm_head(Tensors& t, const TimmConfig& tc, ConvertedModel& m) {
       throw Error(t.what + ": config.json num_classes is " + std::to_string(classes) + " but head.weight has " +
                   std::to_string(in_file) + " rows");
   }
+  if (head && c.rms_norm && t.has("fc_norm.weight") && !t.has("fc_norm.bias")) {  // timm: fc_norm is the model's RmsNorm
+    t.drop_prefix("head.");
+    t.drop_prefix("fc_norm.");
+    m.notes.push_back("classifier ignored: its fc_norm is an RMSNorm, which vitlens' classifier does not compute, so there are "
+                      "no predictions");
+  }
   const bool fc_norm = t.has("fc_norm.weight");
   const HeadPool pool = t.has("head_dist.weight") ? HeadPool::Token  // VisionTransformerDistilled reads x[:, 0] and x[:, 1]
                                                   : head ? timm_head_pool(tc, c, fc_norm, m.notes, t.what) : HeadPool::Auto;
@@ -534,6 +541,11 @@ ConvertedModel convert_timm(layout_support::Tensors t, const std::string& folder
     m.notes.push_back("GELU as timm runs '" + tc.arch + "'; the original OpenAI CLIP uses quick-GELU (timm's *_clip_quickgelu_* name)");
   if (c.post_norm) m.notes.push_back("residual post-norm blocks (timm ResPostBlock), from the architecture name");
   if (c.attention_pool) {
+    // timm's Eva pools every token, the class and register tokens too, with its own GELU MLP:
+    // not the VisionTransformer pool vitlens computes.
+    if (eva_names)
+      throw Error(what + ": unsupported model: an attention pool on timm Eva blocks (DINOv3 / EVA-02 with global_pool 'map') "
+                  "reads the prefix tokens too, which vitlens' attention pool does not compute");
     if (tc.args.contains("pool_include_prefix") && tc.args["pool_include_prefix"] == json(true))
       throw Error(what + ": unsupported model: config.json model_args.pool_include_prefix = true means an attention pool over the "
                   "prefix tokens too, which vitlens' attention pool does not compute");
@@ -553,6 +565,10 @@ ConvertedModel convert_timm(layout_support::Tensors t, const std::string& folder
   timm_norm_layer(tc.args, c, m.notes, what);
   read_timm_activation(tc.args, c, what);
   read_timm_heads(tc, options, heads_known, m, what);
+  if (c.attention_pool && tc.args.contains("attn_pool_num_heads") && tc.args["attn_pool_num_heads"].is_number_integer() &&
+      tc.args["attn_pool_num_heads"].get<int64_t>() != c.num_heads)
+    throw Error(what + ": unsupported model: config.json model_args.attn_pool_num_heads " + tc.args["attn_pool_num_heads"].dump() +
+                " differs from the blocks' " + std::to_string(c.num_heads) + " heads; vitlens' attention pool has the blocks' heads");
   timm_image_size(t, tc, m);
 
   if (!json_rgb(tc.pre, "mean", c.mean) || !json_rgb(tc.pre, "std", c.std)) {

@@ -290,6 +290,21 @@ void worst_differences(const vitlens::ForwardResult& result, const NpyArray& pro
   dout = max_abs_diff(result.output.data(), output.values.data(), output.values.size());
 }
 
+// The forward on `grid` keeping every weight, against the case's probs.npy and output.npy.
+void check_case_on_grid(const vitlens::VitModel& model, const vitlens::PatchGrid& grid, const nlohmann::json& c,
+                        double tolerance, const std::string& what) {
+  vitlens::ForwardOptions options;
+  options.keep_probs = true;
+  const vitlens::ForwardResult result = vitlens::forward(model, grid, options);
+  double dp = 0.0, dout = 0.0;
+  worst_differences(result, read_npy(kForeignDir + c.at("probs").get<std::string>()),
+                    read_npy(kForeignDir + c.at("output").get<std::string>()), dp, dout);
+  CHECK(dp <= tolerance);
+  CHECK(dout <= tolerance);
+  WARN(what << " [" << model.format << "] " << grid.grid_h << "x" << grid.grid_w << ": max |diff| probs " << dp
+            << ", output " << dout);
+}
+
 }  // namespace
 
 TEST_CASE("rotary SwiGLU and RMSNorm families get their options from the files", "[formats]") {
@@ -372,16 +387,7 @@ TEST_CASE("rotary families match their libraries on a non-square grid", "[parity
       REQUIRE(grid.grid_h == c.at("grid")[0].get<int>());
       REQUIRE(grid.grid_w == c.at("grid")[1].get<int>());
       REQUIRE(grid.grid_h != grid.grid_w);
-      vitlens::ForwardOptions options;
-      options.keep_probs = true;
-      const vitlens::ForwardResult result = vitlens::forward(model, grid, options);
-      double dp = 0.0, dout = 0.0;
-      worst_differences(result, read_npy(kForeignDir + c.at("probs").get<std::string>()),
-                        read_npy(kForeignDir + c.at("output").get<std::string>()), dp, dout);
-      CHECK(dp <= tolerance);
-      CHECK(dout <= tolerance);
-      WARN(name << " [" << model.format << "] at " << grid.grid_h << "x" << grid.grid_w << ": max |diff| probs " << dp
-                << ", output " << dout);
+      check_case_on_grid(model, grid, c, tolerance, name + " non-square");
     }
   }
 }
@@ -404,16 +410,7 @@ TEST_CASE("rotary families match their libraries on a padded whole-image grid", 
       for (int r = 0; r < grid.grid_h; ++r)
         for (int col = grid.grid_w - padding; col < grid.grid_w; ++col)
           grid.patch_is_padding[static_cast<size_t>(r * grid.grid_w + col)] = 1;
-      vitlens::ForwardOptions options;
-      options.keep_probs = true;
-      const vitlens::ForwardResult result = vitlens::forward(model, grid, options);
-      double dp = 0.0, dout = 0.0;
-      worst_differences(result, read_npy(kForeignDir + c.at("probs").get<std::string>()),
-                        read_npy(kForeignDir + c.at("output").get<std::string>()), dp, dout);
-      CHECK(dp <= tolerance);
-      CHECK(dout <= tolerance);
-      WARN(name << " [" << model.format << "] padded " << grid.grid_h << "x" << grid.grid_w << ": max |diff| probs " << dp
-                << ", output " << dout);
+      check_case_on_grid(model, grid, c, tolerance, name + " padded");
     }
   }
 }

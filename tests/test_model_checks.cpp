@@ -35,6 +35,27 @@ TEST_CASE("MLP hidden size follows timm's int(D * mlp_ratio) in double precision
   CHECK_THAT(c.validate(), Catch::Contains("hidden size") && Catch::Contains("= 0"));
 }
 
+TEST_CASE("an attention pool is refused where it would not be the one vitlens computes", "[model][config][pool]") {
+  VitConfig c = test::small_config();
+  c.attention_pool = true;
+  CHECK(c.validate().empty());
+  for (const char* option : {"swiglu", "mlp_norm", "rms_norm"}) {
+    VitConfig o = c;
+    o.swiglu = std::string(option) == "swiglu";
+    o.mlp_norm = std::string(option) == "mlp_norm";
+    o.rms_norm = std::string(option) == "rms_norm";
+    CHECK_THAT(o.validate(), Catch::Contains("attention_pool") && Catch::Contains(option));
+  }
+  VitConfig prefix = c;
+  prefix.pool_include_prefix = true;
+  CHECK_THAT(prefix.validate(), Catch::Contains("pool_include_prefix"));
+  VitConfig map = test::small_config();
+  map.head_pool = HeadPool::Map;
+  CHECK_THAT(map.validate(), Catch::Contains("global_pool 'map' needs an attention pool"));
+  map.attention_pool = true;
+  CHECK(map.validate().empty());
+}
+
 TEST_CASE("normalisation out of range and non-finite activations are errors, not blank maps", "[model][vit]") {
   VitConfig c = test::small_config();
   c.std = {1e-30f, 0.5f, 0.5f};

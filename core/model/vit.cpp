@@ -55,6 +55,10 @@ std::string VitConfig::validate() const {
   }
   if (why.tellp() == 0 && head_pool == HeadPool::Token && !class_token)
     why << "head_pool 'token' needs a class token";
+  else if (why.tellp() == 0 && head_pool == HeadPool::Map && !attention_pool)
+    why << "global_pool 'map' needs an attention pool (attention_pool)";
+  else if (why.tellp() == 0 && attention_pool && pool_include_prefix)
+    why << "pool_include_prefix with an attention pool: vitlens' attention pool reads the patch tokens only";
   if (why.tellp() == 0 && name.size() > kMaxModelNameBytes)
     why << "name is " << name.size() << " bytes long, more than " << kMaxModelNameBytes;
   else if (why.tellp() == 0 && description.size() > kMaxModelDescriptionBytes)

@@ -442,10 +442,14 @@ nlohmann::json sidecar_heads(const VitConfig& cfg, const ImageAnalysis& a, const
     }
     const auto layer = static_cast<size_t>(a.request.layer);
     if (layer < cfg.head_descriptions.size() && a.request.mode != MapMode::Pool) head["description"] = cfg.head_descriptions[layer][h];
-    json lifts;
-    for (int role = 0; role < kHeadRoles; ++role)
-      lifts[head_role_name(role)] = std::round(roles.lift[layer][h][static_cast<size_t>(role)] * 1e6) / 1e6;
-    head["head_roles"] = lifts;
+    if (a.request.mode == MapMode::Pool) {  // the roles are the blocks' heads', not the pool's
+      head["head_roles"] = nullptr;
+    } else {
+      json lifts;
+      for (int role = 0; role < kHeadRoles; ++role)
+        lifts[head_role_name(role)] = std::round(roles.lift[layer][h][static_cast<size_t>(role)] * 1e6) / 1e6;
+      head["head_roles"] = lifts;
+    }
     heads.push_back(head);
   }
   return heads;
@@ -469,13 +473,14 @@ void add_predictions(nlohmann::json& record, const VitModel& model, const Forwar
                 (p.padding_patches ? ", the " + std::to_string(p.padding_patches) +
                                          " padding patches left out (the library never sees padding)"
                                    : std::string());
-  // The head reads this forward's tokens: a causal mask, a temperature or a painted mask change
-  // them, and then the predictions are not the model's own.
+  // The head reads this forward's tokens: a causal mask, a temperature, a painted mask or bf16
+  // products change them, and then the predictions are not the model's own.
   std::vector<std::string> changed;
   if (forward.mask.causal) changed.push_back("a causal mask");
   const float model_scale = 1.0f / std::sqrt(static_cast<float>(model.config.head_dim()));
   if (std::abs(forward.score_scale - model_scale) > 1e-6f * model_scale) changed.push_back("a softmax temperature");
   if (painted_patches(forward) > 0) changed.push_back("a painted mask");
+  if (forward.precision == Precision::Bf16) changed.push_back("bf16 products");
   std::string forward_text = "the model's own";
   for (size_t i = 0; i < changed.size(); ++i)
     forward_text = (i == 0 ? "changed by " : forward_text + (i + 1 == changed.size() ? " and " : ", ")) + changed[i];
