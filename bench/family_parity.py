@@ -25,11 +25,16 @@ examples, never copied):
 
 Reported per family: the worst |dP| over every layer, head, query and key, and the worst difference
 of the normalised input pixels (with the worst gap in 8-bit levels after undoing mean and std).
-A family whose |dP| exceeds 1e-5 is flagged.
+For a model ending in an attention pool (pool=True: SigLIP, timm global_pool 'map') also the worst
+difference of the pool's weights over the patch tokens: the library's own softmax (timm
+AttentionPoolLatent unfused; transformers head.attention(probe, h, h, need_weights=True)) against
+ForwardResult::pool_probs of the same forward, which vitlens_preprocess_dump writes as
+<stem>_pool.npy. A family whose |dP| (blocks or pool) exceeds 1e-5 is flagged.
 
 A new family is one entry in FAMILIES (timm: the architecture with its pretrained tag; transformers:
 the model and config classes, the image processor and its arguments). Processors for transformers:
-"torchvision" is AutoImageProcessor's default, read by vitlens from the file as saved; "pil" is
+"torchvision" is AutoImageProcessor's default, read by vitlens from the file as saved (a processor
+with no PIL twin, DINOv3's, sets pil=False); "pil" is
 backend="pil", which a saved file does not record: vitlens reads the same file with its
 image_processor_type ending in "Pil" (vitlens' documented selector); "hub file" is the legacy
 preprocessor_config.json in which older model pages publish theirs (an int size,
@@ -96,6 +101,8 @@ class Family:
     processor_args: dict = dataclasses.field(default_factory=dict)
     hub_file: dict = None         # transformers: the legacy preprocessor_config.json of older pages
     tower: str = ""               # transformers: attribute holding the vision model ("vision_model")
+    pil: bool = True              # transformers: the processor has a backend="pil" twin
+    pool: bool = False            # the model ends in an attention pool: its weights are compared too
 
 
 VIT_HUB = {"do_normalize": True, "do_resize": True, "feature_extractor_type": "ViTFeatureExtractor",
@@ -110,6 +117,9 @@ DINOV2_PROCESSOR = dict(size={"shortest_edge": 256}, crop_size={"height": 224, "
                         resample=3, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)  # facebook/dinov2-*
 DEIT_PROCESSOR = dict(image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)  # facebook/deit-*: the class's 256, crop 224
 
+# Rotary families: a head width divisible by 4 (16 here), as the real models' 64.
+SIGLIP_PROCESSOR = dict(size={"height": 224, "width": 224}, resample=3, image_mean=[0.5] * 3, image_std=[0.5] * 3)
+
 FAMILIES = [
     Family("timm_vit", "timm ViT / AugReg", "timm", "vit_base_patch16_224.augreg2_in21k_ft_in1k"),
     Family("timm_deit_distilled", "timm DeiT, distilled", "timm", "deit_small_distilled_patch16_224.fb_in1k"),
@@ -120,6 +130,12 @@ FAMILIES = [
     Family("timm_clip", "timm CLIP image tower", "timm", "vit_base_patch16_clip_224.openai"),
     Family("timm_siglip_gap", "timm SigLIP (mean-pooled gap tower)", "timm", "vit_base_patch16_siglip_gap_224.webli"),
     Family("timm_rpn", "timm residual post-norm ViT", "timm", "vit_base_patch16_rpn_224.sw_in1k"),
+    Family("timm_dinov3", "timm DINOv3", "timm", "vit_small_patch16_dinov3.lvd1689m"),
+    Family("timm_dinov3_plus", "timm DINOv3 (SwiGLU, _plus)", "timm", "vit_small_plus_patch16_dinov3.lvd1689m"),
+    Family("timm_eva02", "timm EVA-02", "timm", "eva02_small_patch14_224.mim_in22k"),
+    Family("timm_dinov2_giant", "timm DINOv2 giant (SwiGLU packed)", "timm", "vit_giant_patch14_dinov2.lvd142m"),
+    Family("timm_siglip", "timm SigLIP 2 with the attention pool", "timm", "vit_base_patch16_siglip_224.v2_webli",
+           pool=True),
     Family("hf_vit", "Hugging Face ViTModel", "transformers", model_class="ViTModel", config_class="ViTConfig",
            model_args=dict(image_size=224, patch_size=16), processor_class="ViTImageProcessor", hub_file=VIT_HUB),
     Family("hf_vit_cls", "Hugging Face ViTForImageClassification", "transformers",
@@ -133,6 +149,12 @@ FAMILIES = [
            model_class="Dinov2WithRegistersModel", config_class="Dinov2WithRegistersConfig",
            model_args=dict(image_size=518, patch_size=14, mlp_ratio=4, num_register_tokens=4),
            processor_class="BitImageProcessor", processor_args=DINOV2_PROCESSOR),
+    Family("hf_dinov3", "Hugging Face DINOv3ViTModel", "transformers", model_class="DINOv3ViTModel",
+           config_class="DINOv3ViTConfig", model_args=dict(image_size=224, patch_size=16, num_register_tokens=4),
+           processor_class="DINOv3ViTImageProcessor", pil=False),  # facebook/dinov3-vits16-pretrain-lvd1689m
+    Family("hf_siglip", "Hugging Face SiglipVisionModel", "transformers", model_class="SiglipVisionModel",
+           config_class="SiglipVisionConfig", model_args=dict(image_size=224, patch_size=16),
+           processor_class="SiglipImageProcessor", processor_args=SIGLIP_PROCESSOR, pool=True),  # google/siglip-base-patch16-224
     Family("hf_clip_vision", "Hugging Face CLIPVisionModel", "transformers", model_class="CLIPVisionModel",
            config_class="CLIPVisionConfig", model_args=dict(image_size=224, patch_size=16),
            processor_class="CLIPImageProcessor", hub_file=CLIP_HUB),
@@ -199,26 +221,61 @@ def photo(name):
     return Image.open(os.path.join(PHOTOS, name)).convert("RGB")
 
 
+def capture_softmax(fn):
+    """Runs fn() and returns (its result, every tensor Tensor.softmax returned meanwhile)."""
+    seen = []
+    original = torch.Tensor.softmax
+
+    def recording(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        seen.append(out.detach().clone())
+        return out
+
+    torch.Tensor.softmax = recording
+    try:
+        result = fn()
+    finally:
+        torch.Tensor.softmax = original
+    return result, seen
+
+
 def timm_probs(model, x):
-    """(L, H, N, N) every block's attention after its softmax, as timm computes it."""
+    """((L, H, N, N) every block's attention after its softmax, as timm computes it; (H, Np) the
+    attention pool's weights over the patch tokens, or None). The blocks' attention is taken at
+    attn.attn_drop, which both timm's ViT Attention and eva.py's EvaAttention (DINOv3, EVA-02) apply
+    to the weights right after their softmax on the unfused path."""
     probs, hooks = [], []
     for block in model.blocks:
         block.attn.fused_attn = False  # the explicit softmax path, so attn can be captured
         hooks.append(block.attn.attn_drop.register_forward_hook(lambda _m, _i, o: probs.append(o[0].detach().clone())))
+    pool = None
     try:
         with torch.no_grad():
-            model.forward_features(x)
+            tokens = model.forward_features(x)
+            if getattr(model, "attn_pool", None) is not None:
+                model.attn_pool.fused_attn = False
+                _, seen = capture_softmax(lambda: model.forward_head(tokens, pre_logits=True))
+                assert len(seen) == 1, len(seen)
+                pool = seen[0][0, :, 0].double().numpy()  # (H, Np): the latent query's row
     finally:
         for h in hooks:
             h.remove()
-    return torch.stack(probs).double().numpy()
+    assert len(probs) == len(model.blocks), (len(probs), len(model.blocks))  # one softmax per block, no other
+    return torch.stack(probs).double().numpy(), pool
 
 
 def hf_probs(fam, model, x):
     net = getattr(model, fam.tower) if fam.tower else model
     with torch.no_grad():
         out = net(pixel_values=x, output_attentions=True)
-    return torch.stack([a[0] for a in out.attentions]).double().numpy()
+        pool = None
+        if fam.pool:
+            hidden = out.last_hidden_state
+            # The head's own call, self.attention(probe, h, h), with the weights per head kept.
+            _, w = net.head.attention(net.head.probe.to(hidden.dtype).expand(hidden.shape[0], -1, -1), hidden, hidden,
+                                      need_weights=True, average_attn_weights=False)
+            pool = w[0, :, 0].double().numpy()
+    return torch.stack([a[0] for a in out.attentions]).double().numpy(), pool
 
 
 def timm_pipelines(model, folder):
@@ -241,6 +298,8 @@ def hf_pipelines(fam, folder, work):
 
     default = transformers.AutoImageProcessor.from_pretrained(folder)
     out = [(f"{type(default).__name__} (default, torchvision)", folder, run(default))]
+    if not fam.pil:  # a processor with only the torchvision backend
+        return out
     pil = transformers.AutoImageProcessor.from_pretrained(folder, backend="pil")
     assert type(pil).__name__.endswith("Pil"), type(pil).__name__
     marked = os.path.join(work, fam.key + "_pil")  # the same files, the processor type marked "...Pil"
@@ -265,7 +324,8 @@ def hf_pipelines(fam, folder, work):
 # [SECTION] vitlens
 
 def vitlens_run(exe, dump, folder, out, images):
-    """{image: (probs (L, H, N, N) float32, patches (gh*gw, 3*P*P) float32)} or an error string."""
+    """{image: (probs (L, H, N, N) float32, patches (gh*gw, 3*P*P) float32, pool (H, Np) float32 or
+    None)} or an error string."""
     os.makedirs(out, exist_ok=True)
     model = os.path.join(folder, "model.safetensors")
     paths = [os.path.join(PHOTOS, name) for name, _ in images]
@@ -282,7 +342,9 @@ def vitlens_run(exe, dump, folder, out, images):
         with open(os.path.join(out, stem + ".json")) as f:
             record = json.load(f)
         assert record.get("preprocess") == "model", record.get("preprocess")
-        result[name] = (np.load(os.path.join(out, stem + "_attn.npy")), np.load(os.path.join(out, stem + "_pixels.npy")))
+        pool = os.path.join(out, stem + "_pool.npy")  # written for a model with an attention pool
+        result[name] = (np.load(os.path.join(out, stem + "_attn.npy")), np.load(os.path.join(out, stem + "_pixels.npy")),
+                        np.load(pool) if os.path.exists(pool) else None)
     return result
 
 
@@ -327,10 +389,10 @@ def measure(fam, args, work):
         for name, what in IMAGES:
             x32 = torch.from_numpy(pipeline(photo(name))[None])
             model64.float()
-            ref32 = timm_probs(model64, x32) if fam.library == "timm" else hf_probs(fam, model64, x32)
+            ref32, pool32 = timm_probs(model64, x32) if fam.library == "timm" else hf_probs(fam, model64, x32)
             model64.double()
-            ref = timm_probs(model64, x32.double()) if fam.library == "timm" else hf_probs(fam, model64, x32.double())
-            probs, patches = got[name]
+            ref, pool_ref = timm_probs(model64, x32.double()) if fam.library == "timm" else hf_probs(fam, model64, x32.double())
+            probs, patches, pool = got[name]
             entry = dict(image=name, what=what, size=list(x32.shape[2:]), tokens=int(ref.shape[-1]))
             if probs.shape != ref.shape:
                 entry["error"] = f"vitlens attention {probs.shape}, library {ref.shape}"
@@ -338,6 +400,13 @@ def measure(fam, args, work):
                 entry["dP"] = float(np.abs(probs.astype(np.float64) - ref).max())
                 entry["dP_torch32"] = float(np.abs(ref32 - ref).max())
                 entry["max_weight"] = float(ref.max())
+            if fam.pool:  # the attention pool's latent query over the patch tokens, (H, Np)
+                if pool is None or pool_ref is None or pool.shape != pool_ref.shape:
+                    entry["error"] = entry.get("error", "") + f" pool: vitlens {None if pool is None else pool.shape}, " \
+                                     f"library {None if pool_ref is None else pool_ref.shape}"
+                else:
+                    entry["dPool"] = float(np.abs(pool.astype(np.float64) - pool_ref).max())
+                    entry["dPool_torch32"] = float(np.abs(pool32 - pool_ref).max())
             lib = to_patches(x32[0].numpy(), patch)
             if lib.shape != patches.shape:
                 entry["error"] = entry.get("error", "") + f" pixels: vitlens {patches.shape}, library {lib.shape}"
@@ -409,12 +478,18 @@ def markdown(rows, seconds, cpu, only):
                  "library's pipeline pixels. Pixels: the largest difference of a normalised input value (8-bit "
                  "levels apart in brackets). PNG and JPEG apart: the JPEG adds the two decoders' difference.")
     lines.append("")
+    lines.append("Pool: for a model ending in an attention pool (SigLIP, timm global_pool 'map'), the largest difference "
+                 "of the pool's latent-query weight over the patch tokens (every head; the library's own call: timm "
+                 "AttentionPoolLatent's softmax, transformers' head.attention with need_weights), over all 4 images; "
+                 "vitlens' from the same forward the export runs (ForwardResult::pool_probs, written by "
+                 "vitlens_preprocess_dump); the library's float32 pool against float64 in brackets.")
+    lines.append("")
     lines.append("| family | library | processor | worst &#124;dP&#124; (PNG) | worst pixel diff (PNG) | "
-                 "JPEG &#124;dP&#124; | JPEG pixels | library fp32 vs fp64 &#124;dP&#124; |")
-    lines.append("|---|---|---|---|---|---|---|---|")
+                 "JPEG &#124;dP&#124; | JPEG pixels | library fp32 vs fp64 &#124;dP&#124; | pool &#124;dP&#124; |")
+    lines.append("|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         if row["error"]:
-            lines.append(f"| {row['family']} | {row['library']} | {row['processor']} | **{row['error']}** | | | | |")
+            lines.append(f"| {row['family']} | {row['library']} | {row['processor']} | **{row['error']}** | | | | | |")
             continue
         errors = [e for e in row["images"] if "error" in e]
         dp, dpj = worst(row, "dP", False), worst(row, "dP", True)
@@ -423,9 +498,12 @@ def markdown(rows, seconds, cpu, only):
         pxl = worst(row, "dlevel", False)
         pj, pjl = worst(row, "dx", True), worst(row, "dlevel", True)
         t32 = max((e["dP_torch32"] for e in row["images"] if "dP_torch32" in e), default=None)
+        dpool = max((e["dPool"] for e in row["images"] if "dPool" in e), default=None)
+        tpool = max((e["dPool_torch32"] for e in row["images"] if "dPool_torch32" in e), default=None)
+        pool_cell = "–" if dpool is None else f"{fmt(dpool)}{' **over 1e-5**' if dpool > TOLERANCE else ''} ({fmt(tpool)})"
         note = "; ".join(f"{e['image']}: {e['error']}" for e in errors)
         lines.append(f"| {row['family']} | {row['library']} | {row['processor']} | {fmt(dp)}{flag}{' ' + note if note else ''} | "
-                     f"{fmt(px)} ({pxl} levels) | {fmt(dpj)} | {fmt(pj)} ({pjl} levels) | {fmt(t32)} |")
+                     f"{fmt(px)} ({pxl} levels) | {fmt(dpj)} | {fmt(pj)} ({pjl} levels) | {fmt(t32)} | {pool_cell} |")
     lines.append("")
     lines.append("Per image (model input size, tokens, largest attention weight, |dP|, pixel diff):")
     lines.append("")
@@ -464,7 +542,10 @@ def main():
             got = measure(fam, args, work)
             for row in got:
                 dp = max((e.get("dP", 0) for e in row["images"]), default=None)
-                print(f"{fam.key:20s} {row['processor'][:48]:48s} {row['error'] or f'|dP| {dp:.1e}'} "
+                dpool = max((e.get("dPool", 0) for e in row["images"]), default=0)
+                errs = "; ".join(e["error"] for e in row["images"] if "error" in e)
+                print(f"{fam.key:20s} {row['processor'][:48]:48s} {row['error'] or f'|dP| {dp:.1e}'}"
+                      f"{f' pool {dpool:.1e}' if fam.pool else ''}{' ' + errs if errs else ''} "
                       f"({row['seconds']:.0f} s)", file=sys.stderr, flush=True)
             rows += got
     finally:
@@ -479,7 +560,8 @@ def main():
         with open(path, "w") as f:
             f.write(text)
         print(f"written: {os.path.relpath(path, ROOT)}", file=sys.stderr)
-    failed = [r for r in rows if r["error"] or any("error" in e or e.get("dP", 0) > TOLERANCE for e in r["images"])]
+    failed = [r for r in rows if r["error"] or any("error" in e or e.get("dP", 0) > TOLERANCE or
+                                                   e.get("dPool", 0) > TOLERANCE for e in r["images"])]
     return 1 if failed else 0
 
 

@@ -6,7 +6,10 @@
 // For each IMAGE, <out>/<stem>_pixels.npy: float32 (gh*gw, 3*P*P), the normalised patches exactly
 // as the forward pass reads them (core/model/vit.hpp PatchGrid: each row one patch, (c, y, x)),
 // from the same calls the CLI makes: load_model, read_model_transform, load_image,
-// prepare_image_transformed. Exit code 0 when every image was written, 1 otherwise.
+// prepare_image_transformed. For a model with an attention pool (SigLIP, timm global_pool 'map')
+// also <out>/<stem>_pool.npy: float32 (heads, patch tokens), the pool's latent query's weights
+// over the patch tokens (ForwardResult::pool_probs without its prefix columns), from the forward
+// the export runs on those patches. Exit code 0 when every image was written, 1 otherwise.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -17,6 +20,7 @@
 #include "core/io/files.hpp"
 #include "core/io/image.hpp"
 #include "core/io/preprocess.hpp"
+#include "core/model/vit.hpp"
 #include "core/render/export.hpp"  // output_stem
 #include "models/model_io.hpp"
 #include "models/model_transform.hpp"
@@ -50,6 +54,12 @@ int main(int argc, char** argv) {
       const std::string file = out_dir + "/" + output_stem(path) + "_pixels.npy";
       write_file_atomic(file, npy_bytes_f32({static_cast<size_t>(patches.rows()), static_cast<size_t>(patches.cols())},
                                             patches.data()));
+      if (model.config.attention_pool) {
+        const ForwardResult f = forward(model, prepared.grid, ForwardOptions{});
+        const MatRM pool = f.pool_probs.rightCols(f.pool_probs.cols() - f.prefix);  // (H, patch tokens)
+        write_file_atomic(out_dir + "/" + output_stem(path) + "_pool.npy",
+                          npy_bytes_f32({static_cast<size_t>(pool.rows()), static_cast<size_t>(pool.cols())}, pool.data()));
+      }
       std::cout << file << " " << prepared.grid.grid_h << "x" << prepared.grid.grid_w << " patches, "
                 << transform.describe() << "\n";
     } catch (const Error& e) {

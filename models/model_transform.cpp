@@ -149,6 +149,8 @@ constexpr HfDefaults kHfDefaults[] = {
     {"BitImageProcessor", 3, true, false, 224, kClipMean, kClipStd},
     {"Dinov2ImageProcessor", 3, true, false, 224, kImagenetMean, kImagenetStd},
     {"DeiTImageProcessor", 3, true, true, 256, kHalf, kHalf},
+    {"SiglipImageProcessor", 3, false, true, 224, kHalf, kHalf},
+    {"DINOv3ViTImageProcessor", 2, false, true, 224, kImagenetMean, kImagenetStd},
 };
 
 bool ends_with(const std::string& s, const char* tail) {
@@ -246,8 +248,20 @@ ImageTransform hf_transform(const json& j, const std::string& file) {
     t.crop_w = crop_w;
     t.crop_rounding = CropRounding::FloorHalf;  // (h - crop) // 2 in both backends
   }
-  t.rescale_factor = r.boolean("do_rescale", true) ? r.number("rescale_factor", 1.0 / 255.0) : 1.0;
+  const bool rescale = r.boolean("do_rescale", true);
+  t.rescale_factor = rescale ? r.number("rescale_factor", 1.0 / 255.0) : 1.0;
   if (!(t.rescale_factor > 0.0 && std::isfinite(t.rescale_factor))) r.fail("rescale_factor", "is not > 0");
+  // DINOv3's processor rescales before it resizes (its _preprocess: rescale, resize, crop,
+  // normalise), so torch resizes a float tensor; it has only the torchvision backend.
+  if (type == "DINOv3ViTImageProcessor" && t.engine != ResampleEngine::TorchAntialias)
+    r.fail("image_processor_type", "names a PIL backend for DINOv3ViTImageProcessor, which has only the torchvision one");
+  if (type == "DINOv3ViTImageProcessor" && rescale) {
+    if (t.resize != ResizeRule::None && t.filter != ResampleFilter::Bilinear)
+      r.fail("resample", std::string("is ") + resample_filter_name(t.filter) +
+                             "; DINOv3ViTImageProcessor resizes the rescaled float image, which vitlens reproduces "
+                             "for bilinear (2) only");
+    t.rescale_first = true;
+  }
   t.normalize = r.boolean("do_normalize", true);
   if (t.normalize) {
     need("image_mean");

@@ -304,3 +304,102 @@ TEST_CASE("older preprocessor_config.json files are read as transformers reads t
   ::rmdir(dir.c_str());
   CHECK_THAT(message, Catch::Contains("'size'") && Catch::Contains("ConvNextImageProcessor"));
 }
+
+TEST_CASE("DINOv3's processor rescales to float before its antialiased bilinear resize", "[preprocess][resample]") {
+  // transformers' DINOv3ViTImageProcessor: x * rescale_factor, then torch's antialiased bilinear
+  // on the float tensor, then normalise (make_transform_fixtures.py checks each case differs from
+  // the 8-bit path the other processors take, by more than 1e-4). Without normalisation the pixels
+  // are torch's floats: equal to the bit at the photos' shrink factors (below 2: measured by
+  // bench/family_parity.py), within 2 float ulps (2.5e-7) at these noise images' 2.5 to 3.75, where
+  // torch's kernel rounds some samples differently from the sequential fused sum reproduced here.
+  const nlohmann::json m = nlohmann::json::parse(npy_file_bytes(kTransformDir + "manifest.json"));
+  REQUIRE(m.at("rescale_first").size() == 4);
+  const vitlens::LoadedImage source = vitlens::load_image(kTransformDir + m.at("source").get<std::string>());
+  for (const auto& c : m.at("rescale_first")) {
+    const std::string name = c.at("name").get<std::string>();
+    SECTION(name) {
+      const vitlens::ImageTransform t =
+          vitlens::read_model_transform(kTransformDir + c.at("folder").get<std::string>() + "/model.safetensors", "hf-dinov3");
+      INFO(name << ": " << t.describe());
+      REQUIRE(t.present());
+      CHECK(t.rescale_first);
+      CHECK(t.engine == vitlens::ResampleEngine::TorchAntialias);
+      CHECK(t.filter == vitlens::ResampleFilter::Bilinear);
+      CHECK_THAT(t.describe(), Catch::Contains("rescaled float"));
+      const int w = c.at("width").get<int>(), h = c.at("height").get<int>();
+      vitlens::VitConfig config;
+      config.patch_size = 4;  // every case's sides are whole patches
+      config.img_w = w;
+      config.img_h = h;
+      const vitlens::PreparedImage prepared = vitlens::prepare_image_transformed(source, config, t, name);
+      REQUIRE(prepared.grid.grid_w * 4 == w);
+      REQUIRE(prepared.grid.grid_h * 4 == h);
+      const NpyArray want = read_npy(kTransformDir + c.at("pixels").get<std::string>());  // (3, h, w)
+      REQUIRE(want.shape == std::vector<int64_t>{3, h, w});
+      double worst = 0.0;
+      int unequal = 0;
+      for (int ch = 0; ch < 3; ++ch)
+        for (int y = 0; y < h; ++y)
+          for (int x = 0; x < w; ++x) {
+            const float got = prepared.grid.patches((y / 4) * prepared.grid.grid_w + x / 4, ch * 16 + (y % 4) * 4 + x % 4);
+            const float ref = want.values[(static_cast<size_t>(ch) * h + y) * w + x];
+            worst = std::max(worst, static_cast<double>(std::abs(got - ref)));
+            unequal += got != ref;
+          }
+      INFO("max |diff| " << worst << ", " << unequal << " values differ");
+      if (c.at("normalize").get<bool>())
+        CHECK(worst <= 1e-6);  // the normalisation's own rounding (x - mean) / std
+      else
+        CHECK(worst <= 2.5e-7);
+      WARN(name << ": " << unequal << " of " << 3 * w * h << " values differ from torch's, max |diff| " << worst);
+    }
+  }
+  // The 8-bit path on the same file is not these pixels: the order matters.
+  const auto& first = m.at("rescale_first")[0];
+  vitlens::ImageTransform t =
+      vitlens::read_model_transform(kTransformDir + first.at("folder").get<std::string>() + "/model.safetensors", "hf-dinov3");
+  t.rescale_first = false;
+  vitlens::VitConfig config;
+  config.patch_size = 4;
+  config.img_w = config.img_h = 16;
+  const vitlens::PreparedImage eight = vitlens::prepare_image_transformed(source, config, t, "8-bit");
+  const NpyArray want = read_npy(kTransformDir + first.at("pixels").get<std::string>());
+  double worst = 0.0;
+  for (int ch = 0; ch < 3; ++ch)
+    for (int y = 0; y < 16; ++y)
+      for (int x = 0; x < 16; ++x)
+        worst = std::max(worst, static_cast<double>(std::abs(
+                                    eight.grid.patches((y / 4) * 4 + x / 4, ch * 16 + (y % 4) * 4 + x % 4) -
+                                    want.values[(static_cast<size_t>(ch) * 16 + y) * 16 + x])));
+  CHECK(worst > 1e-4);
+}
+
+TEST_CASE("DINOv3's processor with another filter or a PIL backend is refused naming the key", "[preprocess]") {
+  const std::string dir = vitlens::test::temp_dir("dinov3_transform");
+  auto message_of = [&](const std::string& text) {
+    std::ofstream(dir + "/preprocessor_config.json") << text;
+    std::string message;
+    try {
+      vitlens::read_model_transform(dir + "/model.safetensors", "hf-dinov3");
+    } catch (const vitlens::Error& e) {
+      message = e.what();
+    }
+    std::remove((dir + "/preprocessor_config.json").c_str());
+    return message;
+  };
+  CHECK_THAT(message_of(R"({"image_processor_type": "DINOv3ViTImageProcessorFast", "resample": 3})"),
+             Catch::Contains("'resample'") && Catch::Contains("bilinear"));
+  CHECK_THAT(message_of(R"({"image_processor_type": "DINOv3ViTImageProcessorPil"})"),
+             Catch::Contains("'image_processor_type'") && Catch::Contains("torchvision"));
+  // The published file (facebook/dinov3-*: the Fast class, every value the class's default).
+  std::ofstream(dir + "/preprocessor_config.json") << R"({"image_processor_type": "DINOv3ViTImageProcessorFast"})";
+  const vitlens::ImageTransform t = vitlens::read_model_transform(dir + "/model.safetensors", "hf-dinov3");
+  std::remove((dir + "/preprocessor_config.json").c_str());
+  ::rmdir(dir.c_str());
+  CHECK(t.rescale_first);
+  CHECK(t.resize == vitlens::ResizeRule::Exact);
+  CHECK(t.resize_w == 224);
+  CHECK(t.resize_h == 224);
+  CHECK_FALSE(t.center_crop);
+  CHECK(t.mean[0] == Approx(0.485));
+}

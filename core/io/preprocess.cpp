@@ -19,7 +19,8 @@ std::string ImageTransform::describe() const {
     s += buf;
   }
   if (resize != ResizeRule::None)
-    s += std::string(" ") + resample_filter_name(filter) + " (" + resample_engine_name(engine) + ")";
+    s += std::string(" ") + resample_filter_name(filter) + " (" + resample_engine_name(engine) +
+         (rescale_first ? ", on the rescaled float image" : "") + ")";
   if (center_crop) {
     std::snprintf(buf, sizeof buf, "%scenter crop %dx%d", s.empty() ? "" : ", ", crop_w, crop_h);
     s += buf;
@@ -50,15 +51,8 @@ int crop_offset(int free, CropRounding rounding) {
   return static_cast<int>(std::nearbyint(free / 2.0));  // the default rounding mode: half to even
 }
 
-}  // namespace
-
-cv::Mat apply_transform_rgb8(const cv::Mat& rgb8, const ImageTransform& t, const std::string& what) {
-  const cv::Size size = transform_resized_size(t, rgb8.cols, rgb8.rows);
-  if (size.width < 1 || size.height < 1)
-    throw Error(what + ": the model's transform resizes it to " + std::to_string(size.width) + "x" +
-                std::to_string(size.height) + ", an empty image");
-  cv::Mat resized = size == rgb8.size() ? rgb8 : resample_rgb8(rgb8, size.width, size.height, t.filter, t.engine);
-  if (!t.center_crop) return resized;
+// The centre crop of steps 2 (any pixel type).
+cv::Mat center_crop(const cv::Mat& resized, const ImageTransform& t, const std::string& what) {
   if (t.crop_w > resized.cols || t.crop_h > resized.rows)
     throw Error(what + ": the model's transform crops " + std::to_string(t.crop_w) + "x" + std::to_string(t.crop_h) +
                 " from a " + std::to_string(resized.cols) + "x" + std::to_string(resized.rows) +
@@ -66,6 +60,40 @@ cv::Mat apply_transform_rgb8(const cv::Mat& rgb8, const ImageTransform& t, const
   const int top = crop_offset(resized.rows - t.crop_h, t.crop_rounding);
   const int left = crop_offset(resized.cols - t.crop_w, t.crop_rounding);
   return resized(cv::Rect(left, top, t.crop_w, t.crop_h)).clone();
+}
+
+cv::Size checked_resized_size(const ImageTransform& t, const cv::Mat& image, const std::string& what) {
+  const cv::Size size = transform_resized_size(t, image.cols, image.rows);
+  if (size.width < 1 || size.height < 1)
+    throw Error(what + ": the model's transform resizes it to " + std::to_string(size.width) + "x" +
+                std::to_string(size.height) + ", an empty image");
+  return size;
+}
+
+// rescale_first: x * factor in float32 (torch: uint8 tensor * factor, the factor as float), the
+// float resize, the crop. CV_8UC3 -> CV_32FC3.
+cv::Mat apply_transform_rescaled_first(const cv::Mat& rgb8, const ImageTransform& t, const std::string& what) {
+  const cv::Size size = checked_resized_size(t, rgb8, what);
+  const float factor = static_cast<float>(t.rescale_factor);
+  cv::Mat rgbf(rgb8.rows, rgb8.cols, CV_32FC3);
+  for (int y = 0; y < rgb8.rows; ++y) {
+    const uint8_t* in = rgb8.ptr<uint8_t>(y);
+    float* out = rgbf.ptr<float>(y);
+    for (int i = 0; i < 3 * rgb8.cols; ++i) out[i] = static_cast<float>(in[i]) * factor;
+  }
+  if (t.resize != ResizeRule::None && size != rgbf.size())
+    rgbf = resample_rgb32f_torch(rgbf, size.width, size.height, t.filter);
+  return t.center_crop ? center_crop(rgbf, t, what) : rgbf;
+}
+
+}  // namespace
+
+cv::Mat apply_transform_rgb8(const cv::Mat& rgb8, const ImageTransform& t, const std::string& what) {
+  if (t.rescale_first) throw Error(what + ": internal: a transform that rescales first resizes float pixels");
+  const cv::Size size = checked_resized_size(t, rgb8, what);
+  cv::Mat resized = size == rgb8.size() ? rgb8 : resample_rgb8(rgb8, size.width, size.height, t.filter, t.engine);
+  if (!t.center_crop) return resized;
+  return center_crop(resized, t, what);
 }
 
 VitConfig config_with_transform(const VitConfig& config, const ImageTransform& t) {
@@ -81,13 +109,16 @@ PreparedImage prepare_image_transformed(const LoadedImage& image, const VitConfi
   // Back to the file's bytes: the loader stored x / 255 for an 8-bit file.
   cv::Mat rgb8;
   image.rgb01.convertTo(rgb8, CV_8UC3, 255.0);
-  const cv::Mat out8 = apply_transform_rgb8(rgb8, t, what);
+  const cv::Mat out8 = t.rescale_first ? apply_transform_rescaled_first(rgb8, t, what)  // CV_32FC3 then
+                                       : apply_transform_rgb8(rgb8, t, what);
   const int p = config.patch_size;
   if (out8.cols < p || out8.rows < p)
     throw Error(what + ": the model's transform gives a " + std::to_string(out8.cols) + "x" + std::to_string(out8.rows) +
                 " image, smaller than one " + std::to_string(p) + "x" + std::to_string(p) + " patch");
   cv::Mat content;
-  if (t.rescale_factor == 1.0 / 255.0)
+  if (t.rescale_first)
+    content = out8;  // already float, rescaled
+  else if (t.rescale_factor == 1.0 / 255.0)
     out8.convertTo(content, CV_32FC3, 1.0 / 255.0);  // as the loader: the same float as ToTensor's x / 255
   else
     out8.convertTo(content, CV_32FC3, t.rescale_factor);

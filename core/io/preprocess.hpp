@@ -9,6 +9,9 @@
 //   2. crop    the centre H' x W' (top = round((h - H') / 2) half-to-even in torchvision's
 //              CenterCrop, which timm uses; (h - H') // 2 in transformers)
 //   3. scale   x * rescale_factor (1/255: x / 255 as ToTensor), then (x - mean) / std at patchify
+// except with rescale_first (transformers' DINOv3ViTImageProcessor): x * rescale_factor in float32
+// first (torch's uint8 tensor * the factor as float), then the resize on the float image (torch's
+// antialiased bilinear on a float tensor, resample_rgb32f_torch), the crop, then (x - mean) / std.
 // Where the maps can be exact: the file is an 8-bit image of at most kMaxLoadSide a side (larger
 // files are reduced by the loader first), decoded to the same bytes as PIL decodes it (PNG always;
 // JPEG decoders may differ).
@@ -36,6 +39,7 @@ struct ImageTransform {
   int crop_w = 0, crop_h = 0;
   CropRounding crop_rounding = CropRounding::TorchvisionRound;
   double rescale_factor = 1.0 / 255.0; // pixels = x * factor (1/255 is computed as x / 255)
+  bool rescale_first = false;          // rescale to float before resizing (engine TorchAntialias, Bilinear)
   bool normalize = true;
   std::array<float, 3> mean{0.5f, 0.5f, 0.5f};
   std::array<float, 3> std{0.5f, 0.5f, 0.5f};
@@ -48,7 +52,7 @@ struct ImageTransform {
 // The size after step 1 for a w x h image.
 cv::Size transform_resized_size(const ImageTransform& t, int w, int h);
 
-// Steps 1 and 2 on 8-bit pixels: rgb8 CV_8UC3 (h, w, 3) -> CV_8UC3 (crop or resize size). Throws
+// Steps 1 and 2 on 8-bit pixels (a transform with rescale_first is refused: it resizes floats): rgb8 CV_8UC3 (h, w, 3) -> CV_8UC3 (crop or resize size). Throws
 // vitlens::Error (naming `what`) when the crop is larger than the resized image.
 cv::Mat apply_transform_rgb8(const cv::Mat& rgb8, const ImageTransform& t, const std::string& what);
 

@@ -216,4 +216,83 @@ cv::Mat resample_rgb8(const cv::Mat& rgb8, int out_w, int out_h, ResampleFilter 
   return img.data == rgb8.data ? rgb8.clone() : img;
 }
 
+// [SECTION] torch's antialiased resize on float32 tensors
+
+namespace {
+
+// One axis of torch's float antialias weights, computed in float as torch computes them.
+struct FloatAxis {
+  std::vector<int> first, count;  // (out)
+  std::vector<float> weights;     // (out, taps)
+  int taps = 0;
+};
+
+FloatAxis float_axis_weights(int in_size, int out_size) {
+  FloatAxis a;
+  const float scale = static_cast<float>(in_size) / static_cast<float>(out_size);
+  const float support = scale >= 1.0f ? scale : 1.0f;  // (interp_size / 2) * scale, interp_size 2
+  const float invscale = scale >= 1.0f ? static_cast<float>(1.0 / static_cast<double>(scale)) : 1.0f;
+  a.taps = static_cast<int>(std::ceil(support)) * 2 + 1;
+  a.first.resize(static_cast<size_t>(out_size));
+  a.count.resize(static_cast<size_t>(out_size));
+  a.weights.assign(static_cast<size_t>(out_size) * static_cast<size_t>(a.taps), 0.0f);
+  for (int i = 0; i < out_size; ++i) {
+    const float center = static_cast<float>(static_cast<double>(scale) * (i + 0.5));
+    const int first = std::max(static_cast<int>(static_cast<double>(center - support) + 0.5), 0);
+    const int last = std::min(static_cast<int>(static_cast<double>(center + support) + 0.5), in_size);
+    const int count = std::min(last - first, a.taps);
+    float* w = a.weights.data() + static_cast<size_t>(i) * static_cast<size_t>(a.taps);
+    float total = 0.0f;
+    for (int j = 0; j < count; ++j) {
+      const float offset = static_cast<float>(j + first) - center;
+      float x = static_cast<float>((static_cast<double>(offset) + 0.5) * static_cast<double>(invscale));
+      x = std::fabs(x);
+      w[j] = x < 1.0f ? 1.0f - x : 0.0f;  // the triangle
+      total += w[j];
+    }
+    if (total != 0.0f)
+      for (int j = 0; j < count; ++j) w[j] /= total;
+    a.first[static_cast<size_t>(i)] = first;
+    a.count[static_cast<size_t>(i)] = count;
+  }
+  return a;
+}
+
+// One pass over a CV_32FC3 image along x or y.
+cv::Mat float_pass(const cv::Mat& src, const FloatAxis& a, int out_size, bool along_x) {
+  const int rows = along_x ? src.rows : out_size, cols = along_x ? out_size : src.cols;
+  cv::Mat dst(rows, cols, CV_32FC3);
+  for (int y = 0; y < rows; ++y) {
+    float* out = dst.ptr<float>(y);
+    for (int x = 0; x < cols; ++x) {
+      const int i = along_x ? x : y;
+      const int first = a.first[static_cast<size_t>(i)], count = a.count[static_cast<size_t>(i)];
+      const float* w = a.weights.data() + static_cast<size_t>(i) * static_cast<size_t>(a.taps);
+      for (int c = 0; c < 3; ++c) {
+        auto at = [&](int k) {
+          return along_x ? src.ptr<float>(y)[3 * (first + k) + c] : src.ptr<float>(first + k)[3 * x + c];
+        };
+        float acc = at(0) * w[0];
+        for (int k = 1; k < count; ++k) acc = std::fma(at(k), w[k], acc);
+        out[3 * x + c] = acc;
+      }
+    }
+  }
+  return dst;
+}
+
+}  // namespace
+
+cv::Mat resample_rgb32f_torch(const cv::Mat& rgbf, int out_w, int out_h, ResampleFilter filter) {
+  if (rgbf.type() != CV_32FC3) throw Error("resample: internal: expected a CV_32FC3 image");
+  if (out_w < 1 || out_h < 1) throw Error("resample: the output size must be at least 1x1");
+  if (filter != ResampleFilter::Bilinear)
+    throw Error(std::string("torch's antialiased resize of a float image is reproduced for bilinear only, not '") +
+                resample_filter_name(filter) + "'");
+  cv::Mat img = rgbf;
+  if (out_w != img.cols) img = float_pass(img, float_axis_weights(img.cols, out_w), out_w, true);
+  if (out_h != img.rows) img = float_pass(img, float_axis_weights(img.rows, out_h), out_h, false);
+  return img.data == rgbf.data ? rgbf.clone() : img;
+}
+
 }  // namespace vitlens
