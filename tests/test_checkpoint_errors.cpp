@@ -182,6 +182,9 @@ TEST_CASE("attention pools vitlens does not compute are refused naming the featu
              Contains("unsupported model") && Contains("out_features=0"));
   CHECK_THAT(error_with_config("timm_siglip_map", [](json& j) { j["model_args"]["pool_include_prefix"] = true; }),
              Contains("unsupported model") && Contains("pool_include_prefix"));
+  CHECK_THAT(error_with_config("timm_siglip_map", [](json& j) { j["model_args"]["attn_pool_num_heads"] = 1; }),
+             Contains("unsupported model") && Contains("attn_pool_num_heads 1"));
+  CHECK(error_with_config("timm_siglip_map", [](json& j) { j["model_args"]["attn_pool_num_heads"] = 3; }).empty());
 }
 
 TEST_CASE("norms without bias are RMSNorm only when config.json says so", "[formats][errors]") {
