@@ -223,24 +223,35 @@ TEST_CASE("bf16 attention: the same bits on any thread count and in attention_ro
   }
 }
 
-TEST_CASE("bf16 attention: the AVX512-BF16 kernel equals the emulation bit for bit", "[bf16][attention]") {
-  if (!bf16_kernel_supported(Bf16Kernel::Avx512Bf16)) {
-    std::cout << "test_attention_bf16: skipping the avx512bf16 attention products: this CPU has no avx512_bf16\n";
-    return;
-  }
-  // Both under the AVX-512 leaf kernels (the softmax), as bf16_kernel() runs them.
-  test::UseIsa use(KernelIsa::Avx512);
-  REQUIRE(bf16_kernel() == Bf16Kernel::Avx512Bf16);
-  for (const Case& c : kCases) {
-    INFO(c.name);
-    Heads x = random_heads(c.n, c.heads, c.d, 43u + static_cast<unsigned>(c.n));
-    // Values that exercise the rounding: ties, denormals (read as zero by both), large magnitudes.
-    x.qkv(0, 0) = 1.0f + 1.0f / 256.0f, x.qkv(0, 1) = 1e-39f, x.qkv(c.n - 1, x.qkv.cols() - 1) = 3e4f;
-    const KeyMask mask = mask_for(c);
-    const std::vector<uint8_t> counts = counts_for(c.n);
-    const Outputs emulated = run(x, 0.125f, mask, counts, 2, true, &detail::kEmulatedBf16Gemm);
-    const Outputs vector = run(x, 0.125f, mask, counts, 2, true, &detail::bf16_kernels(Bf16Kernel::Avx512Bf16));
-    CHECK(same_bits(emulated, vector));
+TEST_CASE("bf16 attention: the vector kernels equal the emulation bit for bit", "[bf16][attention]") {
+  // Each bfloat16 kernel under the leaf kernels (the softmax) of the instruction set bf16_kernel()
+  // runs it with: AVX512-BF16 under AVX-512, the AVX2 one under AVX2.
+  struct Vector {
+    Bf16Kernel kernel;
+    KernelIsa isa;
+    const char* missing;
+  };
+  const Vector vectors[] = {{Bf16Kernel::Avx512Bf16, KernelIsa::Avx512, "this CPU has no avx512_bf16"},
+                            {Bf16Kernel::Avx2, KernelIsa::Avx2, "this CPU has no AVX2 and FMA"}};
+  for (const Vector& v : vectors) {
+    if (!bf16_kernel_supported(v.kernel)) {
+      std::cout << "test_attention_bf16: skipping the " << bf16_kernel_name(v.kernel) << " attention products: "
+                << v.missing << "\n";
+      continue;
+    }
+    test::UseIsa use(v.isa);
+    REQUIRE(bf16_kernel() == v.kernel);
+    for (const Case& c : kCases) {
+      INFO(bf16_kernel_name(v.kernel) << " " << c.name);
+      Heads x = random_heads(c.n, c.heads, c.d, 43u + static_cast<unsigned>(c.n));
+      // Values that exercise the rounding: ties, denormals (read as zero by both), large magnitudes.
+      x.qkv(0, 0) = 1.0f + 1.0f / 256.0f, x.qkv(0, 1) = 1e-39f, x.qkv(c.n - 1, x.qkv.cols() - 1) = 3e4f;
+      const KeyMask mask = mask_for(c);
+      const std::vector<uint8_t> counts = counts_for(c.n);
+      const Outputs emulated = run(x, 0.125f, mask, counts, 2, true, &detail::kEmulatedBf16Gemm);
+      const Outputs vector = run(x, 0.125f, mask, counts, 2, true, &detail::bf16_kernels(v.kernel));
+      CHECK(same_bits(emulated, vector));
+    }
   }
 }
 

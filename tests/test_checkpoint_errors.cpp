@@ -185,6 +185,21 @@ TEST_CASE("attention pools vitlens does not compute are refused naming the featu
   CHECK_THAT(error_with_config("timm_siglip_map", [](json& j) { j["model_args"]["attn_pool_num_heads"] = 1; }),
              Contains("unsupported model") && Contains("attn_pool_num_heads 1"));
   CHECK(error_with_config("timm_siglip_map", [](json& j) { j["model_args"]["attn_pool_num_heads"] = 3; }).empty());
+
+  // timm's Eva (EVA-02 here) with global_pool 'map' pools the prefix tokens too: refused. The pool's
+  // tensors are SigLIP's (the same width, 24), moved onto the EVA-02 fixture.
+  const vitlens::SafetensorsFile siglip = vitlens::read_safetensors(kForeign + "timm_siglip_map/model.safetensors");
+  const std::string eva = copy_case("timm_eva02");
+  vitlens::SafetensorsFile f = vitlens::read_safetensors(eva + "/model.safetensors");
+  int moved = 0;
+  for (const auto& [name, tensor] : siglip.tensors)
+    if (name.rfind("attn_pool.", 0) == 0) f.tensors[name] = tensor, ++moved;
+  REQUIRE(moved >= 8);
+  vitlens::write_safetensors(eva + "/model.safetensors", f);
+  json j = read_config(eva);
+  j["global_pool"] = "map", j["model_args"]["global_pool"] = "map";
+  write_config(eva, j);
+  CHECK_THAT(load_error(eva + "/model.safetensors"), Contains("unsupported model") && Contains("attention pool on timm Eva blocks"));
 }
 
 TEST_CASE("norms without bias are RMSNorm only when config.json says so", "[formats][errors]") {

@@ -52,15 +52,17 @@ std::vector<float> random_floats(size_t count, std::mt19937& rng, float lo = -1.
 struct Shape {
   int m, n, k;
 };
-// Shapes crossing the 8 x 48 tile (edge rows and columns), odd K (a padded pair) and the 128-pair
-// K block (K = 300, 513), and a ViT-B/16 MLP's fc2 at a few rows.
-const Shape kShapes[] = {{1, 1, 1}, {13, 50, 7}, {8, 48, 256}, {37, 97, 300}, {9, 96, 513}, {20, 768, 3072}};
+// Shapes crossing the 8 x 48 tile (edge rows and columns), odd K (a padded pair), the 128-pair
+// K block (K = 300, 513), K = 0 (the bias alone), and a ViT-B/16 MLP's fc2 at a few rows.
+const Shape kShapes[] = {{1, 1, 1}, {13, 50, 7}, {8, 48, 256}, {37, 97, 300}, {9, 96, 513}, {5, 60, 0}, {20, 768, 3072}};
 
 std::vector<Bf16Kernel> vector_kernels_or_skip() {
   std::vector<Bf16Kernel> kernels;
+  static bool said = false;  // the skip lines once per run
   if (bf16_kernel_supported(Bf16Kernel::Avx512Bf16)) kernels.push_back(Bf16Kernel::Avx512Bf16);
-  else std::cout << "test_gemm_bf16: skipping the avx512bf16 kernel: this CPU has no avx512_bf16\n";
-  static bool said = false;  // once per run
+  else if (!said) std::cout << "test_gemm_bf16: skipping the avx512bf16 kernel: this CPU has no avx512_bf16\n";
+  if (bf16_kernel_supported(Bf16Kernel::Avx2)) kernels.push_back(Bf16Kernel::Avx2);
+  else if (!said) std::cout << "test_gemm_bf16: skipping the avx2 kernel: this CPU has no AVX2 and FMA\n";
   if (!said) std::cout << "test_gemm_bf16: no AMX-BF16 kernel exists in this build (none was written without a CPU to test it)\n";
   said = true;
   return kernels;
@@ -206,6 +208,41 @@ TEST_CASE("bf16 Gelu epilogue is the Store product then gelu_inplace", "[bf16]")
   linear_forward_bf16(x.data(), k, m, packed, nullptr, fused.data(), n, LinearEpilogue::Gelu, 2);
   gelu_inplace(stored.data(), static_cast<int64_t>(stored.size()));
   CHECK(std::memcmp(stored.data(), fused.data(), stored.size() * sizeof(float)) == 0);
+}
+
+TEST_CASE("bf16 products read denormals as zero and flush denormal sums as vdpbf16ps does", "[bf16]") {
+  const float tiny = std::ldexp(1.0f, -130);  // a denormal float32 (and bfloat16)
+  const float small = std::ldexp(1.0f, -100), min_normal = std::numeric_limits<float>::min();
+  const int m = 8, n = 48, k = 4;
+  std::vector<float> x(static_cast<size_t>(m) * k, 0.0f), w(static_cast<size_t>(n) * k, 0.0f), b(n, 0.0f);
+  // Row 0: a denormal operand times 1 (read as zero). Row 1: two products of 2^-100 * 2^-27 = 2^-127
+  // (each exact and denormal: flushed after each add, so the sum stays 0). Row 2: -min_normal * 1
+  // (the odd element, first), then 1.5 min_normal * 1: the sum 2^-127 is denormal, flushed.
+  // Row 3: tiny * 1 (zero), then 1 * 1.
+  // Column 0 of W is 1 everywhere, column 1 holds 2^-27.
+  for (int p = 0; p < k; ++p) w[static_cast<size_t>(p)] = 1.0f, w[static_cast<size_t>(k + p)] = std::ldexp(1.0f, -27);
+  x[0] = tiny;
+  x[static_cast<size_t>(k)] = small, x[static_cast<size_t>(k) + 1] = small;
+  x[2 * static_cast<size_t>(k)] = 1.5f * min_normal, x[2 * static_cast<size_t>(k) + 1] = -min_normal;
+  x[3 * static_cast<size_t>(k)] = 1.0f, x[3 * static_cast<size_t>(k) + 1] = tiny;
+  PackedLinearBf16 packed;
+  pack_linear_bf16(w.data(), n, k, packed);
+  for (Bf16Kernel kernel : every_kernel()) {
+    // A denormal already in Y, accumulated onto: read as zero too; the bias is added unflushed.
+    std::vector<float> y(static_cast<size_t>(m) * n, tiny);
+    detail::linear_forward_bf16_with(detail::bf16_kernels(kernel), x.data(), k, m, packed, nullptr, y.data(), n,
+                                     LinearEpilogue::Accumulate, 1);
+    INFO(bf16_kernel_name(kernel));
+    CHECK(y[0] == 0.0f);
+    CHECK(y[static_cast<size_t>(n) + 1] == 0.0f);
+    CHECK(y[2 * static_cast<size_t>(n)] == 0.0f);
+    CHECK(y[3 * static_cast<size_t>(n)] == 1.0f);
+    std::vector<float> with_bias(static_cast<size_t>(m) * n);
+    b[0] = tiny;
+    detail::linear_forward_bf16_with(detail::bf16_kernels(kernel), x.data(), k, m, packed, b.data(), with_bias.data(),
+                                     n, LinearEpilogue::Store, 1);
+    CHECK(with_bias[0] == tiny);  // 0 + the denormal bias, as the emulation adds it
+  }
 }
 
 TEST_CASE("bf16 product keeps NaN and infinity", "[bf16]") {

@@ -1080,8 +1080,10 @@ TEST_CASE("viewer preprocessing and precision switches give the CLI's picture an
   CHECK(state["precision_choice"] == "bf16");
   CHECK(state["transform"]["steps"] == t.describe());
   CHECK_FALSE(has_line("on screen"));  // the bf16 pass is the one on screen
-  // This machine's bfloat16 products are emulated unless it has AVX512-BF16 and runs those kernels.
-  CHECK(has_line("bf16 is emulated here") == !cpu_has_bf16_dot());
+  // This machine's bfloat16 products run on float32 FMAs (AVX2) or are emulated (portable kernels)
+  // unless it has AVX512-BF16 and runs those kernels.
+  CHECK(has_line("bf16 runs on float32 FMAs here") == (bf16_kernel() == Bf16Kernel::Avx2));
+  CHECK(has_line("bf16 is emulated here") == (bf16_kernel() == Bf16Kernel::Emulated));
   const std::string command = cli_command(app, "out");
   CHECK_THAT(command, Catch::Contains("--preprocess model --precision bf16"));
   CHECK_THAT(command, !Catch::Contains("--size"));

@@ -10,7 +10,7 @@
 //      PyTorch's bfloat16 matmul takes them; sums in float32 in the same order
 // The maps (received sums, first rows, kept P) are the float32 p of B. Both products run through
 // bf16.hpp's kernels (K and V^T packed once per head as a Linear's weights), so the AVX512-BF16
-// kernel gives the emulation's bits (bf16_kernel() picks it); the numbers do not depend on the
+// and AVX2 kernels give the emulation's bits (bf16_kernel() picks one); the numbers do not depend on the
 // thread count. No (N, N) matrix unless probs are kept: blocks of rows as in the float32 path.
 #include <functional>
 

@@ -15,9 +15,10 @@
 // which is what one lane of the AVX512-BF16 instruction vdpbf16ps does per pair of k (Intel SDM,
 // VDPBF16PS "Operation": the odd product first, each add rounded to nearest even; a product of two
 // bfloat16 values is exact in float32; denormal inputs read as zero, denormal results flushed to
-// zero). gemm_bf16.cpp writes that order in plain C++ (the emulation, the oracle), and
-// gemm_bf16_avx512.cpp runs it with vdpbf16ps; tests/test_gemm_bf16.cpp checks that the two give
-// the same bits, and the emulation against a float64 sum of the same rounded operands.
+// zero). gemm_bf16.cpp writes that order in plain C++ (the emulation, the oracle),
+// gemm_bf16_avx512.cpp runs it with vdpbf16ps and gemm_bf16_avx2.cpp with float32 FMAs (on CPUs
+// without bfloat16 dot products); tests/test_gemm_bf16.cpp checks that each gives the emulation's
+// bits, and the emulation against a float64 sum of the same rounded operands.
 //
 // K is padded to an even count with zeros (adds +0, which changes no sum). Packed panels: W^T in
 // column panels of kBf16Nr, each (ceil(K / 2) pairs, kBf16Nr columns, 2) bfloat16, so that one
@@ -57,12 +58,14 @@ inline float round_to_bf16(float x) { return bf16_to_float(float_to_bf16(x)); }
 constexpr int kBf16Mr = 8, kBf16Nr = 48;
 
 // The bfloat16 kernels this CPU can run. Avx512Bf16 needs avx512f and avx512_bf16 (AMD Zen 4,
-// Intel Cooper Lake, Sapphire Rapids and later). There is no AMX kernel (no CPU here to test one).
-enum class Bf16Kernel { Emulated, Avx512Bf16 };
-const char* bf16_kernel_name(Bf16Kernel kernel);  // "emulated", "avx512bf16"
+// Intel Cooper Lake, Sapphire Rapids and later); Avx2 (float32 FMAs on the bfloat16 operands, the
+// same bits, about float32's speed) needs AVX2 and FMA; Emulated is plain C++ (the oracle, many
+// times slower). There is no AMX kernel (no CPU here to test one).
+enum class Bf16Kernel { Emulated, Avx2, Avx512Bf16 };
+const char* bf16_kernel_name(Bf16Kernel kernel);  // "emulated", "avx2", "avx512bf16"
 bool bf16_kernel_supported(Bf16Kernel kernel);
-// The kernel the products run: Avx512Bf16 where the CPU has it and kernel_isa() (cpu.hpp)
-// is Avx512 (set_kernel_isa to a narrower set selects the emulation too), else Emulated.
+// The kernel the products run: Avx512Bf16 where the CPU has it and kernel_isa() (cpu.hpp) is
+// Avx512; else Avx2 where kernel_isa() is Avx2 or Avx512; else (portable kernels) Emulated.
 Bf16Kernel bf16_kernel();
 // Whether the bfloat16 products run in hardware: the CPU has them and the kernels chosen (VITLENS_ISA,
 // set_kernel_isa) are the ones that use them. What Precision::Auto asks.
@@ -100,6 +103,7 @@ struct Bf16GemmKernels {
 };
 extern const Bf16GemmKernels kEmulatedBf16Gemm;    // gemm_bf16.cpp
 extern const Bf16GemmKernels kAvx512Bf16Gemm;      // gemm_bf16_avx512.cpp, x86-64 only
+extern const Bf16GemmKernels kAvx2Bf16Gemm;        // gemm_bf16_avx2.cpp, x86-64 only
 const Bf16GemmKernels& bf16_kernels(Bf16Kernel kernel);
 
 // linear_forward_bf16 on the given kernel (tests compare the kernels through it).

@@ -23,17 +23,28 @@ namespace vitlens {
 // The one place that maps the CPU (cpu.hpp's features and kernel_isa()) onto a bfloat16 kernel.
 
 const char* bf16_kernel_name(Bf16Kernel kernel) {
-  return kernel == Bf16Kernel::Avx512Bf16 ? "avx512bf16" : "emulated";
+  switch (kernel) {
+    case Bf16Kernel::Avx512Bf16: return "avx512bf16";
+    case Bf16Kernel::Avx2: return "avx2";
+    case Bf16Kernel::Emulated: break;
+  }
+  return "emulated";
 }
 
 bool bf16_kernel_supported(Bf16Kernel kernel) {
-  if (kernel == Bf16Kernel::Emulated) return true;
-  return kernel_isa_supported(KernelIsa::Avx512) && cpu_features().avx512_bf16;  // core/cpu/cpu.hpp
+  switch (kernel) {
+    case Bf16Kernel::Avx512Bf16: return kernel_isa_supported(KernelIsa::Avx512) && cpu_features().avx512_bf16;
+    case Bf16Kernel::Avx2: return kernel_isa_supported(KernelIsa::Avx2);  // core/cpu/cpu.hpp
+    case Bf16Kernel::Emulated: break;
+  }
+  return true;
 }
 
 Bf16Kernel bf16_kernel() {
   static const bool has_dot = bf16_kernel_supported(Bf16Kernel::Avx512Bf16);
-  return has_dot && kernel_isa() == KernelIsa::Avx512 ? Bf16Kernel::Avx512Bf16 : Bf16Kernel::Emulated;
+  const KernelIsa isa = kernel_isa();
+  if (has_dot && isa == KernelIsa::Avx512) return Bf16Kernel::Avx512Bf16;
+  return isa == KernelIsa::Portable ? Bf16Kernel::Emulated : Bf16Kernel::Avx2;
 }
 
 namespace detail {
@@ -41,6 +52,7 @@ namespace detail {
 const Bf16GemmKernels& bf16_kernels(Bf16Kernel kernel) {
 #if defined(__x86_64__)
   if (kernel == Bf16Kernel::Avx512Bf16) return kAvx512Bf16Gemm;
+  if (kernel == Bf16Kernel::Avx2) return kAvx2Bf16Gemm;
 #endif
   (void)kernel;
   return kEmulatedBf16Gemm;

@@ -77,8 +77,11 @@ std::vector<std::string> precision_lines(const App& app) {
       lines.push_back(std::string("on screen: the ") + precision_name(ran) + " pass");
   }
   const std::string emulated = bf16_emulation_reason();
-  if ((chosen == Precision::Bf16 || ran == Precision::Bf16) && !emulated.empty())
-    lines.push_back("bf16 is emulated here: " + emulated + " (the same bits, slower than fp32)");
+  if ((chosen == Precision::Bf16 || ran == Precision::Bf16) && !emulated.empty()) {
+    if (bf16_kernel() == Bf16Kernel::Avx2)
+      lines.push_back("bf16 runs on float32 FMAs here: " + emulated + " (the same bits, a little slower than fp32)");
+    else lines.push_back("bf16 is emulated here: " + emulated + " (the same bits, many times slower than fp32)");
+  }
   return lines;
 }
 
