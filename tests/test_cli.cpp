@@ -411,6 +411,8 @@ TEST_CASE("cli: export replaces or deletes only files vitlens wrote; --force rep
   CHECK(maps.code == 0);
   // Each mode's weights are a file of its own: the maps' export leaves the layers' set whole.
   const nlohmann::json layers = nlohmann::json::parse(slurp(modes + "/photo_layers.json"));
+  CHECK(layers["precision"] == "fp32");
+  CHECK(layers["preprocess"] == "whole");
   for (const auto& file : layers["files"])
     CHECK(std::filesystem::exists(modes + "/" + std::filesystem::path(file.get<std::string>()).filename().string()));
   CHECK(slurp(modes + "/photo_layers_attn.npy") == layers_npy);

@@ -100,6 +100,18 @@ TEST_CASE("cli: --rollout writes the class token's rollout map", "[cli][formats]
   for (const auto& w : j["prefix_weights"]) total += w.get<double>();
   CHECK(total == Approx(1.0).epsilon(1e-5));
   CHECK_FALSE(cv::imread(out + "/image_rollout.png").empty());
+  // How the pass was made, as the maps' records say it.
+  CHECK(j["precision"] == "fp32");
+  CHECK(j["preprocess"] == "whole");
+  CHECK_FALSE(j.contains("transform"));
+  const Run own = run("export " + kForeign + "image.png --model " + kForeign +
+                      "timm_dinov2_reg/model.safetensors --rollout --preprocess model --precision bf16 --quiet --out " + out);
+  INFO(own.err);
+  REQUIRE(own.code == 0);
+  const nlohmann::json k = nlohmann::json::parse(slurp(out + "/image_rollout.json"));
+  CHECK(k["precision"] == "bf16");
+  CHECK(k["preprocess"] == "model");
+  CHECK_THAT(k["transform"]["library"].get<std::string>(), Catch::StartsWith("timm"));
   CHECK(run("export " + kForeign + "image.png --model " + kForeign + "timm_vit/model.safetensors --rollout --discard 1 --out " + out)
             .code == 2);
 }

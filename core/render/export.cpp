@@ -492,6 +492,13 @@ void add_predictions(nlohmann::json& record, const VitModel& model, const Forwar
   record["predictions"] = top;
 }
 
+void add_pass_record(nlohmann::json& record, const ImageTransform& transform, Precision precision) {
+  record["preprocess"] = transform.present() ? "model" : "whole";
+  if (transform.present())
+    record["transform"] = {{"library", transform.library}, {"from", transform.origin}, {"steps", transform.describe()}};
+  record["precision"] = precision_name(precision);
+}
+
 nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, const ExportSettings& settings) {
   using nlohmann::json;
   const VitConfig& cfg = model.config;
@@ -503,9 +510,7 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["content_size"] = {a.image.content_w, a.image.content_h};
   j["processed_size"] = {a.image.padded_w, a.image.padded_h};
   j["resized"] = a.image.resized;
-  j["preprocess"] = a.transform.present() ? "model" : "whole";
-  if (a.transform.present())
-    j["transform"] = {{"library", a.transform.library}, {"from", a.transform.origin}, {"steps", a.transform.describe()}};
+  add_pass_record(j, a.transform, a.forward.precision);
   j["grid"] = {a.forward.grid_h, a.forward.grid_w};
   j["tokens"] = a.forward.tokens;
   j["class_token"] = a.forward.has_class_token;
@@ -517,7 +522,6 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
                {"image", a.mask_image.empty() ? json(nullptr) : json(a.mask_image)},
                {"painted_patches", painted_patches(a.forward)}};
   j["score_scale"] = a.forward.score_scale;
-  j["precision"] = precision_name(a.forward.precision);
   // The temperature the scale amounts to: 1 for the model's 1/sqrt(d).
   const float model_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim()));
   j["temperature"] = std::round(static_cast<double>(model_scale / a.forward.score_scale) * 1e6) / 1e6;

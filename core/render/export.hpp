@@ -202,6 +202,11 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& analys
 void add_predictions(nlohmann::json& record, const VitModel& model, const ForwardResult& forward,
                      const Predictions& predictions);
 
+// The records' "preprocess" ("model" with the model's own transform, else "whole"), "transform"
+// (its library, file and steps; only with "model") and "precision" (the forward's products, "fp32"
+// or "bf16"): how the pass was made, in every export mode's record.
+void add_pass_record(nlohmann::json& record, const ImageTransform& transform, Precision precision);
+
 // The names of one layer's maps of `stem`: <stem>_head<h>.png for each head, <stem>_mean.png,
 // <stem>_montage.png, <stem>_attn.npy (raw), <stem>_view.json (the viewer's notes) and the
 // record <stem>.json. write_export names its files from here; every mode's names are listed by

@@ -63,6 +63,7 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
   record["model"] = {{"name", model.config.name}, {"file", model.source}, {"depth", depth},
                      {"num_heads", model.config.num_heads}};
   record["layers"] = {first, last};
+  add_pass_record(record, a.transform, a.forward.precision);
   nlohmann::json layer_records = nlohmann::json::array();
   for (int l = first; l <= last; ++l) layer_records.push_back(maps_output_names(layer_stem(stem, l), 0, false, false).record);
   record["layer_records"] = layer_records;
@@ -160,6 +161,7 @@ std::vector<std::string> write_rollout(const VitModel& model, const std::string&
   nlohmann::json prefix = nlohmann::json::array();
   for (int t = 0; t < forward.prefix; ++t) prefix.push_back(matrix(query, t));
   j["prefix_weights"] = prefix;
+  add_pass_record(j, settings.transform, forward.precision);
   add_predictions(j, model, forward, predict(model, forward));
   j["timings_ms"] = {{"forward_and_rollout", ms}};
   return set.commit(names.record, std::move(j));
