@@ -229,7 +229,8 @@ void add_output_flags(CLI::App* cmd, ExportArgs& args) {
   ExportSettings& s = args.settings;
   cmd->add_flag("--raw", s.raw,
                 "Also write <stem>_attn.npy: float32 (layers, heads, tokens, tokens), class token first; at most " +
-                    std::to_string(kMaxRawTokens) + " tokens");
+                    std::to_string(kMaxRawTokens) + " tokens. With an attention pool also <stem>_pool_attn.npy: float32 "
+                    "(heads, tokens), the pool's weights (0 for prefix tokens)");
   cmd->add_flag("--force", s.force,
                 "Replace files with the outputs' names that vitlens did not write (without it such a file stops "
                 "that image's export and is named; vitlens replaces its own earlier outputs either way)");
@@ -443,6 +444,7 @@ class StemChooser {
     plan_.kind = work.rollout ? ExportPlan::Kind::Rollout : work.layer_range ? ExportPlan::Kind::Layers : ExportPlan::Kind::Maps;
     plan_.heads = model.config.num_heads;
     plan_.raw = args.settings.raw;
+    plan_.pool = model.config.attention_pool;
     plan_.first_layer = work.first_layer;
     plan_.last_layer = work.last_layer;
     std::vector<std::string> input_files = args.images;  // every file the run reads, the mask too

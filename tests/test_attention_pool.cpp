@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -171,6 +172,23 @@ TEST_CASE("cli: export --pool writes the pool's maps and says so", "[pool][cli]"
   for (const std::string& phrase : montage_caption(m, a, s.normalize))
     said |= phrase.find("attention pool") != std::string::npos;
   CHECK(said);
+
+  // --raw also writes the pool's weights, (heads, tokens), the library's to the fixtures' tolerance,
+  // listed in the record with the other files.
+  const test::ShellRun raw = test::run_vitlens_shell(dir, base + "--raw");
+  REQUIRE(raw.code == 0);
+  const NpyArray written = read_npy(dir + "/image_pool_attn.npy");
+  REQUIRE(written.shape == std::vector<int64_t>{3, 16});
+  for (size_t i = 0; i < written.values.size(); ++i) CHECK(written.values[i] == Approx(pool.values[i]).margin(1e-5));
+  bool listed = false;
+  const nlohmann::json record = nlohmann::json::parse(test::slurp(dir + "/image.json"));
+  for (const auto& file : record["files"]) listed |= file.get<std::string>().find("image_pool_attn.npy") != std::string::npos;
+  CHECK(listed);
+  const std::string plain = test::temp_dir("cli-pool-none");
+  REQUIRE(test::run_vitlens_shell(plain, "export " + kForeign + "image.png --model " + kForeign +
+                                             "timm_vit/model.safetensors --size 0 --raw --out " + plain).code == 0);
+  CHECK(std::filesystem::exists(plain + "/image_attn.npy"));
+  CHECK_FALSE(std::filesystem::exists(plain + "/image_pool_attn.npy"));
 
   // What cannot apply: one line each, before any file is written.
   struct Refused { std::string args; const char* says; };

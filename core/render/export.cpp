@@ -556,12 +556,13 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   return j;
 }
 
-MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes) {
+MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes, bool pool) {
   MapsOutputNames names;
   for (int h = 0; h < heads; ++h) names.heads.push_back(stem + "_head" + std::to_string(h) + ".png");
   names.mean = stem + "_mean.png";
   names.montage = stem + "_montage.png";
   if (raw) names.raw = stem + "_attn.npy";
+  if (raw && pool) names.pool_raw = stem + "_pool_attn.npy";
   if (view_notes) names.view_notes = stem + "_view.json";
   names.record = stem + ".json";
   return names;
@@ -598,6 +599,13 @@ nlohmann::json add_export_files(OutputSet& set, const VitModel& model, const Ima
   set.add_png(names.mean, figure(images.mean, images.heads.size() + 1));
   set.add_png(names.montage, images.montage);
   if (!names.raw.empty()) add_attention_npy(set, names.raw, analysis.forward, model.config.num_heads, analysis.image_path);
+  if (!names.pool_raw.empty()) {
+    const MatRM& p = analysis.forward.pool_probs;  // (H, N), the prefix columns 0
+    if (p.rows() != model.config.num_heads || p.cols() != analysis.forward.tokens)
+      throw Error(analysis.image_path + ": internal: the attention pool's weights are " + std::to_string(p.rows()) + "x" +
+                  std::to_string(p.cols()) + ", not heads x tokens");
+    set.add(names.pool_raw, npy_bytes_f32({static_cast<size_t>(p.rows()), static_cast<size_t>(p.cols())}, p.data()));
+  }
   if (!names.view_notes.empty()) set.add(names.view_notes, settings.view_notes.dump(2) + "\n");
   nlohmann::json sidecar = export_sidecar(model, analysis, settings);
   sidecar["timings_ms"]["render"] = render_ms;
@@ -608,7 +616,7 @@ std::vector<std::string> write_export(const VitModel& model, const ImageAnalysis
   require_writable_dir(settings.out_dir);
   const std::string stem = settings.stem.empty() ? output_stem(analysis.image_path) : settings.stem;
   const MapsOutputNames names =
-      maps_output_names(stem, model.config.num_heads, settings.raw, !settings.view_notes.is_null());
+      maps_output_names(stem, model.config.num_heads, settings.raw, !settings.view_notes.is_null(), model.config.attention_pool);
   // The files appear together or not at all (files.hpp: OutputSet), the JSON record last.
   OutputSet set(settings.out_dir, settings.force);
   nlohmann::json sidecar = add_export_files(set, model, analysis, settings, names);

@@ -215,10 +215,11 @@ struct MapsOutputNames {
   std::vector<std::string> heads;
   std::string mean, montage;
   std::string raw;         // "" without raw weights
+  std::string pool_raw;    // <stem>_pool_attn.npy: raw weights of a model with an attention pool, else ""
   std::string view_notes;  // "" without viewer notes
   std::string record;
 };
-MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes);
+MapsOutputNames maps_output_names(const std::string& stem, int heads, bool raw, bool view_notes, bool pool = false);
 
 // Adds the files of one analysis, named `names`, to `set` and returns their record (the JSON
 // sidecar, "files" and the proof added by the set), for the caller to commit (write_export) or to

@@ -195,10 +195,10 @@ std::vector<std::string> export_output_names(const std::string& stem, const Expo
   };
   auto add_maps = [&](const MapsOutputNames& maps) {
     all.insert(all.end(), maps.heads.begin(), maps.heads.end());
-    add({maps.mean, maps.montage, maps.raw, maps.view_notes, maps.record});
+    add({maps.mean, maps.montage, maps.raw, maps.pool_raw, maps.view_notes, maps.record});
   };
   switch (plan.kind) {
-    case ExportPlan::Kind::Maps: add_maps(maps_output_names(stem, plan.heads, plan.raw, plan.view_notes)); break;
+    case ExportPlan::Kind::Maps: add_maps(maps_output_names(stem, plan.heads, plan.raw, plan.view_notes, plan.pool)); break;
     case ExportPlan::Kind::Layers: {
       for (int l = plan.first_layer; l <= plan.last_layer; ++l)
         add_maps(maps_output_names(layer_stem(stem, l), plan.heads, false, false));

@@ -51,6 +51,7 @@ struct ExportPlan {
   Kind kind = Kind::Maps;
   int heads = 0;                         // the model's heads (Maps, Layers)
   bool raw = false;                      // <stem>_attn.npy (Maps, Layers)
+  bool pool = false;                     // the model has an attention pool: with raw, <stem>_pool_attn.npy (Maps)
   int first_layer = 0, last_layer = -1;  // Layers
   bool view_notes = false;               // the viewer's notes (Maps, Rollout)
 };
