@@ -10,8 +10,8 @@
 //   received sums  the double sum of this path's float32 p over the counted rows, within 1e-6
 //   masked weights exactly 0; a row with no allowed key all 0 with a 0 output
 // and bit for bit: any thread count, attention_row_bf16 against the rows of P, forward()'s
-// attention_row, and the AVX512-BF16 kernel against the emulation (where the CPU has it; skipped
-// with a printed reason where not).
+// attention_row, and the AVX512-BF16 and AVX2 kernels against the emulation (where the CPU has
+// them; skipped with a printed reason where not).
 #include <catch2/catch.hpp>
 
 #include <cmath>

@@ -5,8 +5,8 @@
 // what is bounded, beside the attention probabilities themselves, over every layer, every head and
 // the mean, the received and class-token maps, per-head and robust scales, the image's patches.
 // The bounds are what this measured with a margin (bench/results/2026-12-06-bf16-attention-zen3.md,
-// AMD EPYC Zen 3, AVX2 kernels, the bf16 products emulated; the AVX512-BF16 kernel gives the same
-// bits); they are NOT "the same picture":
+// AMD EPYC Zen 3, AVX2 kernels, the bf16 products emulated; the AVX512-BF16 and AVX2 kernels give
+// the same bits); they are NOT "the same picture":
 //   trained models (mae-photos, fashion-mnist): colour index within 1 level on >= 98.5 % of
 //     patches, every probability within 0.015 (measured: 99.32 % and 99.06 %, worst 5-6 levels,
 //     0.0097; with float32 attention products it was 99.59 % and 99.39 %, 0.0063);
