@@ -17,7 +17,7 @@
 set -euo pipefail
 
 usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
-[[ $# -ge 1 ]] || usage
+[[ $# -ge 1 && $1 != -h && $1 != --help ]] || usage
 BUILD=$1; shift
 PY=/work/venv/bin/python
 THREADS=2 BATCH=128 STEPS=40 DEPTH=6 ROUNDS=3
