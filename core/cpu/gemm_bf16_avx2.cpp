@@ -4,9 +4,10 @@
 // the odd element of a pair, then the even one, as vdpbf16ps does. Denormals: the kernel runs with
 // MXCSR's DAZ and FTZ set, so a denormal input reads as zero and a denormal sum is flushed, as the
 // emulation's flush_denormal does; the bias is added after MXCSR is restored (the emulation adds it
-// unflushed). tests/test_gemm_bf16.cpp holds it to the emulation bit for bit. The one case where
-// they could differ: a product of two normal bfloat16 values below 2^-126 (operands near 1e-19),
-// which the emulation rounds before its add and the FMA does not.
+// unflushed). tests/test_gemm_bf16.cpp holds it to the emulation bit for bit. Where they could
+// differ: a product of two normal bfloat16 values below 2^-126 (operands near 1e-19), which the
+// emulation rounds before its add and the FMA does not; and K = 0 onto a denormal already in C
+// (no FMA reads it, so it stays, where the emulation flushes it).
 //
 // Only the 8 x 48 tile differs from the other kernels (gemm_bf16.cpp runs blocking, padding,
 // threads); a target attribute keeps the rest of the binary baseline, and bf16_kernel() selects
