@@ -49,7 +49,8 @@ VITLENS_AVX2 inline void sub_tile(int pairs, const float* a, int64_t a_rs, const
   }
   const float *a0 = a, *a1 = a + a_rs, *a2 = a + 2 * a_rs, *a3 = a + 3 * a_rs;
   const __m256i high_half = _mm256_set1_epi32(static_cast<int>(0xffff0000u));
-  const bf16_t* bp = b + 2 * col0;
+  const bf16_t* bp = b;  // + 2 * col0 once there is a pair to read (b is null when K = 0)
+  if (pairs > 0) bp += 2 * col0;
   for (int p = 0; p < pairs; ++p, bp += 2 * kBf16Nr) {
     const __m256i w0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp));       // columns 0-7
     const __m256i w1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(bp + 16));  // columns 8-15
