@@ -177,12 +177,9 @@ void record_training_ops(nlohmann::json& record, bool resumed) {
   record["training_ops"] = now;
 }
 
-// The run folder, created when missing. A new run (or a resumed one moved to another folder)
-// never replaces a checkpoint or log it did not continue: saving there would destroy that run's
-// resumable pair, or a user's own file of that name.
-void prepare_run_folder(const TrainArgs& a) {
-  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0) throw Error(a.out + ": cannot create the run folder");
-  require_writable_dir(a.out);
+// A new run (or a resumed one moved to another folder) never replaces a checkpoint or log it did
+// not continue (prepare_run_folder).
+void check_run_folder(const TrainArgs& a) {
   struct stat out_st {}, resume_st {};
   const bool continues_here = !a.resume.empty() && ::stat(a.out.c_str(), &out_st) == 0 &&
                               ::stat(parent_dir(a.resume).c_str(), &resume_st) == 0 &&
@@ -194,6 +191,22 @@ void prepare_run_folder(const TrainArgs& a) {
     if (::lstat(path.c_str(), &st) == 0)
       throw Error(path + ": already exists; continue that run with --resume " + model_path +
                   ", or give another --out (a new run never replaces it)");
+  }
+}
+
+// The run folder, created when missing and claimed for this process until the run ends: a second
+// `vitlens train` into a folder where one is running (a new run, or a resume of the same
+// checkpoint in another terminal) stops before it writes, instead of overwriting the other's
+// checkpoints and mixing the two logs. Then check_run_folder.
+FolderClaim prepare_run_folder(const TrainArgs& a) {
+  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0) throw Error(a.out + ": cannot create the run folder");
+  require_writable_dir(a.out);
+  try {
+    FolderClaim claim(a.out, "another vitlens train");
+    check_run_folder(a);
+    return claim;
+  } catch (const FolderBusy& e) {
+    throw Error(std::string(e.what()) + "; wait for it to finish (stopping it saves first), or give another --out");
   }
 }
 
@@ -443,7 +456,7 @@ std::string eval_line(const CliRun& cli, bool accuracy, const StepReport& r, con
 // The run itself, the same for every objective: progress, log, evaluation and a checkpoint each
 // epoch, a stop on a signal or --stop-after that saves first, the final test pass.
 int train_prepared(const TrainArgs& a, CliRun& cli) {
-  prepare_run_folder(a);
+  const FolderClaim claim = prepare_run_folder(a);
   const std::string model_path = a.out + "/last.safetensors";
   Trainer& trainer = *cli.trainer;
   if (!a.resume.empty()) restore_from(trainer, cli.saved, a.resume);

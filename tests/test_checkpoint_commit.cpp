@@ -5,6 +5,7 @@
 //     and no temporary of ours is left after the next load or save;
 //   - `vitlens train --resume` of a pair whose save was killed halfway resumes from the new pair;
 //   - SIGHUP saves and stops `vitlens train` as SIGINT and SIGTERM do;
+//   - a second `vitlens train` into a folder where one is running is refused before it writes;
 //   - each damaged field of a state file is refused, in the library and through the CLI.
 #include <catch2/catch.hpp>
 
@@ -15,6 +16,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include <sys/stat.h>
@@ -569,6 +571,80 @@ TEST_CASE("checkpoint groups: one that cannot be completed is skipped then super
   CHECK_FALSE(group.committed());
   CHECK(slurp(dir + "/a") == "new a");
   set_file_warning_handler(nullptr);
+}
+
+TEST_CASE("folder claim: one holder at a time per folder, by any path to it, gone with the claim",
+          "[checkpoint][claim]") {
+  const std::string dir = test::temp_dir("claim"), other = test::temp_dir("claim-other");
+  REQUIRE(::symlink(dir.c_str(), (other + "/link").c_str()) == 0);
+  {
+    FolderClaim first(dir, "a test run");
+    REQUIRE(first.held());  // Unix sockets exist here; elsewhere a claim may hold nothing
+    CHECK_THROWS_AS(FolderClaim(dir, "a second run"), FolderBusy);
+    CHECK_THROWS_WITH(FolderClaim(dir, "a second run"), dir + ": a second run is running in this folder");
+    CHECK_THROWS_AS(FolderClaim(other + "/link", "a second run"), FolderBusy);  // the same folder
+    FolderClaim moved(std::move(first));
+    CHECK(moved.held());
+    CHECK_FALSE(first.held());
+    CHECK_THROWS_AS(FolderClaim(dir, "a second run"), FolderBusy);  // the moved claim still holds it
+    const FolderClaim elsewhere(other, "a test run");
+    CHECK(elsewhere.held());
+  }
+  const FolderClaim again(dir, "a test run");  // released with the claim
+  CHECK(again.held());
+  CHECK(entries(dir).empty());  // the claim is no file in the folder
+  CHECK_THROWS_WITH(FolderClaim(dir + "/missing", "a run"), Catch::Contains(dir + "/missing: cannot claim the folder"));
+}
+
+TEST_CASE("train CLI: a second train into a folder where one is running is refused before it writes",
+          "[checkpoint][cli][claim]") {
+  REQUIRE(have_fashion_mnist());
+  const std::string dir = test::temp_dir("train-busy");
+  const std::string run = dir + "/run", err = dir + "/err";
+  // 4 steps per epoch and a checkpoint at each epoch's end: the first run is past its first save
+  // when the others start.
+  const pid_t pid = test::spawn(with({VITLENS_BINARY, "train"}, with(kTinyRun, {"--epochs", "1000", "--out", run})), err);
+  int64_t seen = 0;
+  while (seen < 6) {
+    const std::string text = slurp(err);
+    const size_t at = text.rfind(" step ");
+    if (at != std::string::npos) seen = std::atoll(text.c_str() + at + 6);
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, WNOHANG) == 0);
+    if (seen < 6) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  const std::string busy = run + ": another vitlens train is running in this folder; wait for it to finish";
+  // A new run into the same --out, and a resume of its checkpoint (another terminal): both refused.
+  const test::Child fresh = run_train(with(kTinyRun, {"--epochs", "1", "-q", "--out", run}), dir + "/err2");
+  CHECK(fresh.code == 1);
+  CHECK_THAT(fresh.err, Catch::Contains(busy));
+  const test::Child resumed = run_train({"--data", "fashion-mnist", "--resume", run + "/last.safetensors", "-q"}, dir + "/err3");
+  CHECK(resumed.code == 1);
+  CHECK_THAT(resumed.err, Catch::Contains(busy));
+  int status = 0;
+  REQUIRE(::waitpid(pid, &status, WNOHANG) == 0);  // the first run goes on
+  ::kill(pid, SIGINT);
+  const test::Child first = test::reap(pid, err);
+  CHECK(first.signal == 0);
+  const size_t stopped = first.err.find("stopped at step ");
+  REQUIRE(stopped != std::string::npos);
+  const int64_t step = std::atoll(first.err.c_str() + stopped + 16);
+  // Its checkpoint is its own, the last step it took, and every log line is its own.
+  CHECK(load_checkpoint(run + "/last.safetensors").position.step == step);
+  int64_t previous = 0;
+  std::istringstream log(slurp(run + "/log.jsonl"));
+  for (std::string line; std::getline(log, line);) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    if (!j.contains("step")) continue;
+    CHECK(j["step"].get<int64_t>() >= previous);  // one run's steps: never back
+    previous = j["step"].get<int64_t>();
+  }
+  CHECK(previous > 0);
+  // The folder is free again: the resume goes on from the saved step.
+  const test::Child after = run_train({"--data", "fashion-mnist", "--resume", run + "/last.safetensors", "--stop-after", "1",
+                                       "-q"}, dir + "/err4");
+  CHECK(after.code == 0);
+  CHECK(load_checkpoint(run + "/last.safetensors").position.step == step + 1);
 }
 
 TEST_CASE("train CLI: a new run never replaces a checkpoint or a file of that name in its --out", "[checkpoint][cli]") {

@@ -15,11 +15,13 @@
 #include <thread>
 
 #include "control/controller.hpp"
+#include "process_support.hpp"
 #include "test_support.hpp"
 #include "training/train_panel.hpp"
 #include "training/train_session.hpp"
 #include "models/training_checkpoint.hpp"
 #include "core/data/dataset.hpp"
+#include "core/io/files.hpp"
 #include "core/io/image.hpp"
 #include "core/render/maps.hpp"
 #include "core/train/mae_objective.hpp"
@@ -188,6 +190,13 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
   const std::string error = session.save("/nonexistent-vitlens-folder/x.safetensors");
   CHECK(error != "");
   CHECK(error.find('\n') == std::string::npos);
+  {
+    // A folder a `vitlens train` has claimed (its run folder while it runs): refused, nothing written.
+    const std::string busy = test::temp_dir("session-busy");
+    const FolderClaim training(busy, "a vitlens train");
+    CHECK(session.save(busy + "/x.safetensors") == busy + ": a vitlens train is running in this folder");
+    CHECK(test::entries(busy).empty());
+  }
   std::string path_error;
   const std::string path = session.viewing_path(path_error);
   CHECK(path_error == "");

@@ -169,6 +169,32 @@ class FileGroup {
   bool open_ = false, committed_ = false;
 };
 
+// One process at a time in a folder, for as long as the claim lives (a training run and its --out:
+// two runs saving into one folder would overwrite each other's checkpoints and mix their logs).
+// The claim is an abstract Unix socket bound to a name made of the folder's device and inode, so it
+// leaves no file in the user's folder or anywhere else, and it ends with the process however the
+// process ends (SIGKILL included). A folder claimed already, by this process or another, throws
+// FolderBusy ("<dir>: <holder> is running in this folder"). Claims are seen by processes of the same network namespace; where the socket cannot
+// be made at all (a sandbox without Unix sockets) the claim holds nothing and says so in held().
+struct FolderBusy : Error {
+  explicit FolderBusy(const std::string& message) : Error(message) {}
+};
+
+class FolderClaim {
+ public:
+  // `dir` must exist. `holder` names what holds a claim in FolderBusy's message ("a vitlens
+  // train"). Throws vitlens::Error when `dir` cannot be read.
+  FolderClaim(const std::string& dir, const std::string& holder);
+  ~FolderClaim();
+  FolderClaim(FolderClaim&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
+  FolderClaim(const FolderClaim&) = delete;
+  FolderClaim& operator=(const FolderClaim&) = delete;
+  bool held() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
+
 // Completes this user's interrupted commits (export sets and file groups) in `dir` (skipping, with
 // a warning, what cannot be completed) and removes our stale temporaries there (never a name that
 // does not match our patterns). Returns how many entries were completed or removed.

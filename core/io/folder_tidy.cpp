@@ -1,10 +1,10 @@
-// The output folder itself (files.hpp): its lock, listing it, the private folders and temporaries
+// The output folder itself (files.hpp): its lock and a process's claim on it, listing it, the private folders and temporaries
 // of this process, and tidying it: completing this user's interrupted commits and removing stale
 // temporaries, while anything of another user in a shared folder, or of our names but not ours,
 // is skipped with a one-line warning, so nothing in a shared folder blocks the next export.
 //
 // Index
-//   [SECTION] Folder lock and listing
+//   [SECTION] Folder lock, claim and listing
 //   [SECTION] Temporaries and private folders
 //   [SECTION] Tidy
 #include <algorithm>
@@ -13,14 +13,18 @@
 #include <chrono>
 #include <climits>
 #include <csignal>
+#include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include "core/base/error.hpp"
@@ -33,7 +37,7 @@ namespace vitlens {
 namespace files_internal {
 
 // =============================================================================================
-// [SECTION] Folder lock and listing
+// [SECTION] Folder lock, claim and listing
 // =============================================================================================
 FolderLock::FolderLock(const std::string& dir) {
   fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
@@ -47,6 +51,39 @@ FolderLock::FolderLock(const std::string& dir) {
 }
 
 FolderLock::~FolderLock() { ::close(fd_); }
+
+}  // namespace files_internal
+
+FolderClaim::FolderClaim(const std::string& dir, const std::string& holder) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0) throw Error(dir + ": cannot claim the folder (" + files_internal::errno_text(errno) + ")");
+  if (!S_ISDIR(st.st_mode)) throw Error(dir + ": not a folder");
+  sockaddr_un address{};
+  address.sun_family = AF_UNIX;
+  // Abstract name: a leading NUL, then text; its length is passed, no terminating NUL.
+  char name[64];
+  const int length = std::snprintf(name, sizeof name, "vitlens-folder-%llx-%llx",
+                                   static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino));
+  std::memcpy(address.sun_path + 1, name, static_cast<size_t>(length));
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return;  // no Unix sockets here: nothing to claim with (held() says so)
+  const auto size = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<size_t>(length));
+  if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), size) == 0) {
+    fd_ = fd;
+    return;
+  }
+  const int err = errno;
+  ::close(fd);
+  if (err == EADDRINUSE)
+    throw FolderBusy(dir + ": " + holder + " is running in this folder");
+  // Any other refusal (a sandbox's policy): the claim holds nothing rather than stopping the work.
+}
+
+FolderClaim::~FolderClaim() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+namespace files_internal {
 
 std::vector<std::string> list_names(int dir_fd) {
   std::vector<std::string> names;

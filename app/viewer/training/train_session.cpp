@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include <opencv2/core.hpp>
 
@@ -25,7 +26,9 @@
 #include "models/training_checkpoint.hpp"
 #include "core/data/dataset.hpp"
 #include "core/base/error.hpp"
+#include "core/io/files.hpp"
 #include "core/io/image.hpp"
+#include "core/io/paths.hpp"
 #include "core/train/classify_objective.hpp"
 #include "core/train/mae_objective.hpp"
 #include "core/render/maps.hpp"
@@ -450,6 +453,15 @@ void TrainSession::worker_save(Worker& w, uint64_t id, const std::string& path) 
         // went; the viewer's tests read it).
         std::lock_guard<std::mutex> lock(mutex_);
         put_train_losses(w.training_run->record(), snap_.loss);
+      }
+      // Not into a folder where a `vitlens train` is running: its next save would replace this
+      // one (the claim is held for the save). Any other trouble with the folder is the save's to report.
+      std::optional<FolderClaim> claim;
+      try {
+        claim.emplace(parent_dir(path), "a vitlens train");
+      } catch (const FolderBusy&) {
+        throw;
+      } catch (const Error&) {
       }
       w.training_run->save(path);
     } catch (const std::exception& e) {
