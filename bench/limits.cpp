@@ -138,11 +138,31 @@ double gemm_gflops_with(int threads) {
   return 2.0 * size * size * static_cast<double>(size) / s * 1e-9;
 }
 
+// Keeps the core busy with FMAs for `seconds`: a core that was idle runs slower for its first tens
+// of milliseconds of work (on the AMD Zen 3 VM, 6 Dec 2026: an FMA probe ran its first 50 ms at 78 %
+// of the rate it reached after 80 ms, and three benches started on the idle machine measured 63 to
+// 67 GFLOP/s for the FMA limit against 102 to 103 otherwise), and the floors must not be measured
+// on that ramp.
+void warm_up(double seconds) {
+#if defined(__x86_64__)
+  alignas(64) float sink[16];
+  const auto t0 = std::chrono::steady_clock::now();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+    if (kernel_isa() == KernelIsa::Avx512) fma_loop_avx512(200000, sink);
+    else if (kernel_isa() == KernelIsa::Avx2) fma_loop_avx2(200000, sink);
+    else fma_loop_sse2(200000, sink);
+  }
+#else
+  (void)seconds;
+#endif
+}
+
 }  // namespace
 
 MachineLimits measure_limits(int threads) {
   g_threads = threads;
   MachineLimits limits;
+  warm_up(0.3);
   limits.fma_gflops = best_of(5, fma_gflops);
   limits.exp_per_ns = best_of(5, exp_per_ns);
   limits.gemm_gflops_1t = best_of(5, [] { return gemm_gflops_with(1); });
