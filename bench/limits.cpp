@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <thread>
 #include <vector>
 
 #if defined(__x86_64__)
@@ -18,6 +19,7 @@
 #include "core/cpu/cpu.hpp"
 #include "core/cpu/fast_attention.hpp"
 #include "core/cpu/gemm.hpp"
+#include "core/base/parallel.hpp"  // resolve_threads
 
 namespace vitlens::bench {
 namespace {
@@ -127,7 +129,8 @@ double exp_per_ns() {
   return static_cast<double>(x.size()) * repeats / s * 1e-9;
 }
 
-int g_threads = 1;
+int g_threads = 1;           // --threads as given (0: one per core)
+int g_threads_resolved = 1;  // how many that is
 
 double gemm_gflops_with(int threads) {
   const int size = 512;
@@ -138,11 +141,27 @@ double gemm_gflops_with(int threads) {
   return 2.0 * size * size * static_cast<double>(size) / s * 1e-9;
 }
 
+// `rate` run on `threads` threads at once (plain threads, started together), the sum of their rates:
+// what the machine gives when every thread of a forward is busy. Where threads share a core's
+// units (SMT siblings, a VM's virtual cores on one physical core) this is less than `threads`
+// times one core's rate; on the 2-core AMD Zen 3 VM of 6 Dec 2026 two threads gave 2.0x one
+// core's FMA rate (203 against 102.5 GFLOP/s) and 1.7x its exp rate.
+double concurrent_rate(int threads, double (*rate)()) {
+  if (threads <= 1) return rate();
+  std::vector<double> rates(static_cast<size_t>(threads), 0.0);
+  std::vector<std::thread> workers;
+  for (int t = 0; t < threads; ++t) workers.emplace_back([&rates, t, rate] { rates[static_cast<size_t>(t)] = rate(); });
+  for (std::thread& w : workers) w.join();
+  double total = 0.0;
+  for (double r : rates) total += r;
+  return total;
+}
+
 // Keeps the core busy with FMAs for `seconds`: a core that was idle runs slower for its first tens
-// of milliseconds of work (on the AMD Zen 3 VM, 6 Dec 2026: an FMA probe ran its first 50 ms at 78 %
-// of the rate it reached after 80 ms, and three benches started on the idle machine measured 63 to
-// 67 GFLOP/s for the FMA limit against 102 to 103 otherwise), and the floors must not be measured
-// on that ramp.
+// of milliseconds of work (on the AMD Zen 3 VM, 6 Dec 2026, an FMA probe ran its first 50 ms at 78 %
+// of the rate it reached after 80 ms), and the limits must not be measured on that ramp. (That VM
+// also had slow spells of seconds, whole runs at 60 % of its FMA rate, which no warm-up avoids: a
+// limits line far below the usual one marks a disturbed run.)
 void warm_up(double seconds) {
 #if defined(__x86_64__)
   alignas(64) float sink[16];
@@ -161,10 +180,14 @@ void warm_up(double seconds) {
 
 MachineLimits measure_limits(int threads) {
   g_threads = threads;
+  g_threads_resolved = std::max(1, resolve_threads(threads));
   MachineLimits limits;
   warm_up(0.3);
   limits.fma_gflops = best_of(5, fma_gflops);
   limits.exp_per_ns = best_of(5, exp_per_ns);
+  limits.threads = std::max(1, resolve_threads(threads));
+  limits.fma_gflops_all = best_of(5, [] { return concurrent_rate(g_threads_resolved, fma_gflops); });
+  limits.exp_per_ns_all = best_of(5, [] { return concurrent_rate(g_threads_resolved, exp_per_ns); });
   limits.gemm_gflops_1t = best_of(5, [] { return gemm_gflops_with(1); });
   limits.gemm_gflops_nt = best_of(5, [] { return gemm_gflops_with(g_threads); });
   if (bf16_kernel_supported(Bf16Kernel::Avx512Bf16)) limits.bf16_dot_gflops = best_of(5, bf16_dot_gflops);

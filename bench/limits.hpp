@@ -9,6 +9,11 @@ namespace vitlens::bench {
 struct MachineLimits {
   double fma_gflops = 0.0;      // one core, independent FMA chains at the vector width in use
   double exp_per_ns = 0.0;      // one core, exp_array over an L1-resident buffer (exps per ns)
+  // The same two with all `threads` threads running them at once (the sum of their rates): the
+  // floors of a run on `threads` threads use these, not `threads` times one core's.
+  int threads = 1;
+  double fma_gflops_all = 0.0;
+  double exp_per_ns_all = 0.0;
   double gemm_gflops_1t = 0.0;  // linear_forward, 512 x 512 x 512, one thread
   double gemm_gflops_nt = 0.0;  // the same with `threads` threads
   // One core, independent vdpbf16ps chains (each instruction 16 lanes x 2 pairs = 64 flops);
