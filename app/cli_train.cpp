@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <array>
+#include <cerrno>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -194,20 +195,31 @@ void check_run_folder(const TrainArgs& a) {
   }
 }
 
-// The run folder, created when missing and claimed for this process until the run ends: a second
-// `vitlens train` into a folder where one is running (a new run, or a resume of the same
-// checkpoint in another terminal) stops before it writes, instead of overwriting the other's
-// checkpoints and mixing the two logs. Then check_run_folder.
-FolderClaim prepare_run_folder(const TrainArgs& a) {
-  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0) throw Error(a.out + ": cannot create the run folder");
-  require_writable_dir(a.out);
+// Claims the run folder for this process (FolderClaim) until the run ends, so that a second
+// `vitlens train` into it (a new run, or a resume of the same checkpoint in another terminal) stops
+// before it reads or writes anything there, instead of overwriting the other's checkpoints and
+// mixing the two logs. Where no claim can be made, says so in one line and goes on.
+FolderClaim claim_run_folder(const std::string& folder) {
   try {
-    FolderClaim claim(a.out, "another vitlens train");
-    check_run_folder(a);
+    FolderClaim claim(folder);
+    if (!claim.held())
+      std::fprintf(stderr, "vitlens: warning: %s: this system gives no way to claim the run folder; a second vitlens "
+                           "train into it would not be stopped\n", folder.c_str());
     return claim;
   } catch (const FolderBusy& e) {
-    throw Error(std::string(e.what()) + "; wait for it to finish (stopping it saves first), or give another --out");
+    throw Error(std::string(e.what()) + "; wait for it to finish (a train stopped with Ctrl-C saves first), or give "
+                                        "another --out");
   }
+}
+
+// The run folder, created when missing, claimed (unless `claim` holds it already: run_train claims
+// a folder that exists before reading the checkpoint in it), then check_run_folder.
+void prepare_run_folder(const TrainArgs& a, std::optional<FolderClaim>& claim) {
+  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0 && errno != EEXIST)
+    throw Error(a.out + ": cannot create the run folder");
+  require_writable_dir(a.out);
+  if (!claim) claim.emplace(claim_run_folder(a.out));
+  check_run_folder(a);
 }
 
 void check_args(const TrainArgs& a, CLI::App* cmd) {
@@ -455,8 +467,8 @@ std::string eval_line(const CliRun& cli, bool accuracy, const StepReport& r, con
 
 // The run itself, the same for every objective: progress, log, evaluation and a checkpoint each
 // epoch, a stop on a signal or --stop-after that saves first, the final test pass.
-int train_prepared(const TrainArgs& a, CliRun& cli) {
-  const FolderClaim claim = prepare_run_folder(a);
+int train_prepared(const TrainArgs& a, CliRun& cli, std::optional<FolderClaim>& claim) {
+  prepare_run_folder(a, claim);
   const std::string model_path = a.out + "/last.safetensors";
   Trainer& trainer = *cli.trainer;
   if (!a.resume.empty()) restore_from(trainer, cli.saved, a.resume);
@@ -510,6 +522,11 @@ int train_prepared(const TrainArgs& a, CliRun& cli) {
 int run_train(TrainArgs& a) {
   if (a.resume.empty() && !a.command->count("--val-split")) a.val_split = a.data == "fashion-mnist" ? 0.0 : 0.1;
   check_args(a, a.command);
+  // A run folder that exists is claimed before anything in it is read (a resume's checkpoint) or
+  // any data is loaded; one still to be made is claimed when it is made (prepare_run_folder).
+  std::optional<FolderClaim> claim;
+  const std::string folder = a.out.empty() ? parent_dir(a.resume) : a.out;
+  if (a.grad_dump.empty() && is_dir(folder)) claim.emplace(claim_run_folder(folder));
   CliRun run;
   if (is_photo_data(a.data)) {
     prepare_mae(a, run);
@@ -517,7 +534,7 @@ int run_train(TrainArgs& a) {
     prepare_classifier(a, run);
     if (!a.grad_dump.empty()) return dump_gradients(a, run);
   }
-  return train_prepared(a, run);
+  return train_prepared(a, run, claim);
 }
 
 }  // namespace vitlens::cli

@@ -577,54 +577,78 @@ TEST_CASE("folder claim: one holder at a time per folder, by any path to it, gon
           "[checkpoint][claim]") {
   const std::string dir = test::temp_dir("claim"), other = test::temp_dir("claim-other");
   REQUIRE(::symlink(dir.c_str(), (other + "/link").c_str()) == 0);
+  const std::string busy = dir + ": another vitlens process is training or saving in this folder";
   {
-    FolderClaim first(dir, "a test run");
+    FolderClaim first(dir);
     REQUIRE(first.held());  // Unix sockets exist here; elsewhere a claim may hold nothing
-    CHECK_THROWS_AS(FolderClaim(dir, "a second run"), FolderBusy);
-    CHECK_THROWS_WITH(FolderClaim(dir, "a second run"), dir + ": a second run is running in this folder");
-    CHECK_THROWS_AS(FolderClaim(other + "/link", "a second run"), FolderBusy);  // the same folder
+    CHECK_THROWS_AS(FolderClaim(dir), FolderBusy);
+    CHECK_THROWS_WITH(FolderClaim(dir), busy);
+    CHECK_THROWS_AS(FolderClaim(other + "/link"), FolderBusy);  // the same folder by another path
     FolderClaim moved(std::move(first));
     CHECK(moved.held());
-    CHECK_FALSE(first.held());
-    CHECK_THROWS_AS(FolderClaim(dir, "a second run"), FolderBusy);  // the moved claim still holds it
-    const FolderClaim elsewhere(other, "a test run");
+    CHECK_FALSE(first.held());  // NOLINT(bugprone-use-after-move): the moved-from claim holds nothing
+    CHECK_THROWS_AS(FolderClaim(dir), FolderBusy);  // the moved claim still holds it
+    const FolderClaim elsewhere(other);
     CHECK(elsewhere.held());
   }
-  const FolderClaim again(dir, "a test run");  // released with the claim
+  const FolderClaim again(dir);  // released with the claim
   CHECK(again.held());
   CHECK(entries(dir).empty());  // the claim is no file in the folder
-  CHECK_THROWS_WITH(FolderClaim(dir + "/missing", "a run"), Catch::Contains(dir + "/missing: cannot claim the folder"));
+  CHECK_THROWS_WITH(FolderClaim(dir + "/missing"), Catch::Contains(dir + "/missing: cannot claim the folder"));
 }
 
-TEST_CASE("train CLI: a second train into a folder where one is running is refused before it writes",
+namespace {
+
+// A child process killed and reaped when the test leaves its scope early (a failed REQUIRE), so no
+// long training run outlives the test.
+struct KillOnExit {
+  pid_t pid;
+  ~KillOnExit() {
+    int status = 0;
+    if (pid > 0 && ::waitpid(pid, &status, WNOHANG) == 0) {
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("train CLI: a second train into a folder where one is running is refused before it reads or writes",
           "[checkpoint][cli][claim]") {
   REQUIRE(have_fashion_mnist());
   const std::string dir = test::temp_dir("train-busy");
   const std::string run = dir + "/run", err = dir + "/err";
   // 4 steps per epoch and a checkpoint at each epoch's end: the first run is past its first save
   // when the others start.
-  const pid_t pid = test::spawn(with({VITLENS_BINARY, "train"}, with(kTinyRun, {"--epochs", "1000", "--out", run})), err);
+  KillOnExit first_run{test::spawn(with({VITLENS_BINARY, "train"}, with(kTinyRun, {"--epochs", "1000", "--out", run})), err)};
+  const pid_t pid = first_run.pid;
   int64_t seen = 0;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(2);
   while (seen < 6) {
     const std::string text = slurp(err);
     const size_t at = text.rfind(" step ");
     if (at != std::string::npos) seen = std::atoll(text.c_str() + at + 6);
     int status = 0;
     REQUIRE(::waitpid(pid, &status, WNOHANG) == 0);
+    REQUIRE(std::chrono::steady_clock::now() < deadline);
     if (seen < 6) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
-  const std::string busy = run + ": another vitlens train is running in this folder; wait for it to finish";
-  // A new run into the same --out, and a resume of its checkpoint (another terminal): both refused.
+  const std::string busy = run + ": another vitlens process is training or saving in this folder; wait for it to finish";
+  // A new run into the same --out, and a resume of its checkpoint (another terminal): both refused
+  // (without the claim the new run would be refused for another reason, the resume would run).
   const test::Child fresh = run_train(with(kTinyRun, {"--epochs", "1", "-q", "--out", run}), dir + "/err2");
   CHECK(fresh.code == 1);
   CHECK_THAT(fresh.err, Catch::Contains(busy));
-  const test::Child resumed = run_train({"--data", "fashion-mnist", "--resume", run + "/last.safetensors", "-q"}, dir + "/err3");
+  const test::Child resumed = run_train({"--data", "fashion-mnist", "--resume", run + "/last.safetensors", "--stop-after",
+                                         "2", "-q"}, dir + "/err3");
   CHECK(resumed.code == 1);
   CHECK_THAT(resumed.err, Catch::Contains(busy));
   int status = 0;
   REQUIRE(::waitpid(pid, &status, WNOHANG) == 0);  // the first run goes on
   ::kill(pid, SIGINT);
   const test::Child first = test::reap(pid, err);
+  first_run.pid = -1;
   CHECK(first.signal == 0);
   const size_t stopped = first.err.find("stopped at step ");
   REQUIRE(stopped != std::string::npos);

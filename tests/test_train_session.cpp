@@ -193,8 +193,8 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
   {
     // A folder a `vitlens train` has claimed (its run folder while it runs): refused, nothing written.
     const std::string busy = test::temp_dir("session-busy");
-    const FolderClaim training(busy, "a vitlens train");
-    CHECK(session.save(busy + "/x.safetensors") == busy + ": a vitlens train is running in this folder");
+    const FolderClaim training(busy);
+    CHECK(session.save(busy + "/x.safetensors") == busy + ": another vitlens process is training or saving in this folder");
     CHECK(test::entries(busy).empty());
   }
   std::string path_error;

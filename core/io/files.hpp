@@ -174,17 +174,19 @@ class FileGroup {
 // The claim is an abstract Unix socket bound to a name made of the folder's device and inode, so it
 // leaves no file in the user's folder or anywhere else, and it ends with the process however the
 // process ends (SIGKILL included). A folder claimed already, by this process or another, throws
-// FolderBusy ("<dir>: <holder> is running in this folder"). Claims are seen by processes of the same network namespace; where the socket cannot
-// be made at all (a sandbox without Unix sockets) the claim holds nothing and says so in held().
+// FolderBusy ("<dir>: another vitlens process is training or saving in this folder"). Claims are
+// seen by processes of one network namespace on one machine (not across containers with their own
+// network, nor across machines sharing a network file system); where the socket cannot be made
+// (a sandbox without Unix sockets, no file descriptors left) the claim holds nothing and held()
+// says so.
 struct FolderBusy : Error {
   explicit FolderBusy(const std::string& message) : Error(message) {}
 };
 
 class FolderClaim {
  public:
-  // `dir` must exist. `holder` names what holds a claim in FolderBusy's message ("a vitlens
-  // train"). Throws vitlens::Error when `dir` cannot be read.
-  FolderClaim(const std::string& dir, const std::string& holder);
+  // `dir` must exist. Throws vitlens::Error when it cannot be read or is not a folder.
+  explicit FolderClaim(const std::string& dir);
   ~FolderClaim();
   FolderClaim(FolderClaim&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
   FolderClaim(const FolderClaim&) = delete;

@@ -54,7 +54,7 @@ FolderLock::~FolderLock() { ::close(fd_); }
 
 }  // namespace files_internal
 
-FolderClaim::FolderClaim(const std::string& dir, const std::string& holder) {
+FolderClaim::FolderClaim(const std::string& dir) {
   struct stat st {};
   if (::stat(dir.c_str(), &st) != 0) throw Error(dir + ": cannot claim the folder (" + files_internal::errno_text(errno) + ")");
   if (!S_ISDIR(st.st_mode)) throw Error(dir + ": not a folder");
@@ -66,7 +66,7 @@ FolderClaim::FolderClaim(const std::string& dir, const std::string& holder) {
                                    static_cast<unsigned long long>(st.st_dev), static_cast<unsigned long long>(st.st_ino));
   std::memcpy(address.sun_path + 1, name, static_cast<size_t>(length));
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return;  // no Unix sockets here: nothing to claim with (held() says so)
+  if (fd < 0) return;  // no socket: nothing to claim with (held() says so)
   const auto size = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + static_cast<size_t>(length));
   if (::bind(fd, reinterpret_cast<const sockaddr*>(&address), size) == 0) {
     fd_ = fd;
@@ -75,8 +75,9 @@ FolderClaim::FolderClaim(const std::string& dir, const std::string& holder) {
   const int err = errno;
   ::close(fd);
   if (err == EADDRINUSE)
-    throw FolderBusy(dir + ": " + holder + " is running in this folder");
-  // Any other refusal (a sandbox's policy): the claim holds nothing rather than stopping the work.
+    throw FolderBusy(dir + ": another vitlens process is training or saving in this folder");
+  // Any other refusal (a sandbox's policy, no descriptors left): the claim holds nothing (held()),
+  // rather than stopping the work.
 }
 
 FolderClaim::~FolderClaim() {

@@ -454,11 +454,16 @@ void TrainSession::worker_save(Worker& w, uint64_t id, const std::string& path) 
         std::lock_guard<std::mutex> lock(mutex_);
         put_train_losses(w.training_run->record(), snap_.loss);
       }
-      // Not into a folder where a `vitlens train` is running: its next save would replace this
-      // one (the claim is held for the save). Any other trouble with the folder is the save's to report.
+      // Not into a folder another vitlens process is training or saving in (a `vitlens train` run
+      // folder: one writer a folder, whatever the file's name); the claim is held for the save.
+      // Any other trouble with the folder is the save's to report.
       std::optional<FolderClaim> claim;
       try {
-        claim.emplace(parent_dir(path), "a vitlens train");
+        std::error_code ec;
+        const std::filesystem::path folder = std::filesystem::absolute(parent_dir(path), ec);
+        std::string name = ec ? parent_dir(path) : folder.lexically_normal().string();
+        if (name.size() > 1 && name.back() == '/') name.pop_back();  // "/work/." normalises to "/work/"
+        claim.emplace(name);
       } catch (const FolderBusy&) {
         throw;
       } catch (const Error&) {
