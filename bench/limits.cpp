@@ -185,7 +185,6 @@ MachineLimits measure_limits(int threads) {
   warm_up(0.3);
   limits.fma_gflops = best_of(5, fma_gflops);
   limits.exp_per_ns = best_of(5, exp_per_ns);
-  limits.threads = std::max(1, resolve_threads(threads));
   limits.fma_gflops_all = best_of(5, [] { return concurrent_rate(g_threads_resolved, fma_gflops); });
   limits.exp_per_ns_all = best_of(5, [] { return concurrent_rate(g_threads_resolved, exp_per_ns); });
   limits.gemm_gflops_1t = best_of(5, [] { return gemm_gflops_with(1); });

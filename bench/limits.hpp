@@ -11,7 +11,6 @@ struct MachineLimits {
   double exp_per_ns = 0.0;      // one core, exp_array over an L1-resident buffer (exps per ns)
   // The same two with all `threads` threads running them at once (the sum of their rates): the
   // floors of a run on `threads` threads use these, not `threads` times one core's.
-  int threads = 1;
   double fma_gflops_all = 0.0;
   double exp_per_ns_all = 0.0;
   double gemm_gflops_1t = 0.0;  // linear_forward, 512 x 512 x 512, one thread

@@ -1,7 +1,8 @@
-// The output folder itself (files.hpp): its lock and a process's claim on it, listing it, the private folders and temporaries
-// of this process, and tidying it: completing this user's interrupted commits and removing stale
-// temporaries, while anything of another user in a shared folder, or of our names but not ours,
-// is skipped with a one-line warning, so nothing in a shared folder blocks the next export.
+// The output folder itself (files.hpp): its lock, a process's claim on it, listing it, the private
+// folders and temporaries of this process, and tidying it: completing this user's interrupted
+// commits and removing stale temporaries, while anything of another user in a shared folder, or of
+// our names but not ours, is skipped with a one-line warning, so nothing in a shared folder blocks
+// the next export.
 //
 // Index
 //   [SECTION] Folder lock, claim and listing
