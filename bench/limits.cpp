@@ -90,16 +90,26 @@ double best_of(int tries, double (*run)()) {
   return best;
 }
 
+#if defined(__x86_64__)
+// The FMA loop at the vector width kernel_isa() runs, and its lanes.
+struct FmaLoop {
+  void (*fn)(int64_t, float*);
+  int lanes;
+};
+FmaLoop fma_loop_in_use() {
+  if (kernel_isa() == KernelIsa::Avx512) return {fma_loop_avx512, 16};
+  if (kernel_isa() == KernelIsa::Avx2) return {fma_loop_avx2, 8};
+  return {fma_loop_sse2, 4};
+}
+#endif
+
 double fma_gflops() {
 #if defined(__x86_64__)
-  void (*fn)(int64_t, float*) = fma_loop_sse2;
-  int lanes = 4;
-  if (kernel_isa() == KernelIsa::Avx512) fn = fma_loop_avx512, lanes = 16;
-  if (kernel_isa() == KernelIsa::Avx2) fn = fma_loop_avx2, lanes = 8;
+  const FmaLoop loop = fma_loop_in_use();
   alignas(64) float sink[16];
   const int64_t iterations = 4000000;
-  const double s = seconds_of(fn, iterations, sink);
-  return 2.0 * lanes * kChains * static_cast<double>(iterations) / s * 1e-9;
+  const double s = seconds_of(loop.fn, iterations, sink);
+  return 2.0 * loop.lanes * kChains * static_cast<double>(iterations) / s * 1e-9;
 #else
   return 0.0;
 #endif
@@ -129,8 +139,7 @@ double exp_per_ns() {
   return static_cast<double>(x.size()) * repeats / s * 1e-9;
 }
 
-int g_threads = 1;           // --threads as given (0: one per core)
-int g_threads_resolved = 1;  // how many that is
+int g_threads = 1;  // --threads, resolved (0 became one per core)
 
 double gemm_gflops_with(int threads) {
   const int size = 512;
@@ -145,7 +154,7 @@ double gemm_gflops_with(int threads) {
 // what the machine gives when every thread of a forward is busy. Where threads share a core's
 // units (SMT siblings, a VM's virtual cores on one physical core) this is less than `threads`
 // times one core's rate; on the 2-core AMD Zen 3 VM of 6 Dec 2026 two threads gave 2.0x one
-// core's FMA rate (203 against 102.5 GFLOP/s) and 1.7x its exp rate.
+// core's FMA rate (203 against 102.5 GFLOP/s) and 1.7x to 2.0x its exp rate (three runs).
 double concurrent_rate(int threads, double (*rate)()) {
   if (threads <= 1) return rate();
   std::vector<double> rates(static_cast<size_t>(threads), 0.0);
@@ -166,11 +175,9 @@ void warm_up(double seconds) {
 #if defined(__x86_64__)
   alignas(64) float sink[16];
   const auto t0 = std::chrono::steady_clock::now();
-  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
-    if (kernel_isa() == KernelIsa::Avx512) fma_loop_avx512(200000, sink);
-    else if (kernel_isa() == KernelIsa::Avx2) fma_loop_avx2(200000, sink);
-    else fma_loop_sse2(200000, sink);
-  }
+  const FmaLoop loop = fma_loop_in_use();
+  while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds)
+    loop.fn(200000, sink);
 #else
   (void)seconds;
 #endif
@@ -179,14 +186,13 @@ void warm_up(double seconds) {
 }  // namespace
 
 MachineLimits measure_limits(int threads) {
-  g_threads = threads;
-  g_threads_resolved = std::max(1, resolve_threads(threads));
+  g_threads = std::max(1, resolve_threads(threads));
   MachineLimits limits;
   warm_up(0.3);
   limits.fma_gflops = best_of(5, fma_gflops);
   limits.exp_per_ns = best_of(5, exp_per_ns);
-  limits.fma_gflops_all = best_of(5, [] { return concurrent_rate(g_threads_resolved, fma_gflops); });
-  limits.exp_per_ns_all = best_of(5, [] { return concurrent_rate(g_threads_resolved, exp_per_ns); });
+  limits.fma_gflops_all = best_of(5, [] { return concurrent_rate(g_threads, fma_gflops); });
+  limits.exp_per_ns_all = best_of(5, [] { return concurrent_rate(g_threads, exp_per_ns); });
   limits.gemm_gflops_1t = best_of(5, [] { return gemm_gflops_with(1); });
   limits.gemm_gflops_nt = best_of(5, [] { return gemm_gflops_with(g_threads); });
   if (bf16_kernel_supported(Bf16Kernel::Avx512Bf16)) limits.bf16_dot_gflops = best_of(5, bf16_dot_gflops);

@@ -15,7 +15,8 @@
 #   train-mae  a masked-autoencoder run in the Train window: View > Train; types photos:OUT/photos
 #              (five opencv-doc photos from PHOTOS, copied here) into the data field, a tiny recipe
 #              into the recipe fields and the MAE fields (mask ratio, decoder); Start; Pause and Save
-#              until a checkpoint shows steps; Resume; Stop; Save again; close. Then from the files:
+#              until a checkpoint shows steps; Resume; Stop; Save again; Save into a folder a running
+#              `vitlens train` holds (refused in the window, nothing written); close. Then from the files:
 #              both checkpoints' training records (viewer_check train-record: MAE, every typed
 #              value, one finite loss per step run, more steps after Resume), `vitlens info` on the
 #              encoder (the typed shape), the viewer's exit status. Also: the idle window says there
@@ -202,6 +203,24 @@ save_to() {
   click "Train > Save" --enabled
   wait_until 60 "the Save button to write $1" "$CHECK" train-step "$1"
 }
+# A `vitlens train` running in OUT/busy (a tiny Fashion-MNIST run, far longer than the test) holds
+# that folder: the Save button into it is refused with one line in the window, and writes nothing.
+save_into_busy_folder() {
+  "$VITLENS" train --data fashion-mnist --limit 64 --depth 1 --embed-dim 8 --heads 2 --patch 7 --batch 16 \
+    --threads 1 --epochs 1000 -q --out "$OUT/busy" 2>"$OUT/busy.err" &
+  busy_pid=$!
+  trap 'kill "$pid" "$busy_pid" 2>/dev/null || true' EXIT
+  wait_until 120 "the run in $OUT/busy to save its first epoch" test -s "$OUT/busy/last.safetensors"
+  type_into "Train > ##train_save_path" "$OUT/busy/mine.safetensors"
+  click "Train > Save" --enabled
+  wait_until 60 "the refused Save's line in the Train window" \
+    "$CHECK" text "$DUMP" Train "another vitlens process is training or saving in this folder"
+  [ ! -e "$OUT/busy/mine.safetensors" ] || fail "the refused Save wrote $OUT/busy/mine.safetensors"
+  kill -INT "$busy_pid"
+  wait "$busy_pid" || true
+  trap 'kill "$pid" 2>/dev/null || true' EXIT
+  echo "ok    the Save into a folder a vitlens train holds is refused in the window, nothing written"
+}
 # The step the Train window shows (its status line: "running: step N of M, ...").
 shown_step() { "$CHECK" text-number "$DUMP" Train "step "; }
 step_at_least() { step=$(shown_step) && [ "$step" -ge "$1" ]; }
@@ -263,6 +282,7 @@ train_mae_scenario() {
   save_to "$OUT/stopped.safetensors"
   stopped_step=$("$CHECK" train-step "$OUT/stopped.safetensors")
   echo "stopped and saved at step $stopped_step"
+  save_into_busy_folder
   close_viewer
   check_train_mae
 }

@@ -455,19 +455,12 @@ void TrainSession::worker_save(Worker& w, uint64_t id, const std::string& path) 
         put_train_losses(w.training_run->record(), snap_.loss);
       }
       // Not into a folder another vitlens process is training or saving in (a `vitlens train` run
-      // folder: one writer a folder, whatever the file's name); the claim is held for the save.
-      // Any other trouble with the folder is the save's to report.
+      // folder: one writer a folder, whatever the file's name); the claim is held for the save. A
+      // missing folder is the save's to report.
+      const std::string folder = parent_dir(path);
+      std::error_code ec;
       std::optional<FolderClaim> claim;
-      try {
-        std::error_code ec;
-        const std::filesystem::path folder = std::filesystem::absolute(parent_dir(path), ec);
-        std::string name = ec ? parent_dir(path) : folder.lexically_normal().string();
-        if (name.size() > 1 && name.back() == '/') name.pop_back();  // "/work/." normalises to "/work/"
-        claim.emplace(name);
-      } catch (const FolderBusy&) {
-        throw;
-      } catch (const Error&) {
-      }
+      if (std::filesystem::is_directory(folder, ec)) claim.emplace(folder);
       w.training_run->save(path);
     } catch (const std::exception& e) {
       error = e.what();
