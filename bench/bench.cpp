@@ -510,7 +510,7 @@ json report_header(const BenchArgs& args, bool freed_memory_kept) {
                         {"gemm_fraction_of_fma_peak", lim.gemm_gflops_1t / lim.fma_gflops},
                         {"avx512_bf16_gflops_per_core", lim.bf16_dot_note.empty() ? json(lim.bf16_dot_gflops)
                                                                                   : json(lim.bf16_dot_note)},
-                        {"amx_bf16", lim.amx_note},
+                        {"amx_bf16_gflops_per_core", lim.amx_note.empty() ? json(lim.amx_gflops) : json(lim.amx_note)},
                         {"floors", bench::floors_line(lim)}};
   }
   return report;
@@ -521,14 +521,19 @@ void add_floors(json& report) {
   const json& lim = report["limits"];
   // The products' rate: the bfloat16 dot product's for a bf16 forward where the CPU has one (its
   // Linear layers and attention products are bfloat16), else float32 FMA's.
-  const bool bf16_unit = report["precision"] == "bf16" && lim["avx512_bf16_gflops_per_core"].is_number() &&
-                         report["bf16_kernel"] == "avx512bf16";
+  // The unit the bf16 products run on, when the run measured its rate: AMX's tiles or AVX512-BF16.
+  const char* bf16_rate_key = report["bf16_kernel"] == "amx"          ? "amx_bf16_gflops_per_core"
+                              : report["bf16_kernel"] == "avx512bf16" ? "avx512_bf16_gflops_per_core"
+                                                                      : nullptr;
+  const bool bf16_unit = report["precision"] == "bf16" && bf16_rate_key && lim[bf16_rate_key].is_number();
   // Rates with every thread busy at once, as measured (on a VM whose virtual cores share physical
   // ones, less than threads x one core's); the bf16 unit's is one core's scaled as FMA's scaled.
   const double fma_all = lim["fma_gflops_all_threads"].get<double>();
   const double parallel = fma_all / lim["fma_gflops_per_core"].get<double>();
-  const double fma = bf16_unit ? lim["avx512_bf16_gflops_per_core"].get<double>() * parallel : fma_all;
-  report["floor_rate"] = bf16_unit ? "avx512-bf16 dot products" : "float32 fma";
+  const double fma = bf16_unit ? lim[bf16_rate_key].get<double>() * parallel : fma_all;
+  report["floor_rate"] = !bf16_unit ? "float32 fma"
+                         : report["bf16_kernel"] == "amx" ? "amx-bf16 tiles"
+                                                          : "avx512-bf16 dot products";
   const double exps = lim["exp_per_ns_all_threads"].get<double>();
   for (json& r : report["sizes"]) {
     if (r.contains("error")) continue;

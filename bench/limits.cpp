@@ -126,6 +126,19 @@ double bf16_dot_gflops() {
 #endif
 }
 
+// AMX's TDPBF16PS peak (bf16.hpp amx_dot_loop): 16 x 16 x 32 products, 2 flops each, an instruction.
+double amx_gflops() {
+#if defined(__x86_64__)
+  const int64_t iterations = 200000;
+  const auto start = std::chrono::steady_clock::now();
+  detail::amx_dot_loop(iterations);
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return 4.0 * 16 * 16 * 32 * 2 * static_cast<double>(iterations) / s * 1e-9;
+#else
+  return 0.0;
+#endif
+}
+
 // The buffers are 64-byte aligned, as the attention's rows of scores are (fast_attention.cpp): from
 // plain std::vector storage (16-byte aligned) half of the 32-byte loads and stores may cross a cache
 // line, which measured 2.5 to 3.3 exps per ns from run to run on AMD Zen 3 instead of a steady 3.7.
@@ -197,8 +210,8 @@ MachineLimits measure_limits(int threads) {
   limits.gemm_gflops_nt = best_of(5, [] { return gemm_gflops_with(g_threads); });
   if (bf16_kernel_supported(Bf16Kernel::Avx512Bf16)) limits.bf16_dot_gflops = best_of(5, bf16_dot_gflops);
   else limits.bf16_dot_note = "not on this CPU";
-  limits.amx_note = cpu_features().amx_bf16 ? "on this CPU, not measured (this build has no AMX code)"
-                                            : "not on this CPU";
+  if (bf16_kernel_supported(Bf16Kernel::Amx)) limits.amx_gflops = best_of(5, amx_gflops);
+  else limits.amx_note = cpu_features().amx_bf16 ? bf16_kernel_missing(Bf16Kernel::Amx) : "not on this CPU";
   return limits;
 }
 
@@ -208,7 +221,10 @@ std::string floors_line(const MachineLimits& limits) {
                 kernel_isa_name(kernel_isa()));
   if (limits.bf16_dot_note.empty()) std::snprintf(dot, sizeof dot, "AVX512-BF16 dot products %.1f GFLOP/s", limits.bf16_dot_gflops);
   else std::snprintf(dot, sizeof dot, "AVX512-BF16 dot products %s", limits.bf16_dot_note.c_str());
-  return std::string("floors, one core: ") + fma + "; " + dot + "; AMX-BF16 " + limits.amx_note;
+  char amx[160];
+  if (limits.amx_note.empty()) std::snprintf(amx, sizeof amx, "AMX-BF16 %.1f GFLOP/s", limits.amx_gflops);
+  else std::snprintf(amx, sizeof amx, "AMX-BF16 %s", limits.amx_note.c_str());
+  return std::string("floors, one core: ") + fma + "; " + dot + "; " + amx;
 }
 
 }  // namespace vitlens::bench

@@ -19,7 +19,8 @@ struct MachineLimits {
   // 0 where the CPU has no AVX512-BF16 (bf16_dot_note says so).
   double bf16_dot_gflops = 0.0;
   std::string bf16_dot_note;    // "not on this CPU", or empty when measured
-  std::string amx_note;         // "not on this CPU", or why AMX-BF16 is present but not measured
+  double amx_gflops = 0.0;      // TDPBF16PS' peak; 0 where not measured (amx_note says why)
+  std::string amx_note;         // "not on this CPU", or why AMX-BF16 is present but not used
 };
 
 // The floors' line: "floors, one core: float32 FMA 40.1 GFLOP/s (avx2); AVX512-BF16 dot products

@@ -14,12 +14,14 @@
 // them; skipped with a printed reason where not).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
 #include <limits>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cpu/attention_bf16.hpp"
@@ -240,7 +242,8 @@ TEST_CASE("bf16 attention: the vector kernels equal the emulation bit for bit", 
       continue;
     }
     test::UseIsa use(v.isa);
-    REQUIRE(bf16_kernel() == v.kernel);
+    // (Where the CPU has AMX, the AVX-512 kernels' bf16 products run on AMX: tested below.)
+    REQUIRE((bf16_kernel() == v.kernel || (v.kernel == Bf16Kernel::Avx512Bf16 && bf16_kernel() == Bf16Kernel::Amx)));
     for (const Case& c : kCases) {
       INFO(bf16_kernel_name(v.kernel) << " " << c.name);
       Heads x = random_heads(c.n, c.heads, c.d, 43u + static_cast<unsigned>(c.n));
@@ -253,6 +256,38 @@ TEST_CASE("bf16 attention: the vector kernels equal the emulation bit for bit", 
       CHECK(same_bits(emulated, vector));
     }
   }
+}
+
+TEST_CASE("bf16 attention on the AMX kernel is the emulation's to float32 rounding", "[bf16][attention][amx]") {
+  // The AMX kernel sums in TDPBF16PS' order (bf16.hpp), so its scores and P V differ from the
+  // emulation's in the last bits: on tiles in memory everywhere, and the instructions where the CPU
+  // has them.
+  std::vector<std::pair<const char*, const detail::Bf16GemmKernels*>> amx = {
+      {"amx on tiles in memory", &detail::kAmxSoftwareTilesGemm}};
+  if (bf16_kernel_supported(Bf16Kernel::Amx)) amx.push_back({"amx", &detail::bf16_kernels(Bf16Kernel::Amx)});
+  else std::cout << "test_attention_bf16: skipping the AMX instructions: " << bf16_kernel_missing(Bf16Kernel::Amx) << "\n";
+  for (const auto& [name, kernels] : amx)
+    for (const Case& c : kCases) {
+      INFO(name << " " << c.name);
+      const Heads x = random_heads(c.n, c.heads, c.d, 47u + static_cast<unsigned>(c.n));
+      const KeyMask mask = mask_for(c);
+      const std::vector<uint8_t> counts = counts_for(c.n);
+      const Outputs emulated = run(x, 0.125f, mask, counts, 2, true, &detail::kEmulatedBf16Gemm);
+      const Outputs got = run(x, 0.125f, mask, counts, 2, true, kernels);
+      const Outputs one_thread = run(x, 0.125f, mask, counts, 1, true, kernels);
+      CHECK(same_bits(got, one_thread));
+      CHECK(got.finished == emulated.finished);
+      double worst_p = 0.0;
+      for (size_t h = 0; h < got.probs.size(); ++h)
+        worst_p = std::max(worst_p, static_cast<double>((got.probs[h] - emulated.probs[h]).cwiseAbs().maxCoeff()));
+      CHECK(worst_p <= 1e-5);
+      // P is rounded to bfloat16 for P V: a probability a last bit apart may round to the next
+      // bfloat16 (2^-8 of it), so each context value may move by up to 2^-8 sum_j p_j |v_j|.
+      const int hd = c.heads * c.d;
+      const double max_v = x.qkv.middleCols(2 * hd, hd).cwiseAbs().maxCoeff();
+      const double worst_context = (got.context - emulated.context).cwiseAbs().maxCoeff();
+      CHECK(worst_context <= std::ldexp(1.0, -8) * max_v + 1e-6);
+    }
 }
 
 TEST_CASE("bf16 attention stops when progress says so", "[bf16][attention]") {

@@ -27,7 +27,7 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 // Query rows per block: a multiple of the bfloat16 tile's rows, the block's (rows, ld) scores
 // about 512 KB (the core's L2), at most 128 rows.
 constexpr int kBlockFloats = 128 * 1024;
-int rows_per_block(int ld) { return std::clamp(kBlockFloats / ld / kBf16Mr * kBf16Mr, kBf16Mr, 128); }
+int rows_per_block(int ld) { return std::clamp(kBlockFloats / ld / kBf16MaxMr * kBf16MaxMr, kBf16MaxMr, 128); }
 
 // [SECTION] One head's keys and values as a Linear's weights
 //

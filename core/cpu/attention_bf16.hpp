@@ -4,14 +4,14 @@
 // outputs, threads and progress as multi_head_attention (fast_attention.hpp). For each head and
 // block of query rows:
 //   A. s_ij = scale * (bf16(q_i) . bf16(k_j)), the dot product as the Linear layers' (bf16.hpp:
-//      pairs of c, float32 sums in a fixed order, each product exact); masked keys -> -inf
+//      pairs of c, float32 sums in the kernel's fixed order, each product exact); masked keys -> -inf
 //   B. p_ij = e_ij / l_i with the float32 attention's softmax (the leaf kernels' softmax_row)
 //   C. out_i = bf16(p_i) . bf16(V): the probabilities rounded to bfloat16 for the product, as
 //      PyTorch's bfloat16 matmul takes them; sums in float32 in the same order
 // The maps (received sums, first rows, kept P) are the float32 p of B. Both products run through
 // bf16.hpp's kernels (K and V^T packed once per head as a Linear's weights), so the AVX512-BF16
-// and AVX2 kernels give the emulation's bits (bf16_kernel() picks one); the numbers do not depend on the
-// thread count. No (N, N) matrix unless probs are kept: blocks of rows as in the float32 path.
+// and AVX2 kernels give the emulation's bits, AMX's its own order's (bf16_kernel() picks one); the
+// numbers do not depend on the thread count. No (N, N) matrix unless probs are kept: blocks of rows as in the float32 path.
 #include <functional>
 
 #include "core/cpu/bf16.hpp"

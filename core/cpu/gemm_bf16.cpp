@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 #include "core/base/error.hpp"
 #include "core/base/parallel.hpp"
@@ -24,6 +26,7 @@ namespace vitlens {
 
 const char* bf16_kernel_name(Bf16Kernel kernel) {
   switch (kernel) {
+    case Bf16Kernel::Amx: return "amx";
     case Bf16Kernel::Avx512Bf16: return "avx512bf16";
     case Bf16Kernel::Avx2: return "avx2";
     case Bf16Kernel::Emulated: break;
@@ -31,26 +34,55 @@ const char* bf16_kernel_name(Bf16Kernel kernel) {
   return "emulated";
 }
 
-bool bf16_kernel_supported(Bf16Kernel kernel) {
+std::string bf16_kernel_missing(Bf16Kernel kernel) {
   switch (kernel) {
-    case Bf16Kernel::Avx512Bf16: return kernel_isa_supported(KernelIsa::Avx512) && cpu_features().avx512_bf16;
-    case Bf16Kernel::Avx2: return kernel_isa_supported(KernelIsa::Avx2);  // core/cpu/cpu.hpp
+    case Bf16Kernel::Amx: {
+      if (!cpu_features().amx_bf16) return "this CPU has no AMX-BF16";
+      if (!amx_bf16_usable()) return "the OS did not grant this process AMX's tile state";
+      const std::string no_dot = bf16_kernel_missing(Bf16Kernel::Avx512Bf16);
+      if (!no_dot.empty()) return no_dot;
+      // Run once: the first product of the instructions against the kernel on tiles in memory.
+#if defined(__x86_64__)
+      static const bool agrees = detail::bf16_kernels_agree(detail::kAmxBf16Gemm, detail::kAmxSoftwareTilesGemm);
+#else
+      static const bool agrees = false;
+#endif
+      return agrees ? "" : "the AMX instructions disagreed with the same kernel on tiles in memory (self-check)";
+    }
+    case Bf16Kernel::Avx512Bf16:
+      if (!kernel_isa_supported(KernelIsa::Avx512)) return kernel_isa_missing(KernelIsa::Avx512);
+      return cpu_features().avx512_bf16 ? "" : "this CPU has no avx512_bf16";
+    case Bf16Kernel::Avx2: return kernel_isa_missing(KernelIsa::Avx2);  // core/cpu/cpu.hpp
     case Bf16Kernel::Emulated: break;
   }
-  return true;
+  return "";
+}
+
+bool bf16_kernel_supported(Bf16Kernel kernel) { return bf16_kernel_missing(kernel).empty(); }
+
+bool amx_requested() {
+  static const bool requested = [] {
+    const char* env = std::getenv("VITLENS_AMX");
+    return env && std::string(env) == "1";
+  }();
+  return requested;
 }
 
 Bf16Kernel bf16_kernel() {
-  static const bool has_dot = bf16_kernel_supported(Bf16Kernel::Avx512Bf16);
-  const KernelIsa isa = kernel_isa();
-  if (has_dot && isa == KernelIsa::Avx512) return Bf16Kernel::Avx512Bf16;
-  return isa == KernelIsa::Portable ? Bf16Kernel::Emulated : Bf16Kernel::Avx2;
+  if (kernel_isa() == KernelIsa::Avx512) {
+    static const bool has_amx = amx_requested() && bf16_kernel_supported(Bf16Kernel::Amx);
+    static const bool has_dot = bf16_kernel_supported(Bf16Kernel::Avx512Bf16);
+    if (has_amx) return Bf16Kernel::Amx;
+    if (has_dot) return Bf16Kernel::Avx512Bf16;
+  }
+  return kernel_isa() == KernelIsa::Portable ? Bf16Kernel::Emulated : Bf16Kernel::Avx2;
 }
 
 namespace detail {
 
 const Bf16GemmKernels& bf16_kernels(Bf16Kernel kernel) {
 #if defined(__x86_64__)
+  if (kernel == Bf16Kernel::Amx) return kAmxBf16Gemm;
   if (kernel == Bf16Kernel::Avx512Bf16) return kAvx512Bf16Gemm;
   if (kernel == Bf16Kernel::Avx2) return kAvx2Bf16Gemm;
 #endif
@@ -88,14 +120,14 @@ void emulated_tile(int k_pairs, const bf16_t* a, int64_t a_rs, const bf16_t* b_p
     for (int j = 0; j < kBf16Nr; ++j) c[r * ldc + j] = bias ? acc[r][j] + bias[j] : acc[r][j];
 }
 
-void emulated_convert_row(const float* x, int k, int padded, bf16_t* out) {
+}  // namespace
+
+void convert_row_emulated(const float* x, int k, int padded, bf16_t* out) {
   for (int p = 0; p < k; ++p) out[p] = float_to_bf16(x[p]);
   for (int p = k; p < padded; ++p) out[p] = 0;
 }
 
-}  // namespace
-
-const Bf16GemmKernels kEmulatedBf16Gemm{emulated_tile, emulated_convert_row};
+const Bf16GemmKernels kEmulatedBf16Gemm{kBf16Mr, emulated_tile, convert_row_emulated};
 
 }  // namespace detail
 
@@ -138,16 +170,16 @@ void product_panels(const detail::Bf16GemmKernels& kern, const bf16_t* a, int64_
       const bf16_t* b_panel = packed.panels.data() + (static_cast<int64_t>(panel) * pairs + p0) * kBf16Nr * 2;
       const float* tile_bias = last && bias_padded ? bias_padded + j0 : nullptr;
       const bool load_c = !first || accumulate;
-      for (int i0 = 0; i0 < m_padded; i0 += kBf16Mr) {
+      for (int i0 = 0; i0 < m_padded; i0 += kern.mr) {
         const bf16_t* a_tile = a + i0 * a_rs + 2 * p0;
-        const int rows = std::min(kBf16Mr, m - i0);
+        const int rows = std::min(kern.mr, m - i0);
         float* c = y + i0 * ldy + j0;
-        if (rows == kBf16Mr && cols == kBf16Nr) {
+        if (rows == kern.mr && cols == kBf16Nr) {
           kern.tile(kp, a_tile, a_rs, b_panel, c, ldy, load_c, tile_bias);
           continue;
         }
         // Edge tile: the whole tile on a padded copy, so these elements round as any other.
-        float pad[kBf16Mr * kBf16Nr] = {};
+        float pad[kBf16MaxMr * kBf16Nr] = {};
         if (load_c)
           for (int r = 0; r < rows; ++r) std::copy(c + r * ldy, c + r * ldy + cols, pad + r * kBf16Nr);
         kern.tile(kp, a_tile, a_rs, b_panel, pad, kBf16Nr, load_c, tile_bias);
@@ -170,7 +202,7 @@ void detail::linear_forward_bf16_with(const Bf16GemmKernels& kern, const float* 
   threads = resolve_threads(threads);
 
   // X rounded to bfloat16, K padded to pairs, M to whole tiles (zero rows, never stored).
-  const int k_padded = 2 * packed.k_pairs(), m_padded = (m + kBf16Mr - 1) / kBf16Mr * kBf16Mr;
+  const int k_padded = 2 * packed.k_pairs(), m_padded = (m + kern.mr - 1) / kern.mr * kern.mr;
   thread_local std::vector<bf16_t, detail::CacheAligned<bf16_t>> a_buffer;  // the calling thread's, kept
   a_buffer.resize(static_cast<size_t>(m_padded) * k_padded);
   bf16_t* a = a_buffer.data();  // (a thread_local named inside a task would be that worker's own)
@@ -196,8 +228,10 @@ void detail::linear_forward_bf16_with(const Bf16GemmKernels& kern, const float* 
   const bool gelu = epilogue == LinearEpilogue::Gelu;
   run_tasks((panels + per_piece - 1) / per_piece, workers, [&](int t) {
     const int panel0 = t * per_piece, panel1 = std::min(panels, (t + 1) * per_piece);
+    if (kern.thread_begin) kern.thread_begin();
     product_panels(kern, a, k_padded, m_padded, m, packed, b ? bias_padded.data() : nullptr, y, ldy, accumulate,
                    panel0, panel1);
+    if (kern.thread_end) kern.thread_end();
     if (!gelu) return;
     // nn.GELU() in float32 on this piece's columns: the float32 forward's kernel (gelu_inplace).
     const int j0 = panel0 * kBf16Nr, cols = std::min(n, panel1 * kBf16Nr) - j0;
@@ -209,6 +243,40 @@ void linear_forward_bf16(const float* x, int64_t ldx, int m, const PackedLinearB
                          float* y, int64_t ldy, LinearEpilogue epilogue, int threads) {
   detail::linear_forward_bf16_with(detail::bf16_kernels(bf16_kernel()), x, ldx, m, packed, b, y, ldy, epilogue,
                                    threads);
+}
+
+// AMX's self-check runs this on the instructions and on tiles in memory (gemm_bf16_amx.cpp): a
+// product with whole tiles and edges of rows, columns and pairs, over three K blocks. The
+// instructions may sum in another order than the manual's (the two kernels then differ in the last
+// bits): each result must then still be within the float32 accumulation bound of the other,
+// (K + 1) 2^-24 sum |x w| twice over.
+bool detail::bf16_kernels_agree(const Bf16GemmKernels& a, const Bf16GemmKernels& b) {
+  constexpr int m = 21, n = 53, k = 2 * 2 * kPairsPerBlock + 37;
+  std::vector<float> x(static_cast<size_t>(m) * k), w(static_cast<size_t>(n) * k), bias(n);
+  uint32_t state = 12345u;
+  auto next = [&state](float scale) {  // a fixed LCG in [-scale, scale)
+    state = state * 1664525u + 1013904223u;
+    return scale * (static_cast<float>(state >> 8) / 8388608.0f - 1.0f);
+  };
+  for (size_t i = 0; i < x.size(); ++i) x[i] = next(i % 7 == 0 ? 2e-3f : 2.0f);
+  for (float& v : w) v = next(0.5f);
+  for (float& v : bias) v = next(1.0f);
+  PackedLinearBf16 packed;
+  pack_linear_bf16(w.data(), n, k, packed);
+  std::vector<float> ya(static_cast<size_t>(m) * n), yb(ya.size());
+  linear_forward_bf16_with(a, x.data(), k, m, packed, bias.data(), ya.data(), n, LinearEpilogue::Store, 1);
+  linear_forward_bf16_with(b, x.data(), k, m, packed, bias.data(), yb.data(), n, LinearEpilogue::Store, 1);
+  for (int i = 0; i < m; ++i)
+    for (int j = 0; j < n; ++j) {
+      double magnitude = std::fabs(bias[static_cast<size_t>(j)]);
+      for (int p = 0; p < k; ++p)
+        magnitude += std::fabs(static_cast<double>(round_to_bf16(x[static_cast<size_t>(i) * k + p])) *
+                               round_to_bf16(w[static_cast<size_t>(j) * k + p]));
+      const double bound = 2.0 * (k + 1) * std::ldexp(1.0, -24) * magnitude;
+      const size_t at = static_cast<size_t>(i) * n + j;
+      if (!(std::fabs(static_cast<double>(ya[at]) - yb[at]) <= bound)) return false;
+    }
+  return true;
 }
 
 }  // namespace vitlens

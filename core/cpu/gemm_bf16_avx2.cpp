@@ -135,7 +135,7 @@ VITLENS_AVX2 void convert_row(const float* x, int k, int padded, bf16_t* out) {
 
 }  // namespace
 
-const Bf16GemmKernels kAvx2Bf16Gemm{tile, convert_row};
+const Bf16GemmKernels kAvx2Bf16Gemm{kBf16Mr, tile, convert_row};
 
 }  // namespace vitlens::detail
 #endif  // __x86_64__

@@ -76,7 +76,9 @@ VITLENS_AVX512_BF16 void tile(int k_pairs, const bf16_t* a, int64_t a_rs, const 
 #undef VITLENS_STORE_ROW
 }
 
-VITLENS_AVX512_BF16 void convert_row(const float* x, int k, int padded, bf16_t* out) {
+}  // namespace
+
+VITLENS_AVX512_BF16 void convert_row_avx512bf16(const float* x, int k, int padded, bf16_t* out) {
   int p = 0;
   for (; p + 16 <= k; p += 16)
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + p), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(x + p)));
@@ -84,9 +86,7 @@ VITLENS_AVX512_BF16 void convert_row(const float* x, int k, int padded, bf16_t* 
   for (; p < padded; ++p) out[p] = 0;
 }
 
-}  // namespace
-
-const Bf16GemmKernels kAvx512Bf16Gemm{tile, convert_row};
+const Bf16GemmKernels kAvx512Bf16Gemm{kBf16Mr, tile, convert_row_avx512bf16};
 
 }  // namespace vitlens::detail
 #endif  // __x86_64__

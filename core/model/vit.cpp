@@ -148,7 +148,7 @@ bool parse_precision(const std::string& text, Precision& precision) {
 
 Precision resolve_precision(Precision precision, const VitModel& model) {
   if (precision != Precision::Auto) return precision;
-  return cpu_has_bf16_dot() && model.parameter_count() >= kAutoBf16MinParameters ? Precision::Bf16
+  return model.parameter_count() >= kAutoBf16MinParameters && cpu_has_bf16_dot() ? Precision::Bf16
                                                                                   : Precision::Fp32;
 }
 

@@ -79,8 +79,8 @@ std::vector<std::string> precision_lines(const App& app) {
   const std::string emulated = bf16_emulation_reason();
   if ((chosen == Precision::Bf16 || ran == Precision::Bf16) && !emulated.empty()) {
     if (bf16_kernel() == Bf16Kernel::Avx2)
-      lines.push_back("bf16 runs on float32 FMAs here: " + emulated + " (the same bits, a little slower than fp32)");
-    else lines.push_back("bf16 is emulated here: " + emulated + " (the same bits, many times slower than fp32)");
+      lines.push_back("bf16 runs on float32 FMAs here: " + emulated + " (AVX512-BF16's bits, a little slower than fp32)");
+    else lines.push_back("bf16 is emulated here: " + emulated + " (AVX512-BF16's bits, many times slower than fp32)");
   }
   return lines;
 }
