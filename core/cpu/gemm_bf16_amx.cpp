@@ -185,9 +185,11 @@ void amx_tile(int k_pairs, const bf16_t* a, int64_t a_rs, const bf16_t* b_panel,
   if (padded_step) {
     std::memset(a_pad, 0, sizeof a_pad);
     std::memset(b_pad, 0, sizeof b_pad);
-    for (int r = 0; r < kRows; ++r)
-      std::memcpy(a_pad[r], a + r * a_rs + 2 * whole, sizeof(bf16_t) * 2 * static_cast<size_t>(tail));
-    std::memcpy(b_pad, b_panel + 2 * kBf16Nr * whole, sizeof(bf16_t) * 2 * kBf16Nr * static_cast<size_t>(tail));
+    if (tail > 0) {  // (with K = 0, A and B may have no storage at all)
+      for (int r = 0; r < kRows; ++r)
+        std::memcpy(a_pad[r], a + r * a_rs + 2 * whole, sizeof(bf16_t) * 2 * static_cast<size_t>(tail));
+      std::memcpy(b_pad, b_panel + 2 * kBf16Nr * whole, sizeof(bf16_t) * 2 * kBf16Nr * static_cast<size_t>(tail));
+    }
   }
   if (load_c) {
     T::template load<0>(c, c_bytes);
