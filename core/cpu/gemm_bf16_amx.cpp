@@ -54,9 +54,10 @@ constexpr int kKernelTiles = kBTile0 + kCTiles;  // C 0-2, A 3, B 4-6
 
 struct HardwareTiles {
 #if defined(__x86_64__)
+  static void load_config(const TileConfig& config) { __asm__ volatile("ldtilecfg %0" ::"m"(config)); }
   static void configure() {
     static const TileConfig config = full_tiles(kKernelTiles);
-    __asm__ volatile("ldtilecfg %0" ::"m"(config));
+    load_config(config);
   }
   static void release() { __asm__ volatile("tilerelease" ::); }
   template <int t>
@@ -214,9 +215,9 @@ void amx_tile(int k_pairs, const bf16_t* a, int64_t a_rs, const bf16_t* b_panel,
 
 #if defined(__x86_64__)
 void amx_dot_loop(int64_t iterations) {
-  const TileConfig config = full_tiles(8);
-  __asm__ volatile("ldtilecfg %0" ::"m"(config));
   using T = HardwareTiles;
+  const TileConfig config = full_tiles(8);
+  T::load_config(config);
   T::zero<4>(), T::zero<5>(), T::zero<6>(), T::zero<7>();
   T::zero<0>(), T::zero<1>(), T::zero<2>(), T::zero<3>();
   for (int64_t i = 0; i < iterations; ++i) {  // four accumulators: tiles 0-3 += (4 or 5) x (6 or 7)
