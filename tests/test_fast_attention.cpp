@@ -204,7 +204,11 @@ TEST_CASE("fast attention: random inputs, block and chunk edges, odd head sizes"
     for (auto [n, heads, d] : std::vector<std::array<int, 3>>{{1, 1, 12}, {2, 4, 12}, {15, 1, 12}, {16, 2, 12},
                                                                 {17, 4, 12}, {21, 2, 12}, {23, 1, 12}, {27, 2, 12},
                                                                 {29, 1, 7}, {63, 1, 5}, {65, 2, 8}, {257, 4, 12},
-                                                                {530, 1, 16}, {1025, 2, 12}, {700, 1, 64}}) {
+                                                                {530, 1, 16}, {1025, 2, 12}, {700, 1, 64},
+                                                                // phase C in rows: 16-channel padding, 64-key
+                                                                // chunks, groups of 1 to 4 rows
+                                                                {1, 1, 64}, {5, 1, 48}, {33, 3, 32}, {197, 6, 64},
+                                                                {131, 2, 40}, {70, 1, 80}}) {
       DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n << " H=" << heads << " d=" << d) {
         const Heads x = random_heads(n, heads, d, 100 + static_cast<unsigned>(n));
         const float scale = 1.0f / std::sqrt(static_cast<float>(d));
@@ -270,12 +274,15 @@ TEST_CASE("fast attention: ties give equal weights", "[fast_attention]") {
 
 TEST_CASE("fast attention: causal and key masks, one allowed key, no allowed key", "[fast_attention][mask]") {
   IsaGuard guard;
+  // Heads of 12 channels (phase C in panels) and of 64 (in rows, where the kernels have it).
+  const std::vector<std::array<int, 2>> cases = {{1, 12}, {5, 12}, {17, 12}, {130, 12}, {1030, 12},
+                                                 {1, 64}, {5, 64}, {17, 64}, {130, 64}};
   for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
-    for (int n : {1, 5, 17, 130, 1030}) {
-      DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n) {
-        const Heads x = random_heads(n, 2, 12, 50 + static_cast<unsigned>(n));
-        const float scale = 1.0f / std::sqrt(12.0f);
+    for (auto [n, d] : cases) {
+      DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n << " d=" << d) {
+        const Heads x = random_heads(n, 2, d, 50 + static_cast<unsigned>(n));
+        const float scale = 1.0f / std::sqrt(static_cast<float>(d));
         std::vector<uint8_t> counts(static_cast<size_t>(n), 1);
         for (int i = 0; i < n; i += 3) counts[static_cast<size_t>(i)] = 0;  // rows left out of the received sums
 
@@ -305,7 +312,7 @@ TEST_CASE("fast attention: causal and key masks, one allowed key, no allowed key
           if (std::string(name) == "one key") {
             // Weight exactly 1 on the one key, so each output is that key's value exactly.
             CHECK(fast.probs[1].col(n / 2).isOnes(0.0f));
-            CHECK(fast.context.middleCols(12, 12).rowwise().operator-(x.v(1).row(n / 2)).isZero(0.0f));
+            CHECK(fast.context.middleCols(d, d).rowwise().operator-(x.v(1).row(n / 2)).isZero(0.0f));
           }
           if (std::string(name) == "no key") {
             CHECK(fast.probs[0].isZero(0.0f));
@@ -313,7 +320,7 @@ TEST_CASE("fast attention: causal and key masks, one allowed key, no allowed key
             CHECK(fast.column_sums.isZero(0.0f));
           }
         }
-        WARN(kernel_isa_name(isa) << " N=" << n << " masks: largest probs vs reference " << worst_vs_reference
+        WARN(kernel_isa_name(isa) << " N=" << n << " d=" << d << " masks: largest probs vs reference " << worst_vs_reference
                                   << ", largest vs exact (probs, context, received) " << worst_vs_exact);
       }
     }
@@ -324,20 +331,21 @@ TEST_CASE("fast attention: the same numbers for any thread count", "[fast_attent
   IsaGuard guard;
   for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
-    DYNAMIC_SECTION(kernel_isa_name(isa)) {
-      const int n = 1500;
-      const Heads x = random_heads(n, 4, 12, 11);
-      KeyMask mask = random_key_mask(n, 12, 0.8);
-      mask.causal = true;
-      const std::vector<uint8_t> counts(static_cast<size_t>(n), 1);
-      const FastResult one = run_fast(x, 0.3f, mask, counts, 1);
-      for (int threads : {2, 3, 8}) {
-        INFO(threads << " threads");
-        const FastResult many = run_fast(x, 0.3f, mask, counts, threads);
-        CHECK(many.context == one.context);
-        CHECK(many.column_sums == one.column_sums);
-        CHECK(many.first_rows == one.first_rows);
-        for (int h = 0; h < 4; ++h) CHECK(many.probs[static_cast<size_t>(h)] == one.probs[static_cast<size_t>(h)]);
+    for (auto [n, d] : std::vector<std::array<int, 2>>{{1500, 12}, {600, 64}}) {
+      DYNAMIC_SECTION(kernel_isa_name(isa) << " N=" << n << " d=" << d) {
+        const Heads x = random_heads(n, 4, d, 11);
+        KeyMask mask = random_key_mask(n, 12, 0.8);
+        mask.causal = true;
+        const std::vector<uint8_t> counts(static_cast<size_t>(n), 1);
+        const FastResult one = run_fast(x, 0.3f, mask, counts, 1);
+        for (int threads : {2, 3, 8}) {
+          INFO(threads << " threads");
+          const FastResult many = run_fast(x, 0.3f, mask, counts, threads);
+          CHECK(many.context == one.context);
+          CHECK(many.column_sums == one.column_sums);
+          CHECK(many.first_rows == one.first_rows);
+          for (int h = 0; h < 4; ++h) CHECK(many.probs[static_cast<size_t>(h)] == one.probs[static_cast<size_t>(h)]);
+        }
       }
     }
   }
@@ -386,6 +394,74 @@ TEST_CASE("fast attention: phase C on a pair of rows gives the bits of each row 
           }
         if (columns) CHECK(pair_cols[kJ0] != 0.01f * static_cast<float>(kJ0 % 7));  // row 0 was added
       }
+}
+
+TEST_CASE("fast attention: phase C in rows, any group of rows, against double sums", "[fast_attention][pair]") {
+  // The row-layout kernels directly, where a table has them: 1 to 4 rows against each row alone
+  // (the same bits), every channel count a multiple of 16 up to 80, keys [16, 16 + 64) of 96 (one
+  // chunk, not from key 0), sums that start non-zero; and the column sums of 1 to 4 rows against
+  // the rows added one call at a time.
+  constexpr int kKeys = 96, kJ0 = 16, kJ1 = kJ0 + detail::kRowChunk, kMaxChannels = 80;
+  std::mt19937 rng(22);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f), signed_unit(-1.0f, 1.0f);
+  std::vector<float> values(static_cast<size_t>(kKeys) * kMaxChannels), e(4 * kKeys);
+  for (float& v : values) v = signed_unit(rng);
+  for (float& x : e) x = unit(rng);
+  const float weights[4] = {0.37f, 0.61f, 0.0f, 0.93f};
+  int tables_with_rows = 0;
+  for (const auto& [name, kernels] : leaf_tables_here()) {
+    if (!kernels->context_rows) {
+      WARN(name << ": no phase C in rows (the panel kernels run it)");
+      continue;
+    }
+    ++tables_with_rows;
+    for (int channels = 16; channels <= kMaxChannels; channels += 16)
+      for (int rows = 1; rows <= 4; ++rows) {
+        INFO(name << ", " << rows << " rows, " << channels << " channels");
+        const float* e_rows[4] = {};
+        for (int r = 0; r < rows; ++r) e_rows[r] = e.data() + r * kKeys;
+        auto start = [&](std::vector<double>& sums) {
+          sums.resize(static_cast<size_t>(4 * channels));
+          for (size_t i = 0; i < sums.size(); ++i) sums[i] = 0.25 * static_cast<double>(i);
+        };
+        std::vector<double> together, alone;
+        start(together), start(alone);
+        double* out[4] = {};
+        for (int r = 0; r < rows; ++r) out[r] = together.data() + r * channels;
+        kernels->context_rows(rows, e_rows, values.data(), channels, kJ0, kJ1, out);
+        for (int r = 0; r < rows; ++r) {
+          const float* row[4] = {e_rows[r]};
+          double* one[4] = {alone.data() + r * channels};
+          kernels->context_rows(1, row, values.data(), channels, kJ0, kJ1, one);
+        }
+        CHECK(together == alone);
+        // Each sum: 64 float products and additions (|e v| < 1), then one double addition.
+        for (int r = 0; r < 4; ++r)
+          for (int c = 0; c < channels; ++c) {
+            double exact = 0.25 * (r * channels + c);
+            if (r < rows)
+              for (int j = kJ0; j < kJ1; ++j)
+                exact += static_cast<double>(e_rows[r][j]) * values[static_cast<size_t>(j * channels + c)];
+            CHECK(std::abs(together[static_cast<size_t>(r * channels + c)] - exact) < 64 * 64 * 0x1p-24);
+          }
+
+        std::vector<float> columns(kKeys, 0.5f), one_by_one(kKeys, 0.5f);
+        kernels->add_column_sums(rows, e_rows, weights, columns.data(), kJ0, kJ1);
+        for (int r = 0; r < rows; ++r) {
+          const float* row[4] = {e_rows[r]};
+          const float weight[4] = {weights[r]};
+          kernels->add_column_sums(1, row, weight, one_by_one.data(), kJ0, kJ1);
+        }
+        CHECK(columns == one_by_one);
+        for (int j = 0; j < kKeys; ++j) {
+          double exact = 0.5;
+          if (j >= kJ0 && j < kJ1)
+            for (int r = 0; r < rows; ++r) exact += static_cast<double>(e_rows[r][j]) * weights[r];
+          CHECK(std::abs(columns[static_cast<size_t>(j)] - exact) < 8 * 0x1p-24 * 4);
+        }
+      }
+  }
+  CHECK(tables_with_rows >= 1);  // the portable kernels have them
 }
 
 TEST_CASE("fast attention: one query's row is bit for bit the row of P", "[fast_attention][row]") {

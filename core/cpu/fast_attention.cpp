@@ -45,7 +45,9 @@ constexpr int kMaxRows = 16;    // query rows per block
 // One block of query rows of one head.
 struct BlockJob {
   const float* keys;      // this head's key panels (ld / 16, d, 16)
-  const float* values;    // value panels (ld / 16, d4, 16): d4 = d rounded up to 4, the extra channels zero
+  const float* values;    // value panels (ld / 16, d4, 16): d4 = d rounded up to 4, the extra channels zero;
+                          // or with value_rows, rows (ld, d4): d4 = d rounded up to 16
+  bool value_rows;        // phase C by context_rows
   int ld, head_dim, head_dim4;
   const float* key_bias;  // (ld) 0 or -inf, or null when every key < N is allowed
   float scale;
@@ -66,6 +68,67 @@ struct BlockJob {
   int key_end;
   float inv[kMaxRows];
 };
+
+// Phase C with the values in rows: the active rows (inv != 0) four at a time over chunks of
+// kRowChunk keys, so each chunk of values (kRowChunk * d4 floats, 16 KB at d = 64) serves every
+// row from L1; then the counted rows' p = e * inv into the block's column sums.
+void context_in_rows(const detail::LeafKernels& kernels, BlockJob& job, const int* active, int count, int end) {
+  const int ld = job.ld, d4 = job.head_dim4;
+  for (int j0 = 0; j0 < end; j0 += detail::kRowChunk) {
+    const int j1 = std::min(j0 + detail::kRowChunk, end);
+    for (int i = 0; i < count; i += 4) {
+      const int group = std::min(4, count - i);
+      const float* e_rows[4] = {};
+      double* sums[4] = {};
+      for (int k = 0; k < group; ++k) {
+        e_rows[k] = job.scores + active[i + k] * ld;
+        sums[k] = job.context_sums + active[i + k] * d4;
+      }
+      kernels.context_rows(group, e_rows, job.values, d4, j0, j1, sums);
+    }
+  }
+  const float* e_rows[4] = {};
+  float weights[4] = {};
+  int group = 0;
+  for (int i = 0; i < count; ++i) {
+    const int r = active[i];
+    if (job.counts && !job.counts[r]) continue;
+    e_rows[group] = job.scores + r * ld;
+    weights[group++] = job.inv[r];
+    if (group == 4) {
+      kernels.add_column_sums(group, e_rows, weights, job.block_sums, 0, end);
+      group = 0;
+    }
+  }
+  if (group > 0) kernels.add_column_sums(group, e_rows, weights, job.block_sums, 0, end);
+}
+
+// Phase C with the values in panels: rows in pairs, 12 channels per call, key chunk by key chunk so a
+// chunk of v serves every row from L1; the first channel group also adds the counted rows' p = e *
+// inv to the block's column sums.
+void context_in_panels(const detail::LeafKernels& kernels, BlockJob& job, const int* active, int count, int end) {
+  const int ld = job.ld, d4 = job.head_dim4;
+  for (int j0 = 0; j0 < end; j0 += kKeyChunk) {
+    const int j1 = std::min(j0 + kKeyChunk, end);
+    for (int i = 0; i < count; i += 2) {
+      const int pair = std::min(2, count - i);
+      const float* e_rows[2] = {};
+      float weights[2] = {};
+      double* sums[2] = {};
+      for (int k = 0; k < pair; ++k) {
+        const int r = active[i + k];
+        e_rows[k] = job.scores + r * ld;
+        weights[k] = !job.counts || job.counts[r] ? job.inv[r] : 0.0f;
+        sums[k] = job.context_sums + r * d4;
+      }
+      for (int c = 0; c < d4; c += 12) {
+        double* channel_sums[2] = {sums[0] + c, pair == 2 ? sums[1] + c : nullptr};
+        kernels.weighted_values(pair, e_rows, weights, c == 0 ? job.block_sums : nullptr, job.values + 16 * c,
+                                16 * d4, std::min(12, d4 - c), j0, j1, channel_sums);
+      }
+    }
+  }
+}
 
 // Phases A, B, C of fast_attention.hpp for one block, with one instruction set's leaf kernels.
 void attention_block(const detail::LeafKernels& kernels, BlockJob& job) {
@@ -99,34 +162,15 @@ void attention_block(const detail::LeafKernels& kernels, BlockJob& job) {
     std::fill(s + limit, s + end, kNegInf);
     job.inv[r] = kernels.softmax_row(s, end, maxima ? maxima + r : nullptr);
   }
-  // C: e v into double sums per row and channel, 12 channels per call, rows in pairs, key chunk by
-  // key chunk so a chunk of v serves every row from L1. The first channel group also adds the
-  // counted rows' p = e * inv to the block's column sums, which then go into the double ones.
-  // Rows with every key masked (inv 0) are skipped: their P and output stay zero.
+  // C: e v into double sums per row and channel, with the values in rows or in panels; the counted
+  // rows' p = e * inv into the block's column sums, which then go into the double ones. Rows with
+  // every key masked (inv 0) are skipped: their P and output stay zero.
   std::fill(job.context_sums, job.context_sums + rows * d4, 0.0);
   int active[kMaxRows], count = 0;
   for (int r = 0; r < rows; ++r)
     if (job.inv[r] != 0.0f) active[count++] = r;
-  for (int j0 = 0; j0 < end; j0 += kKeyChunk) {
-    const int j1 = std::min(j0 + kKeyChunk, end);
-    for (int i = 0; i < count; i += 2) {
-      const int pair = std::min(2, count - i);
-      const float* e_rows[2] = {};
-      float weights[2] = {};
-      double* sums[2] = {};
-      for (int k = 0; k < pair; ++k) {
-        const int r = active[i + k];
-        e_rows[k] = job.scores + r * ld;
-        weights[k] = !job.counts || job.counts[r] ? job.inv[r] : 0.0f;
-        sums[k] = job.context_sums + r * d4;
-      }
-      for (int c = 0; c < d4; c += 12) {
-        double* channel_sums[2] = {sums[0] + c, pair == 2 ? sums[1] + c : nullptr};
-        kernels.weighted_values(pair, e_rows, weights, c == 0 ? job.block_sums : nullptr, job.values + 16 * c, 16 * d4,
-                                std::min(12, d4 - c), j0, j1, channel_sums);
-      }
-    }
-  }
+  if (job.value_rows) context_in_rows(kernels, job, active, count, end);
+  else context_in_panels(kernels, job, active, count, end);
   // out = (sum_j e_j v_j) * inv, the product in double.
   for (int r = 0; r < rows; ++r)
     for (int c = 0; c < job.head_dim; ++c)
@@ -242,6 +286,27 @@ void exp_array(const float* x, float* out, int count) {
   for (int i = 0; i < count; ++i) out[i] = exp_portable(x[i]);
 }
 
+// 16 channels at a time (channels is a multiple of 16).
+void context_rows(int rows, const float* const e_rows[4], const float* values, int channels, int j0, int j1,
+                  double* const sums[4]) {
+  for (int r = 0; r < rows; ++r)
+    for (int c0 = 0; c0 < channels; c0 += 16) {
+      float acc[16] = {};
+      for (int j = j0; j < j1; ++j) {
+        const float e = e_rows[r][j];
+        const float* v = values + static_cast<int64_t>(j) * channels + c0;
+        for (int c = 0; c < 16; ++c) acc[c] += e * v[c];
+      }
+      for (int c = 0; c < 16; ++c) sums[r][c0 + c] += acc[c];
+    }
+}
+
+void add_column_sums(int rows, const float* const e_rows[4], const float weights[4], float* block_sums, int j0,
+                     int j1) {
+  for (int j = j0; j < j1; ++j)
+    for (int r = 0; r < rows; ++r) block_sums[j] += e_rows[r][j] * weights[r];
+}
+
 }  // namespace
 
 const LeafKernels kPortableKernels = {{{scores_4rows, scores_4rows}, {scores_4rows, scores_4rows}},
@@ -249,7 +314,9 @@ const LeafKernels kPortableKernels = {{{scores_4rows, scores_4rows}, {scores_4ro
                                       softmax_row,
                                       weighted_values,
                                       flush_column_sums,
-                                      exp_array};
+                                      exp_array,
+                                      context_rows,
+                                      add_column_sums};
 
 const KernelTable<LeafKernels> kLeafKernels{&kPortableKernels, VITLENS_X86_TABLE(kAvx2Kernels),
                                             VITLENS_X86_TABLE(kAvx512Kernels)};
@@ -305,6 +372,14 @@ void pack_panels(const float* src, int stride, int tokens, int heads, int d, int
     }
   }
 }
+// A (tokens, H * d) strided matrix to rows: head h's token i at dst + (h * ld + i) * channels, d
+// values; dst is zero where nothing lands (channels >= d, tokens past N).
+void pack_rows(const float* src, int stride, int tokens, int heads, int d, int channels, int ld, float* dst) {
+  for (int h = 0; h < heads; ++h)
+    for (int i = 0; i < tokens; ++i)
+      std::copy_n(src + static_cast<size_t>(i) * stride + h * d, d,
+                  dst + (static_cast<size_t>(h) * ld + i) * channels);
+}
 
 }  // namespace
 
@@ -326,10 +401,13 @@ void fill_key_bias(const std::vector<uint8_t>& key_allowed, int ld, std::vector<
 // Every head's keys and values in panels, so a vector load takes consecutive tokens of one channel,
 // and the key bias: what every block job reads.
 struct HeadPanels {
-  HeadPanels(const AttentionInputs& in, int ld, int d4)
+  // value_rows: the values in rows (phase C by context_rows), d4 = d rounded up to 16; else in
+  // panels, d4 = d rounded up to 4.
+  HeadPanels(const AttentionInputs& in, int ld, int d4, bool value_rows)
       : keys(static_cast<size_t>(in.heads) * in.head_dim * ld), values(static_cast<size_t>(in.heads) * d4 * ld) {
     pack_panels(in.keys, in.key_stride, in.tokens, in.heads, in.head_dim, in.head_dim, ld, keys.data());
-    pack_panels(in.values, in.value_stride, in.tokens, in.heads, in.head_dim, d4, ld, values.data());
+    if (value_rows) pack_rows(in.values, in.value_stride, in.tokens, in.heads, in.head_dim, d4, ld, values.data());
+    else pack_panels(in.values, in.value_stride, in.tokens, in.heads, in.head_dim, d4, ld, values.data());
     if (in.mask && !in.mask->key_allowed.empty()) fill_key_bias(in.mask->key_allowed, ld, key_bias);
   }
   AlignedFloats keys, values;
@@ -342,12 +420,13 @@ struct BlockScratch {
 };
 
 // Rows [r0, r0 + block_rows) of head h as one BlockJob, its sums into column_sums.
-BlockJob block_job(const AttentionInputs& in, const AttentionOutputs& out, HeadPanels& panels, int h, int r0,
-                   int block_rows, BlockScratch& scratch, double* column_sums) {
-  const int n = in.tokens, d = in.head_dim, ld = aligned_keys(n), d4 = (d + 3) / 4 * 4;
+BlockJob block_job(const AttentionInputs& in, const AttentionOutputs& out, HeadPanels& panels, int d4, bool value_rows,
+                   int h, int r0, int block_rows, BlockScratch& scratch, double* column_sums) {
+  const int n = in.tokens, d = in.head_dim, ld = aligned_keys(n);
   BlockJob job{};
   job.keys = panels.keys.data() + static_cast<size_t>(h) * d * ld;
   job.values = panels.values.data() + static_cast<size_t>(h) * d4 * ld;
+  job.value_rows = value_rows;
   job.ld = ld, job.head_dim = d, job.head_dim4 = d4;
   job.key_bias = panels.key_bias.empty() ? nullptr : panels.key_bias.data();
   job.scale = in.scale;
@@ -468,8 +547,9 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
                           const std::function<bool(float)>& progress) {
   detail::check_attention_inputs(in, out);
   const detail::LeafKernels& kernels = active_kernels();
-  const int ld = aligned_keys(in.tokens), d4 = (in.head_dim + 3) / 4 * 4;
-  HeadPanels panels(in, ld, d4);
+  const bool value_rows = kernels.context_rows && in.head_dim >= detail::kRowLayoutMinDim;
+  const int ld = aligned_keys(in.tokens), d4 = value_rows ? (in.head_dim + 15) / 16 * 16 : (in.head_dim + 3) / 4 * 4;
+  HeadPanels panels(in, ld, d4, value_rows);
   const int block_rows = rows_per_block(ld);
   std::vector<BlockScratch> scratch;
   auto prepare = [&](int slots) {
@@ -478,7 +558,8 @@ bool multi_head_attention(const AttentionInputs& in, const AttentionOutputs& out
                          AlignedFloats(static_cast<size_t>(ld)), std::vector<double>(static_cast<size_t>(block_rows) * d4)});
   };
   auto block = [&](int slot, int h, int r0, double* column_sums) {
-    BlockJob job = block_job(in, out, panels, h, r0, block_rows, scratch[static_cast<size_t>(slot)], column_sums);
+    BlockJob job =
+        block_job(in, out, panels, d4, value_rows, h, r0, block_rows, scratch[static_cast<size_t>(slot)], column_sums);
     attention_block(kernels, job);
     keep_rows(job, out, h);
   };

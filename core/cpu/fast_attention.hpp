@@ -8,6 +8,7 @@
 //   A. s_ij = scale * q_i . k_j over the keys the block can see; masked keys -> -inf
 //   B. m_i = max_j s_ij;  e_ij = exp(s_ij - m_i);  l_i = sum_j e_ij
 //   C. out_i = (sum_j e_ij v_j) / l_i;  received partial sums += e_ij * (1 / l_i)
+//      (values in panels as the keys, or in rows for heads of 32 channels or more: kRowLayoutMinDim)
 // and p_ij = e_ij * (1 / l_i) for the rows the caller keeps (the class token's, or all of them).
 //
 // Why not FlashAttention's online softmax (m_i, l_i updated per key block, out rescaled): the
@@ -19,8 +20,8 @@
 //
 // Exactness: each score is a float dot product times the scale, as in the reference (its d
 // products summed in another order: a rounding of about |s| * 6e-8), the max is exact, the exp is
-// within 1 ulp (1.5 without FMA), and the sums of exps (64 or 128 keys), of e v (512 keys) and of
-// columns (16 rows) are float partial sums added in double. Rows sum to 1 as the reference's do;
+// within 1 ulp (1.5 without FMA), and the sums of exps (64 or 128 keys), of e v (512 keys in panels,
+// 64 in rows) and of columns (16 rows) are float partial sums added in double. Rows sum to 1 as the reference's do;
 // tests/test_fast_attention.cpp measures both against a double-precision oracle and states the
 // tolerances. A row whose keys are all masked is all zero, never NaN.
 //
@@ -133,7 +134,26 @@ struct LeafKernels {
   // column_sums[j] += block_sums[j] and block_sums[j] = 0, for j in [0, end).
   void (*flush_column_sums)(float* block_sums, int end, double* column_sums);
   void (*exp)(const float* x, float* out, int count);
+
+  // C for heads of kRowLayoutMinDim channels or more, with the values in rows: token j's channels
+  // at values + j * channels (channels a multiple of 16, the padding zero). For rows r < `rows`
+  // (1 .. 4): sums[r][c] += sum over j in [j0, j1) of e_r[j] v_j[c], every c < channels, each as
+  // one float chain over the keys in order (at most kRowChunk keys) added to the double sum.
+  // Null where an instruction set has none; the panel kernels above then run phase C.
+  void (*context_rows)(int rows, const float* const e_rows[4], const float* values, int channels, int j0, int j1,
+                       double* const sums[4]);
+  // block_sums[j] += e_r[j] * weights[r] for r = 0 .. rows - 1 (1 .. 4) in turn, j in [j0, j1)
+  // (multiples of 16): the column sums weighted_values adds, for the row layout's phase C.
+  void (*add_column_sums)(int rows, const float* const e_rows[4], const float weights[4], float* block_sums, int j0,
+                          int j1);
 };
+
+// Phase C runs on values in rows (context_rows) for heads of at least this many channels where the
+// kernels have it: each loaded value vector then serves 4 query rows, a chunk of values serves the
+// block from L1 and the sums need no horizontal additions; the panel kernels keep the card's 12
+// channels (and 16 or 24, where rows measured no faster: docs/speed.md).
+constexpr int kRowLayoutMinDim = 32;
+constexpr int kRowChunk = 64;  // keys per float chain of context_rows, then double
 
 extern const LeafKernels kPortableKernels;
 extern const LeafKernels kAvx2Kernels;    // fast_attention_avx2.cpp, x86-64 only

@@ -7,6 +7,7 @@
 //   [SECTION] Phase A           scores of 4 query rows (or 1) against a panel of 16 keys
 //   [SECTION] Phase B           softmax of one row in place
 //   [SECTION] Phase C           e v and the column sums
+//   [SECTION] Phase C in rows   e v for heads of 32 channels or more
 //   [SECTION] Table
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -291,6 +292,74 @@ VITLENS_AVX2 void weighted_values_avx2(int rows, const float* const e_rows[2], c
   }
 }
 
+// [SECTION] Phase C in rows (heads of kRowLayoutMinDim channels or more)
+
+// R rows (1 .. 4) and V vectors of 8 channels (1 .. 3) from channel c0, keys [j0, j1): per key one
+// load of each value vector and one broadcast of each row's e, R * V FMAs into R * V accumulators
+// (12 of the 16 registers at most), each the chain over the keys in order; then added to the
+// double sums, 4 channels at a time.
+template <int R, int V>
+VITLENS_AVX2 void context_tile(const float* const e[4], const float* values, int channels, int c0, int j0, int j1,
+                               double* const sums[4]) {
+  __m256 acc[R][V];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int k = 0; k < V; ++k) acc[r][k] = _mm256_setzero_ps();
+  const float* v = values + static_cast<int64_t>(j0) * channels + c0;
+  for (int j = j0; j < j1; ++j, v += channels) {
+    __m256 x[V];
+#pragma GCC unroll 3
+    for (int k = 0; k < V; ++k) x[k] = _mm256_loadu_ps(v + 8 * k);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+      const __m256 b = _mm256_broadcast_ss(e[r] + j);
+#pragma GCC unroll 3
+      for (int k = 0; k < V; ++k) acc[r][k] = _mm256_fmadd_ps(b, x[k], acc[r][k]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r)
+#pragma GCC unroll 3
+    for (int k = 0; k < V; ++k) {
+      double* out = sums[r] + c0 + 8 * k;
+      _mm256_storeu_pd(out, _mm256_add_pd(_mm256_loadu_pd(out), _mm256_cvtps_pd(_mm256_castps256_ps128(acc[r][k]))));
+      _mm256_storeu_pd(out + 4,
+                       _mm256_add_pd(_mm256_loadu_pd(out + 4), _mm256_cvtps_pd(_mm256_extractf128_ps(acc[r][k], 1))));
+    }
+}
+
+// Every channel of R rows: tiles of 24 channels, then one of 16 or 8.
+template <int R>
+VITLENS_AVX2 void context_rows_of(const float* const e[4], const float* values, int channels, int j0, int j1,
+                                  double* const sums[4]) {
+  int c = 0;
+  for (; c + 24 <= channels; c += 24) context_tile<R, 3>(e, values, channels, c, j0, j1, sums);
+  if (channels - c == 16) context_tile<R, 2>(e, values, channels, c, j0, j1, sums);
+  else if (channels - c == 8) context_tile<R, 1>(e, values, channels, c, j0, j1, sums);
+}
+
+VITLENS_AVX2 void context_rows(int rows, const float* const e_rows[4], const float* values, int channels, int j0,
+                               int j1, double* const sums[4]) {
+  switch (rows) {
+    case 4: context_rows_of<4>(e_rows, values, channels, j0, j1, sums); break;
+    case 3: context_rows_of<3>(e_rows, values, channels, j0, j1, sums); break;
+    case 2: context_rows_of<2>(e_rows, values, channels, j0, j1, sums); break;
+    default: context_rows_of<1>(e_rows, values, channels, j0, j1, sums); break;
+  }
+}
+
+// block_sums[j] += e_r[j] w_r, rows in turn: per key the FMAs column_sums_2rows runs.
+VITLENS_AVX2 void add_column_sums(int rows, const float* const e_rows[4], const float weights[4], float* block_sums,
+                                  int j0, int j1) {
+  for (int j = j0; j < j1; j += 8) {
+    __m256 sum = _mm256_loadu_ps(block_sums + j);
+    for (int r = 0; r < rows; ++r)
+      sum = _mm256_fmadd_ps(_mm256_loadu_ps(e_rows[r] + j), _mm256_set1_ps(weights[r]), sum);
+    _mm256_storeu_ps(block_sums + j, sum);
+  }
+}
+
 VITLENS_AVX2 void flush_column_sums(float* block_sums, int end, double* column_sums) {
   for (int j = 0; j < end; j += 8) {
     const __m256 f = _mm256_loadu_ps(block_sums + j);
@@ -322,7 +391,9 @@ const LeafKernels kAvx2Kernels = {
     softmax_row,
     weighted_values_avx2,
     flush_column_sums,
-    exp_array_avx2};
+    exp_array_avx2,
+    context_rows,
+    add_column_sums};
 
 }  // namespace vitlens::detail
 
