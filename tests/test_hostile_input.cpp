@@ -20,6 +20,7 @@
 #include <grp.h>
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -744,6 +745,47 @@ std::pair<int, int> fail_each_operation(const ExportInto& export_a, const Export
 }
 
 }  // namespace
+
+TEST_CASE("a temporary in use is never removed by another tidy, whatever its PID or age", "[export][files][trust]") {
+  Setup s;
+  const std::string out = test::temp_dir("held");
+  // An export in another PID namespace sharing the folder: named by a PID that means nothing here
+  // (a child of ours, gone), its folder held as vitlens holds the temporaries it works on.
+  const pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  const std::string foreign = out + "/.vitlens-tmp-" + std::to_string(gone) + "-Hd12Ab";
+  REQUIRE(::mkdir(foreign.c_str(), 0755) == 0);
+  spit(foreign + "/photo_head0.png", "being written");
+  const int held = ::open(foreign.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  REQUIRE(held >= 0);
+  REQUIRE(::flock(held, LOCK_EX | LOCK_NB) == 0);
+  // This process's own export, open for two hours (its private folder's time set back).
+  OutputSet mine(out);
+  mine.add("notes.txt", "kept");
+  std::string private_name;
+  for (const std::string& e : entries(out))
+    if (e.rfind(".vitlens-tmp-" + std::to_string(::getpid()) + "-", 0) == 0) private_name = e;
+  REQUIRE_FALSE(private_name.empty());
+  const timespec two_hours_ago[2] = {{::time(nullptr) - 7200, 0}, {::time(nullptr) - 7200, 0}};
+  REQUIRE(::utimensat(AT_FDCWD, (out + "/" + private_name).c_str(), two_hours_ago, 0) == 0);
+
+  // Another process's export into the folder tidies it first, and so does this process.
+  const Child run = run_vitlens({"export", s.image, "--model", s.model, "--out", out, "-q"});
+  CHECK(run.code == 0);
+  CHECK(tidy_output_dir(out) == 0);
+  CHECK(slurp(foreign + "/photo_head0.png") == "being written");
+  CHECK(std::filesystem::is_directory(out + "/" + private_name));
+  const std::vector<std::string> written = mine.commit("notes.json", nlohmann::json::object());
+  CHECK(written.size() == 2);
+  CHECK(slurp(out + "/notes.txt") == "kept");
+
+  // Let go of (as the other export ending without its commit, killed): the next tidy removes it,
+  // its PID being gone.
+  ::close(held);
+  CHECK(tidy_output_dir(out) == 1);
+  CHECK_FALSE(std::filesystem::exists(foreign));
+}
 
 TEST_CASE("one image's outputs appear together or not at all, whichever file operation fails", "[export][atomic]") {
   Setup s;

@@ -136,7 +136,7 @@ using namespace files_internal;
 // =============================================================================================
 FileGroup::FileGroup(const std::string& dir) : dir_(dir) {
   install_cleanup_handlers();
-  private_name_ = make_private_folder(dir, slot_, "the new files");
+  private_name_ = make_private_folder(dir, slot_, hold_, "the new files");
   open_ = true;
   id_ = unique_id(private_name_);
 }
@@ -146,7 +146,7 @@ FileGroup::~FileGroup() {
   const std::string path = dir_ + "/" + private_name_;
   for (const std::string& name : names_) ::unlink((path + "/" + name).c_str());
   ::rmdir(path.c_str());
-  unregister_temp(slot_);
+  release_temp(slot_, hold_);
 }
 
 void FileGroup::add_stream(const std::string& name, const std::function<void(FileSink&)>& fill) {
@@ -181,8 +181,7 @@ void FileGroup::commit() {
     throw Error(dir_ + ": committing the new files failed (" + errno_text(errno) + ")");
   // The commit point: the group is whole and on its way into place; neither the signal handler
   // nor the destructor may remove it now.
-  unregister_temp(slot_);
-  slot_ = -1;
+  release_temp(slot_, hold_);
   open_ = false;
   committed_ = true;
   ::fsync(lock.fd());

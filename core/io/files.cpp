@@ -117,11 +117,17 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
-  int fd = -1, slot = -1;
+  int fd = -1, slot = -1, hold = -1;
   {
+    // Made and held with the folder locked where it can be (a folder that cannot be opened for
+    // reading still takes the file): a tidy never sees it unheld.
+    const FolderLock lock(dir, std::nothrow);
     const CriticalSection created_and_registered;
     fd = ::mkostemp(name.data(), O_CLOEXEC);
-    if (fd >= 0) slot = register_temp(name.data());
+    if (fd >= 0) {
+      slot = register_temp(name.data());
+      hold = hold_temp(name.data());
+    }
   }
   if (fd < 0) throw Error(path + ": cannot create a file in " + dir + " (" + errno_text(errno) + ")");
   const std::string tmp(name.data());
@@ -131,10 +137,10 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
       throw Error(path + ": rename failed (" + errno_text(errno) + ")");
   } catch (const Error& e) {
     ::unlink(tmp.c_str());
-    unregister_temp(slot);
+    release_temp(slot, hold);
     throw Error(std::string(e.what()) + "; nothing was written");
   }
-  unregister_temp(slot);
+  release_temp(slot, hold);
 }
 
 std::vector<unsigned char> png_bytes(const cv::Mat& rgb8, const std::string& what) {

@@ -31,7 +31,11 @@
 // ".vitlens-tmp-<pid>-XXXXXX" (a file or a private folder). SIGINT and SIGTERM remove the pending
 // ones of this process (see install_cleanup_handlers); ones left by a killed process are removed
 // by the next OutputSet or tidy_output_dir in that folder when their process is gone or they are
-// older than kStaleTempMinutes.
+// older than kStaleTempMinutes. A temporary in use is never removed, whatever its PID or age: its
+// process holds an flock on it from its creation (made with the folder locked) until it is moved
+// into place or removed, and a tidy leaves a held temporary alone. So an export in another PID
+// namespace sharing the folder (whose PID means nothing here), or one running for hours, keeps its
+// temporary. Where the file system takes no flock, the PID and the age decide alone.
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -132,6 +136,7 @@ class OutputSet {
   std::string dir_, id_, private_name_;
   std::vector<std::string> names_;  // written so far, in the private folder
   int slot_ = -1;                    // the private folder's entry in the signal cleanup registry
+  int hold_ = -1;                    // the flock telling other tidies the private folder is in use
   bool open_ = false;                // the private folder exists and is ours to remove
   bool replace_foreign_ = false;     // --force: names taken by files vitlens did not write are replaced
   void write_member(const std::string& name, const std::function<void(FileSink&)>& fill);
@@ -165,7 +170,7 @@ class FileGroup {
  private:
   std::string dir_, private_name_, id_;
   std::vector<std::string> names_;
-  int slot_ = -1;
+  int slot_ = -1, hold_ = -1;  // as OutputSet's
   bool open_ = false, committed_ = false;
 };
 

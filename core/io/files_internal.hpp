@@ -12,6 +12,7 @@
 #include <csignal>
 #include <cstddef>
 #include <functional>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -77,14 +78,25 @@ void write_new_file(const std::string& path, const std::string& what, const std:
 class FolderLock {
  public:
   explicit FolderLock(const std::string& dir);
+  // Where the folder cannot be opened or locked, holds nothing (held() false) instead of throwing.
+  FolderLock(const std::string& dir, std::nothrow_t);
   ~FolderLock();  // closing releases the lock
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;
   int fd() const { return fd_; }
+  bool held() const { return fd_ >= 0; }
 
  private:
   int fd_ = -1;
 };
+
+// Holding a temporary in use (files.hpp): an exclusive flock on the file or private folder at
+// `path`, taken by its process right after creating it, with the folder locked, so that no tidy
+// sees it unheld. Returns the descriptor that holds it, or -1 where the file system takes no flock.
+int hold_temp(const std::string& path);
+// Its end, once the temporary is moved into place or removed: out of the signal cleanup registry
+// (slot) and no longer held (hold); both become -1.
+void release_temp(int& slot, int& hold);
 
 std::vector<std::string> list_names(int dir_fd);
 // Reads the regular file `name` (never a link, a FIFO or a device: a user's file of a record's
@@ -92,9 +104,9 @@ std::vector<std::string> list_names(int dir_fd);
 bool read_at(int dir_fd, const std::string& name, std::string& out, size_t max_bytes = kMaxRecordBytes);
 // Removes the file or the folder of plain files `name`.
 void remove_tree_at(int dir_fd, const std::string& name);
-// A private folder in `dir` (a temporary, registered for the signal cleanup in `slot`); returns
-// its name.
-std::string make_private_folder(const std::string& dir, int& slot, const std::string& what);
+// A private folder in `dir` (a temporary, registered for the signal cleanup in `slot`, held by
+// `hold`: hold_temp); returns its name.
+std::string make_private_folder(const std::string& dir, int& slot, int& hold, const std::string& what);
 // The template mkstemp fills in for a temporary in `dir`.
 std::string temp_template(const std::string& dir);
 // Unique per process and call: "<nanoseconds since the epoch, 16 hex digits>-<pid>-<the private

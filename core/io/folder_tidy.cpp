@@ -51,7 +51,20 @@ FolderLock::FolderLock(const std::string& dir) {
   }
 }
 
-FolderLock::~FolderLock() { ::close(fd_); }
+FolderLock::FolderLock(const std::string& dir, std::nothrow_t) {
+  fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd_ < 0) return;
+  while (::flock(fd_, LOCK_EX) != 0) {
+    if (errno == EINTR) continue;
+    ::close(fd_);
+    fd_ = -1;
+    return;
+  }
+}
+
+FolderLock::~FolderLock() {
+  if (fd_ >= 0) ::close(fd_);
+}
 
 }  // namespace files_internal
 
@@ -153,14 +166,34 @@ std::string temp_template(const std::string& dir) {
 
 // A private folder in `dir` (a temporary, registered for the signal cleanup in `slot`); returns
 // its name.
-std::string make_private_folder(const std::string& dir, int& slot, const std::string& what) {
+int hold_temp(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return -1;
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+void release_temp(int& slot, int& hold) {
+  unregister_temp(slot);
+  slot = -1;
+  if (hold >= 0) ::close(hold);
+  hold = -1;
+}
+
+std::string make_private_folder(const std::string& dir, int& slot, int& hold, const std::string& what) {
   std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
   name.push_back('\0');
   {
+    // Made and held with the folder locked: a tidy (which runs locked) never sees it unheld.
+    FolderLock lock(dir);
     const CriticalSection created_and_registered;
     if (!::mkdtemp(name.data())) throw Error(dir + ": cannot create a folder for " + what + " (" + errno_text(errno) + ")");
     slot = register_temp(name.data());
+    hold = hold_temp(name.data());
   }
   return base_name(name.data());
 }
@@ -218,6 +251,17 @@ bool is_temp_name(const std::string& name, long& pid) {
   return true;
 }
 
+// Whether another open file description holds an flock on the temporary `name`: its process is
+// working on it (hold_temp). Unknown where it cannot be opened or the file system takes no flock.
+enum class Hold { Held, Free, Unknown };
+Hold temp_hold(int dir_fd, const std::string& name) {
+  const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return Hold::Unknown;
+  const Hold hold = ::flock(fd, LOCK_EX | LOCK_NB) == 0 ? Hold::Free : errno == EWOULDBLOCK ? Hold::Held : Hold::Unknown;
+  ::close(fd);  // lets go of the lock this took, if it took one
+  return hold;
+}
+
 bool is_set_name(const std::string& name) {
   const size_t prefix = sizeof kSetPrefix - 1;
   if (name.compare(0, prefix, kSetPrefix) != 0 || name.size() == prefix) return false;
@@ -228,7 +272,8 @@ bool is_set_name(const std::string& name) {
 
 }  // namespace
 
-// With the folder locked: completes this user's interrupted commits, removes stale temporaries.
+// With the folder locked: completes this user's interrupted commits, removes stale temporaries:
+// those no process holds whose process is gone or which are older than kStaleTempMinutes.
 int tidy_locked(int dir_fd, const std::string& dir) {
   int done = finish_groups(dir_fd, dir);
   const auto now = std::chrono::system_clock::to_time_t(std::chrono::system_clock::now());
@@ -239,6 +284,7 @@ int tidy_locked(int dir_fd, const std::string& dir) {
     } else if (is_temp_name(name, pid)) {
       struct stat st {};
       if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+      if (temp_hold(dir_fd, name) == Hold::Held) continue;  // in use, whatever its PID or age
       const bool gone = pid <= 0 || pid > INT_MAX || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
       const bool old = now - st.st_mtime > kStaleTempMinutes * 60;
       if (gone || old) {

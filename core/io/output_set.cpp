@@ -251,7 +251,7 @@ std::string record_bytes(nlohmann::json record, const std::string& name, const s
 OutputSet::OutputSet(const std::string& dir, bool replace_foreign) : dir_(dir), replace_foreign_(replace_foreign) {
   install_cleanup_handlers();
   if (first_set_in(dir)) tidy_output_dir(dir);
-  private_name_ = make_private_folder(dir, slot_, "the export");
+  private_name_ = make_private_folder(dir, slot_, hold_, "the export");
   open_ = true;
   id_ = unique_id(private_name_);
 }
@@ -265,7 +265,7 @@ OutputSet::~OutputSet() {
   ::unlink((path + "/" + kReplacesFile).c_str());
   ::unlink((path + "/" + kForceFile).c_str());
   ::rmdir(path.c_str());
-  unregister_temp(slot_);
+  release_temp(slot_, hold_);
 }
 
 void OutputSet::write_member(const std::string& name, const std::function<void(FileSink&)>& fill) {
@@ -323,8 +323,7 @@ std::vector<std::string> OutputSet::commit(const std::string& record_name, nlohm
                 "); no file of this export was written");
   // The commit point: the set is complete and on its way into place; the handler must not
   // remove it, and the destructor has nothing left to remove.
-  unregister_temp(slot_);
-  slot_ = -1;
+  release_temp(slot_, hold_);
   open_ = false;
   ::fsync(lock.fd());
   try {
