@@ -6,8 +6,9 @@
 #
 # Each of R rounds (default 5) runs BUILD_A/bench/vitlens_bench, then BUILD_B's, with
 # `--model MODEL --size S --threads T --runs N --no-export --no-limits` (defaults: 224 px, 1 thread,
-# 11 runs), and prints both medians and their ratio A / B (above 1: B is faster); then the median
-# of the rounds' ratios and their range. On a shared VM one round can be 30 % off: read the median.
+# 11 runs), and prints both medians and their ratio A / B (above 1: B is faster), and the same for
+# the attention alone (multi_head_attention of one layer); then the median of the rounds' ratios
+# and their range. On a shared VM one round can be 30 % off: read the median.
 set -euo pipefail
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 3 ]] || usage
@@ -30,20 +31,27 @@ for b in "$A" "$B"; do
   [[ -x $b/bench/vitlens_bench ]] || { echo "forward_builds: $b/bench/vitlens_bench not found: build it first" >&2; exit 2; }
 done
 [[ -r $MODEL ]] || { echo "forward_builds: cannot read the model $MODEL" >&2; exit 2; }
-RATIOS=()
+RATIOS=() ATTENTION_RATIOS=()
 for ((round = 1; round <= ROUNDS; round++)); do
-  ms=()
+  ms=() attention=()
   for b in "$A" "$B"; do
     out=$("$b/bench/vitlens_bench" --json --model "$MODEL" --size "$SIZE" --threads "$THREADS" --runs "$RUNS" \
       --no-export --no-limits --reference-max-tokens 0)
-    ms+=("$(python3 -c 'import json, sys; print(json.load(sys.stdin)["sizes"][0]["forward_ms"]["median"])' <<<"$out")")
+    read -r forward_ms attention_ms < <(python3 -c 'import json, sys
+size = json.load(sys.stdin)["sizes"][0]
+print(size["forward_ms"]["median"], size["attention_ms"]["median"])' <<<"$out")
+    ms+=("$forward_ms") attention+=("$attention_ms")
   done
   ratio=$(python3 -c "print(f'{${ms[0]} / ${ms[1]}:.3f}')")
-  RATIOS+=("$ratio")
-  echo "round $round  threads $THREADS  A $A: ${ms[0]} ms  B $B: ${ms[1]} ms  A/B $ratio  (load $(cut -d' ' -f1 /proc/loadavg))"
+  attention_ratio=$(python3 -c "print(f'{${attention[0]} / ${attention[1]}:.3f}')")
+  RATIOS+=("$ratio") ATTENTION_RATIOS+=("$attention_ratio")
+  echo "round $round  threads $THREADS  A $A: ${ms[0]} ms  B $B: ${ms[1]} ms  A/B $ratio" \
+    "  attention A ${attention[0]} ms  B ${attention[1]} ms  A/B $attention_ratio  (load $(cut -d' ' -f1 /proc/loadavg))"
 done
-python3 - "${RATIOS[@]}" <<'PY'
+python3 - "${#RATIOS[@]}" "${RATIOS[@]}" "${ATTENTION_RATIOS[@]}" <<'PY'
 import statistics, sys
-r = [float(x) for x in sys.argv[1:]]
-print(f"median A/B {statistics.median(r):.2f} over {len(r)} rounds (range {min(r):.2f} to {max(r):.2f})")
+n = int(sys.argv[1])
+for what, values in (("forward", sys.argv[2:2 + n]), ("attention", sys.argv[2 + n:])):
+    r = [float(x) for x in values]
+    print(f"{what}: median A/B {statistics.median(r):.2f} over {len(r)} rounds (range {min(r):.2f} to {max(r):.2f})")
 PY

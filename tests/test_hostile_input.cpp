@@ -785,6 +785,30 @@ TEST_CASE("a temporary in use is never removed by another tidy, whatever its PID
   ::close(held);
   CHECK(tidy_output_dir(out) == 1);
   CHECK_FALSE(std::filesystem::exists(foreign));
+
+  // A single file written whole (a model, the viewer's settings) holds its temporary too: a child
+  // stopped while writing one, its temporary set two hours back, keeps it; killed, it loses it.
+  const std::string folder = test::temp_dir("held-file");
+  const pid_t writer = ::fork();
+  if (writer == 0) {
+    testing::fail_file_operation(1, SIGSTOP);  // stops after writing, before closing and renaming
+    write_file_atomic(folder + "/model.json", "{}");
+    ::_exit(0);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(writer, &status, WUNTRACED) == writer);
+  REQUIRE(WIFSTOPPED(status));
+  std::vector<std::string> temporaries = entries(folder);
+  REQUIRE(temporaries.size() == 1);
+  const std::string temporary = folder + "/" + temporaries[0];
+  CHECK(temporaries[0].rfind(".vitlens-tmp-" + std::to_string(writer) + "-", 0) == 0);
+  REQUIRE(::utimensat(AT_FDCWD, temporary.c_str(), two_hours_ago, 0) == 0);
+  CHECK(tidy_output_dir(folder) == 0);
+  CHECK(std::filesystem::exists(temporary));
+  ::kill(writer, SIGKILL);
+  ::waitpid(writer, nullptr, 0);
+  CHECK(tidy_output_dir(folder) == 1);
+  CHECK(entries(folder).empty());
 }
 
 TEST_CASE("one image's outputs appear together or not at all, whichever file operation fails", "[export][atomic]") {

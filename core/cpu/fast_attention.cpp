@@ -398,8 +398,8 @@ void fill_key_bias(const std::vector<uint8_t>& key_allowed, int ld, std::vector<
     if (key_allowed[j]) bias[j] = 0.0f;
 }
 
-// Every head's keys and values in panels, so a vector load takes consecutive tokens of one channel,
-// and the key bias: what every block job reads.
+// Every head's keys in panels, so a vector load takes consecutive tokens of one channel, its values
+// in panels or in rows, and the key bias: what every block job reads.
 struct HeadPanels {
   // value_rows: the values in rows (phase C by context_rows), d4 = d rounded up to 16; else in
   // panels, d4 = d rounded up to 4.

@@ -44,10 +44,11 @@ namespace vitlens {
 
 // [SECTION] Multi-head attention of one layer
 
-// The kernels read keys and values in panels of kKeyAlign tokens: one head's (N, d) matrix is
-// stored as (ld / 16, d, 16), so the d channels of 16 consecutive tokens are one contiguous
-// block of 16 * d floats and a vector load takes 8 or 16 tokens of one channel. Tokens N .. ld-1
-// are zero.
+// The kernels read keys (and the values of heads below kRowLayoutMinDim channels) in panels of
+// kKeyAlign tokens: one head's (N, d) matrix is stored as (ld / 16, d, 16), so the d channels of
+// 16 consecutive tokens are one contiguous block of 16 * d floats and a vector load takes 8 or 16
+// tokens of one channel. Tokens N .. ld-1 are zero. Larger heads' values are in rows instead
+// (LeafKernels::context_rows).
 constexpr int kKeyAlign = 16;
 inline int aligned_keys(int tokens) { return (tokens + kKeyAlign - 1) / kKeyAlign * kKeyAlign; }
 

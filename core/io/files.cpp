@@ -119,8 +119,9 @@ void write_file_atomic(const std::string& path, const std::string& bytes) {
   name.push_back('\0');
   int fd = -1, slot = -1, hold = -1;
   {
-    // Made and held with the folder locked where it can be (a folder that cannot be opened for
-    // reading still takes the file): a tidy never sees it unheld.
+    // Made and held with the folder locked where that can be done at once (a folder that cannot be
+    // opened for reading, or is locked for long, still takes the file): a tidy then never sees it
+    // unheld.
     const FolderLock lock(dir, std::nothrow);
     const CriticalSection created_and_registered;
     fd = ::mkostemp(name.data(), O_CLOEXEC);

@@ -31,11 +31,13 @@
 // ".vitlens-tmp-<pid>-XXXXXX" (a file or a private folder). SIGINT and SIGTERM remove the pending
 // ones of this process (see install_cleanup_handlers); ones left by a killed process are removed
 // by the next OutputSet or tidy_output_dir in that folder when their process is gone or they are
-// older than kStaleTempMinutes. A temporary in use is never removed, whatever its PID or age: its
+// older than kStaleTempMinutes. A temporary in use is not removed, whatever its PID or age: its
 // process holds an flock on it from its creation (made with the folder locked) until it is moved
 // into place or removed, and a tidy leaves a held temporary alone. So an export in another PID
 // namespace sharing the folder (whose PID means nothing here), or one running for hours, keeps its
-// temporary. Where the file system takes no flock, the PID and the age decide alone.
+// temporary. Where the file system takes no flock (NFS: none across machines), or the tidying
+// user cannot open the temporary, the PID and the age decide alone. The hold is closed on exec; a
+// child forked without exec keeps it until it ends.
 #include <cstddef>
 #include <cstdint>
 #include <functional>

@@ -9,6 +9,7 @@
 //   output_set.cpp    export sets and the records that prove which files vitlens wrote
 //   file_group.cpp    FileGroup: files replaced together (a checkpoint's model and state)
 #include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstddef>
 #include <functional>
@@ -73,12 +74,15 @@ void warn(const std::string& text);
 void write_new_file(const std::string& path, const std::string& what, const std::function<void(FileSink&)>& fill);
 
 // ---- The folder: lock, listing, temporaries, tidy (folder_tidy.cpp) ----
-// An exclusive flock on the output folder itself (no lock file in the user's folder): commits
-// and tidies into one folder take turns, across processes. Local file systems only (flock).
+// An exclusive flock on the output folder itself (no lock file in the user's folder): commits,
+// tidies and the creation of temporaries in one folder take turns, across processes. Local file
+// systems only (flock).
+inline constexpr std::chrono::milliseconds kBriefLockWait{500};
 class FolderLock {
  public:
-  explicit FolderLock(const std::string& dir);
-  // Where the folder cannot be opened or locked, holds nothing (held() false) instead of throwing.
+  explicit FolderLock(const std::string& dir);  // waits for the lock; throws where it cannot take it
+  // Waits at most kBriefLockWait; where the folder cannot be opened or locked by then, holds
+  // nothing (held() false) instead of throwing or waiting on.
   FolderLock(const std::string& dir, std::nothrow_t);
   ~FolderLock();  // closing releases the lock
   FolderLock(const FolderLock&) = delete;

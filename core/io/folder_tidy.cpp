@@ -54,11 +54,18 @@ FolderLock::FolderLock(const std::string& dir) {
 FolderLock::FolderLock(const std::string& dir, std::nothrow_t) {
   fd_ = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (fd_ < 0) return;
-  while (::flock(fd_, LOCK_EX) != 0) {
+  // A commit holds the lock for a few renames; a holder that keeps it longer (a process stopped
+  // mid-commit, another user's) is not waited for.
+  const auto deadline = std::chrono::steady_clock::now() + kBriefLockWait;
+  while (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
     if (errno == EINTR) continue;
-    ::close(fd_);
-    fd_ = -1;
-    return;
+    if (errno != EWOULDBLOCK || std::chrono::steady_clock::now() >= deadline) {
+      ::close(fd_);
+      fd_ = -1;
+      return;
+    }
+    const timespec pause{0, 1000000};
+    ::nanosleep(&pause, nullptr);
   }
 }
 
@@ -164,8 +171,6 @@ std::string temp_template(const std::string& dir) {
   return dir + "/" + kTempPrefix + std::to_string(::getpid()) + "-XXXXXX";
 }
 
-// A private folder in `dir` (a temporary, registered for the signal cleanup in `slot`); returns
-// its name.
 int hold_temp(const std::string& path) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return -1;
@@ -183,6 +188,8 @@ void release_temp(int& slot, int& hold) {
   hold = -1;
 }
 
+// A private folder in `dir` (a temporary, registered for the signal cleanup in `slot`, held by
+// `hold`); returns its name.
 std::string make_private_folder(const std::string& dir, int& slot, int& hold, const std::string& what) {
   std::string tmpl = temp_template(dir);
   std::vector<char> name(tmpl.begin(), tmpl.end());
@@ -284,7 +291,8 @@ int tidy_locked(int dir_fd, const std::string& dir) {
     } else if (is_temp_name(name, pid)) {
       struct stat st {};
       if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
-      if (temp_hold(dir_fd, name) == Hold::Held) continue;  // in use, whatever its PID or age
+      const bool file_or_folder = S_ISREG(st.st_mode) || S_ISDIR(st.st_mode);
+      if (file_or_folder && temp_hold(dir_fd, name) == Hold::Held) continue;  // in use, whatever its PID or age
       const bool gone = pid <= 0 || pid > INT_MAX || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH);
       const bool old = now - st.st_mtime > kStaleTempMinutes * 60;
       if (gone || old) {
