@@ -320,7 +320,8 @@ TEST_CASE("fast attention: causal and key masks, one allowed key, no allowed key
             CHECK(fast.column_sums.isZero(0.0f));
           }
         }
-        WARN(kernel_isa_name(isa) << " N=" << n << " d=" << d << " masks: largest probs vs reference " << worst_vs_reference
+        WARN(kernel_isa_name(isa) << " N=" << n << " d=" << d << " masks: largest probs vs reference "
+                                  << worst_vs_reference
                                   << ", largest vs exact (probs, context, received) " << worst_vs_exact);
       }
     }

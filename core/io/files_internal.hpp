@@ -82,13 +82,12 @@ class FolderLock {
  public:
   explicit FolderLock(const std::string& dir);  // waits for the lock; throws where it cannot take it
   // Waits at most kBriefLockWait; where the folder cannot be opened or locked by then, holds
-  // nothing (held() false) instead of throwing or waiting on.
+  // nothing instead of throwing or waiting on.
   FolderLock(const std::string& dir, std::nothrow_t);
   ~FolderLock();  // closing releases the lock
   FolderLock(const FolderLock&) = delete;
   FolderLock& operator=(const FolderLock&) = delete;
   int fd() const { return fd_; }
-  bool held() const { return fd_ >= 0; }
 
  private:
   int fd_ = -1;

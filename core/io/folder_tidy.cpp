@@ -264,7 +264,9 @@ enum class Hold { Held, Free, Unknown };
 Hold temp_hold(int dir_fd, const std::string& name) {
   const int fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
   if (fd < 0) return Hold::Unknown;
-  const Hold hold = ::flock(fd, LOCK_EX | LOCK_NB) == 0 ? Hold::Free : errno == EWOULDBLOCK ? Hold::Held : Hold::Unknown;
+  const Hold hold = ::flock(fd, LOCK_EX | LOCK_NB) == 0 ? Hold::Free
+                    : errno == EWOULDBLOCK                ? Hold::Held
+                                                          : Hold::Unknown;
   ::close(fd);  // lets go of the lock this took, if it took one
   return hold;
 }
