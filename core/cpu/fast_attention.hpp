@@ -21,9 +21,9 @@
 // Exactness: each score is a float dot product times the scale, as in the reference (its d
 // products summed in another order: a rounding of about |s| * 6e-8), the max is exact, the exp is
 // within 1 ulp (1.5 without FMA), and the sums of exps (64 or 128 keys), of e v (512 keys in panels,
-// 64 in rows) and of columns (16 rows) are float partial sums added in double. Rows sum to 1 as the reference's do;
-// tests/test_fast_attention.cpp measures both against a double-precision oracle and states the
-// tolerances. A row whose keys are all masked is all zero, never NaN.
+// 64 in rows) and of columns (16 rows) are float partial sums added in double. Rows sum to 1 as
+// the reference's do; tests/test_fast_attention.cpp measures both against a double-precision
+// oracle and states the tolerances. A row whose keys are all masked is all zero, never NaN.
 //
 // Speed: the leaf kernels are written for AVX-512 (16 lanes) and AVX2 + FMA (8 lanes) with
 // intrinsics in functions carrying target attributes, and cpu.hpp's kernel_isa() picks one table

@@ -50,9 +50,6 @@ VITLENS_AVX2 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t
     VITLENS_TILE_ROW(0, q) VITLENS_TILE_ROW(1, q) VITLENS_TILE_ROW(2, q) VITLENS_TILE_ROW(3, q) \
     VITLENS_TILE_ROW(4, q) VITLENS_TILE_ROW(5, q)                                                \
   }
-  // Four steps per iteration, with B's next four rows fetched ahead: the loop's own instructions
-  // and the wait for B's next lines no longer take FMA slots. The same FMAs in the same order as
-  // one step at a time, so the same bits.
   // The epilogue's C (a later k block's) and residual rows are asked for now, while the k loop runs:
   // a Linear layer's C (ViT-B/16's fc1: 2.4 MB) is swept once per k block and is out of cache by
   // the next sweep (a forward streams its weights through L3), and the epilogue's loads waited for
@@ -67,6 +64,9 @@ VITLENS_AVX2 inline void tile_body(int kc, const float* a, int64_t a_rs, int64_t
       _mm_prefetch(reinterpret_cast<const char*>(e.residual + r * ldc + kNr - 1), _MM_HINT_T0);
     }
   }
+  // Four steps per iteration, with B's next four rows fetched ahead: the loop's own instructions
+  // and the wait for B's next lines no longer take FMA slots. The same FMAs in the same order as
+  // one step at a time, so the same bits.
   int64_t p = 0, q = 0;
   // (The addresses are computed as integers: the last iteration's lie past the panel's end, where a
   // prefetch is harmless but a pointer may not point.)
