@@ -89,6 +89,15 @@ inline std::vector<std::string> entries(const std::string& dir) {
   return names;
 }
 
+// The PID of a child of ours that has ended and been reaped: a process that is gone, as the PID in
+// the name of a temporary left by a killed export.
+inline pid_t gone_pid() {
+  const pid_t pid = ::fork();
+  if (pid == 0) ::_exit(0);
+  ::waitpid(pid, nullptr, 0);
+  return pid;
+}
+
 inline int hidden_entries(const std::string& dir) {
   int n = 0;
   for (const std::string& e : entries(dir)) n += e[0] == '.';

@@ -245,9 +245,7 @@ TEST_CASE("checkpoint: names that only look like ours are never moved or removed
   test::spit(dir + "/" + kept[0] + "/last.safetensors", "the user's own file");
   test::spit(dir + "/" + kept[1], "not ours");
   test::spit(dir + "/" + kept[2], "not ours");
-  const pid_t gone = ::fork();
-  if (gone == 0) ::_exit(0);
-  ::waitpid(gone, nullptr, 0);
+  const pid_t gone = test::gone_pid();
   test::spit(dir + "/.vitlens-tmp-" + std::to_string(gone) + "-Ab12Cd", "a temporary of ours");
   Trainer t(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
   t.step();

@@ -671,9 +671,7 @@ TEST_CASE("SIGTERM and SIGINT during an export leave no temporaries; stale ones 
   // process's, and an old one of a live process; a recent one of a live process and every name
   // that is not ours stay.
   const std::string out = test::temp_dir("stale");
-  const pid_t dead = ::fork();
-  if (dead == 0) ::_exit(0);
-  ::waitpid(dead, nullptr, 0);
+  const pid_t dead = test::gone_pid();
   const std::string dead_dir = out + "/.vitlens-tmp-" + std::to_string(dead) + "-Ab12Cd";
   REQUIRE(::mkdir(dead_dir.c_str(), 0755) == 0);
   spit(dead_dir + "/photo_head0.png", "partial");
@@ -751,9 +749,7 @@ TEST_CASE("a temporary in use is never removed by another tidy, whatever its PID
   const std::string out = test::temp_dir("held");
   // An export in another PID namespace sharing the folder: named by a PID that means nothing here
   // (a child of ours, gone), its folder held as vitlens holds the temporaries it works on.
-  const pid_t gone = ::fork();
-  if (gone == 0) ::_exit(0);
-  ::waitpid(gone, nullptr, 0);
+  const pid_t gone = test::gone_pid();
   const std::string foreign = out + "/.vitlens-tmp-" + std::to_string(gone) + "-Hd12Ab";
   REQUIRE(::mkdir(foreign.c_str(), 0755) == 0);
   spit(foreign + "/photo_head0.png", "being written");
