@@ -172,8 +172,8 @@ VITLENS_AVX2 float softmax_row(float* s, int end, const float* known_max) {
   // Each chunk's float sum waits in chunk_sums and goes into the double sum after every kGroup
   // chunks, in chunk order: the same additions as adding it when its chunk ends. Added there, the
   // loop kept 17 vectors live, GCC 12 spilled the double sum, and each chunk's end waited on its
-  // store and load (with a full chunk's 8 steps written out: 1.06x phase B alone, 1.01x the card's
-  // attention, on AMD Zen 3).
+  // store and load (with a full chunk's 8 steps written out: 1.08x phase B alone on AMD Zen 3,
+  // bench/results/2026-12-07-softmax-sums-and-ort-profile-zen3.md).
   constexpr int kGroup = 16;
   alignas(32) float chunk_sums[kGroup][8];
   __m256d sum = _mm256_setzero_pd();  // 4 double lanes; each chunk's float lanes are added in pairs
