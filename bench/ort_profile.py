@@ -70,7 +70,8 @@ def main():
     parser.add_argument("--arch", choices=sorted(compare_peers.ARCHS), default="vit_s16")
     parser.add_argument("--size", type=int, default=224, help="image size in pixels (default 224)")
     parser.add_argument("--threads", type=int, default=1, help="threads of each (default 1)")
-    parser.add_argument("--runs", type=int, default=20, help="profiled forwards a round (default 20)")
+    parser.add_argument("--runs", type=int, default=20,
+                        help="profiled forwards a round, and vitlens_bench's runs (default 20)")
     parser.add_argument("--rounds", type=int, default=3, help="rounds, ONNX Runtime then vitlens (default 3)")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -82,7 +83,7 @@ def main():
     if args.child:
         profile_child(args.child[0], args.size, args.threads, args.runs, args.child[1])
         return
-    if args.bench and not os.access(args.bench, os.X_OK):
+    if args.bench and not (os.path.isfile(args.bench) and os.access(args.bench, os.X_OK)):
         parser.error(f"--bench {args.bench}: not an executable file")
     compare_peers.set_arch(args.arch)
     env = compare_peers.environment(args.threads)
@@ -97,13 +98,16 @@ def main():
                                     str(args.size), "--threads", str(args.threads), "--runs", str(args.runs),
                                     "--child", onnx_path, os.path.join(tmp, f"profile{r}")],
                                    capture_output=True, text=True)
-            if child.returncode != 0:
-                sys.exit(f"ort_profile.py: ONNX Runtime's run failed: {child.stderr.strip().splitlines()[-1:]}")
-            result = {"onnx": json.loads(child.stdout.strip().splitlines()[-1])}
+            lines = child.stdout.strip().splitlines()
+            if child.returncode != 0 or not lines:
+                why = (child.stderr.strip().splitlines() or [f"exit status {child.returncode}, no output"])[-1]
+                sys.exit(f"ort_profile.py: ONNX Runtime's run failed: {why}")
+            result = {"onnx": json.loads(lines[-1])}
             if args.bench:
                 out = subprocess.run([args.bench, "--json", "--model", vitlens_path, "--size", str(args.size),
-                                      "--threads", str(args.threads), "--runs", str(args.runs), "--no-export",
-                                      "--no-limits", "--reference-max-tokens", "0"], capture_output=True, text=True)
+                                      "--threads", str(args.threads), "--runs", str(args.runs), "--min-runs",
+                                      str(args.runs), "--no-export", "--no-limits", "--reference-max-tokens", "0"],
+                                     capture_output=True, text=True)
                 if out.returncode != 0:
                     sys.exit(f"ort_profile.py: vitlens_bench failed: {out.stderr.strip()}")
                 size = json.loads(out.stdout)["sizes"][0]
@@ -117,7 +121,7 @@ def main():
           f"{env['load_average_before']}")
     print(f"# onnxruntime {env['onnxruntime']}, torch {env['torch']}, timm {env['timm']}; medians over {args.rounds} "
           f"rounds of {args.runs} profiled forwards")
-    print("\n| what | ms a forward | share |\n|---|---:|---:|")
+    print("\n| ONNX Runtime (means per forward) | ms a forward | share |\n|---|---:|---:|")
     ops = sorted({op for r in rounds for op in r["onnx"]["per_op_ms"]},
                  key=lambda op: -statistics.median(r["onnx"]["per_op_ms"].get(op, 0.0) for r in rounds))
     total = statistics.median(sum(r["onnx"]["per_op_ms"].values()) for r in rounds)
@@ -134,8 +138,11 @@ def main():
     if args.bench:
         forward = statistics.median(r["vitlens"]["forward_ms"] for r in rounds)
         attention = statistics.median(r["vitlens"]["attention_ms"] for r in rounds)
-        print(f"vitlens (same rounds): forward {forward:.2f} ms, attention of one layer x {compare_peers.DEPTH} "
-              f"layers {attention:.2f} ms, the rest (Linear layers, LayerNorm, GELU, patches) {forward - attention:.2f} ms")
+        print("forward in each round, ONNX Runtime (profiled) / vitlens: " +
+              ", ".join(f"{r['onnx']['forward_ms']:.1f} / {r['vitlens']['forward_ms']:.1f} ms" for r in rounds))
+        print(f"vitlens (same rounds, vitlens_bench's medians): forward {forward:.2f} ms, attention of one layer x "
+              f"{compare_peers.DEPTH} layers {attention:.2f} ms, the rest (Linear layers with fc1's GELU, LayerNorm, "
+              f"residual adds, patches) {forward - attention:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -172,10 +172,10 @@ VITLENS_AVX2 float softmax_row(float* s, int end, const float* known_max) {
   // Each chunk's float sum waits in chunk_sums and goes into the double sum after every kGroup
   // chunks, in chunk order: the same additions as adding it when its chunk ends. Added there, the
   // loop kept 17 vectors live, GCC 12 spilled the double sum, and each chunk's end waited on its
-  // store and load (with a full chunk's 8 steps written out: 1.08x phase B alone on AMD Zen 3,
-  // bench/results/2026-12-07-softmax-sums-and-ort-profile-zen3.md).
+  // store and load; now that happens once a group (with a full chunk's 8 steps written out: 1.08x
+  // phase B alone on AMD Zen 3, bench/results/2026-12-07-softmax-sums-and-ort-profile-zen3.md).
   constexpr int kGroup = 16;
-  alignas(32) float chunk_sums[kGroup][8];
+  float chunk_sums[kGroup][8];
   __m256d sum = _mm256_setzero_pd();  // 4 double lanes; each chunk's float lanes are added in pairs
   for (int j0 = 0; j0 < end;) {
     int chunks = 0;
@@ -187,10 +187,10 @@ VITLENS_AVX2 float softmax_row(float* s, int end, const float* known_max) {
       } else {
         for (int j = j0; j < end; j += 8) acc = exp_in_place(s + j, vmax, acc);
       }
-      _mm256_store_ps(chunk_sums[chunks], acc);
+      _mm256_storeu_ps(chunk_sums[chunks], acc);
     }
     for (int c = 0; c < chunks; ++c) {
-      const __m256 acc = _mm256_load_ps(chunk_sums[c]);
+      const __m256 acc = _mm256_loadu_ps(chunk_sums[c]);
       sum = _mm256_add_pd(sum, _mm256_add_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(acc)),
                                              _mm256_cvtps_pd(_mm256_extractf128_ps(acc, 1))));
     }
