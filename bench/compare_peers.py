@@ -166,6 +166,19 @@ def export_onnx(model, size, path, with_maps):
         torch.onnx.export(Wrapped(model), (x,), path, **kwargs)
 
 
+def onnx_session(path, threads, profile_prefix=None):
+    """ONNX Runtime's default CPU provider on `threads` threads (one inter-op thread), as the onnx
+    peers run it; with profile_prefix, its profiler on (bench/ort_profile.py)."""
+    import onnxruntime as ort
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    if profile_prefix:
+        options.enable_profiling = True
+        options.profile_file_prefix = profile_prefix
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
 # ---------------------------------------------------------------------------------------------
 # One peer in this process (the child): prints {"ms", "runs", "peak_rss_mib"}
 
@@ -205,12 +218,7 @@ def run_peer(peer, size, threads, runs, budget, model_dir):
             else:
                 step = lambda: forward_with_maps(model, image)
         elif peer in ("onnx", "onnx_maps"):
-            import onnxruntime as ort
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = threads
-            options.inter_op_num_threads = 1
-            session = ort.InferenceSession(os.path.join(model_dir, f"{peer}.onnx"), options,
-                                           providers=["CPUExecutionProvider"])
+            session = onnx_session(os.path.join(model_dir, f"{peer}.onnx"), threads)
             feed = {"image": image.numpy()}
             step = lambda: session.run(None, feed)
         else:

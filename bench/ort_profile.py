@@ -27,19 +27,13 @@ import sys
 import tempfile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import compare_peers  # noqa: E402 (the model, its export and the environment line)
+import compare_peers  # noqa: E402 (the model, its export, the ONNX Runtime session, the environment line)
 
 
 def profile_child(model_path, size, threads, runs, prefix):
     """In this process: ONNX Runtime on model_path, profiled; prints one JSON line."""
     import numpy
-    import onnxruntime as ort
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = threads
-    options.inter_op_num_threads = 1
-    options.enable_profiling = True
-    options.profile_file_prefix = prefix
-    session = ort.InferenceSession(model_path, options, providers=["CPUExecutionProvider"])
+    session = compare_peers.onnx_session(model_path, threads, profile_prefix=prefix)
     feed = {"image": numpy.random.default_rng(0).standard_normal((1, 3, size, size), dtype=numpy.float32)}
     for _ in range(3):
         session.run(None, feed)
