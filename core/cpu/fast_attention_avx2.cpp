@@ -241,10 +241,15 @@ VITLENS_AVX2 inline void add_sums_of_2(__m256 a, __m256 b, double* sums) {
 // Two rows and C channels (C even, at most 6) over keys [j0, j1): each value vector loaded serves
 // both rows (12 accumulators, 2 e vectors and 1 value vector of 16 registers), where
 // weighted_values loads C values for each row's C FMAs. Each accumulator is the chain
-// weighted_values runs for its row and channel, so the sums are the same bits.
-template <int C>
+// weighted_values runs for its row and channel, so the sums are the same bits. With kColumns,
+// also block_sums[j] += e0_j w0, then += e1_j w1 (weights = {w0, w1}): column_sums_2rows' FMAs
+// on the e vectors already loaded, where a pass of its own loaded them again and ran its own loop
+// (phase C alone 1.05x to 1.08x, the card's attention 1.02x, on AMD Zen 3:
+// bench/results/2026-12-07-fused-column-sums-zen3.md).
+template <int C, bool kColumns = false>
 VITLENS_AVX2 void weighted_values_2rows(const float* e0, const float* e1, const float* values, int panel_stride,
-                                        int j0, int j1, double* sums0, double* sums1) {
+                                        int j0, int j1, double* sums0, double* sums1, const float* weights = nullptr,
+                                        float* block_sums = nullptr) {
   static_assert(C % 2 == 0 && C <= 6, "two rows of at most 6 channels fill the 16 registers");
   __m256 a[C], b[C];
 #pragma GCC unroll 6
@@ -266,6 +271,14 @@ VITLENS_AVX2 void weighted_values_2rows(const float* e0, const float* e1, const 
         __asm__("" : "+x"(vc));
         a[c] = _mm256_fmadd_ps(x0, vc, a[c]);
         b[c] = _mm256_fmadd_ps(x1, vc, b[c]);
+      }
+      if constexpr (kColumns) {
+        // The weights broadcast from memory at each step (a load, no FP pipe), not kept in two
+        // more registers than the 16 the products use.
+        __m256 w0 = _mm256_broadcast_ss(weights), w1 = _mm256_broadcast_ss(weights + 1);
+        __asm__("" : "+x"(w0), "+x"(w1));
+        const __m256 once = _mm256_fmadd_ps(x0, w0, _mm256_loadu_ps(block_sums + j + half));
+        _mm256_storeu_ps(block_sums + j + half, _mm256_fmadd_ps(x1, w1, once));
       }
     }
   if constexpr (C >= 4) {
@@ -289,14 +302,21 @@ VITLENS_AVX2 void column_sums_2rows(const float* e0, const float* e1, float w0, 
   }
 }
 
-// A pair of rows shares each value vector (weighted_values_2rows, 6 channels at a time); a row
-// alone runs weighted_values, whose 12 accumulators fill the registers by themselves.
+// A pair of rows shares each value vector (weighted_values_2rows, 6 channels at a time, the first
+// six with the column sums); a row alone runs weighted_values, whose 12 accumulators fill the
+// registers by themselves.
 VITLENS_AVX2 void weighted_values_avx2(int rows, const float* const e_rows[2], const float weights[2],
                                        float* block_sums, const float* values, int panel_stride, int channels, int j0,
                                        int j1, double* const sums[2]) {
   if (rows == 2) {
-    if (block_sums) column_sums_2rows(e_rows[0], e_rows[1], weights[0], weights[1], block_sums, j0, j1);
     int c = 0;
+    if (block_sums && channels >= 6) {
+      weighted_values_2rows<6, true>(e_rows[0], e_rows[1], values, panel_stride, j0, j1, sums[0], sums[1], weights,
+                                     block_sums);
+      c = 6;
+    } else if (block_sums) {
+      column_sums_2rows(e_rows[0], e_rows[1], weights[0], weights[1], block_sums, j0, j1);
+    }
     for (; c + 6 <= channels; c += 6)
       weighted_values_2rows<6>(e_rows[0], e_rows[1], values + 16 * c, panel_stride, j0, j1, sums[0] + c, sums[1] + c);
     if (channels - c == 4)
