@@ -21,7 +21,7 @@
 //
 // Usage: vitlens_bench [--size S ...] [--json] [--isa auto|portable|avx2|avx512] [--threads T]
 //                      [--runs R] [--min-runs R] [--budget SECONDS] [--reference-max-tokens N] [--no-export]
-//                      [--no-limits]
+//                      [--no-limits] [--model FILE] [--precision fp32|bf16|auto] [--deep | --grid | --watch SECONDS]
 //
 // Index
 //   [SECTION] Timing helpers
@@ -82,6 +82,7 @@ struct BenchArgs {
   bool deep = false;  // --deep: the ViT-B/16 shape instead of the size sweep
   bool grid = false;  // --grid: the viewer's layers x heads grid on a ViT-S/16 shape
   bool no_limits = false;
+  double watch_s = 0.0;  // --watch: the machine's rates over time instead
   std::string model_path;  // a vitlens safetensors model instead of the random default shape
   Precision precision = Precision::Fp32;  // --precision: the forward's products
   std::string precision_text = "fp32";    // as typed
@@ -460,6 +461,10 @@ void add_options(CLI::App& app, BenchArgs& args) {
                  "a vitlens .safetensors model to time instead of the default shape with random weights "
                  "(the image is resized to each --size; bench/compare_peers.py passes the peers' weights)");
   app.add_flag("--no-limits", args.no_limits, "skip measuring the machine's limits (FMA, exp, GEMM)");
+  app.add_option("--watch", args.watch_s,
+                 "instead: for this many seconds, every half second one core's FMA rate, exp rate and 512^3 GEMM "
+                 "(a shared machine's slow spells show as dips in all three)")
+      ->check(CLI::Range(0.5, 3600.0));
   app.add_option("--precision", args.precision_text, "the forward's products (Linear layers, attention): fp32, bf16 or auto (vit.hpp Precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
 }
@@ -594,6 +599,10 @@ int main(int argc, char** argv) {
   } catch (const Error& e) {
     std::cerr << "vitlens_bench: " << e.what() << "\n";
     return 2;
+  }
+  if (args.watch_s > 0.0) {
+    bench::watch_limits(args.watch_s, 0.5);
+    return 0;
   }
   if (args.grid) {
     const json r = bench_grid(args);

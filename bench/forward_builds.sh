@@ -8,7 +8,10 @@
 # `--model MODEL --size S --threads T --runs N --no-export --no-limits` (defaults: 224 px, 1 thread,
 # 11 runs), and prints both medians and their ratio A / B (above 1: B is faster), and the same for
 # the attention alone (multi_head_attention of one layer); then the median of the rounds' ratios
-# and their range. On a shared VM one round can be 30 % off: read the median.
+# and their range, and the ratio of each build's fastest round and of their lower quartiles. On a
+# shared VM one round can be 30 % off: read the median; where the VM has slow spells of seconds
+# (seen on an AMD Zen 3 VM: bench/results/2026-12-07-fused-column-sums-zen3.md) the rounds outside
+# them, each build's fastest and lower quartile, agree better than the median does.
 set -euo pipefail
 usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
 [[ $# -ge 3 ]] || usage
@@ -31,7 +34,7 @@ for b in "$A" "$B"; do
   [[ -x $b/bench/vitlens_bench ]] || { echo "forward_builds: $b/bench/vitlens_bench not found: build it first" >&2; exit 2; }
 done
 [[ -r $MODEL ]] || { echo "forward_builds: cannot read the model $MODEL" >&2; exit 2; }
-RATIOS=() ATTENTION_RATIOS=()
+RATIOS=() ATTENTION_RATIOS=() A_MS=() B_MS=() A_ATTENTION=() B_ATTENTION=()
 for ((round = 1; round <= ROUNDS; round++)); do
   ms=() attention=()
   for b in "$A" "$B"; do
@@ -45,13 +48,19 @@ print(size["forward_ms"]["median"], size["attention_ms"]["median"])' <<<"$out")
   ratio=$(python3 -c "print(f'{${ms[0]} / ${ms[1]}:.3f}')")
   attention_ratio=$(python3 -c "print(f'{${attention[0]} / ${attention[1]}:.3f}')")
   RATIOS+=("$ratio") ATTENTION_RATIOS+=("$attention_ratio")
+  A_MS+=("${ms[0]}") B_MS+=("${ms[1]}") A_ATTENTION+=("${attention[0]}") B_ATTENTION+=("${attention[1]}")
   echo "round $round  threads $THREADS  A $A: ${ms[0]} ms  B $B: ${ms[1]} ms  A/B $ratio" \
     "  attention A ${attention[0]} ms  B ${attention[1]} ms  A/B $attention_ratio  (load $(cut -d' ' -f1 /proc/loadavg))"
 done
-python3 - "${#RATIOS[@]}" "${RATIOS[@]}" "${ATTENTION_RATIOS[@]}" <<'PY'
+python3 - "${#RATIOS[@]}" "${RATIOS[@]}" "${ATTENTION_RATIOS[@]}" "${A_MS[@]}" "${B_MS[@]}" \
+  "${A_ATTENTION[@]}" "${B_ATTENTION[@]}" <<'PY'
 import statistics, sys
 n = int(sys.argv[1])
-for what, values in (("forward", sys.argv[2:2 + n]), ("attention", sys.argv[2 + n:])):
-    r = [float(x) for x in values]
-    print(f"{what}: median A/B {statistics.median(r):.2f} over {len(r)} rounds (range {min(r):.2f} to {max(r):.2f})")
+column = lambda i: [float(x) for x in sys.argv[2 + i * n:2 + (i + 1) * n]]
+lower_quartile = lambda v: statistics.quantiles(v, n=4, method="inclusive")[0] if len(v) > 1 else v[0]
+for what, r, a, b in (("forward", column(0), column(2), column(3)), ("attention", column(1), column(4), column(5))):
+    print(f"{what}: median A/B {statistics.median(r):.2f} over {len(r)} rounds (range {min(r):.2f} to {max(r):.2f});"
+          f" fastest rounds A {min(a):g} ms, B {min(b):g} ms, A/B {min(a) / min(b):.3f};"
+          f" lower quartiles A {lower_quartile(a):.2f} ms, B {lower_quartile(b):.2f} ms,"
+          f" A/B {lower_quartile(a) / lower_quartile(b):.3f}")
 PY

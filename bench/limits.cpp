@@ -215,6 +215,27 @@ MachineLimits measure_limits(int threads) {
   return limits;
 }
 
+void watch_limits(double seconds, double window) {
+  warm_up(0.3);
+  std::printf("%8s %14s %12s %16s   (one core; each the best of its window's runs)\n", "s", "FMA GFLOP/s",
+              "exp per ns", "GEMM GFLOP/s");
+  const auto start = std::chrono::steady_clock::now();
+  auto since = [](std::chrono::steady_clock::time_point t) {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  };
+  while (since(start) < seconds) {
+    const auto t0 = std::chrono::steady_clock::now();
+    double fma = 0.0, exps = 0.0, gemm = 0.0;
+    do {  // the three in turn, so a slow spell of the window shows in all of them
+      fma = std::max(fma, fma_gflops());
+      exps = std::max(exps, exp_per_ns());
+      gemm = std::max(gemm, gemm_gflops_with(1));
+    } while (since(t0) < window);
+    std::printf("%8.1f %14.1f %12.2f %16.1f\n", since(start), fma, exps, gemm);
+    std::fflush(stdout);
+  }
+}
+
 std::string floors_line(const MachineLimits& limits) {
   char fma[96], dot[96];
   std::snprintf(fma, sizeof fma, "float32 FMA %.1f GFLOP/s (%s kernels)", limits.fma_gflops,

@@ -30,4 +30,9 @@ std::string floors_line(const MachineLimits& limits);
 // Takes about a second; threads as --threads (0 = one per core).
 MachineLimits measure_limits(int threads);
 
+// For `seconds`, one line each `window` seconds: one core's FMA rate, exp rate and 512^3 GEMM, each
+// the best of the window's runs. A shared machine's slow spells (seconds long on the AMD Zen 3 VM
+// of 7 Dec 2026, and in all three rates at once) show as dips: run it before and after a benchmark.
+void watch_limits(double seconds, double window);
+
 }  // namespace vitlens::bench
