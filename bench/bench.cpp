@@ -464,7 +464,13 @@ void add_options(CLI::App& app, BenchArgs& args) {
   app.add_option("--watch", args.watch_s,
                  "instead: for this many seconds, every half second one core's FMA rate, exp rate and 512^3 GEMM "
                  "(a shared machine's slow spells show as dips in all three)")
-      ->check(CLI::Range(0.5, 3600.0));
+      ->check(CLI::Range(0.5, 3600.0))
+      ->excludes("--json")
+      ->excludes("--deep")
+      ->excludes("--grid")
+      ->excludes("--size")
+      ->excludes("--model")
+      ->excludes("--threads");
   app.add_option("--precision", args.precision_text, "the forward's products (Linear layers, attention): fp32, bf16 or auto (vit.hpp Precision)")
       ->check(CLI::IsMember({"fp32", "bf16", "auto"}));
 }

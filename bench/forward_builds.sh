@@ -9,11 +9,12 @@
 # 11 runs), and prints both medians and their ratio A / B (above 1: B is faster), and the same for
 # the attention alone (multi_head_attention of one layer); then the median of the rounds' ratios
 # and their range, and the ratio of each build's fastest round and of their lower quartiles. On a
-# shared VM one round can be 30 % off: read the median; where the VM has slow spells of seconds
-# (seen on an AMD Zen 3 VM: bench/results/2026-12-07-fused-column-sums-zen3.md) the rounds outside
-# them, each build's fastest and lower quartile, agree better than the median does.
+# shared VM one round can be 30 % off: read the median. The fastest rounds and the lower quartiles
+# leave out the rounds a slow spell of the machine hit (spells of seconds on an AMD Zen 3 VM:
+# bench/results/2026-12-07-fused-column-sums-zen3.md); a difference of a few per cent can still
+# change sign between runs there.
 set -euo pipefail
-usage() { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//'; exit 2; }
+usage() { awk 'NR == 1 { next } /^#/ { sub(/^# ?/, ""); print; next } { exit }' "$0"; exit 2; }
 [[ $# -ge 3 ]] || usage
 A=$1 B=$2 MODEL=$3; shift 3
 SIZE=224 THREADS=1 RUNS=11 ROUNDS=5

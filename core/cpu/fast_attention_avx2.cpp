@@ -241,8 +241,9 @@ VITLENS_AVX2 inline void add_sums_of_2(__m256 a, __m256 b, double* sums) {
 // Two rows and C channels (C even, at most 6) over keys [j0, j1): each value vector loaded serves
 // both rows (12 accumulators, 2 e vectors and 1 value vector of 16 registers), where
 // weighted_values loads C values for each row's C FMAs. Each accumulator is the chain
-// weighted_values runs for its row and channel, so the sums are the same bits. With kColumns,
-// also block_sums[j] += e0_j w0, then += e1_j w1 (weights = {w0, w1}): column_sums_2rows' FMAs
+// weighted_values runs for its row and channel, so the sums are the same bits. With kColumns
+// (weights and block_sums then given), also block_sums[j] += e0_j w0, then += e1_j w1 (weights =
+// {w0, w1}): column_sums_2rows' FMAs
 // on the e vectors already loaded, where a pass of its own loaded them again and ran its own loop
 // (phase C alone 1.05x to 1.08x, the card's attention 1.02x, on AMD Zen 3:
 // bench/results/2026-12-07-fused-column-sums-zen3.md).
@@ -273,12 +274,11 @@ VITLENS_AVX2 void weighted_values_2rows(const float* e0, const float* e1, const 
         b[c] = _mm256_fmadd_ps(x1, vc, b[c]);
       }
       if constexpr (kColumns) {
-        // The weights broadcast from memory at each step (a load, no FP pipe), not kept in two
-        // more registers than the 16 the products use.
-        __m256 w0 = _mm256_broadcast_ss(weights), w1 = _mm256_broadcast_ss(weights + 1);
-        __asm__("" : "+x"(w0), "+x"(w1));
-        const __m256 once = _mm256_fmadd_ps(x0, w0, _mm256_loadu_ps(block_sums + j + half));
-        _mm256_storeu_ps(block_sums + j + half, _mm256_fmadd_ps(x1, w1, once));
+        // The weights are broadcast from memory at each step (a load, no FP pipe): the store to
+        // block_sums may alias them as far as the compiler knows, so it reloads them rather than
+        // keep them in two more registers than the 16 the products use (none are spilled).
+        const __m256 once = _mm256_fmadd_ps(x0, _mm256_broadcast_ss(weights), _mm256_loadu_ps(block_sums + j + half));
+        _mm256_storeu_ps(block_sums + j + half, _mm256_fmadd_ps(x1, _mm256_broadcast_ss(weights + 1), once));
       }
     }
   if constexpr (C >= 4) {
@@ -303,8 +303,8 @@ VITLENS_AVX2 void column_sums_2rows(const float* e0, const float* e1, float w0, 
 }
 
 // A pair of rows shares each value vector (weighted_values_2rows, 6 channels at a time, the first
-// six with the column sums); a row alone runs weighted_values, whose 12 accumulators fill the
-// registers by themselves.
+// six with the column sums; a head of 4 channels adds them in column_sums_2rows); a row alone runs
+// weighted_values, whose 12 accumulators fill the registers by themselves.
 VITLENS_AVX2 void weighted_values_avx2(int rows, const float* const e_rows[2], const float weights[2],
                                        float* block_sums, const float* values, int panel_stride, int channels, int j0,
                                        int j1, double* const sums[2]) {
