@@ -243,10 +243,9 @@ VITLENS_AVX2 inline void add_sums_of_2(__m256 a, __m256 b, double* sums) {
 // weighted_values loads C values for each row's C FMAs. Each accumulator is the chain
 // weighted_values runs for its row and channel, so the sums are the same bits. With kColumns
 // (weights and block_sums then given), also block_sums[j] += e0_j w0, then += e1_j w1 (weights =
-// {w0, w1}): column_sums_2rows' FMAs
-// on the e vectors already loaded, where a pass of its own loaded them again and ran its own loop
-// (phase C alone 1.05x to 1.08x, the card's attention 1.02x, on AMD Zen 3:
-// bench/results/2026-12-07-fused-column-sums-zen3.md).
+// {w0, w1}): column_sums_2rows' FMAs on the e vectors already loaded, where a pass of its own
+// loaded them again and ran its own loop (phase C alone 1.05x to 1.08x, the card's attention about
+// 1.02x, on AMD Zen 3: bench/results/2026-12-07-fused-column-sums-zen3.md).
 template <int C, bool kColumns = false>
 VITLENS_AVX2 void weighted_values_2rows(const float* e0, const float* e1, const float* values, int panel_stride,
                                         int j0, int j1, double* sums0, double* sums1, const float* weights = nullptr,
