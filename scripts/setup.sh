@@ -10,7 +10,7 @@ PACKAGES=(
   libimgui-dev libglfw3-dev libgl-dev                                  # the desktop viewer
   xvfb xauth xdotool                                                   # viewer tests on a virtual display, real input
   clang-14 libclang-rt-14-dev llvm-14                                  # ASan + UBSan build, libFuzzer, symbolized reports
-  libdnnl-dev                                                          # oneDNN, for bench/dnnl_linear.cpp only
+  libdnnl-dev ocl-icd-opencl-dev                                       # oneDNN (its CMake config needs OpenCL), for bench/dnnl_linear.cpp only
   python3 python3-numpy                                                # fixture checks
   dataset-fashion-mnist opencv-doc                                     # data the tests read in place: training set, photos
 )
