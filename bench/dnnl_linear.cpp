@@ -154,36 +154,9 @@ double worst_over_bound(const Pair& p) {
   return worst;
 }
 
-}  // namespace
-
-int main(int argc, char** argv) {
-  const char* policy = std::getenv("OMP_WAIT_POLICY");
-  if (!policy) {  // once: the same program, with the variable libgomp reads at load time
-    setenv("OMP_WAIT_POLICY", "passive", 1);
-    execv("/proc/self/exe", argv);
-    std::fprintf(stderr, "vitlens_dnnl_bench: could not run itself again with OMP_WAIT_POLICY=passive; oneDNN's "
-                         "idle threads keep libgomp's default policy\n");
-    policy = "libgomp's default";
-  }
-  CLI::App app{"vitlens_dnnl_bench: vitlens' Linear products against oneDNN's matmul, one block of a ViT shape"};
-  std::string arch = "vit_b16", precision = "both";
-  int tokens = 0, threads = 1, runs = 5, rounds = 5;
-  app.add_option("--arch", arch, "vit_s16 (D 384, 197 tokens), vit_b16 (D 768, 197) or vit_s8 (D 384, 3601)")
-      ->check(CLI::IsMember({"vit_s16", "vit_b16", "vit_s8"}))
-      ->capture_default_str();
-  app.add_option("--tokens", tokens, "rows M instead of the shape's token count (0: the shape's)")
-      ->check(CLI::Range(0, 16385))
-      ->capture_default_str();
-  app.add_option("--threads", threads, "threads for both libraries")->check(CLI::Range(1, 256))->capture_default_str();
-  app.add_option("--runs", runs, "calls per median")->check(CLI::Range(1, 1000))->capture_default_str();
-  app.add_option("--rounds", rounds, "rounds, each timing every product on both libraries in turn")
-      ->check(CLI::Range(1, 1000))
-      ->capture_default_str();
-  app.add_option("--precision", precision, "fp32, bf16 or both")
-      ->check(CLI::IsMember({"fp32", "bf16", "both"}))
-      ->capture_default_str();
-  CLI11_PARSE(app, argc, argv);
-
+// Builds the pairs, checks them, times them and prints the table; 1 when the results disagree.
+int compare(const std::string& arch, const std::string& precision, int tokens, int threads, int runs, int rounds,
+            const char* policy) {
   omp_set_num_threads(threads);
   const int dim = arch == "vit_b16" ? 768 : 384;
   const int m = tokens > 0 ? tokens : arch == "vit_s8" ? 3601 : 197;
@@ -285,4 +258,41 @@ int main(int argc, char** argv) {
                 flops / sum_d * 1e-6, sum_d / sum_v, median(round_ratio), *lo, *hi);
   }
   return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  if (!policy) {  // once: the same program, with the variable libgomp reads at load time
+    setenv("OMP_WAIT_POLICY", "passive", 1);
+    execv("/proc/self/exe", argv);
+    std::fprintf(stderr, "vitlens_dnnl_bench: could not run itself again with OMP_WAIT_POLICY=passive; oneDNN's "
+                         "idle threads keep libgomp's default policy\n");
+    policy = "libgomp's default";
+  }
+  CLI::App app{"vitlens_dnnl_bench: vitlens' Linear products against oneDNN's matmul, one block of a ViT shape"};
+  std::string arch = "vit_b16", precision = "both";
+  int tokens = 0, threads = 1, runs = 5, rounds = 5;
+  app.add_option("--arch", arch, "vit_s16 (D 384, 197 tokens), vit_b16 (D 768, 197) or vit_s8 (D 384, 3601)")
+      ->check(CLI::IsMember({"vit_s16", "vit_b16", "vit_s8"}))
+      ->capture_default_str();
+  app.add_option("--tokens", tokens, "rows M instead of the shape's token count (0: the shape's)")
+      ->check(CLI::Range(0, 16385))
+      ->capture_default_str();
+  app.add_option("--threads", threads, "threads for both libraries")->check(CLI::Range(1, 256))->capture_default_str();
+  app.add_option("--runs", runs, "calls per median")->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--rounds", rounds, "rounds, each timing every product on both libraries in turn")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--precision", precision, "fp32, bf16 or both")
+      ->check(CLI::IsMember({"fp32", "bf16", "both"}))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return compare(arch, precision, tokens, threads, runs, rounds, policy);
+  } catch (const std::exception& e) {  // oneDNN's errors, out of memory
+    std::fprintf(stderr, "vitlens_dnnl_bench: %s\n", e.what());
+    return 1;
+  }
 }
