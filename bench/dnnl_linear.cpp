@@ -73,7 +73,7 @@ struct Pair {
   dnnl::matmul matmul;
   dnnl::memory x_f32, x_dnnl, w_dnnl, b_dnnl, y_mem;
   dnnl::reorder x_round;  // bf16: X to bfloat16 inside the timed call
-  std::string impl;       // oneDNN's implementation ("" when it has none worth timing)
+  std::string impl;       // oneDNN's implementation ("" when it has no matmul for the pair)
   std::string skip;       // why oneDNN is not timed
   double worst = 0.0;     // worst_over_bound
 };
