@@ -76,11 +76,11 @@ struct Shape {
   int m, n, k;
 };
 
-// Odd sizes around the tiles (4/6/8 rows, 16/48 columns) and blocks (96 rows, 256 k, 960 columns).
-const Shape kShapes[] = {{1, 1, 1},    {1, 17, 3},   {5, 1, 7},     {7, 15, 9},   {13, 33, 48},
-                         {97, 50, 255}, {100, 48, 257}, {6, 16, 256}, {37, 144, 48}, {260, 1030, 520},
-                         {3, 5, 0},    {193, 7, 31}, {8, 32, 600}, {9, 49, 20},  {17, 97, 300},
-                         {8, 48, 600}, {11, 961, 40}};
+// Odd sizes around the tiles (4/6/8 rows, 16/48 columns) and blocks (96 rows, 256 or 384 k, 960 columns).
+const Shape kShapes[] = {{1, 1, 1},    {1, 17, 3},    {5, 1, 7},     {7, 15, 9},   {13, 33, 48},
+                         {97, 50, 255}, {100, 48, 257}, {6, 16, 256},  {37, 144, 48}, {260, 1030, 520},
+                         {3, 5, 0},    {193, 7, 31},  {8, 32, 600},  {9, 49, 20},  {17, 97, 300},
+                         {8, 48, 600}, {11, 961, 40}, {13, 20, 383}, {7, 33, 385}, {12, 48, 769}};
 
 }  // namespace
 
@@ -118,9 +118,11 @@ TEST_CASE("gemm: packed Linear weights give linear_forward's bits, any ISA, 1 an
   IsaGuard guard;
   std::mt19937 rng(14);
   std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
-  // M = 1 over a wide layer (split by columns between threads); tall (split by rows), K > 256.
+  // M = 1 over a wide layer (split by columns between threads); tall (split by rows), K over more
+  // than one k block (of 256 or 384).
   shapes.push_back({1, 3000, 300});
   shapes.push_back({700, 144, 300});
+  shapes.push_back({700, 144, 800});
   for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
@@ -370,7 +372,7 @@ TEST_CASE("gemm: a row's bits do not depend on whether it falls in a full or an 
   for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
-      for (const int k : {48, 384, 600}) {  // one k block, one and a half, more than two
+      for (const int k : {48, 384, 600, 1000}) {  // one k block of 256 or 384, more than one, more than two
         const int n = 96;
         const std::vector<float> w = random_floats(static_cast<size_t>(n) * k, rng);
         const std::vector<float> b = random_floats(static_cast<size_t>(n), rng);

@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -127,13 +130,51 @@ inline VitConfig small_config(int img = 16, bool class_token = true, int depth =
   return c;
 }
 
-// A fresh empty folder under $TMPDIR (or /tmp), removed by the caller when wanted.
+// The folders temp_dir made in this process, removed with everything in them when the process
+// exits normally (ctest runs each test case in a process of its own), so a test run leaves nothing
+// under /tmp; kept when VITLENS_KEEP_TEST_DIRS is set, to look at a failing test's files. A child
+// made by fork() that exits removes none of them (they belong to the process that made them).
+class TempDirs {
+ public:
+  void add(const std::string& dir) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    dirs_.push_back(dir);
+  }
+  ~TempDirs() {
+    const char* keep = std::getenv("VITLENS_KEEP_TEST_DIRS");
+    if (::getpid() != owner_ || (keep && *keep)) return;
+    namespace fs = std::filesystem;
+    for (const std::string& dir : dirs_) {
+      std::error_code ignored;
+      // A test may have left a folder read-only (refused writes): make every folder writable first.
+      for (fs::recursive_directory_iterator it(dir, ignored), end; !ignored && it != end; it.increment(ignored))
+        if (it->is_directory(ignored) && !it->is_symlink(ignored))
+          fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ignored);
+      ignored.clear();
+      fs::permissions(dir, fs::perms::owner_all, fs::perm_options::add, ignored);
+      fs::remove_all(dir, ignored);
+    }
+  }
+
+ private:
+  const pid_t owner_ = ::getpid();
+  std::mutex mutex_;
+  std::vector<std::string> dirs_;
+};
+
+inline TempDirs& temp_dirs() {
+  static TempDirs dirs;
+  return dirs;
+}
+
+// A fresh empty folder under $TMPDIR (or /tmp), removed at exit (TempDirs) or earlier by the caller.
 inline std::string temp_dir(const std::string& tag) {
   const char* base = std::getenv("TMPDIR");
   std::string tmpl = std::string(base && *base ? base : "/tmp") + "/vitlens-" + tag + "-XXXXXX";
   std::vector<char> buf(tmpl.begin(), tmpl.end());
   buf.push_back('\0');
   if (!::mkdtemp(buf.data())) throw std::runtime_error("mkdtemp failed");
+  temp_dirs().add(buf.data());
   return buf.data();
 }
 

@@ -22,7 +22,7 @@ namespace {
 
 // [SECTION] Portable kernels: plain loops the compiler vectorises for baseline x86-64 (SSE2).
 
-constexpr int kPortableMr = 4, kPortableNr = 16;
+constexpr int kPortableMr = 4, kPortableNr = 16, kPortableKc = 256;
 
 // nn.GELU()'s formula with std::erf; at x = -inf the limit 0 (the formula would give -inf * 0).
 float gelu_scalar(float x) {
@@ -84,7 +84,7 @@ void portable_layer_norm_row(const float* x, int dim, const float* weight, const
 
 }  // namespace
 
-const GemmKernels kPortableGemm{kPortableMr, kPortableNr, portable_tile, portable_gelu, portable_layer_norm_row};
+const GemmKernels kPortableGemm{kPortableMr, kPortableNr, kPortableKc, portable_tile, portable_gelu, portable_layer_norm_row};
 
 const KernelTable<GemmKernels> kGemmKernels{&kPortableGemm, VITLENS_X86_TABLE(kAvx2Gemm), VITLENS_X86_TABLE(kAvx512Gemm)};
 
@@ -95,9 +95,9 @@ namespace {
 using detail::GemmExtras;
 using detail::GemmKernels;
 
-// Block sizes: a packed A block (kMc x kKc, 96 KB) stays in L2, one packed B micro-panel
-// (kKc x NR, 16 or 48 KB) in L1, the packed B block (kKc x kNc, 0.94 MB) in L2 / L3.
-constexpr int kKc = 256;
+// Block sizes, with the kernels' k block kc (256 or 384): an A block (kMc x kc, 96 to 144 KB)
+// stays in L2, one packed B micro-panel (kc x NR, 24 or 48 KB) in L1, the packed B block
+// (kc x kNc, 0.94 to 1.4 MB) in L2 / L3.
 constexpr int kMc = 96;          // a multiple of every MR (4, 6, 8)
 constexpr int kNc = 960;         // a multiple of every NR (16, 48)
 constexpr int kSplitCols = 48;   // column splits between threads: a multiple of every NR
@@ -204,8 +204,8 @@ struct PackBuffers {
   detail::AlignedFloats a, b;
 };
 
-// Where block kb's panel of columns [j, j + NR) starts in PackedLinear::panels: the blocks before
-// it hold kKc rows of every panel, this block kc rows of each panel before it.
+// Where the k block starting at p0's panel of columns [j, j + NR) starts in PackedLinear::panels:
+// the blocks before it hold p0 rows of every panel, this block kc rows of each panel before it.
 int64_t packed_panel_offset(int p0, int kc, int j, int n, int nr) {
   const int64_t padded_n = static_cast<int64_t>((n + nr - 1) / nr) * nr;
   return static_cast<int64_t>(p0) * padded_n + static_cast<int64_t>(j) * kc;
@@ -248,10 +248,10 @@ void edge_tile(const GemmKernels& kern, int kc, const float* a_tile, int64_t a_r
 void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, const GemmOperand& a,
                 const GemmOperand& b, const PackedLinear* packed, float* c, int64_t ldc, bool accumulate,
                 const float* bias_padded, bool gelu, const GemmExtras& extras, PackBuffers& buffers) {
-  const int mr = kern.mr, nr = kern.nr;
+  const int mr = kern.mr, nr = kern.nr, k_block = kern.kc;
   // Only as much as this product needs (a training step makes hundreds of small products: zeroing
   // a full 1 MB block each time cost more than the arithmetic); the buffers only ever grow.
-  const size_t kc_max = static_cast<size_t>(std::min(kKc, std::max(k, 1)));
+  const size_t kc_max = static_cast<size_t>(std::min(k_block, std::max(k, 1)));
   const size_t mc_max = static_cast<size_t>((std::min(kMc, i1 - i0) + mr - 1) / mr * mr);
   const size_t nc_max = static_cast<size_t>((std::min(kNc, j1 - j0) + nr - 1) / nr * nr);
   if (buffers.a.size() < mc_max * kc_max) buffers.a.resize(mc_max * kc_max);
@@ -261,9 +261,9 @@ void gemm_block(const GemmKernels& kern, int i0, int i1, int j0, int j1, int k, 
   // A = dY^T (dW = dY^T X) as MR adjacent floats of each row of dY; only a last panel of fewer than
   // MR rows is packed (zero rows, never read past A's end).
   const bool a_in_place = a.col_stride == 1 || a.row_stride == 1;
-  const int k_blocks = std::max(1, (k + kKc - 1) / kKc);  // k = 0 still writes b (and GELU)
+  const int k_blocks = std::max(1, (k + k_block - 1) / k_block);  // k = 0 still writes b (and GELU)
   for (int kb = 0; kb < k_blocks; ++kb) {
-    const int p0 = kb * kKc, kc = std::min(kKc, k - p0);
+    const int p0 = kb * k_block, kc = std::min(k_block, k - p0);
     const bool first = kb == 0, last = kb == k_blocks - 1;
     for (int jc = j0; jc < j1; jc += kNc) {
       const int nc = std::min(kNc, j1 - jc);
@@ -412,16 +412,16 @@ void linear_forward(const float* x, int64_t ldx, int m, int k, const float* w, i
 void pack_linear(const float* w, int n, int k, PackedLinear& packed, int threads) {
   if (n < 0 || k < 0) throw Error("pack_linear: negative size");
   const GemmKernels& kern = active_gemm();
-  const int nr = kern.nr, panels = (n + nr - 1) / nr;
+  const int nr = kern.nr, k_block = kern.kc, panels = (n + nr - 1) / nr;
   packed.w = w, packed.n = n, packed.k = k, packed.kernels = &kern;
   const size_t floats = static_cast<size_t>(panels) * static_cast<size_t>(nr) * static_cast<size_t>(k);
   if (packed.panels.size() < floats) packed.panels.resize(floats);
   // One task per (k block, panel): any thread count writes the same floats.
-  const int k_blocks = (k + kKc - 1) / kKc;
+  const int k_blocks = (k + k_block - 1) / k_block;
   const int tasks = k_blocks * panels;
   run_tasks(tasks, std::min(resolve_threads(threads), std::max(1, tasks)), [&](int t) {
-    const int p0 = t / panels * kKc, j = t % panels * nr;
-    const int kc = std::min(kKc, k - p0), cols = std::min(nr, n - j);
+    const int p0 = t / panels * k_block, j = t % panels * nr;
+    const int kc = std::min(k_block, k - p0), cols = std::min(nr, n - j);
     pack_wt_panel(w + static_cast<int64_t>(j) * k + p0, k, cols, kc, nr, &kern != &detail::kPortableGemm,
                   packed.panels.data() + packed_panel_offset(p0, kc, j, n, nr));
   });

@@ -57,7 +57,7 @@ void linear_forward(const float* x, int64_t ldx, int m, int k, const float* w, i
                     float* y, int64_t ldy, LinearEpilogue epilogue = LinearEpilogue::Store, int threads = 1);
 
 // A Linear's W (N, K) packed once into the panels linear_forward() packs it into on every call
-// (W^T in column panels of NR, K in blocks of 256, each block's panels (kc, NR) side by side), so
+// (W^T in column panels of NR, K in the kernels' blocks of kc, each block's panels (kc, NR) side by side), so
 // that a forward running the same W over many row chunks packs it once: the inference forward
 // (vit.cpp). Packed for the kernels kernel_isa() selects when pack_linear runs; W must outlive it,
 // since linear_forward_packed runs linear_forward on W itself when kernel_isa() has changed since
@@ -66,7 +66,7 @@ struct PackedLinear {
   const float* w = nullptr;  // (N, K) row-major, the source
   int n = 0, k = 0;          // N = outputs, K = inputs
   const detail::GemmKernels* kernels = nullptr;  // packed for these (null: never packed)
-  detail::AlignedFloats panels;  // (ceil(K / 256) blocks, ceil(N / NR) panels, kc, NR); only grows
+  detail::AlignedFloats panels;  // (ceil(K / kc) blocks, ceil(N / NR) panels, kc, NR); only grows
 };
 
 // Packs W (N, K) into `packed` for the active kernels, reusing its memory; threads <= 0: one per core.
@@ -131,6 +131,10 @@ struct TileEpilogue {
 // What each instruction set provides (gemm.cpp runs the blocking, packing and threads).
 struct GemmKernels {
   int mr, nr;  // register tile: MR rows x NR columns
+  // K is cut into blocks of kc (the last one shorter): one B micro-panel (kc, NR) is read by every
+  // tile of an A block, from L1 where it fits. Each tile's k products are one chain per block, the
+  // blocks' sums added to C in order, so kc is part of a product's bits (and of PackedLinear's layout).
+  int kc;
   // c (MR, NR) with row stride ldc = the epilogue e of A (MR, kc) b_panel (kc, NR), where
   // A's element (r, p) is a[r * a_rs + p * a_ps]: a packed panel (a_rs = 1, a_ps = MR), MR whole
   // rows of a row-major matrix read in place (a_rs = its row stride, a_ps = 1), or MR columns of
@@ -159,10 +163,10 @@ const GemmKernels& active_gemm_kernels();
 // Matrices (M, N) with C's row stride that a LinearEpilogue::Store or Gelu product also reads or
 // writes (TileEpilogue), in this order: v = A B + bias, v = residual + v (saving a pass over both),
 // then with Gelu C = GELU(v) and gelu_slope_out = GELU'(v), with Store and scale C = scale * v, else
-// C = v. None of them may be C itself (refused): where K > 256, C holds partial sums before the
+// C = v. None of them may be C itself (refused): where K > kc, C holds partial sums before the
 // last block reads them. And with any epilogue, a_row_sums (M) += the sums of A's rows over K, for
 // an A whose column elements are adjacent (row_stride 1: dY^T of a weight gradient, whose row sums
-// are the bias gradient), each a chain in k order per block of 256 k, the blocks' sums added in
+// are the bias gradient), each a chain in k order per block of kc k, the blocks' sums added in
 // order (one chain when C has no columns).
 struct GemmExtras {
   const float* residual = nullptr;

@@ -16,6 +16,7 @@ namespace {
 // card's model (48, 96, 144) and of ViT-S and ViT-B (384, 768, 1152, 1536, 2304, 3072) is a whole
 // number of panels, where 32 left a padded edge tile on every product 48 or 144 wide.
 constexpr int kMr = 8, kNr = 48;
+constexpr int kKc = 256;  // a B micro-panel of 48 KB
 
 // kRowSums: also the sums of A's 8 rows (a_rs = 1: adjacent), one vector add per step of k.
 // kAps, kBrs: A's and B's steps of k fixed at compile time (0: a_ps and b_rs at run time), as in
@@ -155,7 +156,7 @@ VITLENS_AVX512 void layer_norm_row(const float* x, int dim, const float* weight,
 
 }  // namespace
 
-const GemmKernels kAvx512Gemm{kMr, kNr, tile, gelu, layer_norm_row};
+const GemmKernels kAvx512Gemm{kMr, kNr, kKc, tile, gelu, layer_norm_row};
 
 }  // namespace vitlens::detail
 #endif  // __x86_64__
