@@ -165,17 +165,29 @@ class Progress {
 };
 
 // Records which build of the training ops this run uses (train_ops.hpp: AVX-512, AVX2 + FMA or
-// portable; they differ in the last bits), and says so in one line when a resumed run was trained
-// with another: the result is then not bit for bit the uninterrupted run.
+// portable; they differ in the last bits) and its SGEMM's k block, and says so in one line when a
+// resumed run was trained with another build, or with another k block (a record without one was
+// written before the AVX2 build's became 384, when every build's was 256): the result is then not
+// bit for bit the uninterrupted run.
 void record_training_ops(nlohmann::json& record, bool resumed) {
   const std::string now = train::train_ops_isa();
-  if (resumed && record.contains("training_ops") && record["training_ops"].is_string() &&
-      record["training_ops"].get<std::string>() != now)
-    std::fprintf(stderr,
-                 "vitlens: warning: this run was trained with the %s training ops and continues with the %s ones "
-                 "(another CPU, or VITLENS_ISA): it will not be bit for bit the uninterrupted run\n",
-                 record["training_ops"].get<std::string>().c_str(), now.c_str());
+  const int k_block = train::train_ops_k_block();
+  if (resumed && record.contains("training_ops") && record["training_ops"].is_string()) {
+    const std::string then = record["training_ops"].get<std::string>();
+    const nlohmann::json& recorded_block = record.contains("sgemm_k_block") ? record["sgemm_k_block"] : nlohmann::json(256);
+    if (then != now)
+      std::fprintf(stderr,
+                   "vitlens: warning: this run was trained with the %s training ops and continues with the %s ones "
+                   "(another CPU, or VITLENS_ISA): it will not be bit for bit the uninterrupted run\n",
+                   then.c_str(), now.c_str());
+    else if (recorded_block != nlohmann::json(k_block))
+      std::fprintf(stderr,
+                   "vitlens: warning: this run was trained with matrix products in k blocks of %s and continues with "
+                   "blocks of %d (another vitlens version): it will not be bit for bit the uninterrupted run\n",
+                   recorded_block.dump().c_str(), k_block);
+  }
   record["training_ops"] = now;
+  record["sgemm_k_block"] = k_block;
 }
 
 // A new run (or a resumed one moved to another folder) never replaces a checkpoint or log it did

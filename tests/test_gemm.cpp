@@ -118,8 +118,8 @@ TEST_CASE("gemm: packed Linear weights give linear_forward's bits, any ISA, 1 an
   IsaGuard guard;
   std::mt19937 rng(14);
   std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
-  // M = 1 over a wide layer (split by columns between threads); tall (split by rows), K over more
-  // than one k block (of 256 or 384).
+  // M = 1 over a wide layer (split by columns between threads); tall (split by rows) with K 300
+  // (one k block of 384, two of 256) and 800 (three k blocks of either).
   shapes.push_back({1, 3000, 300});
   shapes.push_back({700, 144, 300});
   shapes.push_back({700, 144, 800});
@@ -372,7 +372,7 @@ TEST_CASE("gemm: a row's bits do not depend on whether it falls in a full or an 
   for (KernelIsa isa : test::isas_here()) {
     set_kernel_isa(isa);
     DYNAMIC_SECTION(kernel_isa_name(isa)) {
-      for (const int k : {48, 384, 600, 1000}) {  // one k block of 256 or 384, more than one, more than two
+      for (const int k : {48, 384, 600, 1000}) {  // k blocks of 384 (of 256): 1 (1), 1 (2), 2 (3), 3 (4)
         const int n = 96;
         const std::vector<float> w = random_floats(static_cast<size_t>(n) * k, rng);
         const std::vector<float> b = random_floats(static_cast<size_t>(n), rng);

@@ -131,9 +131,10 @@ inline VitConfig small_config(int img = 16, bool class_token = true, int depth =
 }
 
 // The folders temp_dir made in this process, removed with everything in them when the process
-// exits normally (ctest runs each test case in a process of its own), so a test run leaves nothing
-// under /tmp; kept when VITLENS_KEEP_TEST_DIRS is set, to look at a failing test's files. A child
-// made by fork() that exits removes none of them (they belong to the process that made them).
+// exits normally (ctest runs each test case in a process of its own; a crash or a timeout leaves
+// them), so a test run leaves nothing under /tmp; kept when VITLENS_KEEP_TEST_DIRS is set to any
+// value, to look at a failing test's files. A child made by fork() that exits removes none of
+// them (they belong to the process that made them). Links are never followed.
 class TempDirs {
  public:
   void add(const std::string& dir) {
@@ -142,17 +143,20 @@ class TempDirs {
   }
   ~TempDirs() {
     const char* keep = std::getenv("VITLENS_KEEP_TEST_DIRS");
-    if (::getpid() != owner_ || (keep && *keep)) return;
+    if (::getpid() != owner_ || keep) return;
     namespace fs = std::filesystem;
     for (const std::string& dir : dirs_) {
-      std::error_code ignored;
-      // A test may have left a folder read-only (refused writes): make every folder writable first.
-      for (fs::recursive_directory_iterator it(dir, ignored), end; !ignored && it != end; it.increment(ignored))
-        if (it->is_directory(ignored) && !it->is_symlink(ignored))
-          fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ignored);
-      ignored.clear();
+      std::error_code status_error, walk_error, ignored;
+      if (fs::symlink_status(dir, status_error).type() != fs::file_type::directory) continue;  // gone, or not ours
+      // A test may have left folders read-only or closed (refused writes): the top first, so the
+      // walk can enter it, then every folder below, so remove_all can empty them.
       fs::permissions(dir, fs::perms::owner_all, fs::perm_options::add, ignored);
+      for (fs::recursive_directory_iterator it(dir, walk_error), end; !walk_error && it != end;
+           it.increment(walk_error))
+        if (it->symlink_status(ignored).type() == fs::file_type::directory)
+          fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ignored);
       fs::remove_all(dir, ignored);
+      if (ignored) std::fprintf(stderr, "test_support: could not remove %s: %s\n", dir.c_str(), ignored.message().c_str());
     }
   }
 

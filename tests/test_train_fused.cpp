@@ -104,8 +104,8 @@ TEST_CASE("train: fused fc1 + GELU, GELU' + fc2 backward and Linear + residual g
       check_fused(isa, 64, 48, 96, threads);   // whole tiles (the card's MLP at 64 rows)
       check_fused(isa, 37, 5, 20, threads);    // edge tiles in rows and columns
       check_fused(isa, 300, 12, 144, threads); // more rows than one block, 144 = 3 AVX-512 panels
-      check_fused(isa, 40, 300, 20, threads);  // K = 300 both ways: the epilogue after the last k block
-      check_fused(isa, 64, 300, 48, threads);  // the same with enough work to split between threads
+      check_fused(isa, 40, 800, 20, threads);  // K = 800 both ways: the epilogue after the last of 3 or 4 k blocks
+      check_fused(isa, 64, 800, 48, threads);  // the same with enough work to split between threads
       check_fused(isa, 1, 3, 1, threads);
     }
 }
@@ -175,7 +175,7 @@ TEST_CASE("train: a Linear's bias gradient from the weight gradient's tiles, any
   for (KernelIsa isa : test::isas_here()) {
     check_bias_sums(isa, 6400, 48, 144);  // qkv: rows of dout^T split between threads
     check_bias_sums(isa, 6400, 96, 48);   // fc2: columns split, only the first columns' tiles sum
-    check_bias_sums(isa, 300, 5, 20);     // edge panels of rows (20 = 2 x 8 + 4, 3 x 6 + 2), two k blocks
+    check_bias_sums(isa, 800, 5, 20);     // edge panels of rows (20 = 2 x 8 + 4, 3 x 6 + 2), 3 or 4 k blocks
     check_bias_sums(isa, 1, 3, 7);
   }
   // No columns of C (I = 0): no tiles, the sums all the same.
@@ -198,10 +198,11 @@ double phi_cdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
 
 // Each kernel set's epilogues on their own (the portable set's too, which the training ops'
 // portable build does not run for GELU): C = GELU(res + A B + b) with slope_out = GELU'(...), and
-// C = scale * (A B + b), against double loops, with K = 300 (two k blocks) and edge tiles.
+// C = scale * (A B + b), against double loops, with K = 800 (3 k blocks of 256 or 384, 4 of 256)
+// and edge tiles.
 void check_epilogues(const detail::GemmKernels& kern, const char* name) {
   INFO("kernels " << name);
-  const int M = 37, N = 53, K = 300;
+  const int M = 37, N = 53, K = 800;
   const std::vector<float> a = gaussian(static_cast<size_t>(M) * K, 31, 0.1f);
   const std::vector<float> b = gaussian(static_cast<size_t>(K) * N, 32, 0.2f);
   const std::vector<float> bias = gaussian(N, 33, 0.5f), res = gaussian(static_cast<size_t>(M) * N, 34, 1.0f);

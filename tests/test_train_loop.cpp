@@ -550,4 +550,35 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   REQUIRE(again.code == 0);
   CHECK(again.err.empty());
   CHECK(ops_of(dir + "/p/last.safetensors") == here);
+  // The record names the SGEMM's k block too (384 in the AVX2 build, 256 in the others). A record
+  // without one was written when every build's was 256: the AVX2 build resuming it warns.
+  auto record_of = [&](const std::string& path) {
+    return nlohmann::json::parse(read_safetensors(path).metadata.at("training"));
+  };
+  CHECK(record_of(dir + "/p/last.safetensors").at("sgemm_k_block") == (here == "avx2" ? 384 : 256));
+  bool avx2_here = false;
+  for (KernelIsa isa : test::isas_here()) avx2_here = avx2_here || test::train_ops_name(isa) == "avx2";
+  if (!avx2_here) return;
+  // A new run (p has finished), one step, its record then made as an older build wrote it.
+  Run q = run_vitlens("train" + common + " --out " + dir + "/q --stop-after 1", "VITLENS_ISA=avx2");
+  INFO(q.err);
+  REQUIRE(q.code == 0);
+  const std::string q_path = dir + "/q/last.safetensors";
+  CHECK(record_of(q_path).at("sgemm_k_block") == 384);
+  SafetensorsFile model = read_safetensors(q_path);
+  nlohmann::json record = nlohmann::json::parse(model.metadata.at("training"));
+  record.erase("sgemm_k_block");
+  model.metadata["training"] = record.dump();
+  write_safetensors(q_path, model);
+  const std::string resume_q = "train --data fashion-mnist --quiet --stop-after 1 --resume " + q_path;
+  Run older = run_vitlens(resume_q, "VITLENS_ISA=avx2");
+  INFO(older.err);
+  REQUIRE(older.code == 0);
+  CHECK(older.err == "vitlens: warning: this run was trained with matrix products in k blocks of 256 and continues "
+                     "with blocks of 384 (another vitlens version): it will not be bit for bit the uninterrupted run\n");
+  CHECK(record_of(q_path).at("sgemm_k_block") == 384);
+  Run same = run_vitlens(resume_q, "VITLENS_ISA=avx2");
+  INFO(same.err);
+  REQUIRE(same.code == 0);
+  CHECK(same.err.empty());
 }

@@ -95,9 +95,9 @@ namespace {
 using detail::GemmExtras;
 using detail::GemmKernels;
 
-// Block sizes, with the kernels' k block kc (256 or 384): an A block (kMc x kc, 96 to 144 KB)
-// stays in L2, one packed B micro-panel (kc x NR, 24 or 48 KB) in L1, the packed B block
-// (kc x kNc, 0.94 to 1.4 MB) in L2 / L3.
+// Block sizes, with the kernels' k block kc (256 or 384): an A block (kMc x kc, 96 to 144 KiB)
+// stays in L2, one packed B micro-panel (kc x NR, 16 to 48 KiB) in L1, the packed B block
+// (kc x kNc, 0.94 to 1.4 MiB) in L2 / L3.
 constexpr int kMc = 96;          // a multiple of every MR (4, 6, 8)
 constexpr int kNc = 960;         // a multiple of every NR (16, 48)
 constexpr int kSplitCols = 48;   // column splits between threads: a multiple of every NR

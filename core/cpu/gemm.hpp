@@ -7,8 +7,9 @@
 // VITLENS_ISA switch them). The plain loops in
 // tests/test_gemm.cpp are the oracle every variant is compared with.
 //
-// The product is a blocked, packed SGEMM (the GotoBLAS / BLIS layout): K in blocks of kGemmKc,
-// B packed in column panels of NR, A in row panels of MR, an MR x NR register tile per step.
+// The product is a blocked, packed SGEMM (the GotoBLAS / BLIS layout): K in blocks of kc
+// (GemmKernels: 256 or 384), B packed in column panels of NR, A in row panels of MR, an MR x NR
+// register tile per step.
 // Each output element is the same chain of operations wherever it falls (edge tiles run the full
 // tile on a padded copy), and threads split rows or columns at multiples of the tile, so results
 // do not depend on the thread count.

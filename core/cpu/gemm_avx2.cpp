@@ -17,10 +17,10 @@ namespace {
 constexpr int kMr = 6, kNr = 16;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
 // K in blocks of 384 (a B micro-panel of 24 KB in a 32 KB L1), not 256: a product whose K is 384
 // (ViT-S's qkv, proj, fc1) then writes C once instead of writing its partial sums and reading them
-// back; at 3601 rows (ViT-S/8 at 480 px) C is up to 22 MB. On AMD Zen 3
-// the block's four products ran at 0.93x to 0.94x oneDNN's speed with 256 and 0.97x to 0.99x with
-// 384 on one thread, 0.91x to 0.93x and 0.95x on two; ViT-S/16 (197 rows) 1.08x to 1.10x and 1.11x
-// to 1.24x (bench/results/2026-12-07-avx2-k-block-384-zen3.md).
+// back; at 3601 rows (ViT-S/8 at 480 px) C is up to 22 MB. On AMD Zen 3, one thread, ViT-S/8's four
+// products took 164 to 180 ms with blocks of 256 (0.93x to 0.94x oneDNN's speed in the same runs)
+// and 155 to 170 ms with 384 (0.97x to 0.99x); on two threads, and at 197 rows, no change was
+// resolved (bench/results/2026-12-07-avx2-k-block-384-zen3.md).
 constexpr int kKc = 384;
 
 // kRowSums: also the sums of A's 6 rows (a_rs = 1: adjacent; a masked load, so nothing past the

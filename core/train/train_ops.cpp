@@ -3,12 +3,15 @@
 #include "core/train/train_ops.hpp"
 
 #include "core/base/parallel.hpp"
+#include "core/cpu/gemm.hpp"
 
 namespace vitlens::train {
 
 void parallel_for(int tasks, int threads, const std::function<void(int)>& task) { run_tasks(tasks, threads, task); }
 
 const char* train_ops_isa() { return kernel_isa_id(kernel_isa()); }
+
+int train_ops_k_block() { return detail::kGemmKernels.get(kernel_isa()).kc; }
 
 // The tables of the three builds of train_ops_ref.cpp (the vector ones on x86-64 only).
 #define VITLENS_TRAIN_BUILD(isa)                 \

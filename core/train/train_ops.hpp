@@ -38,6 +38,11 @@ void parallel_for(int tasks, int threads, const std::function<void(int)>& task);
 // (cpu.hpp's kernel_isa_id).
 const char* train_ops_isa();
 
+// The k block of the SGEMM that build runs its Linear layers on (gemm.hpp GemmKernels::kc: 384 in
+// the AVX2 build, 256 in the others; 256 in every build before 7 Dec 2026): part of its rounding,
+// so a training run records it beside train_ops_isa().
+int train_ops_k_block();
+
 // The ops' table: one function pointer per entry of train_ops_list.inc, for one scalar type.
 // write_dinp's default belongs to the public function only.
 #define VITLENS_TRAIN_DEFAULT(value)

@@ -417,6 +417,7 @@ void TrainSession::worker_start(Worker& w) {
     record["img_size"] = image_side(s);
     record["eval_set"] = w.data.eval_name;
     record["training_ops"] = train::train_ops_isa();  // as `vitlens train` records it
+    record["sgemm_k_block"] = train::train_ops_k_block();
     const std::string started_message = make_trainer(w, record);
     RunSettings settings;  // no log, no checkpoint of its own: the window saves on request
     settings.eval_name = w.data.eval_name;
