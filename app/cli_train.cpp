@@ -23,6 +23,7 @@
 #include "core/io/paths.hpp"
 #include "core/train/classify_objective.hpp"
 #include "core/train/mae_objective.hpp"
+#include "models/json_file.hpp"
 #include "models/safetensors.hpp"
 #include "core/train/train_ops.hpp"
 #include "core/train/trainer.hpp"
@@ -173,8 +174,9 @@ void record_training_ops(nlohmann::json& record, bool resumed) {
   const std::string now = train::train_ops_isa();
   const int k_block = train::train_ops_k_block();
   if (resumed && record.contains("training_ops") && record["training_ops"].is_string()) {
-    const std::string then = record["training_ops"].get<std::string>();
-    const nlohmann::json& recorded_block = record.contains("sgemm_k_block") ? record["sgemm_k_block"] : nlohmann::json(256);
+    // From the file: printed capped and with control characters escaped, a size only if it is one.
+    const std::string then = terminal_text(capped_text(record["training_ops"].get<std::string>(), 64));
+    const nlohmann::json recorded_block = record.value("sgemm_k_block", nlohmann::json(256));
     if (then != now)
       std::fprintf(stderr,
                    "vitlens: warning: this run was trained with the %s training ops and continues with the %s ones "
@@ -184,7 +186,8 @@ void record_training_ops(nlohmann::json& record, bool resumed) {
       std::fprintf(stderr,
                    "vitlens: warning: this run was trained with matrix products in k blocks of %s and continues with "
                    "blocks of %d (another vitlens version): it will not be bit for bit the uninterrupted run\n",
-                   recorded_block.dump().c_str(), k_block);
+                   recorded_block.is_number_integer() ? recorded_block.dump().c_str() : "an unreadable size",
+                   k_block);
   }
   record["training_ops"] = now;
   record["sgemm_k_block"] = k_block;

@@ -119,7 +119,7 @@ TEST_CASE("gemm: packed Linear weights give linear_forward's bits, any ISA, 1 an
   std::mt19937 rng(14);
   std::vector<Shape> shapes(std::begin(kShapes), std::end(kShapes));
   // M = 1 over a wide layer (split by columns between threads); tall (split by rows) with K 300
-  // (one k block of 384, two of 256) and 800 (three k blocks of either).
+  // (one k block of 384, two of 256) and 800 (three k blocks of 384, four of 256).
   shapes.push_back({1, 3000, 300});
   shapes.push_back({700, 144, 300});
   shapes.push_back({700, 144, 800});

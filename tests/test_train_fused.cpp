@@ -198,8 +198,8 @@ double phi_cdf(double x) { return 0.5 * std::erfc(-x / std::sqrt(2.0)); }
 
 // Each kernel set's epilogues on their own (the portable set's too, which the training ops'
 // portable build does not run for GELU): C = GELU(res + A B + b) with slope_out = GELU'(...), and
-// C = scale * (A B + b), against double loops, with K = 800 (3 k blocks of 256 or 384, 4 of 256)
-// and edge tiles.
+// C = scale * (A B + b), against double loops, with K = 800 (3 k blocks of 384, 4 of 256) and
+// edge tiles.
 void check_epilogues(const detail::GemmKernels& kern, const char* name) {
   INFO("kernels " << name);
   const int M = 37, N = 53, K = 800;

@@ -581,4 +581,16 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   INFO(same.err);
   REQUIRE(same.code == 0);
   CHECK(same.err.empty());
+  // A record edited by hand: a k block that is not a number is one line, nothing from it printed.
+  model = read_safetensors(q_path);
+  record = nlohmann::json::parse(model.metadata.at("training"));
+  record["sgemm_k_block"] = "384\n\x1b[2Jvitlens: fine";
+  model.metadata["training"] = record.dump();
+  write_safetensors(q_path, model);
+  Run edited = run_vitlens(resume_q, "VITLENS_ISA=avx2");
+  INFO(edited.err);
+  REQUIRE(edited.code == 0);
+  CHECK(edited.err == "vitlens: warning: this run was trained with matrix products in k blocks of an unreadable size "
+                      "and continues with blocks of 384 (another vitlens version): it will not be bit for bit the "
+                      "uninterrupted run\n");
 }

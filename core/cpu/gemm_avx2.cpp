@@ -15,7 +15,7 @@ namespace vitlens::detail {
 namespace {
 
 constexpr int kMr = 6, kNr = 16;  // 12 accumulators + 2 B vectors + 1 broadcast of 16 registers
-// K in blocks of 384 (a B micro-panel of 24 KB in a 32 KB L1), not 256: a product whose K is 384
+// K in blocks of 384 (a B micro-panel of 24 KiB in a 32 KiB L1), not 256: a product whose K is 384
 // (ViT-S's qkv, proj, fc1) then writes C once instead of writing its partial sums and reading them
 // back; at 3601 rows (ViT-S/8 at 480 px) C is up to 22 MB. On AMD Zen 3, one thread, ViT-S/8's four
 // products took 164 to 180 ms with blocks of 256 (0.93x to 0.94x oneDNN's speed in the same runs)
