@@ -156,7 +156,8 @@ class TempDirs {
         if (it->symlink_status(ignored).type() == fs::file_type::directory)
           fs::permissions(it->path(), fs::perms::owner_all, fs::perm_options::add, ignored);
       fs::remove_all(dir, ignored);
-      if (ignored) std::fprintf(stderr, "test_support: could not remove %s: %s\n", dir.c_str(), ignored.message().c_str());
+      if (ignored)
+        std::fprintf(stderr, "test_support: could not remove %s: %s\n", dir.c_str(), ignored.message().c_str());
     }
   }
 

@@ -575,7 +575,8 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   INFO(older.err);
   REQUIRE(older.code == 0);
   CHECK(older.err == "vitlens: warning: this run was trained with matrix products in k blocks of 256 and continues "
-                     "with blocks of 384 (another vitlens version): it will not be bit for bit the uninterrupted run\n");
+                     "with blocks of 384 (another vitlens version): it will not be bit for bit the uninterrupted "
+                     "run\n");
   CHECK(record_of(q_path).at("sgemm_k_block") == 384);
   Run same = run_vitlens(resume_q, "VITLENS_ISA=avx2");
   INFO(same.err);

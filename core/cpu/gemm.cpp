@@ -84,7 +84,8 @@ void portable_layer_norm_row(const float* x, int dim, const float* weight, const
 
 }  // namespace
 
-const GemmKernels kPortableGemm{kPortableMr, kPortableNr, kPortableKc, portable_tile, portable_gelu, portable_layer_norm_row};
+const GemmKernels kPortableGemm{kPortableMr,   kPortableNr,   kPortableKc,
+                                portable_tile, portable_gelu, portable_layer_norm_row};
 
 const KernelTable<GemmKernels> kGemmKernels{&kPortableGemm, VITLENS_X86_TABLE(kAvx2Gemm), VITLENS_X86_TABLE(kAvx512Gemm)};
 

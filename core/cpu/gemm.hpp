@@ -58,11 +58,12 @@ void linear_forward(const float* x, int64_t ldx, int m, int k, const float* w, i
                     float* y, int64_t ldy, LinearEpilogue epilogue = LinearEpilogue::Store, int threads = 1);
 
 // A Linear's W (N, K) packed once into the panels linear_forward() packs it into on every call
-// (W^T in column panels of NR, K in the kernels' blocks of kc, each block's panels (kc, NR) side by side), so
-// that a forward running the same W over many row chunks packs it once: the inference forward
-// (vit.cpp). Packed for the kernels kernel_isa() selects when pack_linear runs; W must outlive it,
-// since linear_forward_packed runs linear_forward on W itself when kernel_isa() has changed since
-// (set_kernel_isa), rather than read panels laid out for another tile.
+// (W^T in column panels of NR, K in the kernels' blocks of kc, each block's panels (kc, NR) side
+// by side), so that a forward running the same W over many row chunks packs it once: the
+// inference forward (vit.cpp). Packed for the kernels kernel_isa() selects when pack_linear runs;
+// W must outlive it, since linear_forward_packed runs linear_forward on W itself when
+// kernel_isa() has changed since (set_kernel_isa), rather than read panels laid out for another
+// tile.
 struct PackedLinear {
   const float* w = nullptr;  // (N, K) row-major, the source
   int n = 0, k = 0;          // N = outputs, K = inputs
@@ -134,7 +135,8 @@ struct GemmKernels {
   int mr, nr;  // register tile: MR rows x NR columns
   // K is cut into blocks of kc (the last one shorter): one B micro-panel (kc, NR) is read by every
   // tile of an A block, from L1 where it fits. Each tile's k products are one chain per block, the
-  // blocks' sums added to C in order, so kc is part of a product's bits (and of PackedLinear's layout).
+  // blocks' sums added to C in order, so kc is part of a product's bits (and of PackedLinear's
+  // layout).
   int kc;
   // c (MR, NR) with row stride ldc = the epilogue e of A (MR, kc) b_panel (kc, NR), where
   // A's element (r, p) is a[r * a_rs + p * a_ps]: a packed panel (a_rs = 1, a_ps = MR), MR whole

@@ -16,7 +16,7 @@ namespace {
 // card's model (48, 96, 144) and of ViT-S and ViT-B (384, 768, 1152, 1536, 2304, 3072) is a whole
 // number of panels, where 32 left a padded edge tile on every product 48 or 144 wide.
 constexpr int kMr = 8, kNr = 48;
-constexpr int kKc = 256;  // a B micro-panel of 48 KB
+constexpr int kKc = 256;  // a B micro-panel of 48 KiB
 
 // kRowSums: also the sums of A's 8 rows (a_rs = 1: adjacent), one vector add per step of k.
 // kAps, kBrs: A's and B's steps of k fixed at compile time (0: a_ps and b_rs at run time), as in
