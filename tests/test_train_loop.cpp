@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -524,8 +525,17 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   const std::string dir = test::temp_dir("train-ops");
   const std::string common = " --data fashion-mnist --limit 128 --depth 1 --embed-dim 8 --heads 2 --batch 32 "
                              "--epochs 1 --threads 1 --quiet";
-  auto ops_of = [&](const std::string& path) {
-    return nlohmann::json::parse(read_safetensors(path).metadata.at("training")).at("training_ops").get<std::string>();
+  auto record_of = [&](const std::string& path) {
+    return nlohmann::json::parse(read_safetensors(path).metadata.at("training"));
+  };
+  auto ops_of = [&](const std::string& path) { return record_of(path).at("training_ops").get<std::string>(); };
+  // Rewrites a checkpoint's training record as `edit` leaves it (as an older build or a hand wrote it).
+  auto edit_record = [&](const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+    SafetensorsFile model = read_safetensors(path);
+    nlohmann::json record = nlohmann::json::parse(model.metadata.at("training"));
+    edit(record);
+    model.metadata["training"] = record.dump();
+    write_safetensors(path, model);
   };
   // VITLENS_ISA=portable runs the portable build whatever the CPU.
   Run p = run_vitlens("train" + common + " --out " + dir + "/p --stop-after 2", "VITLENS_ISA=portable");
@@ -552,9 +562,6 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   CHECK(ops_of(dir + "/p/last.safetensors") == here);
   // The record names the SGEMM's k block too (384 in the AVX2 build, 256 in the others). A record
   // without one was written when every build's was 256: the AVX2 build resuming it warns.
-  auto record_of = [&](const std::string& path) {
-    return nlohmann::json::parse(read_safetensors(path).metadata.at("training"));
-  };
   CHECK(record_of(dir + "/p/last.safetensors").at("sgemm_k_block") == (here == "avx2" ? 384 : 256));
   bool avx2_here = false;
   for (KernelIsa isa : test::isas_here()) avx2_here = avx2_here || test::train_ops_name(isa) == "avx2";
@@ -565,11 +572,7 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   REQUIRE(q.code == 0);
   const std::string q_path = dir + "/q/last.safetensors";
   CHECK(record_of(q_path).at("sgemm_k_block") == 384);
-  SafetensorsFile model = read_safetensors(q_path);
-  nlohmann::json record = nlohmann::json::parse(model.metadata.at("training"));
-  record.erase("sgemm_k_block");
-  model.metadata["training"] = record.dump();
-  write_safetensors(q_path, model);
+  edit_record(q_path, [](nlohmann::json& record) { record.erase("sgemm_k_block"); });
   const std::string resume_q = "train --data fashion-mnist --quiet --stop-after 1 --resume " + q_path;
   Run older = run_vitlens(resume_q, "VITLENS_ISA=avx2");
   INFO(older.err);
@@ -583,11 +586,7 @@ TEST_CASE("train CLI: the record names the training ops' build, and resuming wit
   REQUIRE(same.code == 0);
   CHECK(same.err.empty());
   // A record edited by hand: a k block that is not a number is one line, nothing from it printed.
-  model = read_safetensors(q_path);
-  record = nlohmann::json::parse(model.metadata.at("training"));
-  record["sgemm_k_block"] = "384\n\x1b[2Jvitlens: fine";
-  model.metadata["training"] = record.dump();
-  write_safetensors(q_path, model);
+  edit_record(q_path, [](nlohmann::json& record) { record["sgemm_k_block"] = "384\n\x1b[2Jvitlens: fine"; });
   Run edited = run_vitlens(resume_q, "VITLENS_ISA=avx2");
   INFO(edited.err);
   REQUIRE(edited.code == 0);
