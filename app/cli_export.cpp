@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <functional>
 #include <map>
 #include <set>
@@ -22,6 +23,7 @@
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
 #include "core/io/image.hpp"
+#include "core/io/json_text.hpp"
 #include "core/model/classifier.hpp"
 #include "core/render/export_layers.hpp"
 #include "models/bundled_models.hpp"
@@ -521,8 +523,9 @@ struct Progress {
 // model without a classifier (its record says so).
 void print_predictions(const std::vector<std::string>& files) {
   if (files.empty() || std::filesystem::path(files.back()).extension() != ".json") return;
-  std::ifstream in(files.back());
-  const nlohmann::json record = nlohmann::json::parse(in, nullptr, false);
+  std::ifstream in(files.back(), std::ios::binary);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const nlohmann::json record = parse_json_or_discarded(text);
   if (!record.is_object() || !record.contains("predictions") || !record["predictions"].is_array()) return;
   for (const nlohmann::json& p : record["predictions"])
     std::printf("  %s\n", terminal_text(prediction_line(p.at("rank").get<int>(), p.at("probability").get<double>(),

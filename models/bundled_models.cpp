@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "core/base/error.hpp"
+#include "models/json_file.hpp"
 #include "models/model_io.hpp"
 #include "models/safetensors.hpp"
 
@@ -65,9 +66,9 @@ std::vector<BundledModelEntry> list_bundled_models() {
       const SafetensorsFile st = read_safetensors(m.path);
       const auto config = st.metadata.find("config");
       if (config == st.metadata.end()) throw Error(m.path + ": no vitlens config in the file's metadata");
-      m.config = config_from_json(nlohmann::json::parse(config->second), m.path);
+      m.config = config_from_json(parse_json_text(config->second, m.path + ": __metadata__[\"config\"]"), m.path);
       const auto training = st.metadata.find("training");
-      if (training != st.metadata.end()) m.training = nlohmann::json::parse(training->second);
+      if (training != st.metadata.end()) m.training = parse_json_text(training->second, m.path + ": the training record");
     } catch (const std::exception& e) {
       m.error = e.what();
     }

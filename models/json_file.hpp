@@ -6,9 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
-namespace vitlens {
+#include "core/io/json_text.hpp"
 
-constexpr int kMaxJsonDepth = 64;
+namespace vitlens {
 
 // `text` parsed strictly: throws vitlens::Error "<what> is not valid JSON", "<what> has the key
 // 'k' twice in one object" (a JSON DOM would keep one of them silently) or "<what> is nested

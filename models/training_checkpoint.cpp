@@ -21,6 +21,7 @@
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
 #include "core/io/paths.hpp"
+#include "models/json_file.hpp"
 #include "models/safetensors.hpp"
 
 namespace vitlens {
@@ -325,16 +326,12 @@ void read_optimizer_state(const CheckpointFiles& f, const train::ParamLayout& la
 }
 
 nlohmann::json training_record(const CheckpointFiles& f) {
-  try {
-    return nlohmann::json::parse(meta(f.model, "training", f.model_path));
-  } catch (const nlohmann::json::exception&) {
-    throw Error(f.model_path + ": the training record is not valid JSON");
-  }
+  return parse_json_text(meta(f.model, "training", f.model_path), f.model_path + ": the training record");
 }
 
 Recipe recipe_of(const CheckpointFiles& f) {
   try {
-    return Recipe::from_json(nlohmann::json::parse(meta(f.state, "recipe", f.state_path)));
+    return Recipe::from_json(parse_json_text(meta(f.state, "recipe", f.state_path), f.state_path + ": __metadata__['recipe']"));
   } catch (const nlohmann::json::exception&) {
     throw Error(f.state_path + ": __metadata__['recipe'] is not a valid recipe");
   }
@@ -363,9 +360,9 @@ nlohmann::json objective_options(const CheckpointFiles& f, const ObjectiveKind& 
   const std::string key = kind.options_key;
   nlohmann::json options;
   try {
-    options = nlohmann::json::parse(meta(f.state, key, f.state_path));
-  } catch (const nlohmann::json::exception&) {
-    throw Error(f.state_path + ": __metadata__['" + key + "'] is not valid JSON" + kDamaged);
+    options = parse_json_text(meta(f.state, key, f.state_path), f.state_path + ": __metadata__['" + key + "']");
+  } catch (const Error& e) {
+    throw Error(e.what() + std::string(kDamaged));
   }
   const std::string why = kind.check(f.config, options);
   if (!why.empty()) throw Error(f.state_path + ": " + why);
@@ -429,16 +426,12 @@ std::string checkpoint_objective(const std::string& model_path) {
   const SafetensorsFile model = read_safetensors(model_path);
   const auto it = model.metadata.find("training");
   if (it == model.metadata.end()) throw Error(model_path + ": not a 'vitlens train' checkpoint (no training record)");
-  try {
-    const nlohmann::json record = nlohmann::json::parse(it->second);
-    if (!record.is_object()) throw Error(model_path + ": the training record is not a JSON object");
-    const auto objective = record.find("objective");
-    if (objective == record.end()) return "classify";
-    if (!objective->is_string()) throw Error(model_path + ": the training record's 'objective' is not a string");
-    return objective->get<std::string>();
-  } catch (const nlohmann::json::exception&) {
-    throw Error(model_path + ": the training record is not valid JSON");
-  }
+  const nlohmann::json record = parse_json_text(it->second, model_path + ": the training record");
+  if (!record.is_object()) throw Error(model_path + ": the training record is not a JSON object");
+  const auto objective = record.find("objective");
+  if (objective == record.end()) return "classify";
+  if (!objective->is_string()) throw Error(model_path + ": the training record's 'objective' is not a string");
+  return objective->get<std::string>();
 }
 
 TensorMap model_file_tensors(const Objective& objective) {

@@ -17,6 +17,8 @@
 #include "process_support.hpp"
 #include "test_support.hpp"
 #include "core/io/files.hpp"
+#include "core/io/json_text.hpp"
+#include "models/json_file.hpp"
 #include "models/model_io.hpp"
 #include "models/safetensors.hpp"
 
@@ -88,6 +90,15 @@ std::string write_photo(const std::string& path, int side) {
   cv::randu(img, 0, 255);
   REQUIRE(cv::imwrite(path, img));
   return path;
+}
+
+// An ImageFolder tree at `data`: classes a and b, two 32 px photos each.
+void write_two_classes(const std::string& data) {
+  REQUIRE(::mkdir(data.c_str(), 0755) == 0);
+  for (const char* cls : {"a", "b"}) {
+    REQUIRE(::mkdir((data + "/" + cls).c_str(), 0755) == 0);
+    for (int i = 0; i < 2; ++i) write_photo(data + "/" + cls + "/" + std::to_string(i) + ".png", 32);
+  }
 }
 
 }  // namespace
@@ -221,11 +232,7 @@ TEST_CASE("an allocation that fails is one line and exit code 1, never an abort"
 TEST_CASE("a recipe of billions of parameters is refused before training, with the memory it needs",
           "[hostile-model][train]") {
   const std::string dir = test::temp_dir("huge-recipe");
-  REQUIRE(::mkdir((dir + "/data").c_str(), 0755) == 0);
-  for (const char* cls : {"a", "b"}) {
-    REQUIRE(::mkdir((dir + "/data/" + cls).c_str(), 0755) == 0);
-    for (int i = 0; i < 2; ++i) write_photo(dir + "/data/" + cls + "/" + std::to_string(i) + ".png", 32);
-  }
+  write_two_classes(dir + "/data");
   // 64 blocks of width 1024 with a 16x MLP: 2.4 billion parameters, 38 GB with Adam.
   const Child run = run_vitlens({"train", "--data", dir + "/data", "--out", dir + "/run", "--depth", "64", "--embed-dim",
                                  "1024", "--mlp-ratio", "16", "--batch", "2", "--val-split", "0", "--epochs", "1", "-q"},
@@ -235,4 +242,70 @@ TEST_CASE("a recipe of billions of parameters is refused before training, with t
   check_one_line(run);
   CHECK_THAT(run.err, Contains("parameters) needs about") && Contains("GiB"));
   CHECK(run.max_rss_kb < 200 * 1024);
+}
+
+TEST_CASE("JSON from outside nests at most 64 levels: deeper is refused before anything recurses over it",
+          "[hostile-model][json]") {
+  const auto nested = [](size_t levels) { return std::string(levels, '[') + std::string(levels, ']'); };
+  CHECK(!parse_json_or_discarded(nested(kMaxJsonDepth + 1)).is_discarded());
+  CHECK(parse_json_or_discarded(nested(kMaxJsonDepth + 2)).is_discarded());
+  CHECK(parse_json_or_discarded(nested(1000000)).is_discarded());
+  CHECK(parse_json_or_discarded("{\"a\": [1, 2").is_discarded());
+  CHECK(parse_json_or_discarded("{\"a\": [1, 2]}") == json{{"a", {1, 2}}});
+  CHECK(parse_json_text(nested(kMaxJsonDepth + 1), "x").dump() == nested(kMaxJsonDepth + 1));
+  CHECK_THROWS_WITH(parse_json_text(nested(1000000), "x"), "x is nested deeper than 64 levels");
+}
+
+TEST_CASE("a checkpoint whose record, recipe or options nest a million levels is one line, its files untouched",
+          "[hostile-model][train]") {
+  const std::string dir = test::temp_dir("deep-record");
+  write_two_classes(dir + "/data");
+  const Child trained = run_vitlens({"train", "--data", dir + "/data", "--out", dir + "/run", "--depth", "1",
+                                     "--embed-dim", "8", "--heads", "2", "--img-size", "16", "--batch", "2",
+                                     "--val-split", "0", "--epochs", "2", "--stop-after", "1", "-q"});
+  INFO("stderr: " << trained.err);
+  REQUIRE(trained.code == 0);
+  const std::string model = dir + "/run/last.safetensors", state = dir + "/run/last.state.safetensors";
+  const std::string model_bytes = test::slurp(model), state_bytes = test::slurp(state);
+  const std::string deep = std::string(1000000, '[') + std::string(1000000, ']');
+  // Each case: the file, the metadata key, and its new text made from the old one. Before the
+  // limit, resuming the first one trained a step and then overflowed the stack writing it back.
+  struct Case {
+    std::string path, key;
+    std::function<std::string(const std::string&)> edit;
+  };
+  const std::vector<Case> cases = {
+      {model, "training", [&](const std::string& old) { return "{\"notes\": " + deep + ", " + old.substr(1); }},
+      {state, "recipe", [&](const std::string&) { return deep; }},
+      {state, "num_classes", [&](const std::string&) { return deep; }},
+  };
+  for (const Case& c : cases) {
+    INFO("edited: " << c.key);
+    SafetensorsFile file = read_safetensors(c.path);
+    REQUIRE(file.metadata.count(c.key) == 1);
+    if (c.key == "training") REQUIRE(file.metadata.at(c.key).rfind('{', 0) == 0);
+    file.metadata[c.key] = c.edit(file.metadata.at(c.key));
+    write_safetensors(c.path, file);
+    const std::string edited = test::slurp(c.path);
+    const Child resumed = run_vitlens({"train", "--data", dir + "/data", "--resume", model, "-q"});
+    INFO("stderr: " << resumed.err);
+    CHECK(resumed.code == 1);
+    check_one_line(resumed);
+    CHECK_THAT(resumed.err, Contains("nested deeper than 64 levels"));
+    // Nothing written: the edited file as it was, the other one as training left it.
+    CHECK(test::slurp(c.path) == edited);
+    CHECK(test::slurp(c.path == model ? state : model) == (c.path == model ? state_bytes : model_bytes));
+    if (c.key == "training") {  // the record is informational: the model still opens
+      const Child info = run_vitlens({"info", "--model", model});
+      INFO("info stderr: " << info.err);
+      CHECK(info.code == 0);
+      CHECK(info.signal == 0);
+    }
+    test::spit(model, model_bytes);
+    test::spit(state, state_bytes);
+  }
+  // Put back, the run resumes.
+  const Child resumed = run_vitlens({"train", "--data", dir + "/data", "--resume", model, "-q"});
+  INFO("stderr: " << resumed.err);
+  CHECK(resumed.code == 0);
 }

@@ -23,6 +23,7 @@
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
 #include "core/io/files_internal.hpp"
+#include "core/io/json_text.hpp"
 #include "core/io/paths.hpp"
 
 namespace vitlens {
@@ -43,7 +44,7 @@ const char kForceFile[] = ".force";          // inside a commit folder: the set 
 nlohmann::json read_json_at(int dir_fd, const std::string& name) {
   std::string bytes;
   if (!read_at(dir_fd, name, bytes)) return nlohmann::json();
-  return nlohmann::json::parse(bytes, nullptr, false);
+  return parse_json_or_discarded(bytes);
 }
 
 // A record vitlens wrote: a JSON object whose kRecordKey is its own file name.
@@ -53,7 +54,7 @@ bool is_our_record(const nlohmann::json& j, const std::string& name) {
 
 // A record's "set" id ("" when it has none or is not JSON).
 std::string set_id_of(const std::string& record) {
-  const nlohmann::json j = nlohmann::json::parse(record, nullptr, false);
+  const nlohmann::json j = parse_json_or_discarded(record);
   if (j.is_object() && j.contains("set") && j["set"].is_string()) return j["set"].get<std::string>();
   return "";
 }
@@ -194,7 +195,7 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
     const nlohmann::json old_record = read_json_at(dir_fd, record_name);
     if (is_our_record(old_record, record_name)) {
       const std::string stem = record_name.substr(0, record_name.find_last_of('.'));
-      const std::set<std::string> keep = listed_names(nlohmann::json::parse(record, nullptr, false));
+      const std::set<std::string> keep = listed_names(parse_json_or_discarded(record));
       for (const std::string& old : listed_names(old_record))
         if (!keep.count(old) && old != record_name && old.compare(0, stem.size() + 1, stem + "_") == 0)
           ::unlinkat(dir_fd, old.c_str(), 0);

@@ -14,6 +14,7 @@
 #include "core/base/enum_names.hpp"
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
+#include "core/io/json_text.hpp"
 #include "core/render/heatmap.hpp"
 #include "core/render/maps.hpp"
 
@@ -275,7 +276,7 @@ std::string run_expect(App& app, const ScriptArgs& a) {
   std::string error;
   const nlohmann::json* got = state_value(state, a[0], error);
   if (!got) return error;
-  nlohmann::json want = nlohmann::json::parse(a[1], nullptr, false);
+  nlohmann::json want = parse_json_or_discarded(a[1]);
   if (want.is_discarded()) want = a[1];  // a bare word is a string
   const bool same = got->is_number() && want.is_number()
                         ? std::fabs(got->get<double>() - want.get<double>()) <= 1e-6 * std::max(1.0, std::fabs(want.get<double>()))

@@ -11,6 +11,7 @@
 
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
+#include "core/io/json_text.hpp"
 
 namespace vitlens::viewer {
 
@@ -52,7 +53,7 @@ Settings load_settings(const std::string& path, std::string* warning) {
   std::ifstream in(path, std::ios::binary);
   std::stringstream text;
   text << in.rdbuf();
-  nlohmann::json j = nlohmann::json::parse(text.str(), nullptr, false);
+  nlohmann::json j = parse_json_or_discarded(text.str());
   if (!in || j.is_discarded() || !j.is_object()) {
     if (warning) *warning = path + ": settings are not a JSON object; using the defaults";
     return s;

@@ -1,0 +1,19 @@
+#pragma once
+// JSON from outside the process (a user's file, a checkpoint's metadata), nested no deeper than
+// kMaxJsonDepth. nlohmann's parser keeps its own stack, but writing a value out (dump), copying it
+// and comparing it recurse once a level: a record of a million nested arrays parses, then
+// overflows the stack when it is saved again. Every parse of outside text goes through here or
+// through models/json_file.hpp's parse_json_text, which uses the same limit.
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+namespace vitlens {
+
+constexpr int kMaxJsonDepth = 64;
+
+// `text` parsed, or a discarded value (is_discarded()) when it is not JSON or nests deeper than
+// kMaxJsonDepth levels: for callers that treat both as "not one of ours".
+nlohmann::json parse_json_or_discarded(const std::string& text);
+
+}  // namespace vitlens
