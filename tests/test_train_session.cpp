@@ -60,13 +60,6 @@ TrainSnapshot wait_for(const TrainSession& session, const std::function<bool(con
   return s;
 }
 
-std::string temp_dir(const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() / ("vitlens-test-" + name);
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir.string();
-}
-
 // The probe's series of a run of 2 heads on 4 x 4 patches: `points` values per head (entropy,
 // distance, each role), entropies in (0, ln 17] (16 patches + the class token), and the probe
 // maps last refreshed at `last_step`.
@@ -135,7 +128,7 @@ TEST_CASE("train session: start, pause, resume, finish; snapshot holds every cur
 }
 
 TEST_CASE("train session: the probe maps equal the saved model's maps recomputed independently", "[train_session]") {
-  const std::string dir = temp_dir("train-session-probe");
+  const std::string dir = test::temp_dir("train-session-probe");
   TrainSession session;
   TrainSettings settings = tiny_settings();
   settings.epochs = 1;
@@ -555,7 +548,7 @@ TEST_CASE("train session: a Save keeps every step's loss up to the cap, then the
 }
 
 TEST_CASE("train session: an ImageFolder's skipped files and links not followed are in the first message", "[train_session][links]") {
-  const std::string dir = temp_dir("session-folder-links");
+  const std::string dir = test::temp_dir("session-folder-links");
   for (const char* c : {"/a", "/b"}) {
     std::filesystem::create_directories(dir + c);
     for (int i = 0; i < 4; ++i)
