@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <unistd.h>
 #include <fstream>
 #include <functional>
 #include <thread>
@@ -200,6 +201,10 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
   while (!session.save_finished(id, save_error)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   CHECK(save_error == "");
   CHECK(load_model(path).config.name == "vitlens-trained");
+  // Without an out folder, the viewer's model goes to <temp>/vitlens-train-<pid>: this process's.
+  const std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  REQUIRE(folder == std::filesystem::temp_directory_path() / ("vitlens-train-" + std::to_string(::getpid())));
+  std::filesystem::remove_all(folder);
 }
 
 TEST_CASE("train session: a bad data path or setting is one line, never a crash", "[train_session]") {
