@@ -10,10 +10,11 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <unistd.h>
 #include <fstream>
 #include <functional>
 #include <thread>
+
+#include <unistd.h>
 
 #include "control/controller.hpp"
 #include "process_support.hpp"
