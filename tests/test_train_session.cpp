@@ -27,7 +27,9 @@
 #include "core/io/image.hpp"
 #include "core/render/maps.hpp"
 #include "core/train/mae_objective.hpp"
+#include "core/train/train_ops.hpp"
 #include "models/model_io.hpp"
+#include "models/safetensors.hpp"
 
 using namespace vitlens;
 using namespace vitlens::viewer;
@@ -202,6 +204,11 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
   while (!session.save_finished(id, save_error)) std::this_thread::sleep_for(std::chrono::milliseconds(5));
   CHECK(save_error == "");
   CHECK(load_model(path).config.name == "vitlens-trained");
+  // The record names the training ops and the SGEMM's k block, as `vitlens train` records them,
+  // so that a CLI resume of this checkpoint warns only when they change.
+  const nlohmann::json record = nlohmann::json::parse(read_safetensors(path).metadata.at("training"));
+  CHECK(record.at("training_ops") == train::train_ops_isa());
+  CHECK(record.at("sgemm_k_block") == train::train_ops_k_block());
   // Without an out folder, the viewer's model goes to <temp>/vitlens-train-<pid>: this process's.
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   REQUIRE(folder == std::filesystem::temp_directory_path() / ("vitlens-train-" + std::to_string(::getpid())));
