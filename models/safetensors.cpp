@@ -2,8 +2,10 @@
 #include "models/safetensors.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <limits>
 #include <sstream>
@@ -11,7 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
-#include "core/io/files.hpp"  // read_whole_file
+#include "core/io/files.hpp"  // InputFile
 
 namespace vitlens {
 
@@ -363,6 +365,18 @@ void check_packed(std::vector<Span>& spans, uint64_t data_size, const std::strin
                 " bytes of data after the header; the format packs tensors up to the end of the file (a wrong header length?)");
 }
 
+// v rounded to float as IEEE 754 does (to nearest, ties to even): beyond float's range that is
+// +-inf, which a plain cast leaves undefined in C++ (a model file may hold any double).
+float double_to_float(double v) {
+  const double largest = std::numeric_limits<float>::max();
+  if (!(std::fabs(v) > largest)) return static_cast<float>(v);  // in range, or NaN
+  // Above the largest float, values below the midpoint to the next power of two (2^128) round
+  // down to it; the midpoint itself is a tie that goes to the even neighbour, infinity.
+  const float to = std::fabs(v) < largest + std::ldexp(1.0, 103) ? std::numeric_limits<float>::max()
+                                                                  : std::numeric_limits<float>::infinity();
+  return v > 0 ? to : -to;
+}
+
 // Fills TENSOR's values (float32) from its SRC bytes, read as its source dtype (little-endian).
 void convert_values(TensorData& tensor, const unsigned char* src) {
   const size_t numel = tensor.numel();
@@ -376,7 +390,7 @@ void convert_values(TensorData& tensor, const unsigned char* src) {
     for (size_t i = 0; i < numel; ++i) {
       double v;
       std::memcpy(&v, src + 8 * i, 8);
-      tensor.values[i] = static_cast<float>(v);
+      tensor.values[i] = double_to_float(v);
     }
   } else if (dtype == "F16") {
     for (size_t i = 0; i < numel; ++i)
@@ -389,34 +403,70 @@ void convert_values(TensorData& tensor, const unsigned char* src) {
   }
 }
 
-}  // namespace
-
-SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& what) {
-  const auto* raw = reinterpret_cast<const unsigned char*>(bytes.data());
-  if (bytes.size() < 8)
-    throw Error(what + ": not a safetensors file: " + std::to_string(bytes.size()) +
+void check_has_length(uint64_t file_size, const std::string& what) {
+  if (file_size < 8)
+    throw Error(what + ": not a safetensors file: " + std::to_string(file_size) +
                 " bytes, shorter than the 8-byte header length");
-  const uint64_t header_len = read_le64(raw);
-  HeaderReader reader;
-  parse_header(bytes.data() + 8, header_len, bytes.size(), what, reader);
+}
 
+// The tensors of a parsed header, checked against the DATA_SIZE bytes after it; then, only with
+// the whole header checked, each tensor's values from `fill(tensor, its first byte in the data)`.
+SafetensorsFile tensors_of(HeaderReader& reader, uint64_t data_size, const std::string& what,
+                           const std::function<void(TensorData&, uint64_t)>& fill) {
   SafetensorsFile file;
   file.metadata = std::move(reader.metadata);
-  const uint64_t data_start = 8 + header_len;
-  const uint64_t data_size = bytes.size() - data_start;
   std::vector<Span> spans;
   for (auto& [name, entry] : reader.entries) {
     file.tensors.emplace(name, checked_tensor(what + ": tensor '" + name + "'", entry, data_size));
     spans.push_back({entry.offsets[0], entry.offsets[1], name});
   }
   check_packed(spans, data_size, what);
-  // Only now, with the whole header checked, the weights are converted.
-  for (const Span& s : spans) convert_values(file.tensors.at(s.name), raw + data_start + s.begin);
+  for (const Span& s : spans) fill(file.tensors.at(s.name), s.begin);
   return file;
 }
 
+}  // namespace
+
+SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& what) {
+  const auto* raw = reinterpret_cast<const unsigned char*>(bytes.data());
+  check_has_length(bytes.size(), what);
+  const uint64_t header_len = read_le64(raw);
+  HeaderReader reader;
+  parse_header(bytes.data() + 8, header_len, bytes.size(), what, reader);
+  const uint64_t data_start = 8 + header_len;
+  return tensors_of(reader, bytes.size() - data_start, what,
+                    [&](TensorData& tensor, uint64_t begin) { convert_values(tensor, raw + data_start + begin); });
+}
+
+// As parse_safetensors, read in parts: the header, then each tensor's bytes straight into its
+// values (F32) or through one buffer of the largest other tensor (F16, BF16, F64), so loading
+// never holds a copy of the whole file beside the floats.
 SafetensorsFile read_safetensors(const std::string& path) {
-  return parse_safetensors(read_whole_file(path, "a model file", kMaxModelFileBytes), path);
+  const InputFile in(path, "a model file", kMaxModelFileBytes);
+  check_has_length(in.size(), path);
+  unsigned char length[8];
+  in.read_at(0, length, 8);
+  const uint64_t header_len = read_le64(length);
+  std::string header;
+  if (header_len <= kMaxSafetensorsHeaderBytes && header_len <= in.size() - 8) {  // else parse_header says why
+    header.resize(static_cast<size_t>(header_len));
+    in.read_at(8, header.data(), header.size());
+  }
+  HeaderReader reader;
+  parse_header(header.data(), header_len, in.size(), path, reader);
+  const uint64_t data_start = 8 + header_len;
+  std::vector<unsigned char> buffer;
+  return tensors_of(reader, in.size() - data_start, path, [&](TensorData& tensor, uint64_t begin) {
+    const size_t bytes = tensor.numel() * static_cast<size_t>(dtype_size(tensor.source_dtype));
+    if (tensor.source_dtype == "F32") {
+      tensor.values.resize(tensor.numel());
+      in.read_at(data_start + begin, tensor.values.data(), bytes);
+    } else {
+      buffer.resize(bytes);
+      in.read_at(data_start + begin, buffer.data(), bytes);
+      convert_values(tensor, buffer.data());
+    }
+  });
 }
 
 std::string shape_text(const std::vector<int64_t>& shape) {

@@ -204,9 +204,9 @@ TEST_CASE("an allocation that fails is one line and exit code 1, never an abort"
   }
   const std::string dir = test::temp_dir("oom");
   // A ViT of width 1024 and 12 blocks (151 M parameters) as F16 zeros: a 288 MB file (sparse
-  // here). Loading holds the file and its 576 MB of floats, then the floats and the 576 MB model:
-  // the file-size check predicts 864 MB (3x the file), loading takes 1152 MB. vitlens itself maps
-  // about 190 MB before it loads a model.
+  // here). Loading holds its 576 MB of floats and the 576 MB model: the file-size check predicts
+  // 576 MB (2x the file), loading takes 1152 MB. vitlens itself maps about 190 MB before it
+  // loads a model.
   VitConfig c = test::small_config(16, true, 12);
   c.embed_dim = 1024;
   c.num_heads = 8;
@@ -219,7 +219,8 @@ TEST_CASE("an allocation that fails is one line and exit code 1, never an abort"
   check_one_line(oom);
   CHECK_THAT(oom.err, Contains("out of memory"));
 
-  // The same model in F32 under a limit below 3x its file: refused up front, with the numbers.
+  // The same model in F32 (a 576 MB file) under a limit below 2x its file plus what vitlens maps
+  // first: refused up front, with the numbers.
   const std::string full = write_zero_model(dir + "/full.safetensors", c, "F32");
   const Child refused = run_vitlens({"info", "--model", full}, 1200);
   INFO("stderr: " << refused.err);

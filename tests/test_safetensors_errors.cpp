@@ -552,6 +552,57 @@ TEST_CASE("F16 and BF16 tensors load as the exact float values", "[safetensors]"
   }
 }
 
+TEST_CASE("a file is read tensor by tensor into the same values as its bytes parsed whole", "[safetensors]") {
+  TempDir dir;
+  // One tensor of each dtype vitlens reads, one of no elements, and metadata: read_safetensors
+  // reads each tensor's bytes from the file on its own; parse_safetensors converts them in memory.
+  const auto bytes_of = [](const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); };
+  const std::vector<float> f32 = {1.5f, -0.0f, 3.0e38f, std::ldexp(1.0f, -140), -7.25f};
+  // Doubles beyond float's range round as IEEE 754 converts them: to +-inf from the midpoint
+  // between the largest float and 2^128 up, to the largest float below it.
+  const double largest = std::numeric_limits<float>::max();
+  const std::vector<double> f64 = {0.1, -1e300, 2.5, largest + std::ldexp(1.0, 102), -(largest + std::ldexp(1.0, 103)),
+                                   std::numeric_limits<double>::infinity()};
+  const std::vector<uint16_t> f16 = {0x3C00, 0x8001, 0x7BFF}, bf16 = {0x3F80, 0xC040, 0x0001, 0x7F7F};
+  const std::vector<std::pair<std::string, std::string>> data = {
+      {"a", bytes_of(f32.data(), f32.size() * 4)}, {"b", ""}, {"c", bytes_of(f64.data(), f64.size() * 8)},
+      {"d", bytes_of(f16.data(), f16.size() * 2)}, {"e", bytes_of(bf16.data(), bf16.size() * 2)}};
+  const std::map<std::string, std::pair<std::string, json>> kinds = {
+      {"a", {"F32", {5}}}, {"b", {"F32", {0, 3}}}, {"c", {"F64", {3, 2}}}, {"d", {"F16", {3}}}, {"e", {"BF16", {2, 2}}}};
+  RawFile raw{json::object(), std::string()};
+  raw.header["__metadata__"] = {{"note", "read in parts"}};
+  for (const auto& [name, bytes] : data) {
+    raw.header[name] = {{"dtype", kinds.at(name).first}, {"shape", kinds.at(name).second},
+                        {"data_offsets", {raw.data.size(), raw.data.size() + bytes.size()}}};
+    raw.data += bytes;
+  }
+  const std::string bytes = join(raw);
+  const std::string path = dir.file("parts.safetensors");
+  write_bytes(path, bytes);
+  const vitlens::SafetensorsFile whole = vitlens::parse_safetensors(bytes, path);
+  const vitlens::SafetensorsFile parts = vitlens::read_safetensors(path);
+  CHECK(parts.metadata == whole.metadata);
+  REQUIRE(parts.tensors.size() == 5);
+  REQUIRE(whole.tensors.size() == 5);
+  for (const auto& [name, tensor] : whole.tensors) {
+    INFO("tensor " << name);
+    const vitlens::TensorData& got = parts.tensors.at(name);
+    CHECK(got.source_dtype == tensor.source_dtype);
+    CHECK(got.shape == tensor.shape);
+    REQUIRE(got.values.size() == tensor.values.size());
+    CHECK(std::memcmp(got.values.data(), tensor.values.data(), got.values.size() * 4) == 0);
+  }
+  CHECK(parts.tensors.at("a").values.size() == 5);
+  CHECK(std::memcmp(parts.tensors.at("a").values.data(), f32.data(), 20) == 0);
+  const float inf = std::numeric_limits<float>::infinity();
+  CHECK(parts.tensors.at("c").values ==
+        std::vector<float>{0.1f, -inf, 2.5f, std::numeric_limits<float>::max(), -inf, inf});
+  CHECK(parts.tensors.at("b").values.empty());
+  // A file cut inside the last tensor is refused by its header, naming the file.
+  write_bytes(path, bytes.substr(0, bytes.size() - 1));
+  REQUIRE_THROWS_WITH(vitlens::read_safetensors(path), Contains(path) && Contains("'e'"));
+}
+
 TEST_CASE("the header is exactly its JSON, padded with spaces only: a wrong header length is refused",
           "[safetensors][format]") {
   TempDir dir;

@@ -191,7 +191,7 @@ std::string not_a_file(const struct stat& st) {
 
 }  // namespace
 
-std::string read_whole_file(const std::string& path, const std::string& kind, uint64_t max_bytes) {
+InputFile::InputFile(const std::string& path, const std::string& kind, uint64_t max_bytes) : path_(path) {
   {  // before opening: opening a pipe would wait for a writer
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) throw Error(path + ": cannot open " + kind + " (" + open_failure(errno) + ")");
@@ -200,37 +200,51 @@ std::string read_whole_file(const std::string& path, const std::string& kind, ui
   }
   // O_NONBLOCK: a file swapped for a pipe after the check above is opened without waiting, and
   // refused by the fstat below.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-  if (fd < 0) throw Error(path + ": cannot open " + kind + " (" + open_failure(errno) + ")");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
+  fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd_ < 0) throw Error(path + ": cannot open " + kind + " (" + open_failure(errno) + ")");
   struct stat st {};
-  if (::fstat(fd, &st) != 0) throw Error(path + ": cannot read " + kind + " (" + std::strerror(errno) + ")");
-  if (S_ISDIR(st.st_mode)) throw Error(path + ": is a folder, not " + kind);
-  if (!S_ISREG(st.st_mode)) throw Error(path + ": " + not_a_file(st) + " (" + kind + " was expected)");
-  const auto size = static_cast<uint64_t>(st.st_size);
-  if (size > max_bytes)
-    throw Error(path + ": " + mebibytes(size) + " is larger than any " + kind.substr(kind.find(' ') + 1) +
-                " vitlens can use (at most " + mebibytes(max_bytes) + "); nothing was read");
-  std::string bytes;
-  try {
-    bytes.resize(static_cast<size_t>(size));
-  } catch (const std::bad_alloc&) {
-    throw Error(path + ": not enough memory to read " + kind + " of " + mebibytes(size));
+  std::string refusal;
+  if (::fstat(fd_, &st) != 0) refusal = path + ": cannot read " + kind + " (" + std::strerror(errno) + ")";
+  else if (S_ISDIR(st.st_mode)) refusal = path + ": is a folder, not " + kind;
+  else if (!S_ISREG(st.st_mode)) refusal = path + ": " + not_a_file(st) + " (" + kind + " was expected)";
+  else if (static_cast<uint64_t>(st.st_size) > max_bytes)
+    refusal = path + ": " + mebibytes(static_cast<uint64_t>(st.st_size)) + " is larger than any " +
+              kind.substr(kind.find(' ') + 1) + " vitlens can use (at most " + mebibytes(max_bytes) +
+              "); nothing was read";
+  if (!refusal.empty()) {
+    ::close(fd_);
+    throw Error(refusal);
   }
+  size_ = static_cast<uint64_t>(st.st_size);
+}
+
+InputFile::~InputFile() { ::close(fd_); }
+
+void InputFile::read_at(uint64_t offset, void* dst, size_t count) const {
+  auto* out = static_cast<char*>(dst);
   size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::read(fd, &bytes[done], bytes.size() - done);
+  while (done < count) {
+    const ssize_t n = ::pread(fd_, out + done, count - done, static_cast<off_t>(offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
-      throw Error(path + ": read error (" + std::string(std::strerror(errno)) + ")");
+      throw Error(path_ + ": read error (" + std::string(std::strerror(errno)) + ")");
     }
-    if (n == 0) throw Error(path + ": the file shrank while it was read (" + std::to_string(done) + " of " +
-                            std::to_string(bytes.size()) + " bytes)");
+    if (n == 0)
+      throw Error(path_ + ": the file shrank while it was read (" + std::to_string(offset + done) + " of " +
+                  std::to_string(size_) + " bytes)");
     done += static_cast<size_t>(n);
   }
+}
+
+std::string read_whole_file(const std::string& path, const std::string& kind, uint64_t max_bytes) {
+  const InputFile file(path, kind, max_bytes);
+  std::string bytes;
+  try {
+    bytes.resize(static_cast<size_t>(file.size()));
+  } catch (const std::bad_alloc&) {
+    throw Error(path + ": not enough memory to read " + kind + " of " + mebibytes(file.size()));
+  }
+  file.read_at(0, bytes.data(), bytes.size());
   return bytes;
 }
 

@@ -88,6 +88,26 @@ std::string npy_bytes_f32(const std::vector<size_t>& shape, const float* data);
 // (checked before reading; the message gives the limit) or too little memory.
 std::string read_whole_file(const std::string& path, const std::string& kind, uint64_t max_bytes);
 
+// A regular file opened for reading with read_whole_file's checks (the same errors, none of its
+// bytes read yet), for formats read in parts: a model's tensors go straight into their own
+// buffers instead of through a copy of the whole file.
+class InputFile {
+ public:
+  InputFile(const std::string& path, const std::string& kind, uint64_t max_bytes);
+  ~InputFile();
+  InputFile(const InputFile&) = delete;
+  InputFile& operator=(const InputFile&) = delete;
+  uint64_t size() const { return size_; }  // as fstat gave it when opened
+  // Bytes [offset, offset + count) into dst; throws vitlens::Error on a read error or when the
+  // file has shrunk below them since it was opened.
+  void read_at(uint64_t offset, void* dst, size_t count) const;
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+  uint64_t size_ = 0;
+};
+
 // Whole MiB, or bytes below one ("12 MiB", "512 bytes"), for messages about a file's size.
 std::string mebibytes(uint64_t bytes);
 
