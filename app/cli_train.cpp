@@ -419,7 +419,30 @@ void prepare_mae(TrainArgs& a, CliRun& run) {
                    std::to_string(photos.val.size()) + " held out)";
 }
 
-// `--grad-dump`: the first batch's gradients and the initial weights, then exit.
+// The two files `--grad-dump FILE` writes: FILE, and FILE without its .safetensors plus
+// ".weights.safetensors".
+std::pair<std::string, std::string> grad_dump_paths(const std::string& file) {
+  std::string weights = file;
+  const std::string tail = ".safetensors";
+  if (weights.size() > tail.size() && weights.compare(weights.size() - tail.size(), tail.size(), tail) == 0)
+    weights.resize(weights.size() - tail.size());
+  return {file, weights + ".weights.safetensors"};
+}
+
+// A gradient dump is always two new files: a name taken by anything (a file, a link, a folder, a
+// device) is refused, never replaced.
+void check_grad_dump_names_free(const std::string& file) {
+  const auto [grads, weights] = grad_dump_paths(file);
+  for (const std::string& path : {grads, weights}) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) == 0)
+      throw Error(terminal_text(path) + ": already exists; --grad-dump writes new files only (remove it or give "
+                  "another name)");
+  }
+}
+
+// `--grad-dump`: the first batch's gradients and the initial weights, then exit. Both files appear
+// together or neither (one FileGroup), and only where no file was.
 int dump_gradients(const TrainArgs& a, CliRun& run) {
   const double loss = run.trainer->objective_as<ClassifyObjective>().gradients_of_first_batch();
   const Objective& objective = run.trainer->objective();
@@ -430,13 +453,17 @@ int dump_gradients(const TrainArgs& a, CliRun& run) {
   file.metadata["what"] = "d loss / d parameter for the first --batch training images in file order, no "
                           "augmentation, mean cross-entropy with label smoothing " +
                           std::to_string(run.recipe.label_smoothing);
-  write_safetensors(a.grad_dump, file);
-  std::string weights = a.grad_dump;
-  const std::string tail = ".safetensors";
-  if (weights.size() > tail.size() && weights.compare(weights.size() - tail.size(), tail.size(), tail) == 0)
-    weights.resize(weights.size() - tail.size());
-  save_model(weights + ".weights.safetensors", run.config, layout_tensors(objective.layout(), objective.params()));
-  std::printf("first-batch loss %.6f; gradients written to %s\n", loss, a.grad_dump.c_str());
+  const auto [grads_path, weights_path] = grad_dump_paths(a.grad_dump);
+  const std::string grads = safetensors_bytes(file);
+  const std::string weights =
+      model_file_bytes(weights_path, run.config, layout_tensors(objective.layout(), objective.params()));
+  check_grad_dump_names_free(a.grad_dump);  // again: the first batch took a while
+  FileGroup group(parent_dir(grads_path));
+  for (const auto& [path, bytes] : {std::pair<std::string, const std::string*>{grads_path, &grads},
+                                    {weights_path, &weights}})
+    group.add_stream(base_name(path), [&](FileSink& sink) { sink.write(bytes->data(), bytes->size()); });
+  group.commit();
+  std::printf("first-batch loss %.6f; gradients written to %s\n", loss, terminal_text(a.grad_dump).c_str());
   return kExitOk;
 }
 
@@ -537,6 +564,7 @@ int train_prepared(const TrainArgs& a, CliRun& cli, std::optional<FolderClaim>& 
 int run_train(TrainArgs& a) {
   if (a.resume.empty() && !a.command->count("--val-split")) a.val_split = a.data == "fashion-mnist" ? 0.0 : 0.1;
   check_args(a, a.command);
+  if (!a.grad_dump.empty()) check_grad_dump_names_free(a.grad_dump);
   // A run folder that exists is claimed before anything in it is read (a resume's checkpoint) or
   // any data is loaded; one still to be made is claimed when it is made (prepare_run_folder).
   std::optional<FolderClaim> claim;

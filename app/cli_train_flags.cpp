@@ -64,7 +64,8 @@ void add_data_flags(CLI::App* cmd, TrainArgs& a) {
       ->check(CLI::Range(1, 100000000));
   cmd->add_option("--grad-dump", a.grad_dump,
                   "Debug: write the gradients of the first batch (file order, no augmentation, no update) as "
-                  "safetensors with timm names to FILE, and the initial weights to FILE's .weights.safetensors; then exit");
+                  "safetensors with timm names to FILE, and the initial weights to FILE's .weights.safetensors (both new: a "
+                  "name that exists is refused); then exit");
   cmd->add_option("--name", a.name,
                   "The model's name in its config (what 'vitlens info' and the viewer's Model menu show)")
       ->capture_default_str();

@@ -310,3 +310,45 @@ TEST_CASE("a checkpoint whose record, recipe or options nest a million levels is
   INFO("stderr: " << resumed.err);
   CHECK(resumed.code == 0);
 }
+
+TEST_CASE("a gradient dump writes two new files together and never replaces one that exists", "[hostile-model][train]") {
+  const std::string dir = test::temp_dir("grad-dump");
+  write_two_classes(dir + "/data");
+  const auto dump = [&](const std::string& file) {
+    return run_vitlens({"train", "--data", dir + "/data", "--depth", "1", "--embed-dim", "8", "--heads", "2",
+                        "--img-size", "16", "--batch", "2", "--val-split", "0", "--epochs", "1", "-q", "--grad-dump",
+                        file});
+  };
+  // A fresh name: the gradients and the weights, both.
+  const Child fresh = dump(dir + "/g.safetensors");
+  INFO("stderr: " << fresh.err);
+  REQUIRE(fresh.code == 0);
+  CHECK(read_safetensors(dir + "/g.safetensors").tensors.count("head.weight") == 1);
+  CHECK(read_safetensors(dir + "/g.weights.safetensors").metadata.count("config") == 1);
+  const std::string grads = test::slurp(dir + "/g.safetensors");
+  // Names taken (by that dump, a user's file, a folder, a link to a file elsewhere): one line,
+  // exit 1, every file as it was, nothing new in the folder.
+  test::spit(dir + "/notes.txt", "precious");
+  test::spit(dir + "/mine.weights.safetensors", "also precious");
+  REQUIRE(::mkdir((dir + "/folder").c_str(), 0755) == 0);
+  REQUIRE(::symlink((dir + "/notes.txt").c_str(), (dir + "/link").c_str()) == 0);
+  const std::vector<std::string> before = test::entries(dir);
+  for (const std::string& taken : {dir + "/g.safetensors", dir + "/notes.txt", dir + "/mine", dir + "/folder",
+                                   dir + "/link"}) {
+    const Child refused = dump(taken);
+    INFO("--grad-dump " << taken << ": " << refused.err);
+    CHECK(refused.code == 1);
+    check_one_line(refused);
+    CHECK_THAT(refused.err, Contains("already exists"));
+    CHECK(test::entries(dir) == before);
+  }
+  CHECK(test::slurp(dir + "/g.safetensors") == grads);
+  CHECK(test::slurp(dir + "/notes.txt") == "precious");
+  CHECK(test::slurp(dir + "/mine.weights.safetensors") == "also precious");
+  // A folder that does not exist: one line, nothing written.
+  const Child missing = dump(dir + "/no/such/folder/g.safetensors");
+  INFO("stderr: " << missing.err);
+  CHECK(missing.code == 1);
+  check_one_line(missing);
+  CHECK(test::entries(dir) == before);
+}
