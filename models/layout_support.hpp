@@ -140,8 +140,10 @@ inline TensorData stack_rows(const std::vector<TensorData>& parts) {
   return out;
 }
 
-// mlp_ratio so that int(D * ratio) == hidden, as timm computes the MLP width in double.
+// mlp_ratio so that int(D * ratio) == hidden, as timm computes the MLP width in double. A width
+// D below 1 has none: 0, which the config's own checks refuse with the width named.
 inline double mlp_ratio_for(int dim, int hidden) {
+  if (dim < 1 || hidden < 0) return 0.0;
   double ratio = static_cast<double>(hidden) / dim;
   while (static_cast<int>(dim * ratio) < hidden) ratio = std::nextafter(ratio, 1e9);
   return ratio;

@@ -79,6 +79,10 @@ TEST_CASE("a config.json that contradicts the tensors is one line", "[formats][e
              Contains("num_hidden_layers 3") && Contains("2 blocks"));
   CHECK_THAT(error_with_config("hf_clip", [](json& j) { j["hidden_size"] = 30; j["num_attention_heads"] = 3; }),
              Contains("hidden_size 30"));
+  // A width of 0 has no MLP ratio (int(0 * r) is never the MLP's width): one line, not a search
+  // that never ends.
+  for (const char* family : {"hf_vit", "hf_clip", "hf_siglip", "hf_dinov2"})
+    CHECK_THAT(error_with_config(family, [](json& j) { j["hidden_size"] = 0; }), Contains("embed_dim 0"));
   {
     const std::string dir = copy_case("timm_vit");
     spit(dir + "/config.json", "{\"architecture\": ");
