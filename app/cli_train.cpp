@@ -18,6 +18,7 @@
 
 #include "cli.hpp"
 #include "models/training_checkpoint.hpp"
+#include "core/base/utf8.hpp"
 #include "core/data/dataset.hpp"
 #include "core/io/files.hpp"
 #include "core/io/paths.hpp"
@@ -202,11 +203,16 @@ void check_run_folder(const TrainArgs& a) {
                               out_st.st_dev == resume_st.st_dev && out_st.st_ino == resume_st.st_ino;
   if (continues_here) return;
   const std::string model_path = a.out + "/last.safetensors";
+  struct stat model_st {};
+  const bool checkpoint_there = ::lstat(model_path.c_str(), &model_st) == 0;
   for (const std::string& path : {model_path, checkpoint_state_path(model_path), a.out + "/log.jsonl"}) {
     struct stat st {};
-    if (::lstat(path.c_str(), &st) == 0)
+    if (::lstat(path.c_str(), &st) != 0) continue;
+    if (checkpoint_there)
       throw Error(path + ": already exists; continue that run with --resume " + model_path +
                   ", or give another --out (a new run never replaces it)");
+    throw Error(path + ": already exists, and there is no " + model_path + " to continue from (that run saved "
+                "none); give another --out, or remove it (a new run never replaces it)");
   }
 }
 
@@ -265,6 +271,10 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
       if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) bad(std::string(flag) + " contains a control character");
   }
   if (a.name.find_first_not_of(' ') == std::string::npos) bad("--name must not be empty");
+  // Recorded in the checkpoint's JSON, which holds UTF-8 only: refused now, not at the first save.
+  for (const auto& [flag, text] : {std::pair<const char*, const std::string*>{"--name", &a.name},
+                                   {"--description", &a.description}, {"--data", &a.data}})
+    if (!is_valid_utf8(*text)) bad(std::string(flag) + kNotUtf8);
   if (!(a.lr > 0.0 && a.lr <= 10.0)) bad("--lr must be in (0, 10], got " + std::to_string(a.lr));
   if (!(a.weight_decay >= 0.0 && a.weight_decay <= 10.0)) bad("--weight-decay must be in [0, 10]");
   if (!(a.warmup >= 0.0 && a.warmup <= a.epochs)) bad("--warmup must be in [0, --epochs] epochs");

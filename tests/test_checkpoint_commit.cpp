@@ -687,7 +687,8 @@ TEST_CASE("train CLI: a new run never replaces a checkpoint or a file of that na
   test::spit(mine + "/last.state.safetensors", "the user's notes");
   const test::Child user = run_train(with(kTinyRun, {"--epochs", "1", "-q", "--out", mine}), dir + "/err");
   CHECK(user.code == 1);
-  CHECK(user.err.find("last.state.safetensors: already exists") != std::string::npos);
+  CHECK(user.err.find("last.state.safetensors: already exists, and there is no " + mine +
+                      "/last.safetensors to continue from") != std::string::npos);
   CHECK(slurp(mine + "/last.state.safetensors") == "the user's notes");
   CHECK(entries(mine).size() == 1);
   // Continuing the run in its own folder still works.

@@ -17,6 +17,7 @@
 #include "process_support.hpp"
 #include "test_support.hpp"
 #include "core/io/files.hpp"
+#include "core/base/utf8.hpp"
 #include "core/io/json_text.hpp"
 #include "models/json_file.hpp"
 #include "models/model_io.hpp"
@@ -351,4 +352,49 @@ TEST_CASE("a gradient dump writes two new files together and never replaces one 
   CHECK(missing.code == 1);
   check_one_line(missing);
   CHECK(test::entries(dir) == before);
+}
+
+TEST_CASE("text a checkpoint records is UTF-8: settings refused up front, class folder names escaped",
+          "[hostile-model][train][utf8]") {
+  CHECK(is_valid_utf8("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"));
+  for (const char* bad : {"caf\xe9", "\xc0\xaf", "\xed\xa0\x80", "\xf4\x90\x80\x80", "\xe2\x82", "\x80", "\xff"}) {
+    INFO("bytes " << utf8_escaped(bad));
+    CHECK(!is_valid_utf8(bad));
+  }
+  CHECK(utf8_escaped("caf\xe9 \xc3\xa9") == "caf\\xe9 \xc3\xa9");
+  CHECK(utf8_escaped("\xe2\x82") == "\\xe2\\x82");
+
+  const std::string dir = test::temp_dir("utf8-run");
+  write_two_classes(dir + "/data");
+  const auto train = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {"train", "--depth", "1", "--embed-dim", "8", "--heads", "2", "--img-size", "16",
+                                     "--batch", "2", "--val-split", "0", "--epochs", "2", "-q"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return run_vitlens(args);
+  };
+  // Settings the record holds: refused before any data is read, nothing made.
+  REQUIRE(::rename((dir + "/data").c_str(), (dir + "/d\xe9").c_str()) == 0);
+  for (const std::vector<std::string>& extra :
+       {std::vector<std::string>{"--data", dir + "/d\xe9", "--out", dir + "/r1"},
+        {"--data", "photos:" + dir + "/d\xe9", "--out", dir + "/r1"},
+        {"--data", dir + "/d\xe9", "--out", dir + "/r1", "--name", "\xff\xfe"}}) {
+    const Child refused = train(extra);
+    INFO("stderr: " << refused.err);
+    CHECK(refused.code == 2);
+    check_one_line(refused);
+    CHECK_THAT(refused.err, Contains("is not valid UTF-8"));
+    struct stat st {};
+    CHECK(::lstat((dir + "/r1").c_str(), &st) != 0);
+  }
+  // A class folder of another encoding is a label: trained, recorded escaped, resumed.
+  REQUIRE(::rename((dir + "/d\xe9").c_str(), (dir + "/data").c_str()) == 0);
+  REQUIRE(::rename((dir + "/data/a").c_str(), (dir + "/data/caf\xe9").c_str()) == 0);
+  const Child trained = train({"--data", dir + "/data", "--out", dir + "/r2", "--stop-after", "1"});
+  INFO("stderr: " << trained.err);
+  REQUIRE(trained.code == 0);
+  const json record = json::parse(read_safetensors(dir + "/r2/last.safetensors").metadata.at("training"));
+  CHECK(record.at("class_names") == json{"b", "caf\\xe9"});
+  const Child resumed = run_vitlens({"train", "--data", dir + "/data", "--resume", dir + "/r2/last.safetensors", "-q"});
+  INFO("stderr: " << resumed.err);
+  CHECK(resumed.code == 0);
 }

@@ -228,6 +228,10 @@ TEST_CASE("train session: a bad data path or setting is one line, never a crash"
   CHECK(s.error.find('\n') == std::string::npos);
   CHECK(session.save("x.safetensors") == "no model to save: the run did not start");
 
+  TrainSettings encoded = tiny_settings();
+  encoded.data = "/data/caf\xe9";  // Latin-1: a run's record (JSON) could not hold it
+  CHECK(session.start(encoded).rfind("data is not valid UTF-8", 0) == 0);
+
   TrainSettings shape = tiny_settings();
   shape.heads = 3;
   CHECK(session.start(shape) == "embed-dim 8 is not divisible by heads 3");

@@ -20,6 +20,7 @@
 #include <opencv2/imgproc.hpp>
 
 #include "core/base/error.hpp"
+#include "core/base/utf8.hpp"
 #include "core/data/data_internal.hpp"
 #include "core/io/image.hpp"
 
@@ -284,7 +285,7 @@ ImageSet load_image_folder(const std::string& dir, int img_size, FolderReport* r
   const size_t image_floats = 3 * static_cast<size_t>(img_size) * static_cast<size_t>(img_size);
   for (size_t c = 0; c < class_dirs.size(); ++c) {
     const std::string name = class_dirs[c].filename().string();
-    set.class_names.push_back(name);
+    set.class_names.push_back(utf8_escaped(name));  // a label, recorded in JSON: any bytes of the name shown
     const FolderWalk walk = walker.walk(class_dirs[c].string(), true);
     note_walk(report, walk);
     const std::vector<std::string>& files = walk.files;

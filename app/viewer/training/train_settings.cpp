@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 
+#include "core/base/utf8.hpp"
+
 namespace vitlens::viewer {
 
 const char* train_state_name(TrainState state) {
@@ -169,6 +171,7 @@ void put_train_losses(nlohmann::json& record, const std::vector<float>& losses) 
 std::string check_train_settings(const TrainSettings& s) {
   if (s.data.empty())
     return "no data: give 'fashion-mnist', a folder with one subfolder of images per class, or photos[:DIR]";
+  if (!is_valid_utf8(s.data)) return std::string("data") + kNotUtf8;
   for (const IntSetting& f : kIntSettings)
     if (s.*f.member < f.lo || s.*f.member > f.hi)
       return std::string(f.key) + " must be in " + range_text(f) + ", got " + std::to_string(s.*f.member);

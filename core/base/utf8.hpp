@@ -1,0 +1,20 @@
+#pragma once
+// UTF-8 checks for text that goes into JSON: a Linux file name may be any bytes, and nlohmann's
+// dump refuses a string that is not UTF-8 (type_error 316) when a record is written.
+#include <string>
+
+namespace vitlens {
+
+// What a training front end says of a setting it records that is not UTF-8, after its name.
+constexpr const char* kNotUtf8 =
+    " is not valid UTF-8 (a name in another encoding?): a checkpoint records it as JSON text, which must be; "
+    "rename it, or link the folder under a UTF-8 name";
+
+// Whether `text` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
+bool is_valid_utf8(const std::string& text);
+
+// `text` with every byte that does not belong to a well-formed character written as "\xNN"
+// (lower-case hex); well-formed text comes back unchanged. For labels made from file names.
+std::string utf8_escaped(const std::string& text);
+
+}  // namespace vitlens
