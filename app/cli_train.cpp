@@ -211,8 +211,8 @@ void check_run_folder(const TrainArgs& a) {
     if (checkpoint_there)
       throw Error(path + ": already exists; continue that run with --resume " + model_path +
                   ", or give another --out (a new run never replaces it)");
-    throw Error(path + ": already exists, and there is no " + model_path + " to continue from (that run saved "
-                "none); give another --out, or remove it (a new run never replaces it)");
+    throw Error(path + ": already exists, and there is no " + model_path + " beside it to continue from; give "
+                "another --out, or remove it (a new run never replaces it)");
   }
 }
 
@@ -440,19 +440,20 @@ std::pair<std::string, std::string> grad_dump_paths(const std::string& file) {
 }
 
 // A gradient dump is always two new files: a name taken by anything (a file, a link, a folder, a
-// device) is refused, never replaced.
+// device) is refused, never replaced. Checked before any data is read, so that a taken name or a
+// missing folder costs nothing; the group's commit checks the names again with the folder locked.
 void check_grad_dump_names_free(const std::string& file) {
   const auto [grads, weights] = grad_dump_paths(file);
+  require_writable_dir(parent_dir(grads));
   for (const std::string& path : {grads, weights}) {
     struct stat st {};
     if (::lstat(path.c_str(), &st) == 0)
-      throw Error(terminal_text(path) + ": already exists; --grad-dump writes new files only (remove it or give "
-                  "another name)");
+      throw Error(path + ": already exists; --grad-dump writes new files only (remove it or give another name)");
   }
 }
 
 // `--grad-dump`: the first batch's gradients and the initial weights, then exit. Both files appear
-// together or neither (one FileGroup), and only where no file was.
+// together or neither (one FileGroup), and only under names nothing had when it committed.
 int dump_gradients(const TrainArgs& a, CliRun& run) {
   const double loss = run.trainer->objective_as<ClassifyObjective>().gradients_of_first_batch();
   const Objective& objective = run.trainer->objective();
@@ -467,11 +468,12 @@ int dump_gradients(const TrainArgs& a, CliRun& run) {
   const std::string grads = safetensors_bytes(file);
   const std::string weights =
       model_file_bytes(weights_path, run.config, layout_tensors(objective.layout(), objective.params()));
-  check_grad_dump_names_free(a.grad_dump);  // again: the first batch took a while
-  FileGroup group(parent_dir(grads_path));
-  for (const auto& [path, bytes] : {std::pair<std::string, const std::string*>{grads_path, &grads},
-                                    {weights_path, &weights}})
-    group.add_stream(base_name(path), [&](FileSink& sink) { sink.write(bytes->data(), bytes->size()); });
+  FileGroup group(parent_dir(grads_path), true);
+  for (const auto& file_bytes : {std::pair<std::string, const std::string*>{grads_path, &grads},
+                                 {weights_path, &weights}}) {
+    const std::string& bytes = *file_bytes.second;
+    group.add_stream(base_name(file_bytes.first), [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+  }
   group.commit();
   std::printf("first-batch loss %.6f; gradients written to %s\n", loss, terminal_text(a.grad_dump).c_str());
   return kExitOk;

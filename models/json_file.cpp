@@ -15,7 +15,7 @@ nlohmann::json parse_json_text(const std::string& text, const std::string& what,
   // object finds a key given twice before the DOM replaces the first value with the second.
   std::vector<std::set<std::string>> open_objects;
   const json::parser_callback_t check = [&](int depth, json::parse_event_t event, json& parsed) {
-    if (depth > kMaxJsonDepth)
+    if (opens_level_past_limit(depth, event))
       throw Error(what + " is nested deeper than " + std::to_string(kMaxJsonDepth) + " levels");
     if (event == json::parse_event_t::object_start) {
       open_objects.emplace_back();

@@ -98,7 +98,7 @@ bool path_exists(const std::string& p) {
 // the machine swapping or the process dying.
 void check_fits_in_memory(const std::string& path) {
   struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // read_whole_file says why
+  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return;  // the read (InputFile) says why
   const double available = static_cast<double>(available_memory_bytes());
   if (available <= 0) return;  // not Linux-like: let the read try
   const double need = 2.0 * static_cast<double>(st.st_size);

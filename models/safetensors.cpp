@@ -4,10 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <functional>
-#include <iterator>
 #include <limits>
+#include <new>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -294,24 +293,40 @@ void parse_header(const char* header, uint64_t header_len, uint64_t file_size, c
   }
 }
 
+void check_has_length(uint64_t file_size, const std::string& what) {
+  if (file_size < 8)
+    throw Error(what + ": not a safetensors file: " + std::to_string(file_size) +
+                " bytes, shorter than the 8-byte header length");
+}
+
+// A file's header length and its header bytes, read from the file (the bytes only when the
+// length is one parse_header accepts: it says why not).
+struct FileHeader {
+  uint64_t length = 0;
+  std::string text;
+};
+
+FileHeader read_file_header(const InputFile& in, const std::string& path) {
+  check_has_length(in.size(), path);
+  unsigned char length[8];
+  in.read_at(0, length, 8);
+  FileHeader header;
+  header.length = read_le64(length);
+  if (header.length <= kMaxSafetensorsHeaderBytes && header.length <= in.size() - 8) {
+    header.text.resize(static_cast<size_t>(header.length));
+    in.read_at(8, header.text.data(), header.text.size());
+  }
+  return header;
+}
+
 }  // namespace
 
 std::map<std::string, std::string> read_safetensors_metadata(const std::string& path) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) throw Error(path + ": cannot open the file");
-  const auto size = static_cast<uint64_t>(std::max<std::streamoff>(0, in.tellg()));
-  unsigned char length[8] = {};
-  in.seekg(0);
-  if (size < 8 || !in.read(reinterpret_cast<char*>(length), 8))
-    throw Error(path + ": not a safetensors file: shorter than the 8-byte header length");
-  const uint64_t header_len = read_le64(length);
-  std::string header;
-  if (header_len <= kMaxSafetensorsHeaderBytes && header_len <= size - 8) {
-    header.resize(static_cast<size_t>(header_len));
-    if (!in.read(&header[0], static_cast<std::streamsize>(header_len))) throw Error(path + ": cannot read the header");
-  }
+  // Only the header is read, so a file of any size may be listed.
+  const InputFile in(path, "a model file", std::numeric_limits<uint64_t>::max());
+  const FileHeader header = read_file_header(in, path);
   HeaderReader reader;
-  parse_header(header.data(), header_len, size, path, reader);
+  parse_header(header.text.data(), header.length, in.size(), path, reader);
   return std::move(reader.metadata);
 }
 
@@ -365,18 +380,6 @@ void check_packed(std::vector<Span>& spans, uint64_t data_size, const std::strin
                 " bytes of data after the header; the format packs tensors up to the end of the file (a wrong header length?)");
 }
 
-// v rounded to float as IEEE 754 does (to nearest, ties to even): beyond float's range that is
-// +-inf, which a plain cast leaves undefined in C++ (a model file may hold any double).
-float double_to_float(double v) {
-  const double largest = std::numeric_limits<float>::max();
-  if (!(std::fabs(v) > largest)) return static_cast<float>(v);  // in range, or NaN
-  // Above the largest float, values below the midpoint to the next power of two (2^128) round
-  // down to it; the midpoint itself is a tie that goes to the even neighbour, infinity.
-  const float to = std::fabs(v) < largest + std::ldexp(1.0, 103) ? std::numeric_limits<float>::max()
-                                                                  : std::numeric_limits<float>::infinity();
-  return v > 0 ? to : -to;
-}
-
 // Fills TENSOR's values (float32) from its SRC bytes, read as its source dtype (little-endian).
 void convert_values(TensorData& tensor, const unsigned char* src) {
   const size_t numel = tensor.numel();
@@ -390,7 +393,7 @@ void convert_values(TensorData& tensor, const unsigned char* src) {
     for (size_t i = 0; i < numel; ++i) {
       double v;
       std::memcpy(&v, src + 8 * i, 8);
-      tensor.values[i] = double_to_float(v);
+      tensor.values[i] = static_cast<float>(v);  // to nearest, as IEEE 754 converts (far out of range: +-inf)
     }
   } else if (dtype == "F16") {
     for (size_t i = 0; i < numel; ++i)
@@ -403,16 +406,10 @@ void convert_values(TensorData& tensor, const unsigned char* src) {
   }
 }
 
-void check_has_length(uint64_t file_size, const std::string& what) {
-  if (file_size < 8)
-    throw Error(what + ": not a safetensors file: " + std::to_string(file_size) +
-                " bytes, shorter than the 8-byte header length");
-}
-
 // The tensors of a parsed header, checked against the DATA_SIZE bytes after it; then, only with
 // the whole header checked, each tensor's values from `fill(tensor, its first byte in the data)`.
 SafetensorsFile tensors_of(HeaderReader& reader, uint64_t data_size, const std::string& what,
-                           const std::function<void(TensorData&, uint64_t)>& fill) {
+                           const std::function<void(const std::string&, TensorData&, uint64_t)>& fill) {
   SafetensorsFile file;
   file.metadata = std::move(reader.metadata);
   std::vector<Span> spans;
@@ -421,7 +418,7 @@ SafetensorsFile tensors_of(HeaderReader& reader, uint64_t data_size, const std::
     spans.push_back({entry.offsets[0], entry.offsets[1], name});
   }
   check_packed(spans, data_size, what);
-  for (const Span& s : spans) fill(file.tensors.at(s.name), s.begin);
+  for (const Span& s : spans) fill(s.name, file.tensors.at(s.name), s.begin);
   return file;
 }
 
@@ -435,7 +432,9 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
   parse_header(bytes.data() + 8, header_len, bytes.size(), what, reader);
   const uint64_t data_start = 8 + header_len;
   return tensors_of(reader, bytes.size() - data_start, what,
-                    [&](TensorData& tensor, uint64_t begin) { convert_values(tensor, raw + data_start + begin); });
+                    [&](const std::string&, TensorData& tensor, uint64_t begin) {
+                      convert_values(tensor, raw + data_start + begin);
+                    });
 }
 
 // As parse_safetensors, read in parts: the header, then each tensor's bytes straight into its
@@ -443,28 +442,25 @@ SafetensorsFile parse_safetensors(const std::string& bytes, const std::string& w
 // never holds a copy of the whole file beside the floats.
 SafetensorsFile read_safetensors(const std::string& path) {
   const InputFile in(path, "a model file", kMaxModelFileBytes);
-  check_has_length(in.size(), path);
-  unsigned char length[8];
-  in.read_at(0, length, 8);
-  const uint64_t header_len = read_le64(length);
-  std::string header;
-  if (header_len <= kMaxSafetensorsHeaderBytes && header_len <= in.size() - 8) {  // else parse_header says why
-    header.resize(static_cast<size_t>(header_len));
-    in.read_at(8, header.data(), header.size());
-  }
+  const FileHeader header = read_file_header(in, path);
   HeaderReader reader;
-  parse_header(header.data(), header_len, in.size(), path, reader);
-  const uint64_t data_start = 8 + header_len;
+  parse_header(header.text.data(), header.length, in.size(), path, reader);
+  const uint64_t data_start = 8 + header.length;
   std::vector<unsigned char> buffer;
-  return tensors_of(reader, in.size() - data_start, path, [&](TensorData& tensor, uint64_t begin) {
+  return tensors_of(reader, in.size() - data_start, path, [&](const std::string& name, TensorData& tensor, uint64_t begin) {
     const size_t bytes = tensor.numel() * static_cast<size_t>(dtype_size(tensor.source_dtype));
-    if (tensor.source_dtype == "F32") {
-      tensor.values.resize(tensor.numel());
-      in.read_at(data_start + begin, tensor.values.data(), bytes);
-    } else {
-      buffer.resize(bytes);
-      in.read_at(data_start + begin, buffer.data(), bytes);
-      convert_values(tensor, buffer.data());
+    try {
+      if (tensor.source_dtype == "F32") {
+        tensor.values.resize(tensor.numel());
+        in.read_at(data_start + begin, tensor.values.data(), bytes);
+      } else {
+        buffer.resize(bytes);
+        in.read_at(data_start + begin, buffer.data(), bytes);
+        convert_values(tensor, buffer.data());
+      }
+    } catch (const std::bad_alloc&) {
+      throw Error(path + ": out of memory reading tensor '" + name + "' (" + mebibytes(tensor.numel() * 4) +
+                  " as floats)");
     }
   });
 }

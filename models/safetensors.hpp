@@ -25,7 +25,7 @@ struct SafetensorsFile {
 };
 
 // Largest model file vitlens reads (checked before reading): above ViT-G/14's 1.84 billion
-// parameters in F32 (7.4 GB). The file is read once; its tensors are then converted to float.
+// parameters in F32 (7.4 GB). The file is read tensor by tensor into each tensor's floats.
 constexpr uint64_t kMaxModelFileBytes = uint64_t{8} << 30;
 
 // The largest header vitlens reads, as safetensors' own reader (its MAX_HEADER_SIZE): a real

@@ -571,6 +571,31 @@ TEST_CASE("checkpoint groups: one that cannot be completed is skipped then super
   set_file_warning_handler(nullptr);
 }
 
+TEST_CASE("a group of new names only refuses, at its commit, a name taken since it began", "[checkpoint][atomic]") {
+  const std::string dir = test::temp_dir("group-new");
+  {
+    FileGroup group(dir, true);
+    group.add_stream("a", [](FileSink& sink) { sink.write("ours", 4); });
+    group.add_stream("b", [](FileSink& sink) { sink.write("ours", 4); });
+    test::spit(dir + "/b", "the user's, made while the group was written");
+    try {
+      group.commit();
+      FAIL("a file made after the group began was replaced");
+    } catch (const Error& e) {
+      CHECK(std::string(e.what()) == dir + "/b: already exists; nothing was written");
+    }
+    CHECK_FALSE(group.committed());
+  }
+  CHECK(entries(dir) == std::vector<std::string>{"b"});  // the private folder went with the group
+  CHECK(slurp(dir + "/b") == "the user's, made while the group was written");
+  // With the names free it commits as any group.
+  std::remove((dir + "/b").c_str());
+  FileGroup group(dir, true);
+  group.add_stream("a", [](FileSink& sink) { sink.write("ours", 4); });
+  group.commit();
+  CHECK(entries(dir) == std::vector<std::string>{"a"});
+}
+
 TEST_CASE("folder claim: one holder at a time per folder, by any path to it, gone with the claim",
           "[checkpoint][claim]") {
   const std::string dir = test::temp_dir("claim"), other = test::temp_dir("claim-other");
@@ -688,7 +713,7 @@ TEST_CASE("train CLI: a new run never replaces a checkpoint or a file of that na
   const test::Child user = run_train(with(kTinyRun, {"--epochs", "1", "-q", "--out", mine}), dir + "/err");
   CHECK(user.code == 1);
   CHECK(user.err.find("last.state.safetensors: already exists, and there is no " + mine +
-                      "/last.safetensors to continue from") != std::string::npos);
+                      "/last.safetensors beside it to continue from") != std::string::npos);
   CHECK(slurp(mine + "/last.state.safetensors") == "the user's notes");
   CHECK(entries(mine).size() == 1);
   // Continuing the run in its own folder still works.

@@ -100,6 +100,9 @@ TEST_CASE("unsupported families are refused, saying which and why", "[formats][e
              Contains("model_type 'beit'"));
   CHECK_THAT(error_with_config("hf_dinov2", [](json& j) { j["use_swiglu_ffn"] = true; }),
              Contains("SwiGLU"));
+  // A ratio whose MLP width is past any int: refused before the width is computed.
+  CHECK_THAT(error_with_config("hf_dinov2", [](json& j) { j["use_swiglu_ffn"] = true; j["mlp_ratio"] = 1e12; }),
+             Contains("mlp_ratio 1000000000000") && Contains("is not in (0, 64]"));
   {  // timm qk-norm: a tensor vitlens' block has no place for
     const std::string dir = copy_case("timm_vit");
     vitlens::SafetensorsFile f = vitlens::read_safetensors(dir + "/model.safetensors");

@@ -192,8 +192,8 @@ TEST_CASE("a safetensors header of tens of MB costs about its own size and ends 
     check_one_line(run);
     const double header_mb = static_cast<double>(c.header.size()) / (1 << 20);
     WARN(c.what << ": " << header_mb << " MB header, peak " << run.max_rss_kb / 1024 << " MiB: " << run.err);
-    // The file is read whole (1x), the header parsed once more at most (a metadata string): 3x
-    // plus the program is generous; a DOM was 10 to 20 times the header.
+    // The header is read (1x) and parsed once more at most (a metadata string): 3x plus the
+    // program is generous; a DOM was 10 to 20 times the header.
     CHECK(run.max_rss_kb / 1024.0 < 3.0 * header_mb + 60.0 + test::kSanitizerSlackMb);
   }
 }
@@ -249,12 +249,19 @@ TEST_CASE("a recipe of billions of parameters is refused before training, with t
 TEST_CASE("JSON from outside nests at most 64 levels: deeper is refused before anything recurses over it",
           "[hostile-model][json]") {
   const auto nested = [](size_t levels) { return std::string(levels, '[') + std::string(levels, ']'); };
-  CHECK(!parse_json_or_discarded(nested(kMaxJsonDepth + 1)).is_discarded());
-  CHECK(parse_json_or_discarded(nested(kMaxJsonDepth + 2)).is_discarded());
+  CHECK(!parse_json_or_discarded(nested(kMaxJsonDepth)).is_discarded());
+  CHECK(parse_json_or_discarded(nested(kMaxJsonDepth + 1)).is_discarded());
+  // 64 objects, the innermost holding a number: 64 levels.
+  std::string objects;
+  for (int i = 0; i < kMaxJsonDepth; ++i) objects += "{\"a\": ";
+  objects += "1" + std::string(kMaxJsonDepth, '}');
+  CHECK(!parse_json_or_discarded(objects).is_discarded());
+  CHECK(parse_json_or_discarded("{\"b\": " + objects + "}").is_discarded());
   CHECK(parse_json_or_discarded(nested(1000000)).is_discarded());
   CHECK(parse_json_or_discarded("{\"a\": [1, 2").is_discarded());
   CHECK(parse_json_or_discarded("{\"a\": [1, 2]}") == json{{"a", {1, 2}}});
-  CHECK(parse_json_text(nested(kMaxJsonDepth + 1), "x").dump() == nested(kMaxJsonDepth + 1));
+  CHECK(parse_json_text(nested(kMaxJsonDepth), "x").dump() == nested(kMaxJsonDepth));
+  CHECK_THROWS_WITH(parse_json_text(nested(kMaxJsonDepth + 1), "x"), "x is nested deeper than 64 levels");
   CHECK_THROWS_WITH(parse_json_text(nested(1000000), "x"), "x is nested deeper than 64 levels");
 }
 
@@ -373,19 +380,20 @@ TEST_CASE("text a checkpoint records is UTF-8: settings refused up front, class 
     return run_vitlens(args);
   };
   // Settings the record holds: refused before any data is read, nothing made.
-  REQUIRE(::rename((dir + "/data").c_str(), (dir + "/d\xe9").c_str()) == 0);
-  for (const std::vector<std::string>& extra :
-       {std::vector<std::string>{"--data", dir + "/d\xe9", "--out", dir + "/r1"},
-        {"--data", "photos:" + dir + "/d\xe9", "--out", dir + "/r1"},
-        {"--data", dir + "/d\xe9", "--out", dir + "/r1", "--name", "\xff\xfe"}}) {
+  const auto refused_with = [&](const std::vector<std::string>& extra, const std::string& flag) {
     const Child refused = train(extra);
     INFO("stderr: " << refused.err);
     CHECK(refused.code == 2);
     check_one_line(refused);
-    CHECK_THAT(refused.err, Contains("is not valid UTF-8"));
+    CHECK_THAT(refused.err, Contains(flag + " is not valid UTF-8"));
     struct stat st {};
     CHECK(::lstat((dir + "/r1").c_str(), &st) != 0);
-  }
+  };
+  refused_with({"--data", dir + "/data", "--out", dir + "/r1", "--name", "\xff\xfe"}, "--name");
+  refused_with({"--data", dir + "/data", "--out", dir + "/r1", "--description", "caf\xe9"}, "--description");
+  REQUIRE(::rename((dir + "/data").c_str(), (dir + "/d\xe9").c_str()) == 0);
+  refused_with({"--data", dir + "/d\xe9", "--out", dir + "/r1"}, "--data");
+  refused_with({"--data", "photos:" + dir + "/d\xe9", "--out", dir + "/r1"}, "--data");
   // A class folder of another encoding is a label: trained, recorded escaped, resumed.
   REQUIRE(::rename((dir + "/d\xe9").c_str(), (dir + "/data").c_str()) == 0);
   REQUIRE(::rename((dir + "/data/a").c_str(), (dir + "/data/caf\xe9").c_str()) == 0);

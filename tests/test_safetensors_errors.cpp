@@ -14,6 +14,8 @@
 #include <typeinfo>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
@@ -558,8 +560,9 @@ TEST_CASE("a file is read tensor by tensor into the same values as its bytes par
   // reads each tensor's bytes from the file on its own; parse_safetensors converts them in memory.
   const auto bytes_of = [](const void* p, size_t n) { return std::string(static_cast<const char*>(p), n); };
   const std::vector<float> f32 = {1.5f, -0.0f, 3.0e38f, std::ldexp(1.0f, -140), -7.25f};
-  // Doubles beyond float's range round as IEEE 754 converts them: to +-inf from the midpoint
-  // between the largest float and 2^128 up, to the largest float below it.
+  // Doubles beyond float's range round as IEEE 754 converts them (C++ leaves the result to the
+  // implementation; x86-64 rounds): to +-inf from the midpoint between the largest float and
+  // 2^128 up, to the largest float below it.
   const double largest = std::numeric_limits<float>::max();
   const std::vector<double> f64 = {0.1, -1e300, 2.5, largest + std::ldexp(1.0, 102), -(largest + std::ldexp(1.0, 103)),
                                    std::numeric_limits<double>::infinity()};
@@ -601,6 +604,25 @@ TEST_CASE("a file is read tensor by tensor into the same values as its bytes par
   // A file cut inside the last tensor is refused by its header, naming the file.
   write_bytes(path, bytes.substr(0, bytes.size() - 1));
   REQUIRE_THROWS_WITH(vitlens::read_safetensors(path), Contains(path) && Contains("'e'"));
+}
+
+TEST_CASE("a model's config alone is read from its header, with the same checks as the whole file", "[safetensors]") {
+  TempDir dir;
+  const std::string bytes = valid_bytes();
+  const std::string path = dir.file("model.safetensors");
+  write_bytes(path, bytes);
+  CHECK(vitlens::read_safetensors_metadata(path) == vitlens::read_safetensors(path).metadata);
+  CHECK(vitlens::read_model_config(path).name == vitlens::load_model(path).config.name);
+  // A pipe is refused from its type, without waiting for a writer; a folder and a short file too.
+  const std::string fifo = dir.file("pipe.safetensors");
+  REQUIRE(::mkfifo(fifo.c_str(), 0644) == 0);
+  REQUIRE_THROWS_WITH(vitlens::read_model_config(fifo), Contains(fifo) && Contains("pipe"));
+  const std::string folder = dir.file("folder.safetensors");
+  fs::create_directories(folder);
+  REQUIRE_THROWS_WITH(vitlens::read_model_config(folder), Contains(folder) && Contains("folder"));
+  const std::string short_file = dir.file("short.safetensors");
+  write_bytes(short_file, bytes.substr(0, 5));
+  REQUIRE_THROWS_WITH(vitlens::read_model_config(short_file), Contains(short_file) && Contains("shorter than"));
 }
 
 TEST_CASE("the header is exactly its JSON, padded with spaces only: a wrong header length is refused",

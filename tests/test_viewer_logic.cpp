@@ -290,6 +290,22 @@ TEST_CASE("viewer settings round-trip and survive a damaged file", "[viewer]") {
   CHECK(back.recent_images == s.recent_images);
   CHECK(back.recent_models == s.recent_models);
 
+  // A path in another encoding (Latin-1 bytes) cannot go into JSON: left out, the save goes on.
+  Settings latin = s;
+  latin.recent_images = {"/caf\xe9.png", "/b.png"};
+  latin.last_folder = "/photos/\xe9t\xe9";
+  save_settings(path, latin);
+  const Settings kept = load_settings(path, &warning);
+  CHECK(warning.empty());
+  CHECK(kept.recent_images == std::vector<std::string>{"/b.png"});
+  CHECK(kept.last_folder.empty());
+  CHECK(kept.colormap == "magma");
+  // Nested past the limit: not a settings object, the defaults (the parse never recurses).
+  write_file_atomic(path, "{\"recent_images\": " + std::string(100000, '[') + std::string(100000, ']') + "}");
+  warning.clear();
+  CHECK(load_settings(path, &warning).recent_images.empty());
+  CHECK_THAT(warning, Catch::Contains("using the defaults"));
+
   write_file_atomic(path, "{ not json");
   const Settings damaged = load_settings(path, &warning);
   CHECK_THAT(warning, Catch::Contains(path));

@@ -7,8 +7,8 @@ namespace vitlens {
 
 // What a training front end says of a setting it records that is not UTF-8, after its name.
 constexpr const char* kNotUtf8 =
-    " is not valid UTF-8 (a name in another encoding?): a checkpoint records it as JSON text, which must be; "
-    "rename it, or link the folder under a UTF-8 name";
+    " is not valid UTF-8 (text in another encoding?): a checkpoint records it as JSON text, which must be "
+    "UTF-8; give it in UTF-8 (a folder: rename it, or link it under a UTF-8 name)";
 
 // Whether `text` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
 bool is_valid_utf8(const std::string& text);

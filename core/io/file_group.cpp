@@ -134,7 +134,7 @@ using namespace files_internal;
 // =============================================================================================
 // [SECTION] FileGroup
 // =============================================================================================
-FileGroup::FileGroup(const std::string& dir) : dir_(dir) {
+FileGroup::FileGroup(const std::string& dir, bool new_names_only) : dir_(dir), new_names_only_(new_names_only) {
   install_cleanup_handlers();
   private_name_ = make_private_folder(dir, slot_, hold_, "the new files");
   open_ = true;
@@ -171,6 +171,7 @@ void FileGroup::commit() {
   for (const std::string& name : names_) {
     struct stat st {};
     if (::fstatat(lock.fd(), name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (new_names_only_) throw Error(dir_ + "/" + name + ": already exists; nothing was written");
     if (S_ISDIR(st.st_mode)) throw Error(dir_ + "/" + name + ": is a folder; nothing was saved");
     if ((dir_st.st_mode & S_ISVTX) != 0 && st.st_uid != me && me != 0)
       throw Error(dir_ + "/" + name + ": belongs to another user (uid " + std::to_string(st.st_uid) +

@@ -175,8 +175,10 @@ class OutputSet {
 // tidy_output_dir first therefore finds the newest whole group in place, never a mix of two.
 class FileGroup {
  public:
-  // Creates the private folder in `dir`. Throws vitlens::Error.
-  explicit FileGroup(const std::string& dir);
+  // Creates the private folder in `dir`. Throws vitlens::Error. With new_names_only, commit()
+  // refuses, before its commit point and holding the folder lock, when anything (a file, a link, a
+  // folder) has one of the group's names: the group then only ever adds files.
+  explicit FileGroup(const std::string& dir, bool new_names_only = false);
   ~FileGroup();  // not committed: the private folder and everything in it is removed
   FileGroup(const FileGroup&) = delete;
   FileGroup& operator=(const FileGroup&) = delete;
@@ -193,7 +195,7 @@ class FileGroup {
   std::string dir_, private_name_, id_;
   std::vector<std::string> names_;
   int slot_ = -1, hold_ = -1;  // as OutputSet's
-  bool open_ = false, committed_ = false;
+  bool open_ = false, committed_ = false, new_names_only_ = false;
 };
 
 // One process at a time in a folder, for as long as the claim lives (a training run and its --out:

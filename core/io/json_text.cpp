@@ -8,8 +8,8 @@ struct TooDeep {};
 }  // namespace
 
 nlohmann::json parse_json_or_discarded(const std::string& text) {
-  const nlohmann::json::parser_callback_t check = [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
-    if (depth > kMaxJsonDepth) throw TooDeep{};
+  const nlohmann::json::parser_callback_t check = [](int depth, nlohmann::json::parse_event_t event, nlohmann::json&) {
+    if (opens_level_past_limit(depth, event)) throw TooDeep{};
     return true;
   };
   try {

@@ -10,7 +10,14 @@
 
 namespace vitlens {
 
-constexpr int kMaxJsonDepth = 64;
+constexpr int kMaxJsonDepth = 64;  // objects and arrays, one inside the other
+
+// Whether a parser callback's event opens an object or array below kMaxJsonDepth others (depth
+// counts the containers around the event: 0 for the outermost).
+inline bool opens_level_past_limit(int depth, nlohmann::json::parse_event_t event) {
+  return depth >= kMaxJsonDepth &&
+         (event == nlohmann::json::parse_event_t::object_start || event == nlohmann::json::parse_event_t::array_start);
+}
 
 // `text` parsed, or a discarded value (is_discarded()) when it is not JSON or nests deeper than
 // kMaxJsonDepth levels: for callers that treat both as "not one of ours".

@@ -251,9 +251,15 @@ std::string run_drop(App& app, const ScriptArgs& a) {
   return "";
 }
 
+// JSON text of the viewer's state: paths in it may be any bytes, shown with U+FFFD where they are
+// not UTF-8 (a strict dump would throw).
+std::string json_text(const nlohmann::json& j, int indent = -1) {
+  return j.dump(indent, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 std::string write_json(const std::string& path, const nlohmann::json& j) {
   try {
-    write_file_atomic(path, j.dump(2) + "\n");
+    write_file_atomic(path, json_text(j, 2) + "\n");
   } catch (const Error& e) {
     return e.what();
   }
@@ -281,7 +287,7 @@ std::string run_expect(App& app, const ScriptArgs& a) {
   const bool same = got->is_number() && want.is_number()
                         ? std::fabs(got->get<double>() - want.get<double>()) <= 1e-6 * std::max(1.0, std::fabs(want.get<double>()))
                         : *got == want;
-  return same ? "" : "expected '" + a[0] + "' to be " + want.dump() + ", it is " + got->dump();
+  return same ? "" : "expected '" + a[0] + "' to be " + json_text(want) + ", it is " + json_text(*got);
 }
 
 std::string run_expect_contains(App& app, const ScriptArgs& a) {
@@ -289,8 +295,8 @@ std::string run_expect_contains(App& app, const ScriptArgs& a) {
   std::string error;
   const nlohmann::json* got = state_value(state, a[0], error);
   if (!got) return error;
-  const std::string text = got->is_string() ? got->get<std::string>() : got->dump();
-  return text.find(a[1]) == std::string::npos ? "'" + a[0] + "' is " + got->dump() + ", without '" + a[1] + "'" : "";
+  const std::string text = got->is_string() ? got->get<std::string>() : json_text(*got);
+  return text.find(a[1]) == std::string::npos ? "'" + a[0] + "' is " + json_text(*got) + ", without '" + a[1] + "'" : "";
 }
 
 std::string run_expect_file(App&, const ScriptArgs& a) {

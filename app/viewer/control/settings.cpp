@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
+#include "core/base/utf8.hpp"
 #include "core/io/files.hpp"
 #include "core/io/json_text.hpp"
 
@@ -82,12 +83,22 @@ void save_settings(const std::string& path, const Settings& s) {
   std::error_code ec;
   if (!folder.empty()) fs::create_directories(folder, ec);
   if (ec) throw Error(folder.string() + ": cannot create the settings folder (" + ec.message() + ")");
+  // JSON holds UTF-8 only: a path in another encoding is left out (not remembered), never
+  // written changed or allowed to stop the save.
+  const auto utf8_paths = [](const std::vector<std::string>& list) {
+    std::vector<std::string> kept;
+    for (const std::string& p : list)
+      if (is_valid_utf8(p)) kept.push_back(p);
+    return kept;
+  };
+  const auto utf8_path = [](const std::string& p) { return is_valid_utf8(p) ? p : std::string(); };
   const nlohmann::json j = {
-      {"recent_images", s.recent_images}, {"recent_models", s.recent_models}, {"colormap", s.colormap},
-      {"alpha", s.alpha},                 {"normalize", s.normalize},         {"upsample", s.upsample},
-      {"show_grid", s.show_grid},         {"window_w", s.window_w},           {"window_h", s.window_h},
-      {"precision", s.precision},
-      {"last_folder", s.last_folder},     {"export_folder", s.export_folder},
+      {"recent_images", utf8_paths(s.recent_images)}, {"recent_models", utf8_paths(s.recent_models)},
+      {"colormap", s.colormap},                  {"alpha", s.alpha},
+      {"normalize", s.normalize},                {"upsample", s.upsample},
+      {"show_grid", s.show_grid},                {"window_w", s.window_w},
+      {"window_h", s.window_h},                  {"precision", s.precision},
+      {"last_folder", utf8_path(s.last_folder)}, {"export_folder", utf8_path(s.export_folder)},
   };
   write_file_atomic(path, j.dump(2) + "\n");
 }
