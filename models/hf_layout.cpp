@@ -217,7 +217,7 @@ void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& opti
                                 : json_number(cfg, "mlp_ratio", 4.0, what, file);
   if (json_bool(cfg, "use_swiglu_ffn", false, what, file)) {
     // Dinov2SwiGLUFFN: two thirds of int(D * mlp_ratio), rounded up to a multiple of 8. The ratio
-    // is bounded first, as the config check bounds it: the int of any double is not defined.
+    // is bounded first, as the config check bounds it: a double past int's range has no int.
     if (!(c.mlp_ratio > 0.0 && c.mlp_ratio <= 64.0))
       throw Error(what + ": config.json mlp_ratio " + std::to_string(c.mlp_ratio) + " is not in (0, 64]");
     const int hidden = static_cast<int>(c.embed_dim * c.mlp_ratio);

@@ -2,7 +2,6 @@
 #include "models/safetensors.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -407,7 +406,7 @@ void convert_values(TensorData& tensor, const unsigned char* src) {
 }
 
 // The tensors of a parsed header, checked against the DATA_SIZE bytes after it; then, only with
-// the whole header checked, each tensor's values from `fill(tensor, its first byte in the data)`.
+// the whole header checked, each tensor's values from `fill(name, tensor, its first byte in the data)`.
 SafetensorsFile tensors_of(HeaderReader& reader, uint64_t data_size, const std::string& what,
                            const std::function<void(const std::string&, TensorData&, uint64_t)>& fill) {
   SafetensorsFile file;
