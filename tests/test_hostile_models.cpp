@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <functional>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "core/io/files.hpp"
 #include "core/base/utf8.hpp"
 #include "core/io/json_text.hpp"
+#include "core/render/export_layers.hpp"
 #include "models/json_file.hpp"
 #include "models/model_io.hpp"
 #include "models/safetensors.hpp"
@@ -405,4 +407,34 @@ TEST_CASE("text a checkpoint records is UTF-8: settings refused up front, class 
   const Child resumed = run_vitlens({"train", "--data", dir + "/data", "--resume", dir + "/r2/last.safetensors", "-q"});
   INFO("stderr: " << resumed.err);
   CHECK(resumed.code == 0);
+}
+
+TEST_CASE("every layer of a model at a large size: the layers montage stays an overview of bounded size",
+          "[hostile-model][export][memory]") {
+  CHECK(layers_montage_scale(10, 1e6) == 1.0);
+  CHECK(layers_montage_scale(100, 1e6) == Approx(std::sqrt(kMaxLayersMontagePixels / 1e8)));
+  const std::string dir = test::temp_dir("layers-montage");
+  // 3 blocks of 12 heads, patches of 64 px: at --size 1024 each tile is over a megapixel, 39 of them
+  // (12 heads and the mean a layer) about 55 Mpx at full size.
+  VitConfig c = test::small_config(64, true, 3);
+  c.patch_size = 64;
+  c.embed_dim = 12;
+  c.num_heads = 12;
+  SafetensorsFile file;
+  file.tensors = test::random_tensors(c, 5);
+  file.metadata["config"] = config_to_json(c).dump();
+  write_safetensors(dir + "/m.safetensors", file);
+  const std::string photo = write_photo(dir + "/photo.png", 1024);
+  const Child run = run_vitlens({"export", "--model", dir + "/m.safetensors", photo, "--size", "1024", "--layer", "all",
+                                 "-q", "--out", dir + "/out"});
+  INFO("stderr: " << run.err);
+  REQUIRE(run.code == 0);
+  const cv::Mat head = cv::imread(dir + "/out/photo_layer0_head0.png");
+  const cv::Mat montage = cv::imread(dir + "/out/photo_layers_montage.png");
+  REQUIRE(!head.empty());
+  REQUIRE(!montage.empty());
+  CHECK(head.cols >= 1024);  // each layer's own files at full size
+  INFO("head " << head.cols << "x" << head.rows << ", layers montage " << montage.cols << "x" << montage.rows);
+  CHECK(static_cast<double>(head.total()) * 39 > 1.5 * kMaxLayersMontagePixels);
+  CHECK(static_cast<double>(montage.total()) < 1.25 * kMaxLayersMontagePixels);  // the tiles, labels and legend
 }

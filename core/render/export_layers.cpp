@@ -7,10 +7,17 @@
 #include <cmath>
 #include <numeric>
 
+#include <opencv2/imgproc.hpp>
+
 #include "core/base/error.hpp"
 #include "core/io/files.hpp"
 
 namespace vitlens {
+
+double layers_montage_scale(double tiles, double tile_pixels) {
+  const double pixels = tiles * tile_pixels;
+  return pixels > kMaxLayersMontagePixels ? std::sqrt(kMaxLayersMontagePixels / pixels) : 1.0;
+}
 
 std::vector<std::string> export_layers(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
                                        int first, int last) {
@@ -28,6 +35,18 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
   OutputSet set(settings.out_dir, settings.force);
   std::vector<cv::Mat> tiles;
   std::vector<std::string> labels;
+  const double tile_count = static_cast<double>(last - first + 1) * (model.config.num_heads + 1);
+  const auto keep_tile = [&](const cv::Mat& tile) {  // at the montage's scale (every tile has one size)
+    const double scale = layers_montage_scale(tile_count, static_cast<double>(tile.total()));
+    if (scale >= 1.0) {
+      tiles.push_back(tile);
+      return;
+    }
+    cv::Mat small;
+    cv::resize(tile, small, cv::Size(std::max(1, static_cast<int>(tile.cols * scale)), std::max(1, static_cast<int>(tile.rows * scale))),
+               0, 0, cv::INTER_AREA);
+    tiles.push_back(small);
+  };
   for (int l = first; l <= last; ++l) {
     a.request.layer = l;
     if (l != first) {
@@ -44,11 +63,11 @@ std::vector<std::string> export_layers(const VitModel& model, const std::string&
     const std::vector<float> scales = map_scales(a.maps, settings.normalize);
     const std::string layer = "L" + std::to_string(l) + " ";
     for (size_t h = 0; h < images.heads.size(); ++h) {
-      tiles.push_back(images.heads[h]);
+      keep_tile(images.heads[h]);
       labels.push_back(tile_label(layer + head_label(model.config, l, static_cast<int>(h)), a.maps.heads[h], scales[h],
                                   settings.normalize));
     }
-    tiles.push_back(images.mean);
+    keep_tile(images.mean);
     labels.push_back(tile_label(layer + "mean", a.maps.mean, scales.back(), settings.normalize));
   }
   const LayersOutputNames names = layers_output_names(stem, settings.raw);

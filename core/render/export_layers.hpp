@@ -14,7 +14,18 @@ namespace vitlens {
 // <stem>_layer<l>_* (the --raw weights once, as <stem>_layers_attn.npy), and <stem>_layers_montage.png:
 // one row per layer, one column per head plus the mean, with the head montage's labels, colour
 // bar and caption, and the record <stem>_layers.json. One set: every file appears, or none.
+// The layers montage is an overview: where its tiles at full size would pass
+// kMaxLayersMontagePixels, each is scaled down by layers_montage_scale (area averaging) as its
+// layer is drawn, and only the scaled tile is kept; each layer's own files keep the full size.
 // Returns the paths written. Throws vitlens::Error.
+// At full size every layer of a 16-layer, 8-head model at --size 1024 made 144 tiles of 1.4 Mpx:
+// a 163 Mpx montage (489 MB as RGB) with its tiles (600 MB) held at once, 2 GB in all.
+constexpr double kMaxLayersMontagePixels = 32.0 * 1024 * 1024;
+
+// The factor (at most 1) by which `tiles` tiles of `tile_pixels` each are scaled so that together
+// they stay within kMaxLayersMontagePixels.
+double layers_montage_scale(double tiles, double tile_pixels);
+
 std::vector<std::string> export_layers(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
                                        int first, int last);
 
