@@ -593,7 +593,8 @@ TEST_CASE("a file is read tensor by tensor into the same values as its bytes par
     CHECK(got.source_dtype == tensor.source_dtype);
     CHECK(got.shape == tensor.shape);
     REQUIRE(got.values.size() == tensor.values.size());
-    CHECK(std::memcmp(got.values.data(), tensor.values.data(), got.values.size() * 4) == 0);
+    // Bit for bit (memcmp: -0.0 is not 0.0); an empty tensor's data() may be null, which memcmp may not take.
+    if (!got.values.empty()) CHECK(std::memcmp(got.values.data(), tensor.values.data(), got.values.size() * 4) == 0);
   }
   CHECK(parts.tensors.at("a").values.size() == 5);
   CHECK(std::memcmp(parts.tensors.at("a").values.data(), f32.data(), 20) == 0);
