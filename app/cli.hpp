@@ -91,6 +91,10 @@ struct UsageError : Error {
 // "X,Y" -> two integers, or throws UsageError naming the flag.
 void parse_pair(const std::string& text, const char* flag, int& first, int& second);
 
+// A missing folder is made, with its parents, as `mkdir -p` would (`what` names it in the error:
+// "the output folder"); a path that exists and is not a folder is left to require_writable_dir.
+void make_missing_folder(const std::string& folder, const std::string& what);
+
 // The message for std::bad_alloc, wherever it is caught.
 constexpr const char* kOutOfMemory =
     "out of memory: this needs more memory than the system (or `ulimit -v`) allows; try a smaller image, model "

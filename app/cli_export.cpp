@@ -50,7 +50,17 @@ CLI::Validator number_in(float lo, float hi, const std::string& range, const std
       [=](std::string& text) -> std::string {
         float v = 0.0f;
         if (whole_float(text, v) && v >= lo && (hi_open ? v < hi : v <= hi)) return "";
-        return "must be a number from " + range + ", got '" + text + "'";
+        std::string message = "must be a number from " + range + ", got '" + text + "'";
+        // Below `hi` as typed, `hi` once a float (0.99999999 is 1.0f): name the largest float allowed.
+        char* end = nullptr;
+        const double typed = std::strtod(text.c_str(), &end);
+        if (hi_open && !text.empty() && *end == '\0' && typed >= lo && typed < hi && v == hi) {
+          char words[96];
+          std::snprintf(words, sizeof words, ", which rounds to %.9g as a 32-bit float; the largest allowed is %.9g",
+                        static_cast<double>(hi), static_cast<double>(std::nextafter(hi, lo)));
+          message += words;
+        }
+        return message;
       },
       shown, "NUMBER");
 }
@@ -426,16 +436,6 @@ void check_against_model(const VitModel& model, const ExportSettings& s) {
   }
 }
 
-// A missing output folder is made, with its parents, as `mkdir -p` would; a path that exists and
-// is not a folder is refused by require_writable_dir.
-void make_output_folder(const std::string& folder) {
-  std::error_code ec;
-  if (!std::filesystem::exists(folder, ec) && !std::filesystem::is_symlink(folder, ec)) {
-    std::filesystem::create_directories(folder, ec);
-    if (ec) throw Error(folder + ": cannot create the output folder (" + ec.message() + ")");
-  }
-}
-
 // Output stems: two inputs never overwrite each other's outputs, and no output replaces an input,
 // even one vitlens wrote (exporting "a.png a_mean.png" or "a.png a_rollout.png --rollout" into
 // their own folder would otherwise overwrite the second before reading it): a stem any of whose
@@ -577,7 +577,7 @@ int run_export(ExportArgs& args) {
   const VitModel model = load_model(model_path, load);
   choose_preprocess(args, model_path, model, s);
   check_against_model(model, s);
-  make_output_folder(s.out_dir);
+  make_missing_folder(s.out_dir, "the output folder");
   const ExportWork work = plan_work(args, model);
   require_writable_dir(s.out_dir);
 

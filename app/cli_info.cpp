@@ -89,12 +89,14 @@ CLI::App* add_models_command(CLI::App& app) {
 
 int run_models() {
   const std::vector<BundledModelEntry> models = list_bundled_models();
-  std::printf("Bundled models in %s (give the name to --model):\n", bundled_models_dir().c_str());
   if (models.empty()) throw Error("no bundled models in " + bundled_models_dir() + " (set VITLENS_ASSETS to the assets folder)");
+  // Names, summaries and the folder come from files and the environment: printed as terminal_text.
+  std::printf("Bundled models in %s (give the name to --model):\n", terminal_text(bundled_models_dir()).c_str());
   size_t width = 0;
-  for (const BundledModelEntry& m : models) width = std::max(width, m.name.size());
+  for (const BundledModelEntry& m : models) width = std::max(width, terminal_text(m.name).size());
   for (const BundledModelEntry& m : models)
-    std::printf("  %-*s  %s\n", static_cast<int>(width), m.name.c_str(), bundled_model_summary(m).c_str());
+    std::printf("  %-*s  %s\n", static_cast<int>(width), terminal_text(m.name).c_str(),
+                terminal_text(bundled_model_summary(m)).c_str());
   return kExitOk;
 }
 

@@ -233,11 +233,10 @@ FolderClaim claim_run_folder(const std::string& folder) {
   }
 }
 
-// The run folder, created when missing, claimed (unless `claim` holds it already: run_train claims
+// The run folder, created with its parents when missing, claimed (unless `claim` holds it already: run_train claims
 // a folder that exists before reading the checkpoint in it), then check_run_folder.
 void prepare_run_folder(const TrainArgs& a, std::optional<FolderClaim>& claim) {
-  if (!is_dir(a.out) && ::mkdir(a.out.c_str(), 0755) != 0 && errno != EEXIST)
-    throw Error(a.out + ": cannot create the run folder");
+  make_missing_folder(a.out, "the run folder");
   require_writable_dir(a.out);
   if (!claim) claim.emplace(claim_run_folder(a.out));
   check_run_folder(a);

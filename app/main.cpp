@@ -2,6 +2,8 @@
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <filesystem>
+#include <functional>
 #include <iostream>
 #include <new>
 
@@ -10,6 +12,7 @@
 #include "cli.hpp"
 #include "models/bundled_models.hpp"
 #include "core/base/error.hpp"
+#include "core/base/utf8.hpp"
 #include "core/io/files.hpp"
 #include "core/base/memory.hpp"
 #ifdef VITLENS_HAS_VIEWER
@@ -24,13 +27,7 @@ std::string terminal_text(const std::string& text) {
   char escape[8];
   for (size_t i = 0; i < text.size();) {
     const auto c = static_cast<unsigned char>(text[i]);
-    // The length of a well-formed UTF-8 sequence starting here (0: not one).
-    size_t len = c < 0x80 ? 1 : (c >> 5) == 0x6 ? 2 : (c >> 4) == 0xE ? 3 : (c >> 3) == 0x1E ? 4 : 0;
-    if (len > 1) {
-      if (i + len > text.size()) len = 0;
-      for (size_t k = 1; k < len; ++k)
-        if ((static_cast<unsigned char>(text[i + k]) & 0xC0) != 0x80) len = 0;
-    }
+    const size_t len = utf8_char_length(text, i);
     // Kept: printable ASCII and whole UTF-8 characters other than the C1 controls U+0080 to
     // U+009F (C2 80 to C2 9F), which some terminals obey like ESC sequences.
     const bool c1 = len == 2 && c == 0xC2 && static_cast<unsigned char>(text[i + 1]) < 0xA0;
@@ -100,6 +97,25 @@ void parse_pair(const std::string& text, const char* flag, int& first, int& seco
   if (comma == std::string::npos) throw UsageError(std::string(flag) + " expects two integers as A,B; got '" + text + "'");
   parse_int(text.substr(0, comma), first);
   parse_int(text.substr(comma + 1), second);
+}
+
+// An option or argument given an empty value (`--model ''`, often a script's unset variable) is
+// refused in one line instead of being taken as not given: it would have meant the default model,
+// a new run for `--resume`, the default query for `--patch`. Walks option groups and subcommands.
+void refuse_empty_values(const CLI::App& app) {
+  for (const CLI::Option* opt : app.get_options())
+    if (opt->get_type_size_max() > 0)
+      for (const std::string& value : opt->results())
+        if (value.empty()) throw UsageError(opt->get_name() + ": an empty value was given");
+  for (const CLI::App* sub : app.get_subcommands(std::function<bool(const CLI::App*)>{})) refuse_empty_values(*sub);
+}
+
+void make_missing_folder(const std::string& folder, const std::string& what) {
+  std::error_code ec;
+  if (!std::filesystem::exists(folder, ec) && !std::filesystem::is_symlink(folder, ec)) {
+    std::filesystem::create_directories(folder, ec);
+    if (ec) throw Error(folder + ": cannot create " + what + " (" + ec.message() + ")");
+  }
 }
 
 // `vitlens view`: the desktop viewer; `vitlens` with no arguments runs it on the bundled files.
@@ -189,6 +205,7 @@ int main(int argc, char** argv) {
   // Ctrl-C or SIGTERM during a write removes the temporaries first (vitlens/files.hpp).
   vitlens::install_cleanup_handlers();
   try {
+    refuse_empty_values(app);
     if (app.got_subcommand("export")) return run_export(export_args);
     if (app.got_subcommand("info")) return run_info(info_args);
     if (app.got_subcommand("view")) return run_view(view_args);

@@ -172,6 +172,18 @@ const HfFamily& read_hf_config(Tensors& t, const std::string& folder, json& cfg,
               "siglip_vision_model and siglip (see README, Supported models)");
 }
 
+// VitConfig::validate's reason, with the config.json keys its vitlens names stand for.
+std::string in_hf_terms(const std::string& why) {
+  static const std::pair<const char*, const char*> kKeys[] = {
+      {"embed_dim", "hidden_size"}, {"num_heads", "num_attention_heads"}, {"depth", "num_hidden_layers"},
+      {"img_size", "image_size"},   {"mlp_ratio", "intermediate_size / hidden_size"},
+      {"norm_eps", "layer_norm_eps"}, {"register_tokens", "num_register_tokens"}, {"rope_temperature", "rope_theta"}};
+  std::string keys;
+  for (const auto& [ours, theirs] : kKeys)
+    if (why.find(ours) != std::string::npos) keys += std::string(keys.empty() ? "" : ", ") + ours + " is " + theirs;
+  return keys.empty() ? why : why + " (" + keys + ")";
+}
+
 // The config's numbers, as the family reads them.
 void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& options, VitConfig& c, const std::string& what) {
   const std::string file = "config.json";
@@ -219,7 +231,7 @@ void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& opti
     // Dinov2SwiGLUFFN: two thirds of int(D * mlp_ratio), rounded up to a multiple of 8. The ratio
     // is bounded first, as the config check bounds it: a double past int's range has no int.
     if (!(c.mlp_ratio > 0.0 && c.mlp_ratio <= 64.0))
-      throw Error(what + ": config.json mlp_ratio " + std::to_string(c.mlp_ratio) + " is not in (0, 64]");
+      throw Error(what + ": config.json mlp_ratio " + json(c.mlp_ratio).dump() + " is not in (0, 64]");
     const int hidden = static_cast<int>(c.embed_dim * c.mlp_ratio);
     const int width = (static_cast<int>(hidden * 2.0 / 3.0) + 7) / 8 * 8;
     if (width < 1) throw Error(what + ": config.json mlp_ratio gives a SwiGLU hidden width of " + std::to_string(width));
@@ -243,7 +255,7 @@ void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& opti
                : type;
   c.description = "Hugging Face " + type;
   const std::string why = c.validate();
-  if (!why.empty()) throw Error(what + ": config.json: " + why);
+  if (!why.empty()) throw Error(what + ": config.json: " + in_hf_terms(why));
 }
 
 // The patch embedding and the block count, checked against the config.

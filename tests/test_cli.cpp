@@ -170,6 +170,7 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
       {"--cls --received", 2, "excludes"},
       {"--bogus", 2, "--bogus"},
       {"--preprocess model", 2, "publishes no transform (a vitlens model"},
+      {"--rollout --discard 0.99999999", 2, "rounds to 1 as a 32-bit float; the largest allowed is 0.99999994"},
   };
   for (const Case& c : cases) {
     Run r = run(base + c.args);
@@ -212,6 +213,46 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
   CHECK(raw.code == 1);
   CHECK_THAT(raw.err, Catch::Contains("limited to 4096 tokens"));
   CHECK_FALSE(exists(f.dir + "/big_head0.png"));
+}
+
+TEST_CASE("cli: an option given an empty value is refused, not taken as its default", "[cli][errors]") {
+  Fixture f;
+  const std::string out = f.dir + "/out";
+  const std::string model = " --model " + f.model;
+  // Each of these once ran as if the option were absent: the default query, the default model, a
+  // new run instead of a resume.
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"export " + f.image + model + " --out " + out + " --query ''", "--query: an empty value"},
+      {"export " + f.image + model + " --out " + out + " --query-processed ''", "--query-processed: an empty value"},
+      {"export " + f.image + model + " --out " + out + " --patch ''", "--patch: an empty value"},
+      {"export " + f.image + model + " --out " + out + " --token ''", "--token: an empty value"},
+      {"export " + f.image + " --model '' --out " + out, "--model: an empty value"},
+      {"export ''" + model + " --out " + out, "IMAGE: an empty value"},
+      {"info --model ''", "--model: an empty value"},
+      {"train --data fashion-mnist --resume ''", "--resume: an empty value"},
+      {"train --data fashion-mnist --out " + out + " --grad-dump ''", "--grad-dump: an empty value"},
+      {"train --data fashion-mnist --out " + out + " --description ''", "--description: an empty value"},
+      {"view --model '' --screenshot " + out + "/s.png", "--model: an empty value"},
+  };
+  for (const auto& [args, says] : cases) {
+    Run r = run(args);
+    INFO(args << " -> " << r.err);
+    CHECK(r.code == 2);
+    CHECK(count_lines(r.err) == 1);
+    CHECK_THAT(r.err, Catch::Contains(says));
+    CHECK_FALSE(exists(out));
+  }
+}
+
+TEST_CASE("cli: a message quoting a name shows bytes that are not printable UTF-8 as \\xNN", "[cli][errors]") {
+  Fixture f;
+  // An overlong '/', a UTF-16 surrogate, the C1 control CSI, a truncated character, then 'é' (kept).
+  const std::string name = f.dir + "/a\xc0\xaf" "b\xed\xa0\x80" "c\xc2\x9b" "d\xc3" "e\xc3\xa9.png";
+  Run r = run("export '" + name + "' --model " + f.model + " --out " + f.dir + "/out");
+  INFO(r.err);
+  CHECK(r.code == 1);
+  CHECK(count_lines(r.err) == 1);
+  CHECK_THAT(r.err, Catch::Contains("/a\\xc0\\xafb\\xed\\xa0\\x80c\\xc2\\x9bd\\xc3e\xc3\xa9.png: cannot open an image file"));
 }
 
 TEST_CASE("cli: a batch reports the bad image, exports the others and exits 1", "[cli]") {
@@ -724,4 +765,10 @@ TEST_CASE("cli: bundled models by name: models, export, info, a bad name", "[cli
   CHECK(bad.code == 1);
   CHECK(count_lines(bad.err) == 1);
   CHECK_THAT(bad.err, Catch::Contains("no such file, and no bundled model has this name: designed, fashion-mnist"));
+  // An assets folder without models: the error alone, no heading over an empty list.
+  Run none = test::run_vitlens_shell(dir, "models", "VITLENS_ASSETS=" + dir);
+  CHECK(none.code == 1);
+  CHECK(none.out.empty());
+  CHECK(count_lines(none.err) == 1);
+  CHECK_THAT(none.err, Catch::Contains("no bundled models in " + dir));
 }

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <sstream>
@@ -407,7 +408,7 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data " + one_class + " --out " + dir + "/r", "", 1},
       {"train --data fashion-mnist --resume " + dir + "/missing.safetensors", "missing.safetensors", 1},
       {"train --data fashion-mnist --resume " + dir + "/x.safetensors --lr 0.1", "cannot change on --resume", 2},
-      {"train --data fashion-mnist --out " + dir + "/r --name ''", "--name must not be empty", 2},
+      {"train --data fashion-mnist --out " + dir + "/r --name ''", "--name: an empty value", 2},
       {"train --data fashion-mnist --out " + dir + "/r --no-augment --crop-pad 0", "--crop-pad applies with --augment", 2},
       {"train --data fashion-mnist --out " + dir + "/r --augment --crop-pad 17", "--crop-pad", 2},
       {"train --data fashion-mnist --out " + dir + "/r --pool max", "--pool", 2},
@@ -424,12 +425,21 @@ TEST_CASE("train CLI: bad input gets one clear line", "[train][cli]") {
       {"train --data fashion-mnist --out " + dir + "/r --drop-path nan", "--drop-path must be in [0, 1)", 2},
       {"train --data photos --out " + dir + "/r --drop-path 0.1", "--drop-path applies to classifiers", 2},
       {"train --data fashion-mnist --resume " + dir + "/x.safetensors --drop-path 0.1", "cannot change on --resume", 2},
+      {"train --data fashion-mnist --out " + dir + "/a_file/r", "a_file/r: cannot create the run folder (Not a directory)", 1},
   };
+  std::ofstream(dir + "/a_file") << "a user's file";
   for (const Case& c : cases) {
     const Run r = run_vitlens(c.args);
     INFO("vitlens " << c.args << "\nstderr: " << r.err);
     test::check_one_line_error(r, c.code, c.expect);
   }
+  // A run folder is made with its parents, as export's --out is.
+  REQUIRE(have_fashion_mnist());
+  const Run nested = run_vitlens("train --data fashion-mnist --limit 256 --depth 1 --embed-dim 16 --heads 2 --batch 128 "
+                                 "--epochs 1 --quiet --out " + dir + "/p/q/r");
+  INFO(nested.err);
+  CHECK(nested.code == 0);
+  CHECK(std::filesystem::is_regular_file(dir + "/p/q/r/last.safetensors"));
 }
 
 TEST_CASE("train CLI: a tiny run writes a checkpoint that loads, a log, and --stop-after/--resume continue it",

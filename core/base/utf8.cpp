@@ -6,10 +6,7 @@
 
 namespace vitlens {
 
-namespace {
-
-// The length of the well-formed character at text[i], or 0 when the bytes there are not one.
-size_t char_length(const std::string& text, size_t i) {
+size_t utf8_char_length(const std::string& text, size_t i) {
   const auto byte = [&](size_t k) { return static_cast<uint8_t>(text[k]); };
   const uint8_t b0 = byte(i);
   if (b0 < 0x80) return 1;
@@ -28,11 +25,9 @@ size_t char_length(const std::string& text, size_t i) {
   return n;
 }
 
-}  // namespace
-
 bool is_valid_utf8(const std::string& text) {
   for (size_t i = 0; i < text.size();) {
-    const size_t n = char_length(text, i);
+    const size_t n = utf8_char_length(text, i);
     if (n == 0) return false;
     i += n;
   }
@@ -43,7 +38,7 @@ std::string utf8_escaped(const std::string& text) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
-    const size_t n = char_length(text, i);
+    const size_t n = utf8_char_length(text, i);
     if (n > 0) {
       out.append(text, i, n);
       i += n;

@@ -10,6 +10,10 @@ constexpr const char* kNotUtf8 =
     " is not valid UTF-8 (text in another encoding?): a checkpoint records it as JSON text, which must be "
     "UTF-8; give it in UTF-8 (a folder: rename it, or link it under a UTF-8 name)";
 
+// The length in bytes of the well-formed character that starts at text[i] (i < text.size()), or 0
+// when the bytes there are not one.
+size_t utf8_char_length(const std::string& text, size_t i);
+
 // Whether `text` is well-formed UTF-8 (RFC 3629: no overlong forms, no surrogates, at most U+10FFFF).
 bool is_valid_utf8(const std::string& text);
 
