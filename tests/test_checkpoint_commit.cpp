@@ -596,6 +596,35 @@ TEST_CASE("a group of new names only refuses, at its commit, a name taken since 
   CHECK(entries(dir) == std::vector<std::string>{"a"});
 }
 
+// A group of new names cut short after its commit point is completed without replacing: a name
+// taken in between keeps its file, and the group's copy is dropped with a warning.
+TEST_CASE("a group of new names only never replaces a file when an interrupted commit is completed",
+          "[checkpoint][atomic]") {
+  const std::string dir = test::temp_dir("group-new-finish");
+  std::vector<std::string> warnings;
+  set_file_warning_handler([&](const std::string& line) { warnings.push_back(line); });
+  {
+    FileGroup group(dir, true);
+    group.add_stream("a", [](FileSink& sink) { sink.write("ours", 4); });
+    group.add_stream("b", [](FileSink& sink) { sink.write("ours", 4); });
+    testing::fail_file_operation(2);  // committed, then its first move into place fails
+    CHECK_THROWS_AS(group.commit(), Error);
+    testing::fail_file_operation(0);
+    CHECK(group.committed());
+  }
+  const std::vector<std::string> left = entries(dir);
+  REQUIRE(left.size() == 1);
+  CHECK(left[0].rfind(".vitlens-group-new-", 0) == 0);  // marked: completed without replacing
+  test::spit(dir + "/b", "the user's, made before the completion");
+  CHECK(tidy_output_dir(dir) == 1);
+  CHECK(slurp(dir + "/a") == "ours");
+  CHECK(slurp(dir + "/b") == "the user's, made before the completion");
+  CHECK(entries(dir) == std::vector<std::string>{"a", "b"});
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains(dir + "/b: was made by something else") && Catch::Contains("that file is kept"));
+  set_file_warning_handler(nullptr);
+}
+
 TEST_CASE("folder claim: one holder at a time per folder, by any path to it, gone with the claim",
           "[checkpoint][claim]") {
   const std::string dir = test::temp_dir("claim"), other = test::temp_dir("claim-other");

@@ -187,6 +187,17 @@ int rename_at(int from_dir, const char* from, int to_dir, const char* to) {
   return ::renameat(from_dir, from, to_dir, to);
 }
 
+int rename_new_at(int from_dir, const char* from, int to_dir, const char* to) {
+  if (injected_failure()) {
+    errno = ENOSPC;
+    return -1;
+  }
+  if (::renameat2(from_dir, from, to_dir, to, RENAME_NOREPLACE) == 0) return 0;
+  if (errno != EINVAL && errno != ENOSYS) return -1;
+  if (::linkat(from_dir, from, to_dir, to, 0) != 0) return -1;
+  return ::unlinkat(from_dir, from, 0);
+}
+
 // =============================================================================================
 // [SECTION] Warnings
 // =============================================================================================

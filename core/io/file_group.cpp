@@ -24,7 +24,10 @@ namespace files_internal {
 
 namespace {
 
-const char kGroupPrefix[] = ".vitlens-group-";  // + <time>-<pid>-<random>: a committed FileGroup
+// A committed FileGroup: the prefix, "new-" for a group that only adds files (new_names_only),
+// then <time>-<pid>-<random>.
+const char kGroupPrefix[] = ".vitlens-group-";
+const char kNewNamesMark[] = "new-";
 
 }  // namespace
 
@@ -35,12 +38,15 @@ const char kGroupPrefix[] = ".vitlens-group-";  // + <time>-<pid>-<random>: a co
 // place, so running finish_group again after an interruption moves exactly the rest.
 namespace {
 
-// Exactly the names FileGroup::commit makes: the prefix, then unique_id's "<16 hex digits>-<pid>-
-// <6 letters or digits>"; anything else (a user's file that merely starts alike) is not ours.
-bool is_group_name(const std::string& name) {
-  const size_t prefix = sizeof kGroupPrefix - 1;
+// A committed group's folder name, read: its id (which sorts by commit time) and whether it only
+// adds files. False for anything but exactly the names FileGroup::commit makes: the prefix, the
+// optional mark, then unique_id's "<16 hex digits>-<pid>-<6 letters or digits>" (a user's file
+// that merely starts alike is not ours).
+bool read_group_name(const std::string& name, std::string& id, bool& new_names) {
+  const size_t prefix = sizeof kGroupPrefix - 1, mark = sizeof kNewNamesMark - 1;
   if (name.compare(0, prefix, kGroupPrefix) != 0) return false;
-  const std::string id = name.substr(prefix);
+  new_names = name.compare(prefix, mark, kNewNamesMark) == 0;
+  id = name.substr(prefix + (new_names ? mark : 0));
   const size_t dash = id.find('-', 17);
   if (id.size() < 26 || id[16] != '-' || dash == std::string::npos || dash == 17 || id.size() != dash + 7) return false;
   for (size_t i = 0; i < id.size(); ++i) {
@@ -51,50 +57,76 @@ bool is_group_name(const std::string& name) {
   return true;
 }
 
-// Moves the files of the committed group `group_name` into the folder, then removes the group's
-// folder. Called with the folder locked.
-void finish_group(int dir_fd, const std::string& dir, const std::string& group_name) {
-  const int group_fd = ::openat(dir_fd, group_name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
-  if (group_fd < 0) throw Error(dir + "/" + group_name + ": cannot open (" + errno_text(errno) + ")");
-  std::vector<std::string> names = list_names(group_fd);
-  std::sort(names.begin(), names.end());
-  for (const std::string& name : names)
-    if (rename_at(group_fd, name.c_str(), dir_fd, name.c_str()) != 0) {
-      const int err = errno;
-      ::close(group_fd);
-      throw Error(dir + "/" + name + ": moving it into place from " + group_name + " failed (" + errno_text(err) + ")");
+// A committed group of ours in the folder: its folder's name and what read_group_name reads.
+struct GroupFolder {
+  std::string name, id;
+  bool new_names = false;
+};
+
+// This user's committed groups in the folder, oldest first. Another user's group in a shared
+// folder is theirs to complete (moving its files would need their permissions, and failing here
+// would block this user's own saves): named in a warning when `warn_others`, else left silently.
+std::vector<GroupFolder> list_groups(int dir_fd, const std::string& dir, bool warn_others) {
+  std::vector<GroupFolder> groups;
+  for (const std::string& name : list_names(dir_fd)) {
+    GroupFolder g;
+    g.name = name;
+    struct stat st {};
+    if (!read_group_name(name, g.id, g.new_names) || ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISDIR(st.st_mode))
+      continue;
+    if (st.st_uid != ::geteuid()) {
+      if (warn_others)
+        warn(dir + "/" + name + ": another user's (uid " + std::to_string(st.st_uid) + "); only that user can complete it; skipped");
+      continue;
     }
+    groups.push_back(g);
+  }
+  std::sort(groups.begin(), groups.end(), [](const GroupFolder& a, const GroupFolder& b) { return a.id < b.id; });
+  return groups;
+}
+
+// Moves the files of the committed group into the folder, then removes the group's folder. A
+// group that only adds files never replaces anything: a name taken since its commit point (by
+// anyone) keeps what has it, and the group's file of that name is dropped, named in a warning;
+// returns those names. Called with the folder locked.
+std::vector<std::string> finish_group(int dir_fd, const std::string& dir, const GroupFolder& group) {
+  const int group_fd = ::openat(dir_fd, group.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (group_fd < 0) throw Error(dir + "/" + group.name + ": cannot open (" + errno_text(errno) + ")");
+  std::vector<std::string> names = list_names(group_fd), dropped;
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    const int moved = group.new_names ? rename_new_at(group_fd, name.c_str(), dir_fd, name.c_str())
+                                      : rename_at(group_fd, name.c_str(), dir_fd, name.c_str());
+    if (moved == 0) continue;
+    const int err = errno;
+    if (group.new_names && err == EEXIST && ::unlinkat(group_fd, name.c_str(), 0) == 0) {
+      warn(dir + "/" + name + ": was made by something else after vitlens committed a file of this name; that file "
+                              "is kept and vitlens' copy dropped");
+      dropped.push_back(name);
+      continue;
+    }
+    ::close(group_fd);
+    throw Error(dir + "/" + name + ": moving it into place from " + group.name + " failed (" + errno_text(err) + ")");
+  }
   ::close(group_fd);
   // An emptied group folder left behind (a failure or a kill here) is removed by the next call.
-  if (!injected_failure()) ::unlinkat(dir_fd, group_name.c_str(), AT_REMOVEDIR);
+  if (!injected_failure()) ::unlinkat(dir_fd, group.name.c_str(), AT_REMOVEDIR);
   ::fsync(dir_fd);
+  return dropped;
 }
 
 }  // namespace
 
-// Every committed group in the folder, oldest first (their names begin with the commit time, in
+// Every committed group in the folder, oldest first (their ids begin with the commit time, in
 // fixed-width hex), so that the newest files end up in place. Called with the folder locked.
 int finish_groups(int dir_fd, const std::string& dir) {
-  std::vector<std::string> groups;
-  for (const std::string& name : list_names(dir_fd)) {
-    struct stat st {};
-    if (!is_group_name(name) || ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 || !S_ISDIR(st.st_mode))
-      continue;
-    // Another user's group in a shared folder is theirs to complete: moving its files would need
-    // their permissions, and failing here would block this user's own saves.
-    if (st.st_uid != ::geteuid()) {
-      warn(dir + "/" + name + ": another user's (uid " + std::to_string(st.st_uid) + "); only that user can complete it; skipped");
-      continue;
-    }
-    groups.push_back(name);
-  }
-  std::sort(groups.begin(), groups.end());
   int done = 0;
-  for (const std::string& name : groups) {
+  for (const GroupFolder& group : list_groups(dir_fd, dir, true)) {
     // One that cannot be completed (a file in its way it may not replace) never blocks later
     // saves or reads: the files in place stay, and a newer group of the same files supersedes it.
     try {
-      finish_group(dir_fd, dir, name);
+      finish_group(dir_fd, dir, group);
       ++done;
     } catch (const Error& e) {
       warn(std::string(e.what()) + "; this interrupted save is skipped, the files in place are kept");
@@ -108,20 +140,18 @@ namespace {
 // Our committed groups older than `newest` whose remaining files are all among `names`: once
 // `newest` is in place, completing them would put older files over newer ones. Removed (they are
 // this user's own folders). Called with the folder locked.
-void remove_superseded_groups(int dir_fd, const std::string& newest, const std::vector<std::string>& names) {
-  for (const std::string& name : list_names(dir_fd)) {
-    struct stat st {};
-    if (!is_group_name(name) || name >= newest || ::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0 ||
-        !S_ISDIR(st.st_mode) || st.st_uid != ::geteuid())
-      continue;
-    const int group_fd = ::openat(dir_fd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+void remove_superseded_groups(int dir_fd, const std::string& dir, const GroupFolder& newest,
+                              const std::vector<std::string>& names) {
+  for (const GroupFolder& group : list_groups(dir_fd, dir, false)) {
+    if (group.id >= newest.id) continue;
+    const int group_fd = ::openat(dir_fd, group.name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
     if (group_fd < 0) continue;
     const std::vector<std::string> left = list_names(group_fd);
     ::close(group_fd);
     const bool covered = std::all_of(left.begin(), left.end(), [&](const std::string& n) {
       return std::find(names.begin(), names.end(), n) != names.end();
     });
-    if (covered) remove_tree_at(dir_fd, name);
+    if (covered) remove_tree_at(dir_fd, group.name);
   }
 }
 
@@ -177,8 +207,11 @@ void FileGroup::commit() {
       throw Error(dir_ + "/" + name + ": belongs to another user (uid " + std::to_string(st.st_uid) +
                   ") in a shared folder, where only its owner may replace it; nothing was saved");
   }
-  const std::string group_name = kGroupPrefix + id_;
-  if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), group_name.c_str()) != 0)
+  GroupFolder group;
+  group.id = id_;
+  group.new_names = new_names_only_;
+  group.name = kGroupPrefix + std::string(new_names_only_ ? kNewNamesMark : "") + id_;
+  if (rename_at(lock.fd(), private_name_.c_str(), lock.fd(), group.name.c_str()) != 0)
     throw Error(dir_ + ": committing the new files failed (" + errno_text(errno) + ")");
   // The commit point: the group is whole and on its way into place; neither the signal handler
   // nor the destructor may remove it now.
@@ -186,8 +219,12 @@ void FileGroup::commit() {
   open_ = false;
   committed_ = true;
   ::fsync(lock.fd());
-  finish_group(lock.fd(), dir_, group_name);
-  remove_superseded_groups(lock.fd(), group_name, names_);
+  const std::vector<std::string> dropped = finish_group(lock.fd(), dir_, group);
+  remove_superseded_groups(lock.fd(), dir_, group, names_);
+  // Between the check above and the move, something other than vitlens made one of the names.
+  if (!dropped.empty())
+    throw Error(dir_ + "/" + dropped.front() + ": was made by something else while vitlens wrote it; that file is kept, "
+                "vitlens' copy was dropped");
 }
 
 }  // namespace vitlens

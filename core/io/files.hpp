@@ -177,7 +177,10 @@ class FileGroup {
  public:
   // Creates the private folder in `dir`. Throws vitlens::Error. With new_names_only, commit()
   // refuses, before its commit point and holding the folder lock, when anything (a file, a link, a
-  // folder) has one of the group's names: the group then only ever adds files.
+  // folder) has one of the group's names, and its files are moved into place without replacing
+  // (RENAME_NOREPLACE), then and when an interrupted commit is completed: the group only ever adds
+  // files. A name something else takes between the check and the move keeps what has it; the
+  // group's file is dropped and commit() throws (a completion warns).
   explicit FileGroup(const std::string& dir, bool new_names_only = false);
   ~FileGroup();  // not committed: the private folder and everything in it is removed
   FileGroup(const FileGroup&) = delete;

@@ -64,6 +64,9 @@ class CriticalSection {
 bool injected_failure();
 // renameat, or the injected failure (ENOSPC).
 int rename_at(int from_dir, const char* from, int to_dir, const char* to);
+// As rename_at, but never replaces: fails with EEXIST when anything has the name `to`
+// (renameat2's RENAME_NOREPLACE; where the file system lacks it, a hard link, then the unlink).
+int rename_new_at(int from_dir, const char* from, int to_dir, const char* to);
 
 // ---- Warnings (file_cleanup.cpp) ----
 void warn(const std::string& text);
