@@ -421,7 +421,7 @@ void choose_preprocess(const ExportArgs& args, const std::string& model_path, co
                      "; use --preprocess whole");
 }
 
-// Settings that cannot fit this model, and a mask that cannot be read, are usage errors.
+// Settings that cannot fit this model are usage errors; a mask that cannot be read is a file's error.
 void check_against_model(const VitModel& model, const ExportSettings& s) {
   try {
     check_settings(model, s);
@@ -430,9 +430,9 @@ void check_against_model(const VitModel& model, const ExportSettings& s) {
   }
   if (s.mask_image.empty()) return;
   try {
-    load_image_rgb(s.mask_image);  // a mask that cannot be read is a bad flag, found before any image
+    load_image_rgb(s.mask_image);  // a mask that cannot be read is a bad file (exit 1), found before any image
   } catch (const Error& e) {
-    throw UsageError(std::string("--mask-image: ") + e.what());
+    throw Error(std::string("--mask-image: ") + e.what());
   }
 }
 

@@ -251,7 +251,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
     if (!mae && cmd->count(flag)) bad(std::string(flag) + " applies to masked patch prediction (--data photos[:DIR])");
   if (mae) {
     if (!(a.mask_ratio > 0.0 && a.mask_ratio < 1.0))
-      bad("--mask-ratio must be in (0, 1), got " + std::to_string(a.mask_ratio));
+      bad("--mask-ratio must be in (0, 1), got " + nlohmann::json(a.mask_ratio).dump());
     if (a.decoder_dim % a.decoder_heads != 0)
       bad("--decoder-dim " + std::to_string(a.decoder_dim) + " is not divisible by --decoder-heads " +
           std::to_string(a.decoder_heads));
@@ -274,7 +274,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   for (const auto& [flag, text] : {std::pair<const char*, const std::string*>{"--name", &a.name},
                                    {"--description", &a.description}, {"--data", &a.data}})
     if (!is_valid_utf8(*text)) bad(std::string(flag) + kNotUtf8);
-  if (!(a.lr > 0.0 && a.lr <= 10.0)) bad("--lr must be in (0, 10], got " + std::to_string(a.lr));
+  if (!(a.lr > 0.0 && a.lr <= 10.0)) bad("--lr must be in (0, 10], got " + nlohmann::json(a.lr).dump());
   if (!(a.weight_decay >= 0.0 && a.weight_decay <= 10.0)) bad("--weight-decay must be in [0, 10]");
   if (!(a.warmup >= 0.0 && a.warmup <= a.epochs)) bad("--warmup must be in [0, --epochs] epochs");
   if (!(a.label_smoothing >= 0.0 && a.label_smoothing < 1.0)) bad("--label-smoothing must be in [0, 1)");
@@ -296,8 +296,8 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
                              "--img-size", "--limit", "--mask-ratio", "--decoder-dim", "--decoder-depth",
                              "--decoder-heads", "--crops-per-photo"})
       if (cmd->count(flag))
-        bad(std::string(flag) + " cannot change on --resume: the checkpoint's recipe and data are used (only --epochs, "
-            "--threads and --out may be given)");
+        bad(std::string(flag) + " cannot change on --resume: the checkpoint's recipe and data are used (with --resume and the "
+            "same --data, only --epochs, --threads, --out, --stop-after, --name, --description and --quiet may be given)");
     if (!a.grad_dump.empty()) bad("--grad-dump and --resume cannot be combined");
   }
 }

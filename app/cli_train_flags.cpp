@@ -67,10 +67,12 @@ void add_data_flags(CLI::App* cmd, TrainArgs& a) {
                   "safetensors with timm names to FILE, and the initial weights to FILE's .weights.safetensors (both new: a "
                   "name that exists is refused); then exit");
   cmd->add_option("--name", a.name,
-                  "The model's name in its config (what 'vitlens info' and the viewer's Model menu show)")
-      ->capture_default_str();
+                  "The model's name in its config (what 'vitlens info' and the viewer's Model menu show); default: "
+                  "vitlens-trained, vitlens-mae with --data photos");
   cmd->add_option("--description", a.description,
-                  "The model's description in its config (default: 'ViT trained by vitlens train on DATA')");
+                  "The model's description in its config (default: 'ViT trained by vitlens train on DATA', or for "
+                  "--data photos 'ViT encoder trained by vitlens train by masked patch prediction (MAE) on the photos "
+                  "in DIR')");
   cmd->add_option("--mask-ratio", a.mask_ratio, "photos: share of patches hidden from the encoder, in (0, 1)")
       ->capture_default_str();
   cmd->add_option("--decoder-dim", a.decoder_dim, "photos: width Dd of the MAE decoder")

@@ -118,6 +118,12 @@ void make_missing_folder(const std::string& folder, const std::string& what) {
   }
 }
 
+// Where a usage error points: the chosen command's own --help, or the program's.
+std::string help_hint(const CLI::App& app) {
+  const std::vector<CLI::App*> chosen = app.get_subcommands();
+  return " (see 'vitlens " + (chosen.empty() ? std::string() : chosen.front()->get_name() + " ") + "--help')";
+}
+
 // `vitlens view`: the desktop viewer; `vitlens` with no arguments runs it on the bundled files.
 struct ViewArgs {
   std::string image, model, screenshot, script, dump_widgets;
@@ -198,7 +204,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    report_error(std::string(e.what()) + " (see 'vitlens --help')");
+    report_error(e.what() + help_hint(app));
     return kExitUsage;
   }
 
@@ -217,7 +223,7 @@ int main(int argc, char** argv) {
     std::cout << app.help();
     return kExitOk;
   } catch (const UsageError& e) {
-    report_error(std::string(e.what()) + " (see 'vitlens --help')");
+    report_error(e.what() + help_hint(app));
     return kExitUsage;
   } catch (const vitlens::Error& e) {
     report_error(e.what());

@@ -211,8 +211,14 @@ TEST_CASE("cli: bad flag values and bad inputs exit non-zero with one line on st
   REQUIRE(cv::imwrite(f.dir + "/big.png", big));
   Run raw = run("export " + f.dir + "/big.png --model " + f.model + " --out " + f.dir + " --size 0 --raw");
   CHECK(raw.code == 1);
-  CHECK_THAT(raw.err, Catch::Contains("limited to 4096 tokens"));
+  CHECK_THAT(raw.err, Catch::Contains("--raw stores (layers, heads, N, N) floats and is limited to 4096 tokens"));
   CHECK_FALSE(exists(f.dir + "/big_head0.png"));
+  // --rollout keeps the same weights, under the same limit, and says so in its own name.
+  Run rollout = run("export " + f.dir + "/big.png --model " + f.model + " --out " + f.dir + " --size 0 --rollout");
+  CHECK(rollout.code == 1);
+  CHECK(count_lines(rollout.err) == 1);
+  CHECK_THAT(rollout.err, Catch::Contains("--rollout multiplies every layer's (N, N) weights and is limited to 4096 tokens"));
+  CHECK_FALSE(exists(f.dir + "/big_rollout.png"));
 }
 
 TEST_CASE("cli: an option given an empty value is refused, not taken as its default", "[cli][errors]") {
@@ -699,7 +705,7 @@ TEST_CASE("cli: --mask-image forbids the painted keys", "[cli]") {
   CHECK(allowed_nonzero == 2 * 4 * 31 * 4 * 3);
 
   Run missing = run(base + "--mask-image " + f.dir + "/nope.png");
-  CHECK(missing.code == 2);
+  CHECK(missing.code == 1);  // a file that cannot be read, as any image
   CHECK(count_lines(missing.err) == 1);
   CHECK_THAT(missing.err, Catch::Contains("--mask-image") && Catch::Contains("nope.png"));
   cv::Mat square(30, 30, CV_8UC3, cv::Scalar(255, 255, 255));

@@ -112,7 +112,8 @@ MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const 
   return request;
 }
 
-ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path, const ExportSettings& settings) {
+ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
+                            const std::string& weights_for) {
   ImageAnalysis a;
   a.image_path = image_path;
   a.transform = settings.transform;
@@ -136,12 +137,12 @@ ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path
                 "x" + std::to_string(a.image.content_h) + " is more than vitlens takes (" + std::to_string(kMaxTokens) +
                 "); use a smaller --size");
   if (settings.raw && tokens > kMaxRawTokens)
-    throw Error(image_path + ": --raw stores (layers, heads, N, N) floats and is limited to " +
+    throw Error(image_path + ": " + weights_for + " and is limited to " +
                 std::to_string(kMaxRawTokens) + " tokens; this image has " + std::to_string(tokens) +
                 " at its working size; use a smaller --size");
   const double raw_bytes = 4.0 * model.config.depth * model.config.num_heads * static_cast<double>(tokens) * tokens;
   if (settings.raw && raw_bytes > kMaxRawBytes)
-    throw Error(image_path + ": --raw would need " + std::to_string(static_cast<long long>(raw_bytes / (1 << 20))) +
+    throw Error(image_path + ": " + weights_for.substr(0, weights_for.find(' ')) + " would need " + std::to_string(static_cast<long long>(raw_bytes / (1 << 20))) +
                 " MiB for (" + std::to_string(model.config.depth) + ", " + std::to_string(model.config.num_heads) + ", " +
                 std::to_string(tokens) + ", " + std::to_string(tokens) + ") floats, above the " +
                 std::to_string(static_cast<long long>(kMaxRawBytes / (1 << 20))) + " MiB limit; use a smaller --size");

@@ -153,8 +153,11 @@ MapRequest resolve_request(const VitModel& model, int grid_h, int grid_w, const 
 // mask's patches are added by analyse_image, which knows the image.
 ForwardOptions forward_options_for(const VitModel& model, const ExportSettings& settings);
 
-// Load, prepare, forward and map one image. Throws vitlens::Error.
-ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path, const ExportSettings& settings);
+// Load, prepare, forward and map one image. Throws vitlens::Error. With settings.raw every layer's
+// (N, N) weights are kept; `weights_for` names what wants them in the size errors ("--raw" stores
+// them, "--rollout" multiplies them).
+ImageAnalysis analyse_image(const VitModel& model, const std::string& image_path, const ExportSettings& settings,
+                            const std::string& weights_for = "--raw stores (layers, heads, N, N) floats");
 
 // The pictures of one analysis, in memory: per head overlays, the mean overlay and the montage.
 struct ExportImages {

@@ -98,7 +98,7 @@ std::vector<std::string> export_rollout(const VitModel& model, const std::string
   ExportSettings keep = settings;
   keep.raw = true;  // rollout multiplies the full (N, N) weights; analyse_image checks their size
   const auto t0 = std::chrono::steady_clock::now();
-  const ImageAnalysis a = analyse_image(model, image_path, keep);
+  const ImageAnalysis a = analyse_image(model, image_path, keep, "--rollout multiplies every layer's (N, N) weights");
   const int query = rollout_query(model, a.request);
   const MatRM matrix = attention_rollout(a.forward, rollout);
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -162,7 +162,7 @@ void DrawStatsView(App& app) {
                       "attention, in pixels of the %dx%d processed image",
                       layer, c.stats.queries, c.image.padded_w, c.image.padded_h);
   gui::TextWrappedDisabled("role lifts (edge, texture, colour, position) over %d queries: attention on the top %.0f%% most "
-                      "alike keys by that role, relative to uniform (1 = none, %.0f = all); see README, Head roles",
+                      "alike keys by that role, relative to uniform (1 = none, %.0f = all); see docs/head-roles.md",
                       c.roles.queries, 100.0 * c.roles.top_fraction, 1.0 / c.roles.top_fraction);
   if (layer < static_cast<int>(c.stats.layers.size()) && !c.stats.layers[static_cast<size_t>(layer)].empty()) {
     const auto& layer_stats = c.stats.layers[static_cast<size_t>(layer)];
