@@ -778,3 +778,66 @@ TEST_CASE("cli: bundled models by name: models, export, info, a bad name", "[cli
   CHECK(count_lines(none.err) == 1);
   CHECK_THAT(none.err, Catch::Contains("no bundled models in " + dir));
 }
+
+TEST_CASE("cli: an image whose name is not UTF-8 exports again into the same folder", "[cli][trust]") {
+  Fixture f;
+  const std::string dir = make_dir(f.dir + "/latin1");
+  cv::Mat img(16, 16, CV_8UC3, cv::Scalar(30, 60, 90));
+  const std::string latin1 = f.dir + "/caf\xe9.png";  // "café" in Latin-1: not UTF-8
+  REQUIRE(cv::imwrite(latin1, img));
+  const std::string export_latin1 = "export '" + latin1 + "' --model " + f.model + " --out " + dir;
+  Run first = run(export_latin1 + " --raw");
+  INFO(first.err);
+  REQUIRE(first.code == 0);
+  const std::vector<std::string> with_raw = visible_files(dir);
+  // The record names its files exactly: the byte that is not UTF-8 as \xNN, not U+FFFD.
+  const nlohmann::json record = nlohmann::json::parse(slurp(dir + "/caf\xe9.json"));
+  CHECK(record[kRecordKey] == "caf\\xe9.json");
+  for (const auto& file : record["files"]) CHECK_THAT(file.get<std::string>(), Catch::Contains("/caf\\xe9_"));
+  // Again, without --raw: it replaces its own files and removes the .npy it no longer writes.
+  Run again = run(export_latin1);
+  INFO(again.err);
+  CHECK(again.code == 0);
+  const std::vector<std::string> now = visible_files(dir);
+  CHECK(test::hidden_entries(dir) == 0);
+  CHECK(now.size() < with_raw.size());
+  for (const std::string& name : now) {
+    CHECK(name.rfind("caf\xe9", 0) == 0);
+    CHECK(name.find(".npy") == std::string::npos);
+  }
+  const nlohmann::json replaced = nlohmann::json::parse(slurp(dir + "/caf\xe9.json"));
+  CHECK(replaced["files"].size() + 1 == now.size());  // one set: its files and its record
+
+  // A user's file literally named as the record writes a Latin-1 name ("caf\xe9_head0.png", with
+  // a backslash) is not proven by that record: an export that would write that name refuses.
+  spit(dir + "/caf\\xe9_head0.png", "my picture");
+  const std::string literal = f.dir + "/caf\\xe9.png";
+  REQUIRE(cv::imwrite(literal, img));
+  Run refused = run("export '" + literal + "' --model " + f.model + " --out " + dir);
+  CHECK(refused.code == 1);
+  CHECK_THAT(refused.err, Catch::Contains("caf\\xe9_head0.png: exists and no record of vitlens here lists it"));
+  CHECK(slurp(dir + "/caf\\xe9_head0.png") == "my picture");
+  CHECK(visible_files(dir).size() == now.size() + 1);  // nothing of that set was written
+  // Exported where nothing is in the way, its names are written with the backslash escaped.
+  const std::string own = make_dir(f.dir + "/backslash");
+  Run plain = run("export '" + literal + "' --model " + f.model + " --out " + own);
+  INFO(plain.err);
+  REQUIRE(plain.code == 0);
+  CHECK(nlohmann::json::parse(slurp(own + "/caf\\xe9.json"))[kRecordKey] == "caf\\x5cxe9.json");
+  CHECK(run("export '" + literal + "' --model " + f.model + " --out " + own).code == 0);
+
+  // A record written before names were escaped holds a name with a backslash as plain text: still
+  // vitlens' own, so its files are replaced without --force.
+  nlohmann::json old = nlohmann::json::parse(slurp(own + "/caf\\xe9.json"));
+  old[kRecordKey] = "caf\\xe9.json";
+  for (auto& file : old["files"]) {
+    std::string path = file.get<std::string>();
+    for (size_t at; (at = path.find("\\x5c")) != std::string::npos;) path.replace(at, 4, "\\");
+    file = path;
+  }
+  spit(own + "/caf\\xe9.json", old.dump(2));
+  Run after_old = run("export '" + literal + "' --model " + f.model + " --out " + own);
+  INFO(after_old.err);
+  CHECK(after_old.code == 0);
+  CHECK(nlohmann::json::parse(slurp(own + "/caf\\xe9.json"))[kRecordKey] == "caf\\x5cxe9.json");
+}

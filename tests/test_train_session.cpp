@@ -194,6 +194,26 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
     CHECK(session.save(busy + "/x.safetensors") == busy + ": another vitlens process is training or saving in this folder");
     CHECK(test::entries(busy).empty());
   }
+  {
+    // A Save over a file vitlens did not write (a photo, a model of the user's, a state file
+    // beside a new name): refused in one line, every file as it was; its own checkpoint is
+    // replaced.
+    const std::string dir = test::temp_dir("session-save-over");
+    test::spit(dir + "/photo.jpg", "the user's photo");
+    test::spit(dir + "/notes.state.safetensors", "the user's notes");
+    CHECK(session.save(dir + "/photo.jpg") ==
+          dir + "/photo.jpg: exists and is not a vitlens training checkpoint; vitlens replaces no file it did not "
+                "write: choose another name (nothing was saved)");
+    CHECK(session.save(dir + "/notes.safetensors") ==
+          dir + "/notes.state.safetensors: exists and is not a vitlens training checkpoint state; vitlens replaces "
+                "no file it did not write: choose another name (nothing was saved)");
+    CHECK(test::slurp(dir + "/photo.jpg") == "the user's photo");
+    CHECK(test::slurp(dir + "/notes.state.safetensors") == "the user's notes");
+    CHECK(test::entries(dir) == std::vector<std::string>{"notes.state.safetensors", "photo.jpg"});
+    CHECK(session.save(dir + "/mine.safetensors") == "");
+    CHECK(session.save(dir + "/mine.safetensors") == "");  // its own: replaced
+    std::filesystem::remove_all(dir);
+  }
   std::string path_error;
   const std::string path = session.viewing_path(path_error);
   CHECK(path_error == "");

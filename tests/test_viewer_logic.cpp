@@ -12,6 +12,8 @@
 #include <fstream>
 #include <thread>
 
+#include <sys/stat.h>
+
 #include <opencv2/imgcodecs.hpp>
 
 #include "control/attention_stats.hpp"
@@ -318,6 +320,30 @@ TEST_CASE("viewer settings round-trip and survive a damaged file", "[viewer]") {
   CHECK(partial.alpha == 0.6f);     // wrong type: default
   CHECK(partial.window_w == 640);   // clamped
   CHECK(partial.colormap == "jet");
+  // Numbers past int's range are clamped before they become ints (undefined behaviour before).
+  write_file_atomic(path, R"({"window_w": 1e300, "window_h": -1e300, "alpha": 1e308})");
+  const Settings huge = load_settings(path, &warning);
+  CHECK(huge.window_w == 8192);
+  CHECK(huge.window_h == 480);
+  CHECK(huge.alpha == 0.6f);
+  // A pipe at the settings' name: refused from stat with one warning (reading it blocked the
+  // viewer before its window opened), left alone by the save.
+  const std::string pipe_dir = test::temp_dir("settings-pipe"), pipe = pipe_dir + "/settings.json";
+  REQUIRE(::mkfifo(pipe.c_str(), 0644) == 0);
+  warning.clear();
+  CHECK(load_settings(pipe, &warning).colormap == "viridis");
+  CHECK_THAT(warning, Catch::Contains(pipe + ": is a pipe (FIFO)") && Catch::Contains("using the default settings"));
+  CHECK_THROWS_WITH(save_settings(pipe, partial), pipe + ": is not a regular file; the settings were not saved");
+  struct stat st {};
+  REQUIRE(::lstat(pipe.c_str(), &st) == 0);
+  CHECK(S_ISFIFO(st.st_mode));
+  // A link to settings kept elsewhere is written through and stays a link.
+  const std::string target = pipe_dir + "/dotfiles-settings.json", link = pipe_dir + "/linked.json";
+  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  save_settings(link, partial);
+  REQUIRE(::lstat(link.c_str(), &st) == 0);
+  CHECK(S_ISLNK(st.st_mode));
+  CHECK(load_settings(target, nullptr).colormap == "jet");
 
   std::vector<std::string> recent = {"a", "b", "c"};
   remember_recent(recent, "b");
@@ -779,6 +805,44 @@ TEST_CASE("viewer export folder: $VITLENS_EXPORT_DIR or ~/vitlens-exports, creat
   CHECK_NOTHROW(check_output_path(fx.dir + "/w.json", "--dump-widgets"));
 }
 
+TEST_CASE("viewer screenshots never replace a file the window did not save", "[viewer][trust]") {
+  const std::string dir = test::temp_dir("viewer-shots");
+  App app;
+  const cv::Mat first(8, 8, CV_8UC3, cv::Scalar(10, 20, 30)), second(8, 8, CV_8UC3, cv::Scalar(200, 100, 0));
+  // The user's picture, its name typed as the screenshot's: refused, the picture untouched.
+  const std::string picture = dir + "/my_drawing.png";
+  REQUIRE(cv::imwrite(picture, second));
+  const std::string before = read_text(picture);
+  save_screenshot(app, picture, first);
+  CHECK(app.ui.message.error);
+  CHECK_THAT(app.ui.message.text, Catch::Contains(picture + ": exists and is not a screenshot this window saved"));
+  CHECK(read_text(picture) == before);
+  // A new name is written; saved again to the same name it is replaced (it is this window's).
+  const std::string shot = dir + "/shot.png";
+  save_screenshot(app, shot, first);
+  CHECK_FALSE(app.ui.message.error);
+  save_screenshot(app, shot, second);
+  CHECK_FALSE(app.ui.message.error);
+  CHECK(cv::imread(shot).at<cv::Vec3b>(0, 0) == cv::Vec3b(0, 100, 200));  // BGR of the second
+  // The default name, taken by an earlier session's screenshot, is numbered on.
+  const std::string default_name = dir + "/vitlens-screenshot.png";
+  REQUIRE(cv::imwrite(default_name, second));
+  const std::string earlier = read_text(default_name);
+  save_screenshot(app, default_name, first);
+  CHECK_FALSE(app.ui.message.error);
+  CHECK(read_text(default_name) == earlier);
+  CHECK(fs::exists(dir + "/vitlens-screenshot_2.png"));
+  CHECK_THAT(app.ui.message.text, Catch::EndsWith(dir + "/vitlens-screenshot_2.png"));
+  // The user's file in place of a screenshot this window wrote (deleted and made again) is theirs.
+  fs::remove(shot);
+  REQUIRE(cv::imwrite(shot, second));
+  const std::string users = read_text(shot);
+  save_screenshot(app, shot, first);
+  CHECK(app.ui.message.error);
+  CHECK(read_text(shot) == users);
+  for (const auto& entry : fs::directory_iterator(dir)) CHECK(entry.path().filename().string()[0] != '.');  // no temporaries
+}
+
 TEST_CASE("viewer export never replaces a file vitlens did not write; it names the file", "[viewer][trust]") {
   Fixture fx;
   App app;
@@ -1206,4 +1270,39 @@ TEST_CASE("viewer remembers the precision choice between runs", "[viewer]") {
   other.settings_file = path;
   load_app_settings(other);
   CHECK(other.ui.compute.precision == kViewerDefaultPrecision);
+}
+
+TEST_CASE("viewer export command quotes names for the shell: a quote or $(...) stays text", "[viewer]") {
+  Fixture fx;
+  const std::string image = fx.dir + "/a'$(touch PWNED)'.png", out = fx.dir + "/it's `out`";
+  fs::copy_file(fx.image_path, image);
+  App app;
+  start_app(app, image, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  const std::string command = cli_command(app, out);
+  CHECK_THAT(command, Catch::StartsWith("vitlens export '" + fx.dir + "/a'\\''$(touch PWNED)'\\''.png' --model '"));
+  CHECK_THAT(command, Catch::EndsWith(" --out '" + fx.dir + "/it'\\''s `out`'"));
+  app.ui.export_folder = out;
+  CHECK(state_json(app)["cli_command"] == command);
+  // Pasted into a shell (a function named vitlens prints its arguments, NUL-separated): the same
+  // words come back, and nothing in a name runs.
+  const std::string script = "cd '" + fx.dir + "' && vitlens() { printf '%s\\0' \"$@\"; } && " + command;
+  FILE* shell = ::popen(script.c_str(), "r");
+  REQUIRE(shell != nullptr);
+  std::string printed;
+  char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, shell)) > 0;) printed.append(buf, n);
+  CHECK(::pclose(shell) == 0);
+  std::vector<std::string> words;
+  for (size_t at = 0, end; (end = printed.find('\0', at)) != std::string::npos; at = end + 1)
+    words.push_back(printed.substr(at, end - at));
+  REQUIRE(words.size() >= 6);
+  CHECK(words[0] == "export");
+  CHECK(words[1] == image);
+  CHECK(words[2] == "--model");
+  CHECK(words[3] == fx.model_path);
+  CHECK(words[words.size() - 2] == "--out");
+  CHECK(words.back() == out);
+  CHECK_FALSE(fs::exists(fx.dir + "/PWNED"));
 }

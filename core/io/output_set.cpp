@@ -21,6 +21,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
+#include "core/base/utf8.hpp"
 #include "core/io/files.hpp"
 #include "core/io/files_internal.hpp"
 #include "core/io/json_text.hpp"
@@ -40,6 +41,61 @@ const char kForceFile[] = ".force";          // inside a commit folder: the set 
 // =============================================================================================
 // [SECTION] Records: the proof of authorship
 // =============================================================================================
+// A Linux file name is any bytes, JSON text is UTF-8: a record writes the names it proves
+// (kRecordKey, "files") as recorded_name, which keeps UTF-8 text as it is and writes every other
+// byte, and every backslash, as "\xNN". Escaping the backslash too makes it one-to-one: a name read
+// back is the exact name on disk, and a user's file literally named "caf\xe9.png" is never taken
+// for the Latin-1 name a record writes so. Records written before this escaping hold names
+// as plain text (and a non-UTF-8 name as U+FFFD, which proves nothing); record_form tells the two
+// apart by the record's own name.
+
+// `name` as a record writes it (see above).
+std::string recorded_name(const std::string& name) {
+  std::string out;
+  out.reserve(name.size());
+  for (size_t i = 0; i < name.size();) {
+    const size_t n = name[i] == '\\' ? 0 : utf8_char_length(name, i);
+    if (n > 0) {
+      out.append(name, i, n);
+      i += n;
+    } else {
+      static const char hex[] = "0123456789abcdef";
+      const auto byte = static_cast<unsigned char>(name[i++]);
+      out += "\\x";
+      out += hex[byte >> 4];
+      out += hex[byte & 15];
+    }
+  }
+  return out;
+}
+
+// The name `text` stands for when it is a recorded_name, or nothing when recorded_name writes no
+// name so ("\x41" for "A", a backslash that starts no escape).
+std::optional<std::string> name_of_recorded(const std::string& text) {
+  const auto hex_value = [](char c) {
+    return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+  };
+  std::string name;
+  name.reserve(text.size());
+  for (size_t i = 0; i < text.size(); ++i) {
+    if (text[i] != '\\') {
+      name += text[i];
+      continue;
+    }
+    if (i + 3 >= text.size()) return std::nullopt;
+    const int hi = hex_value(text[i + 2]), lo = hex_value(text[i + 3]);
+    if (text[i + 1] != 'x' || hi < 0 || lo < 0) return std::nullopt;
+    name += static_cast<char>(hi * 16 + lo);
+    i += 3;
+  }
+  if (recorded_name(name) != text) return std::nullopt;
+  return name;
+}
+
+// How a record names files: escaped (recorded_name), or as plain text (a record from before the
+// escaping), which can differ only for a name with a backslash.
+enum class RecordForm { Escaped, Plain };
+
 // The file `name` of the folder as JSON; discarded (not an object) when missing, unreadable or not JSON.
 nlohmann::json read_json_at(int dir_fd, const std::string& name) {
   std::string bytes;
@@ -47,9 +103,15 @@ nlohmann::json read_json_at(int dir_fd, const std::string& name) {
   return parse_json_or_discarded(bytes);
 }
 
-// A record vitlens wrote: a JSON object whose kRecordKey is its own file name.
-bool is_our_record(const nlohmann::json& j, const std::string& name) {
-  return j.is_object() && j.contains(kRecordKey) && j[kRecordKey].is_string() && j[kRecordKey].get<std::string>() == name;
+// Whether `j`, the folder's file `name`, is a record vitlens wrote (a JSON object whose kRecordKey
+// is its own file name), and how it names files; nothing when it is not one. A name without a
+// backslash that is UTF-8 reads the same in both forms.
+std::optional<RecordForm> record_form(const nlohmann::json& j, const std::string& name) {
+  if (!j.is_object() || !j.contains(kRecordKey) || !j[kRecordKey].is_string()) return std::nullopt;
+  const std::string& key = j[kRecordKey].get_ref<const std::string&>();
+  if (key == recorded_name(name)) return RecordForm::Escaped;
+  if (key == name) return RecordForm::Plain;
+  return std::nullopt;
 }
 
 // A record's "set" id ("" when it has none or is not JSON).
@@ -66,12 +128,20 @@ std::string current_set_id(int dir_fd, const std::string& name) {
   return set_id_of(record);
 }
 
-// The file names a record's "files" array lists (empty when it is missing or not JSON).
-std::set<std::string> listed_names(const nlohmann::json& j) {
+// The file names the "files" array of a record of ours lists, read in the record's form (empty
+// when it has none; an entry no recorded_name writes proves nothing).
+std::set<std::string> listed_names(const nlohmann::json& j, RecordForm form) {
   std::set<std::string> names;
   if (j.is_object() && j.contains("files") && j["files"].is_array())
-    for (const auto& f : j["files"])
-      if (f.is_string()) names.insert(base_name(f.get<std::string>()));
+    for (const auto& f : j["files"]) {
+      if (!f.is_string()) continue;
+      const std::string listed = base_name(f.get<std::string>());
+      if (form == RecordForm::Plain) {
+        names.insert(listed);
+      } else if (const std::optional<std::string> name = name_of_recorded(listed)) {
+        names.insert(*name);
+      }
+    }
   return names;
 }
 
@@ -83,9 +153,10 @@ std::set<std::string> names_proven_by_folder(int dir_fd) {
   for (const std::string& name : list_names(dir_fd)) {
     if (name.size() < 6 || name.compare(name.size() - 5, 5, ".json") != 0) continue;
     const nlohmann::json j = read_json_at(dir_fd, name);
-    if (!is_our_record(j, name)) continue;
+    const std::optional<RecordForm> form = record_form(j, name);
+    if (!form) continue;
     proven.insert(name);
-    for (const std::string& listed : listed_names(j)) proven.insert(listed);
+    for (const std::string& listed : listed_names(j, *form)) proven.insert(listed);
   }
   return proven;
 }
@@ -101,8 +172,9 @@ void check_names(int dir_fd, const std::string& dir, const std::string& record_n
   const uid_t me = ::geteuid();
   const bool shared = (dir_st.st_mode & S_ISVTX) != 0 && dir_st.st_uid != me && me != 0;
   const nlohmann::json old_record = read_json_at(dir_fd, record_name);
-  const bool old_is_ours = is_our_record(old_record, record_name);
-  const std::set<std::string> listed = old_is_ours ? listed_names(old_record) : std::set<std::string>{};
+  const std::optional<RecordForm> old_form = record_form(old_record, record_name);
+  const bool old_is_ours = old_form.has_value();
+  const std::set<std::string> listed = old_is_ours ? listed_names(old_record, *old_form) : std::set<std::string>{};
   std::optional<std::set<std::string>> folder_proven;  // read once, when first needed
   std::vector<std::string> names = members;
   names.push_back(record_name);
@@ -193,10 +265,10 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
     // left beside the new record: remove them, but only when the old record is ours and only
     // names it listed under this stem, before the new record appears.
     const nlohmann::json old_record = read_json_at(dir_fd, record_name);
-    if (is_our_record(old_record, record_name)) {
+    if (const std::optional<RecordForm> old_form = record_form(old_record, record_name)) {
       const std::string stem = record_name.substr(0, record_name.find_last_of('.'));
-      const std::set<std::string> keep = listed_names(parse_json_or_discarded(record));
-      for (const std::string& old : listed_names(old_record))
+      const std::set<std::string> keep = listed_names(parse_json_or_discarded(record), RecordForm::Escaped);
+      for (const std::string& old : listed_names(old_record, *old_form))
         if (!keep.count(old) && old != record_name && old.compare(0, stem.size() + 1, stem + "_") == 0)
           ::unlinkat(dir_fd, old.c_str(), 0);
     }
@@ -237,13 +309,17 @@ bool first_set_in(const std::string& dir) {
 }
 
 // A record's bytes: `record` with the paths of `files` ("files"), the set id ("set") and the
-// proof that vitlens wrote it (kRecordKey: its own name).
+// proof that vitlens wrote it (kRecordKey: its own name), these names as recorded_name, so that
+// they read back exactly.
 std::string record_bytes(nlohmann::json record, const std::string& name, const std::string& set_id,
                          const std::vector<std::string>& files) {
-  record["files"] = files;
+  nlohmann::json listed = nlohmann::json::array();
+  for (const std::string& path : files) listed.push_back(recorded_name(path));
+  record["files"] = std::move(listed);
   record["set"] = set_id;
-  record[kRecordKey] = name;
-  // replace: a file name that is not valid UTF-8 must not make the JSON writer throw.
+  record[kRecordKey] = recorded_name(name);
+  // replace: other text that is not valid UTF-8 (the image's path, shown only) must not make the
+  // JSON writer throw.
   return record.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 

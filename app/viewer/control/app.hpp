@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -47,6 +48,7 @@ struct App {
   int export_failures = 0;                  // exports or screenshots that failed (script exit code)
   std::string last_export_failure;          // what the last of them said, for the exit message
   std::string last_load_error;              // the last file or pass that failed, for the exit message
+  std::set<std::string> screenshots_written;  // each one's device, inode, size and time: these may be replaced
   LoadOptions load_options;                 // --heads, for every model this session opens
   std::deque<InputStep> input;              // synthetic input the window plays, one step per frame
   TrainPanel train;                         // the Train window (train_panel.hpp); last, so its worker stops first

@@ -14,6 +14,9 @@
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <optional>
+
+#include <sys/stat.h>
 
 #include "control/controller_detail.hpp"
 #include "control/file_list.hpp"
@@ -470,6 +473,56 @@ std::string map_mode_caption(const App& app) {
              "query visits stand out.";
   }
   return {};
+}
+
+// =============================================================================================
+// [SECTION] Screenshots
+// =============================================================================================
+namespace {
+
+// The file at `path` as it is now: its device, inode, size and modification time (an inode freed
+// and given to a new file has another time), or nothing when no file has the name.
+std::optional<std::string> file_identity(const std::string& path) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) != 0) return std::nullopt;
+  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" +
+         std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
+}
+
+constexpr const char* kDefaultScreenshotName = "vitlens-screenshot";
+
+}  // namespace
+
+void save_screenshot(App& app, const std::string& requested, const cv::Mat& rgb8) {
+  std::string path = output_path(requested);
+  try {
+    prepare_output_folder(folder_of(path));
+    auto taken = file_identity(path);
+    const bool ours = taken && app.screenshots_written.count(*taken) > 0;
+    if (taken && !ours) {
+      const std::filesystem::path p(path);
+      if (p.stem() != kDefaultScreenshotName || p.extension() != ".png")
+        throw Error(path + ": exists and is not a screenshot this window saved; vitlens replaces no file it did not "
+                           "write: choose another name");
+      for (int n = 2; taken; ++n) {  // the default name, numbered on
+        path = (p.parent_path() / (std::string(kDefaultScreenshotName) + "_" + std::to_string(n) + ".png")).string();
+        taken = file_identity(path);
+      }
+    }
+    if (ours) {
+      write_png_atomic(path, rgb8);
+    } else {  // a new name: committed only while nothing has it (a file made meanwhile stays)
+      FileGroup group(folder_of(path), true);
+      const std::vector<unsigned char> bytes = png_bytes(rgb8, path);
+      group.add_stream(std::filesystem::path(path).filename().string(),
+                       [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
+      group.commit();
+    }
+    if (const auto written = file_identity(path)) app.screenshots_written.insert(*written);
+    set_message(app, "Saved the screenshot to " + path, false);
+  } catch (const Error& e) {
+    report_export_failure(app, std::string("Screenshot failed: ") + e.what());
+  }
 }
 
 }  // namespace vitlens::viewer

@@ -3,6 +3,7 @@
 // bookkeeping; the functions below are the only way the main view's state changes. The mouse, the keys,
 // the menus and the script all call the same functions, so a script drives the real code paths.
 // Nothing here touches ImGui, GLFW or OpenGL.
+#include <opencv2/core.hpp>
 #include <string>
 #include <vector>
 
@@ -102,6 +103,12 @@ std::string output_path(const std::string& path);
 void prepare_output_folder(const std::string& folder);
 // For a flag that names an output file: throws vitlens::Error when its folder does not exist.
 void check_output_path(const std::string& path, const std::string& flag);
+
+// Saves `rgb8` (the window) as a PNG at `path`, never over a file this session did not write: a
+// name taken by anything else is refused in the status bar, except the default name
+// vitlens-screenshot.png, which is numbered on (vitlens-screenshot_2.png, ...). A screenshot this
+// session wrote is replaced (a script that saves to one path twice). Reports in the status bar.
+void save_screenshot(App& app, const std::string& path, const cv::Mat& rgb8);
 
 // [SECTION] Status bar
 

@@ -1,7 +1,9 @@
 // Export of the view on screen and the folders outputs go to (see controller.hpp, [SECTION]
 // Output folders): the `vitlens export` command that writes the same files, and the job that
 // writes them on the worker.
+#include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 
 #include "control/controller.hpp"
@@ -36,11 +38,29 @@ bool cli_equivalent(const App& app) { return app.doc.ready() && viewer_only_sett
 
 namespace {
 
+// `text` as one word of a POSIX shell command: inside single quotes, where nothing is special,
+// each ' written as '\'' (close, an escaped quote, reopen). A pasted command then passes any file
+// name through unchanged and never runs what it contains ($(...), backticks, ;).
+std::string shell_quoted(const std::string& text) {
+  std::string out = "'";
+  for (char c : text) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// `text` bare when it is a plain word (a flag value such as "reg1" or "magma"), else shell_quoted.
+std::string shell_word(const std::string& text) {
+  const bool plain = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+           std::strchr("_-.,:+=@%/", c) != nullptr;
+  });
+  return plain ? text : shell_quoted(text);
+}
+
 // The `--patch` or `--token` flag of the current query.
 std::string query_flag(const App& app) {
   const int prefix = app.doc.comp->forward.prefix;
   if (app.ui.view.query_prefix >= 0 && app.ui.view.query_prefix < prefix)
-    return " --token " + prefix_token_short_name(app.doc.model->model.config, app.ui.view.query_prefix);
+    return " --token " + shell_word(prefix_token_short_name(app.doc.model->model.config, app.ui.view.query_prefix));
   return " --patch " + std::to_string(app.ui.view.query_row) + "," + std::to_string(app.ui.view.query_col);
 }
 
@@ -57,7 +77,8 @@ bool model_needed_heads(const App& app) {
 std::string cli_command(const App& app, const std::string& out_dir) {
   if (!app.doc.ready()) return {};
   const UiState& ui = app.ui;
-  std::string cmd = "vitlens export '" + app.doc.image->path + "' --model '" + app.doc.model->path + "'";
+  // Paths are always quoted; other values only when they are not plain words.
+  std::string cmd = "vitlens export " + shell_quoted(app.doc.image->path) + " --model " + shell_quoted(app.doc.model->path);
   if (model_needed_heads(app)) cmd += " --heads " + std::to_string(app.doc.model->model.config.num_heads);
   const auto& f = app.doc.comp->forward;
   const RolloutChoice& rollout = app.doc.comp->key.rollout;  // the pass on screen, resolved
@@ -79,7 +100,7 @@ std::string cli_command(const App& app, const std::string& out_dir) {
   }
   if (app.doc.comp->key.mask == MaskMode::Causal) cmd += " --mask causal";
   if (app.doc.comp->key.temperature != 1.0f) cmd += " --temperature " + format_float(app.doc.comp->key.temperature);
-  cmd += " --colormap " + ui.display.style.colormap + " --alpha " + format_float(ui.display.style.alpha);
+  cmd += " --colormap " + shell_word(ui.display.style.colormap) + " --alpha " + format_float(ui.display.style.alpha);
   cmd += std::string(" --upsample ") + upsample_name(ui.display.style.upsample);
   cmd += std::string(" --normalize ") + normalize_name(ui.display.normalize);
   if (ui.display.threshold_on && !rollout.on) cmd += " --threshold " + format_float(ui.display.threshold);
@@ -89,7 +110,7 @@ std::string cli_command(const App& app, const std::string& out_dir) {
   if (app.doc.comp->key.precision != Precision::Fp32)
     cmd += std::string(" --precision ") + precision_name(app.doc.comp->key.precision);
   if (ui.export_raw && !rollout.on) cmd += " --raw";
-  cmd += " --out '" + out_dir + "'";
+  cmd += " --out " + shell_quoted(out_dir);
   return cmd;
 }
 

@@ -7,6 +7,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.hpp"
@@ -25,6 +27,16 @@ std::string settings_folder() {
 }
 
 namespace {
+
+constexpr uint64_t kMaxSettingsBytes = 16u << 20;  // a settings file is a few hundred bytes
+
+// A number clamped to [lo, hi] before it becomes an int (1e300 converted to an int would be
+// undefined); a value of another type keeps the default.
+void read_int(const nlohmann::json& j, const char* key, int& out, int lo, int hi) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number()) return;
+  out = static_cast<int>(std::clamp(it->get<double>(), static_cast<double>(lo), static_cast<double>(hi)));
+}
 
 template <typename T>
 void read_key(const nlohmann::json& j, const char* key, T& out) {
@@ -49,13 +61,18 @@ void read_list(const nlohmann::json& j, const char* key, std::vector<std::string
 
 Settings load_settings(const std::string& path, std::string* warning) {
   Settings s;
-  std::error_code ec;
-  if (path.empty() || !fs::exists(path, ec)) return s;
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream text;
-  text << in.rdbuf();
-  nlohmann::json j = parse_json_or_discarded(text.str());
-  if (!in || j.is_discarded() || !j.is_object()) {
+  struct stat st {};
+  if (path.empty() || ::lstat(path.c_str(), &st) != 0) return s;
+  // read_whole_file refuses a pipe or a device (which would block or never end) from stat.
+  std::string text;
+  try {
+    text = read_whole_file(path, "a settings file", kMaxSettingsBytes);
+  } catch (const Error& e) {
+    if (warning) *warning = std::string(e.what()) + "; using the default settings";
+    return s;
+  }
+  nlohmann::json j = parse_json_or_discarded(text);
+  if (j.is_discarded() || !j.is_object()) {
     if (warning) *warning = path + ": settings are not a JSON object; using the defaults";
     return s;
   }
@@ -67,18 +84,28 @@ Settings load_settings(const std::string& path, std::string* warning) {
   read_key(j, "upsample", s.upsample);
   read_key(j, "show_grid", s.show_grid);
   read_key(j, "precision", s.precision);
-  read_key(j, "window_w", s.window_w);
-  read_key(j, "window_h", s.window_h);
+  read_int(j, "window_w", s.window_w, 640, 8192);
+  read_int(j, "window_h", s.window_h, 480, 8192);
   read_key(j, "last_folder", s.last_folder);
   read_key(j, "export_folder", s.export_folder);
   // Values a user could have typed into the file are clamped, not trusted.
   if (!(s.alpha >= 0.0f && s.alpha <= 1.0f)) s.alpha = 0.6f;
-  s.window_w = std::clamp(s.window_w, 640, 8192);
-  s.window_h = std::clamp(s.window_h, 480, 8192);
   return s;
 }
 
-void save_settings(const std::string& path, const Settings& s) {
+void save_settings(const std::string& given, const Settings& s) {
+  // A link (dotfiles kept elsewhere) is written through, not replaced by a file; a pipe, a device
+  // or a folder at the name is left alone.
+  std::string path = given;
+  struct stat st {};
+  for (int hops = 0; hops < 40 && ::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode); ++hops) {
+    std::error_code link_error;
+    const fs::path target = fs::read_symlink(path, link_error);
+    if (link_error) break;
+    path = (target.is_absolute() ? target : fs::path(path).parent_path() / target).string();
+  }
+  if (::stat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+    throw Error(path + ": is not a regular file; the settings were not saved");
   const fs::path folder = fs::path(path).parent_path();
   std::error_code ec;
   if (!folder.empty()) fs::create_directories(folder, ec);

@@ -45,9 +45,9 @@ void DrawResultMatrix(const char* id, const MatRM& m) {
 bool MatchesSeed(const WorkedResult& r) {
   for (int i = 0; i < 2; ++i) {
     for (int j = 0; j < 3; ++j)
-      if (std::fabs(r.weights(i, j) - kSeedWeights[i][j]) > 6e-4f) return false;
+      if (!(std::fabs(r.weights(i, j) - kSeedWeights[i][j]) <= 6e-4f)) return false;  // NaN: no match
     for (int j = 0; j < 2; ++j)
-      if (std::fabs(r.context(i, j) - kSeedContext[i][j]) > 6e-4f) return false;
+      if (!(std::fabs(r.context(i, j) - kSeedContext[i][j]) <= 6e-4f)) return false;
   }
   return true;
 }

@@ -13,6 +13,8 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include <sys/stat.h>
+
 #include <GLFW/glfw3.h>
 #include <imgui.h>
 #include <backends/imgui_impl_glfw.h>
@@ -106,15 +108,9 @@ void DrawViews(App& app, const ViewTextures& textures) {
 
 // Writes the frame just rendered (the back buffer, before the swap).
 void CaptureScreenshot(App& app, int width, int height) {
-  const std::string path = output_path(app.requests.screenshot);
+  const std::string path = app.requests.screenshot;
   app.requests.screenshot.clear();
-  try {
-    prepare_output_folder(folder_of(path));
-    write_png_atomic(path, read_framebuffer(width, height));
-    app.ui.message = {"Saved the screenshot to " + path, false};
-  } catch (const Error& e) {
-    report_export_failure(app, std::string("Screenshot failed: ") + e.what());
-  }
+  save_screenshot(app, path, read_framebuffer(width, height));
 }
 
 // --dump-widgets: the widget list once the first image is on screen and settled (or, when
@@ -236,7 +232,9 @@ void SetupImGui(const App& app, GLFWwindow* window, WindowInput& input, std::str
     std::error_code ec;
     std::filesystem::create_directories(std::filesystem::path(app.settings_file).parent_path(), ec);
     ini_path = std::filesystem::path(app.settings_file).parent_path().string() + "/imgui.ini";
-    io.IniFilename = ini_path.c_str();
+    // Dear ImGui opens it with fopen: a pipe there would block the window before its first frame.
+    struct stat st {};
+    if (::stat(ini_path.c_str(), &st) != 0 || S_ISREG(st.st_mode)) io.IniFilename = ini_path.c_str();
   }
   ImGui::StyleColorsDark();
   // Opaque windows and popups: a window on top never shows the text of the one under it.
