@@ -137,7 +137,8 @@ void add_view_command(CLI::App& app, ViewArgs& args) {
   cmd->add_option("--model,-m", args.model, kModelOptionHelp);
   add_heads_option(cmd, args.heads);
   cmd->add_option("--screenshot", args.screenshot,
-                  "Write the window as PNG once everything is drawn, then exit (settings are not read or saved)");
+                  "Write the window as PNG once everything is drawn, then exit (settings are not read or saved); a FILE "
+                  "that exists is refused, never replaced");
   cmd->add_option("--frames", args.frames, "Frames to draw before the screenshot (default 3), or before exiting")
       ->check(CLI::Range(1, 100000));
   cmd->add_option("--script", args.script,

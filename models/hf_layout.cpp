@@ -172,15 +172,17 @@ const HfFamily& read_hf_config(Tensors& t, const std::string& folder, json& cfg,
               "siglip_vision_model and siglip (see README, Supported models)");
 }
 
-// VitConfig::validate's reason, with the config.json keys its vitlens names stand for.
-std::string in_hf_terms(const std::string& why) {
+// VitConfig::validate's reason, with the config.json keys its vitlens names stand for (the MLP's
+// ratio is config.json's own mlp_ratio in a family without `mlp_width_key`, DINOv2's).
+std::string in_hf_terms(const std::string& why, const HfFamily& f) {
   static const std::pair<const char*, const char*> kKeys[] = {
       {"embed_dim", "hidden_size"}, {"num_heads", "num_attention_heads"}, {"depth", "num_hidden_layers"},
       {"img_size", "image_size"},   {"mlp_ratio", "intermediate_size / hidden_size"},
       {"norm_eps", "layer_norm_eps"}, {"register_tokens", "num_register_tokens"}, {"rope_temperature", "rope_theta"}};
   std::string keys;
   for (const auto& [ours, theirs] : kKeys)
-    if (why.find(ours) != std::string::npos) keys += std::string(keys.empty() ? "" : ", ") + ours + " is " + theirs;
+    if (why.find(ours) != std::string::npos && (f.mlp_width_key || std::string(ours) != "mlp_ratio"))
+      keys += std::string(keys.empty() ? "" : ", ") + ours + " is " + theirs;
   return keys.empty() ? why : why + " (" + keys + ")";
 }
 
@@ -255,7 +257,7 @@ void read_hf_options(const json& cfg, const HfFamily& f, const LoadOptions& opti
                : type;
   c.description = "Hugging Face " + type;
   const std::string why = c.validate();
-  if (!why.empty()) throw Error(what + ": config.json: " + in_hf_terms(why));
+  if (!why.empty()) throw Error(what + ": config.json: " + in_hf_terms(why, f));
 }
 
 // The patch embedding and the block count, checked against the config.

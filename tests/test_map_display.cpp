@@ -641,3 +641,26 @@ TEST_CASE("a query pixel of the source image lands on the patch under it after r
   CHECK_THROWS_WITH(source_to_processed_pixel(p, 512, 3, px, py), Catch::Contains("outside the 512x512 image"));
   CHECK_THROWS_AS(source_to_processed_pixel(p, -1, 3, px, py), Error);
 }
+
+TEST_CASE("the caption names the mask the pass used: padding masked or attended, painted patches", "[maps][caption]") {
+  const VitModel model = load_model(default_model_path());
+  ForwardResult f;
+  f.prefix = 1;
+  f.score_scale = 1.0f / std::sqrt(static_cast<float>(model.config.head_dim()));
+  f.patch_is_padding = {0, 0, 1, 1};
+  // The CLI's pass: padding masked.
+  f.mask.key_allowed = {1, 1, 1, 0, 0};
+  CHECK(forward_caption(model, f, "")[0] == "mask: padding (2 patches)");
+  // The viewer's mask "none": padding attended.
+  f.mask.key_allowed.clear();
+  CHECK(forward_caption(model, f, "")[0] == "mask: none, padding attended (2 patches)");
+  // A patch painted in the viewer (no mask file), padding masked, causal.
+  f.mask.key_allowed = {1, 0, 1, 0, 0};
+  f.mask.causal = true;
+  CHECK(forward_caption(model, f, "")[0] == "mask: padding (2 patches), causal, painted (1 patches)");
+  CHECK(forward_caption(model, f, "m.png")[0] == "mask: padding (2 patches), causal, painted m.png (1 patches)");
+  // No padding at all: as before.
+  f.patch_is_padding = {0, 0, 0, 0};
+  f.mask = KeyMask{};
+  CHECK(forward_caption(model, f, "")[0] == "mask: padding (0 patches)");
+}

@@ -585,6 +585,10 @@ TEST_CASE("viewer actions: pin clamps, keys move, painting masks keys, scale and
   update_derived(app);
   REQUIRE(app.derived.kept.size() == 5);
   for (const ThresholdResult& t : app.derived.kept) CHECK(t.kept_mass >= 0.5);
+  // Each tile's entropy is the attention's own, whatever the threshold keeps of it for drawing.
+  REQUIRE(app.derived.entropy.size() == 5);
+  for (size_t h = 0; h < 4; ++h) CHECK(app.derived.entropy[h] == map_entropy(app.derived.raw_maps.heads[h]));
+  CHECK(app.derived.entropy[4] == map_entropy(app.derived.raw_maps.mean));
 }
 
 TEST_CASE("viewer worked example reproduces the seed's numbers", "[viewer]") {
@@ -800,6 +804,12 @@ TEST_CASE("viewer export folder: $VITLENS_EXPORT_DIR or ~/vitlens-exports, creat
   fs::current_path(cwd);
   CHECK(app.ui.message.error);
   CHECK_THAT(app.ui.message.text, Catch::Contains(fx.dir + "/missing/deeper: no such folder"));
+  std::ofstream(fx.dir + "/a_file") << "the user's";
+  app.requests.export_folder = fx.dir + "/a_file";
+  REQUIRE(run_until_idle(app));
+  CHECK(app.ui.message.error);
+  CHECK_THAT(app.ui.message.text, Catch::Contains(fx.dir + "/a_file: is not a folder"));
+  CHECK(read_text(fx.dir + "/a_file") == "the user's");
   CHECK_FALSE(fs::exists(fx.dir + "/missing"));
   CHECK_THROWS_WITH(check_output_path(fx.dir + "/nowhere/w.json", "--dump-widgets"), Catch::Contains("does not exist"));
   CHECK_NOTHROW(check_output_path(fx.dir + "/w.json", "--dump-widgets"));

@@ -12,6 +12,8 @@
 //                                           --enabled: fail while it is disabled
 //   viewer_check widget-point DUMP SPEC FX FY
 //                                           print "X Y" at fractions FX, FY of the widget's frame
+//   viewer_check window-point DUMP WINDOW FX FY (FY < 0: its title bar)
+//   viewer_check below-menu DUMP WINDOW     the window starts below the main menu bar
 //   viewer_check widget-value DUMP SPEC     print what the field SPEC shows
 //   viewer_check train-step MODEL           print the step a training checkpoint was saved at
 //   viewer_check train-record MODEL [/KEY=VALUE ...]
@@ -317,6 +319,37 @@ int print_widget_point(const std::string& dump_path, const std::string& spec, do
   const auto& f = w["frame"];
   std::cout << static_cast<int>(f[0].get<double>() + fx * f[2].get<double>()) << " "
             << static_cast<int>(f[1].get<double>() + fy * f[3].get<double>()) << "\n";
+  return 0;
+}
+
+// A window's point: FX, FY of its rectangle, and the title bar's middle for FY < 0 (where a user
+// grabs it to drag the window).
+int print_window_point(const std::string& dump_path, const std::string& name, double fx, double fy) {
+  const json dump = read_json(dump_path);
+  for (const json& w : dump["windows"])
+    if (w["name"] == name) {
+      const auto& r = w["rect"];
+      const double y = fy < 0.0 ? r[1].get<double>() + 9.0 : r[1].get<double>() + fy * r[3].get<double>();
+      std::cout << static_cast<int>(r[0].get<double>() + fx * r[2].get<double>()) << " " << static_cast<int>(y) << "\n";
+      return 0;
+    }
+  throw std::runtime_error("no window '" + name + "' in the dump");
+}
+
+// Passes when window NAME's rectangle starts below the main menu bar (at or below its height).
+int check_below_menu(const std::string& dump_path, const std::string& name) {
+  const json dump = read_json(dump_path);
+  double menu_bottom = -1.0, top = -1.0;
+  for (const json& w : dump["windows"]) {
+    if (w["name"] == "##MainMenuBar") menu_bottom = w["rect"][1].get<double>() + w["rect"][3].get<double>();
+    if (w["name"] == name) top = w["rect"][1].get<double>();
+  }
+  if (menu_bottom < 0.0 || top < 0.0) throw std::runtime_error("no menu bar or no window '" + name + "' in the dump");
+  if (top < menu_bottom) {
+    std::cerr << "viewer_check below-menu: window '" << name << "' starts at y " << top << ", over the menu bar (ends at "
+              << menu_bottom << ")\n";
+    return 1;
+  }
   return 0;
 }
 
@@ -667,6 +700,9 @@ int main(int argc, char** argv) {
     if (args.size() == 5 && args[0] == "widget-point")
       return print_widget_point(args[1], args[2], std::atof(args[3].c_str()), std::atof(args[4].c_str()));
     if (args.size() == 3 && args[0] == "widget-value") return print_widget_value(args[1], args[2]);
+    if (args.size() == 5 && args[0] == "window-point")
+      return print_window_point(args[1], args[2], std::atof(args[3].c_str()), std::atof(args[4].c_str()));
+    if (args.size() == 3 && args[0] == "below-menu") return check_below_menu(args[1], args[2]);
     if (args.size() == 2 && args[0] == "train-step") return print_train_step(args[1]);
     if (args.size() >= 2 && args[0] == "train-record")
       return check_train_record(args[1], std::vector<std::string>(args.begin() + 2, args.end()));
@@ -701,7 +737,8 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::cerr << "usage: viewer_check screenshots DIR | export VIEWER_DIR CLI_DIR | bad-file DIR | png FILE W H | "
-               "widget-centre DUMP SPEC [--enabled] | widget-point DUMP SPEC FX FY | widget-value DUMP SPEC | layout DUMP W H | text DUMP WINDOW TEXT | "
+               "widget-centre DUMP SPEC [--enabled] | widget-point DUMP SPEC FX FY | widget-value DUMP SPEC | "
+               "window-point DUMP WINDOW FX FY | below-menu DUMP WINDOW | layout DUMP W H | text DUMP WINDOW TEXT | "
                "layout DUMP W H --only WINDOW | labels-before DUMP WINDOW | same-size DUMP | text-number DUMP WINDOW PREFIX | tooltip-clear DUMP MENU | train-step MODEL | train-record MODEL [/KEY=VALUE ...] | json FILE [/KEY=VALUE ...] | xdotool DIR | expect-fail TEXT [--no-display] -- CMD... | skip REASON\n";
   return 2;
 }

@@ -11,7 +11,9 @@
 #              'received' mode (its one-line description shows); opens the Model menu, hovers its
 #              first entry (the description beside the menu covers no entry) and opens the 28 px
 #              Fashion-MNIST model (the Controls window and the status bar name the same size and
-#              tokens); closes the window; finally `viewer_check xdotool` reads what the viewer wrote.
+#              tokens); drags the Controls window's title bar to the top of the screen (it stays below
+#              the menu bar, and File still opens); closes the window; finally `viewer_check xdotool`
+#              reads what the viewer wrote.
 #   train-mae  a masked-autoencoder run in the Train window: View > Train; types photos:OUT/photos
 #              (five opencv-doc photos from PHOTOS, copied here) into the data field, a tiny recipe
 #              into the recipe fields and the MAE fields (mask ratio, decoder); Start; Pause and Save
@@ -189,6 +191,19 @@ view_scenario() {
   wait_until 120 "the Fashion-MNIST model on screen" "$CHECK" text "$DUMP" "##status" "28x28 px"
   snapshot fashion.json
   "$CHECK" same-size "$OUT/fashion.json" || exit 1
+
+  # A window's title bar dragged up to the top of the screen stays below the menu bar (over it, it
+  # hid File and View > Reset layout); the File menu still opens.
+  from=$("$CHECK" window-point "$DUMP" Controls 0.5 -1)
+  to=$("$CHECK" window-point "$DUMP" Controls 0.5 0)
+  # shellcheck disable=SC2086
+  xdotool mousemove --window "$window" $from mousedown 1 sleep 0.2 mousemove --window "$window" ${to% *} 1 \
+    sleep 0.2 mousemove --window "$window" ${to% *} 0 sleep 0.2 mouseup 1
+  sleep 1
+  click "File"
+  wait_until 60 "the File menu's entries" "$CHECK" widget-centre "$DUMP" "File > Open image..."
+  "$CHECK" below-menu "$DUMP" Controls || exit 1
+  xdotool key Escape
 
   close_viewer
   exec "$CHECK" xdotool "$OUT"

@@ -18,6 +18,7 @@
 
 #include <fcntl.h>
 #include <pthread.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -194,8 +195,16 @@ int rename_new_at(int from_dir, const char* from, int to_dir, const char* to) {
   }
   if (::renameat2(from_dir, from, to_dir, to, RENAME_NOREPLACE) == 0) return 0;
   if (errno != EINVAL && errno != ENOSYS) return -1;
-  if (::linkat(from_dir, from, to_dir, to, 0) != 0) return -1;
-  return ::unlinkat(from_dir, from, 0);
+  if (::linkat(from_dir, from, to_dir, to, 0) == 0) return ::unlinkat(from_dir, from, 0);
+  if (errno != EPERM && errno != EOPNOTSUPP && errno != ENOSYS) return -1;
+  // Neither a no-replace rename nor hard links (some FUSE file systems): a check, then the rename,
+  // with the folder locked by the caller (only a writer that ignores the lock can come between).
+  struct stat st {};
+  if (::fstatat(to_dir, to, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+    errno = EEXIST;
+    return -1;
+  }
+  return ::renameat(from_dir, from, to_dir, to);
 }
 
 // =============================================================================================

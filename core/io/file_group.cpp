@@ -100,11 +100,20 @@ std::vector<std::string> finish_group(int dir_fd, const std::string& dir, const 
                                       : rename_at(group_fd, name.c_str(), dir_fd, name.c_str());
     if (moved == 0) continue;
     const int err = errno;
-    if (group.new_names && err == EEXIST && ::unlinkat(group_fd, name.c_str(), 0) == 0) {
-      warn(dir + "/" + name + ": was made by something else after vitlens committed a file of this name; that file "
-                              "is kept and vitlens' copy dropped");
-      dropped.push_back(name);
-      continue;
+    if (group.new_names && err == EEXIST) {
+      // Our own file already (a link made by rename_new_at's fallback before an interruption):
+      // the group's entry is the same file, removed without a word.
+      struct stat in_group {}, in_place {};
+      const bool same = ::fstatat(group_fd, name.c_str(), &in_group, AT_SYMLINK_NOFOLLOW) == 0 &&
+                        ::fstatat(dir_fd, name.c_str(), &in_place, AT_SYMLINK_NOFOLLOW) == 0 &&
+                        in_group.st_dev == in_place.st_dev && in_group.st_ino == in_place.st_ino;
+      if (::unlinkat(group_fd, name.c_str(), 0) == 0) {
+        if (same) continue;
+        warn(dir + "/" + name + ": was made by something else after vitlens committed a file of this name; that "
+                                "file is kept and vitlens' copy dropped");
+        dropped.push_back(name);
+        continue;
+      }
     }
     ::close(group_fd);
     throw Error(dir + "/" + name + ": moving it into place from " + group.name + " failed (" + errno_text(err) + ")");
@@ -221,10 +230,16 @@ void FileGroup::commit() {
   ::fsync(lock.fd());
   const std::vector<std::string> dropped = finish_group(lock.fd(), dir_, group);
   remove_superseded_groups(lock.fd(), dir_, group, names_);
-  // Between the check above and the move, something other than vitlens made one of the names.
-  if (!dropped.empty())
+  // Between the check above and the move, something other than vitlens made one of the names:
+  // the group's other files, just moved into place by this call, go too (all or none), and
+  // what the other writer made stays.
+  if (!dropped.empty()) {
+    for (const std::string& name : names_)
+      if (std::find(dropped.begin(), dropped.end(), name) == dropped.end()) ::unlinkat(lock.fd(), name.c_str(), 0);
+    ::fsync(lock.fd());
     throw Error(dir_ + "/" + dropped.front() + ": was made by something else while vitlens wrote it; that file is kept, "
-                "vitlens' copy was dropped");
+                "and nothing was written");
+  }
 }
 
 }  // namespace vitlens

@@ -168,7 +168,7 @@ class OutputSet {
 // state). Each file is written into a private folder in `dir` (a temporary, as above); commit()
 // then, holding the folder lock, tidies `dir` (completing a group an earlier commit left
 // interrupted, removing stale temporaries), renames
-// the private folder to ".vitlens-group-<time>-<pid>-<random>" (the commit point: from then on the
+// the private folder to ".vitlens-group-[new-]<time>-<pid>-<random>" (the commit point: from then on the
 // group is whole and will be moved into place) and renames each file into `dir`. A commit cut
 // short after its commit point (SIGKILL, a power loss, a failing rename) is completed by the next
 // commit or tidy_output_dir in `dir`; before it, `dir` is untouched. A reader that calls
@@ -179,8 +179,9 @@ class FileGroup {
   // refuses, before its commit point and holding the folder lock, when anything (a file, a link, a
   // folder) has one of the group's names, and its files are moved into place without replacing
   // (RENAME_NOREPLACE), then and when an interrupted commit is completed: the group only ever adds
-  // files. A name something else takes between the check and the move keeps what has it; the
-  // group's file is dropped and commit() throws (a completion warns).
+  // files. A name something else takes between the check and the move keeps what has it: commit()
+  // then removes the group's files it moved and throws (nothing written); a completion of an
+  // interrupted group drops that one file with a warning.
   explicit FileGroup(const std::string& dir, bool new_names_only = false);
   ~FileGroup();  // not committed: the private folder and everything in it is removed
   FileGroup(const FileGroup&) = delete;

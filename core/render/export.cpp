@@ -233,12 +233,30 @@ int padding_patches(const ForwardResult& f) {
   return static_cast<int>(std::count(f.patch_is_padding.begin(), f.patch_is_padding.end(), uint8_t{1}));
 }
 
+// Padded patches no query may attend to (all of them unless the mask leaves padding open).
+int masked_padding_patches(const ForwardResult& f) {
+  const auto& allowed = f.mask.key_allowed;
+  int count = 0;
+  for (size_t p = 0; p < f.patch_is_padding.size(); ++p) {
+    const size_t token = static_cast<size_t>(f.prefix) + p;
+    if (f.patch_is_padding[p] && token < allowed.size() && !allowed[token]) ++count;
+  }
+  return count;
+}
+
 }  // namespace
 
 std::vector<std::string> forward_caption(const VitModel& model, const ForwardResult& f, const std::string& mask_image) {
-  std::string mask = "mask: padding (" + std::to_string(padding_patches(f)) + " patches)";
+  // Read from the mask the pass used, so the caption says what the maps are: padding left open
+  // (the viewer's mask "none") and patches painted in the viewer are named too.
+  const int padded = padding_patches(f), painted = painted_patches(f);
+  std::string mask = padded > 0 && masked_padding_patches(f) == 0
+                         ? "mask: none, padding attended (" + std::to_string(padded) + " patches)"
+                         : "mask: padding (" + std::to_string(padded) + " patches)";
   if (f.mask.causal) mask += ", causal";
-  if (!mask_image.empty()) mask += ", painted " + mask_image + " (" + std::to_string(painted_patches(f)) + " patches)";
+  if (!mask_image.empty() || painted > 0)
+    mask += ", painted" + (mask_image.empty() ? std::string() : " " + mask_image) + " (" + std::to_string(painted) +
+            " patches)";
   std::vector<std::string> phrases{mask, softmax_phrase(model, f)};
   // Only a reduced-precision picture says so: a float32 caption (and its pixels) is as before.
   if (f.precision == Precision::Bf16) phrases.push_back("bf16 products (float32 sums)");

@@ -386,7 +386,7 @@ struct Derived {
   ImageAnalysis view;                    // image, request and shown maps as write_export takes them
   HeadMaps raw_maps;                     // the maps before the threshold
   std::vector<ThresholdResult> kept;     // (H + 1) when the threshold is on, else empty
-  std::vector<double> entropy;           // (H + 1) of the shown maps
+  std::vector<double> entropy;           // (H + 1) of the attention maps (before any threshold)
   std::vector<float> scales;             // (H + 1) the value drawn at the top of the colour map
   ExportImages pictures;                 // render_export_images of `view`: what export writes
   cv::Mat base_rgb8;                     // the processed image

@@ -100,9 +100,10 @@ void update_pictures(App& app, bool maps_changed) {
   d.kept = disp.threshold_on ? apply_threshold(shown, disp.threshold) : std::vector<ThresholdResult>{};
   d.view.kept = d.kept;
   d.view.threshold = threshold_or_off(disp);
+  // The attention's own entropy: the threshold only changes what is drawn.
   d.entropy.clear();
-  for (const MatRM& m : shown.heads) d.entropy.push_back(map_entropy(m));
-  d.entropy.push_back(map_entropy(shown.mean));
+  for (const MatRM& m : d.raw_maps.heads) d.entropy.push_back(map_entropy(m));
+  d.entropy.push_back(map_entropy(d.raw_maps.mean));
   d.scales = map_scales(shown, disp.normalize);
   d.view.maps = std::move(shown);
   try {

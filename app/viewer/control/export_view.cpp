@@ -252,6 +252,7 @@ std::string output_path(const std::string& path) {
 void prepare_output_folder(const std::string& folder) {
   std::error_code ec;
   if (std::filesystem::is_directory(folder, ec)) return;
+  if (std::filesystem::exists(folder, ec)) throw Error(folder + ": is not a folder (choose a folder for the files)");
   if (output_path(folder) != default_export_folder())
     throw Error(folder + ": no such folder (choose an existing one, or leave the default " + default_export_folder() + ")");
   std::filesystem::create_directories(folder, ec);

@@ -79,7 +79,10 @@ Settings load_settings(const std::string& path, std::string* warning) {
   read_list(j, "recent_images", s.recent_images);
   read_list(j, "recent_models", s.recent_models);
   read_key(j, "colormap", s.colormap);
-  read_key(j, "alpha", s.alpha);
+  if (const auto it = j.find("alpha"); it != j.end() && it->is_number()) {  // in [0, 1] as a double first
+    const double alpha = it->get<double>();
+    if (alpha >= 0.0 && alpha <= 1.0) s.alpha = static_cast<float>(alpha);
+  }
   read_key(j, "normalize", s.normalize);
   read_key(j, "upsample", s.upsample);
   read_key(j, "show_grid", s.show_grid);

@@ -158,7 +158,9 @@ void Worker::run() {
   for (;;) {
     std::unique_lock<std::mutex> lock(mutex_);
     wake_.wait(lock, [&] { return stop_ || pending_compute_ || !pending_exports_.empty(); });
-    if (stop_) return;
+    // Stopping (the window closed) drops a compute but finishes the exports already asked for:
+    // the user clicked Export, and the files are written whole before the viewer exits.
+    if (stop_ && pending_exports_.empty()) return;
     running_ = true;
     progress_ = 0.0f;
     if (!pending_exports_.empty()) {  // exports first: they were asked for before any newer compute

@@ -327,7 +327,10 @@ void DrawExport(App& app) {
   gui::Checkbox("raw weights (.npy)", &ui.export_raw);
   gui::HelpMarker("Also write <stem>_attn.npy: float32 (layers, heads, tokens, tokens); at most 4096 tokens.");
   ImGui::BeginDisabled(!app.doc.ready());
-  if (gui::Button("Export")) app.requests.export_folder = ui.export_folder;
+  if (gui::Button("Export")) {
+    if (ui.export_folder.empty()) report_export_failure(app, "Export: the folder field is empty; type or choose a folder");
+    else app.requests.export_folder = ui.export_folder;
+  }
   ImGui::EndDisabled();
   gui::HelpMarker("Writes the heads, the mean, the montage and a JSON file into the folder above (created when it is "
              "the default, $VITLENS_EXPORT_DIR or ~/vitlens-exports). The status bar says where they went.");
@@ -342,7 +345,10 @@ void DrawExport(App& app) {
   gui::InputText("screenshot", &ui.screenshot_path);
   ImGui::SameLine();
   if (gui::SmallButton("...##shot")) open_browser(app, BrowserPurpose::ScreenshotFile);
-  if (gui::Button("Save screenshot")) app.requests.screenshot = ui.screenshot_path;
+  if (gui::Button("Save screenshot")) {
+    if (ui.screenshot_path.empty()) report_export_failure(app, "Screenshot: the file field is empty; type or choose a name");
+    else app.requests.screenshot = ui.screenshot_path;
+  }
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include <imgui.h>
+#include <imgui_internal.h>  // FindWindowByName: where a window is before Begin
 
 #include "views/views.hpp"
 #include "views/widgets.hpp"
@@ -45,6 +46,12 @@ void PlaceWindow(App& app, const char* name, WindowSlot slot) {
   const Rect r = WindowSlotRect(slot, display.x, display.y);
   ImGui::SetNextWindowPos(ImVec2(r.x, r.y), cond);
   ImGui::SetNextWindowSize(ImVec2(r.w, r.h), cond);
+  // Never over the main menu bar (a title bar dragged to the top, or an imgui.ini remembering it
+  // there, would hide File and View > Reset layout): moved down to just below it.
+  const float menu_bottom = ImGui::GetFrameHeight();
+  if (cond != ImGuiCond_Always)
+    if (const ImGuiWindow* window = ImGui::FindWindowByName(name); window && window->Pos.y < menu_bottom)
+      ImGui::SetNextWindowPos(ImVec2(window->Pos.x, menu_bottom), ImGuiCond_Always);
 }
 
 void FitPicture(const App& app, float max_w, float max_h, float& width, float& height) {

@@ -45,8 +45,10 @@ void DrawHeadTable(const App& app, const std::vector<HeadStats>& layer_stats, in
   const VitConfig& config = app.doc.model->model.config;
   const bool described = layer < static_cast<int>(config.head_descriptions.size());
   const auto& role_layers = app.doc.comp->roles.lift;
+  // No role query (an image of one patch): no lifts to show (the JSON leaves them out too).
   const std::vector<RoleLifts>* roles =
-      layer < static_cast<int>(role_layers.size()) && role_layers[static_cast<size_t>(layer)].size() == layer_stats.size()
+      app.doc.comp->roles.queries > 0 && layer < static_cast<int>(role_layers.size()) &&
+              role_layers[static_cast<size_t>(layer)].size() == layer_stats.size()
           ? &role_layers[static_cast<size_t>(layer)]
           : nullptr;
   const int columns = 3 + (roles ? kHeadRoles : 0);
@@ -161,9 +163,12 @@ void DrawStatsView(App& app) {
   gui::TextWrappedDisabled("layer %d, over %d patch queries of this image; distance between patch centres weighted by "
                       "attention, in pixels of the %dx%d processed image",
                       layer, c.stats.queries, c.image.padded_w, c.image.padded_h);
-  gui::TextWrappedDisabled("role lifts (edge, texture, colour, position) over %d queries: attention on the top %.0f%% most "
-                      "alike keys by that role, relative to uniform (1 = none, %.0f = all); see docs/head-roles.md",
-                      c.roles.queries, 100.0 * c.roles.top_fraction, 1.0 / c.roles.top_fraction);
+  if (c.roles.queries > 0)
+    gui::TextWrappedDisabled("role lifts (edge, texture, colour, position) over %d queries: attention on the top %.0f%% most "
+                        "alike keys by that role, relative to uniform (1 = none, %.0f = all); see docs/head-roles.md",
+                        c.roles.queries, 100.0 * c.roles.top_fraction, 1.0 / c.roles.top_fraction);
+  else
+    gui::TextWrappedDisabled("no role lifts: the image has too few patches to rank keys by role (see docs/head-roles.md)");
   if (layer < static_cast<int>(c.stats.layers.size()) && !c.stats.layers[static_cast<size_t>(layer)].empty()) {
     const auto& layer_stats = c.stats.layers[static_cast<size_t>(layer)];
     DrawHeadTable(app, layer_stats, layer);

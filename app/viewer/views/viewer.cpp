@@ -334,6 +334,10 @@ void MainLoop(App& app, Frame& f) {
 // Why an automated run failed (the script, nothing shown, a failed export), or "".
 std::string RunFailure(const App& app, bool automated) {
   if (!app.script.error.empty() || !automated) return app.script.error;
+  // A script stopped by a signal before its last command did not do what it says.
+  if (g_stop_requested && app.script.next < app.script.commands.size())
+    return "stopped by a signal before the script's end (" + std::to_string(app.script.next) + " of " +
+           std::to_string(app.script.commands.size()) + " commands run)";
   if (!app.doc.ready() && !g_stop_requested)
     return "nothing to show: " + (app.last_load_error.empty() ? std::string("no image or model") : app.last_load_error);
   if (app.export_failures > 0)
