@@ -34,11 +34,11 @@ bool is_valid_utf8(const std::string& text) {
   return true;
 }
 
-std::string utf8_escaped(const std::string& text) {
+std::string utf8_escaped(const std::string& text, bool escape_backslash) {
   std::string out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size();) {
-    const size_t n = utf8_char_length(text, i);
+    const size_t n = escape_backslash && text[i] == '\\' ? 0 : utf8_char_length(text, i);
     if (n > 0) {
       out.append(text, i, n);
       i += n;

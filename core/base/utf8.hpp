@@ -18,7 +18,9 @@ size_t utf8_char_length(const std::string& text, size_t i);
 bool is_valid_utf8(const std::string& text);
 
 // `text` with every byte that does not belong to a well-formed character written as "\xNN"
-// (lower-case hex); well-formed text comes back unchanged. For labels made from file names.
-std::string utf8_escaped(const std::string& text);
+// (lower-case hex); well-formed text comes back unchanged. For labels made from file names. With
+// `escape_backslash`, each '\' is written as "\x5c" too, which makes the mapping one-to-one (a
+// name read back from it is exact: export records).
+std::string utf8_escaped(const std::string& text, bool escape_backslash = false);
 
 }  // namespace vitlens

@@ -50,24 +50,7 @@ const char kForceFile[] = ".force";          // inside a commit folder: the set 
 // apart by the record's own name.
 
 // `name` as a record writes it (see above).
-std::string recorded_name(const std::string& name) {
-  std::string out;
-  out.reserve(name.size());
-  for (size_t i = 0; i < name.size();) {
-    const size_t n = name[i] == '\\' ? 0 : utf8_char_length(name, i);
-    if (n > 0) {
-      out.append(name, i, n);
-      i += n;
-    } else {
-      static const char hex[] = "0123456789abcdef";
-      const auto byte = static_cast<unsigned char>(name[i++]);
-      out += "\\x";
-      out += hex[byte >> 4];
-      out += hex[byte & 15];
-    }
-  }
-  return out;
-}
+std::string recorded_name(const std::string& name) { return utf8_escaped(name, true); }
 
 // The name `text` stands for when it is a recorded_name, or nothing when recorded_name writes no
 // name so ("\x41" for "A", a backslash that starts no escape).

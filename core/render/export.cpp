@@ -218,30 +218,26 @@ std::string softmax_phrase(const VitModel& model, const ForwardResult& f) {
   return "softmax(q.k x " + format_weight(f.score_scale) + "), temperature " + format_weight(model_scale / f.score_scale);
 }
 
-// Patches a painted mask forbids, beyond the padding.
-int painted_patches(const ForwardResult& f) {
+// The patches of a pass: padded ones, padded ones no query may attend to (all of them unless the
+// mask leaves padding open), and others a painted mask forbids.
+struct MaskedPatches {
+  int padded = 0, padding_masked = 0, painted = 0;
+};
+
+MaskedPatches masked_patches(const ForwardResult& f) {
   const auto& allowed = f.mask.key_allowed;
-  int count = 0;
+  MaskedPatches m;
   for (size_t p = 0; p < f.patch_is_padding.size(); ++p) {
     const size_t token = static_cast<size_t>(f.prefix) + p;
-    if (!f.patch_is_padding[p] && token < allowed.size() && !allowed[token]) ++count;
+    const bool masked = token < allowed.size() && !allowed[token];
+    if (f.patch_is_padding[p]) {
+      ++m.padded;
+      m.padding_masked += masked;
+    } else {
+      m.painted += masked;
+    }
   }
-  return count;
-}
-
-int padding_patches(const ForwardResult& f) {
-  return static_cast<int>(std::count(f.patch_is_padding.begin(), f.patch_is_padding.end(), uint8_t{1}));
-}
-
-// Padded patches no query may attend to (all of them unless the mask leaves padding open).
-int masked_padding_patches(const ForwardResult& f) {
-  const auto& allowed = f.mask.key_allowed;
-  int count = 0;
-  for (size_t p = 0; p < f.patch_is_padding.size(); ++p) {
-    const size_t token = static_cast<size_t>(f.prefix) + p;
-    if (f.patch_is_padding[p] && token < allowed.size() && !allowed[token]) ++count;
-  }
-  return count;
+  return m;
 }
 
 }  // namespace
@@ -249,13 +245,13 @@ int masked_padding_patches(const ForwardResult& f) {
 std::vector<std::string> forward_caption(const VitModel& model, const ForwardResult& f, const std::string& mask_image) {
   // Read from the mask the pass used, so the caption says what the maps are: padding left open
   // (the viewer's mask "none") and patches painted in the viewer are named too.
-  const int padded = padding_patches(f), painted = painted_patches(f);
-  std::string mask = padded > 0 && masked_padding_patches(f) == 0
-                         ? "mask: none, padding attended (" + std::to_string(padded) + " patches)"
-                         : "mask: padding (" + std::to_string(padded) + " patches)";
+  const MaskedPatches m = masked_patches(f);
+  std::string mask = m.padded > 0 && m.padding_masked == 0
+                         ? "mask: none, padding attended (" + std::to_string(m.padded) + " patches)"
+                         : "mask: padding (" + std::to_string(m.padded) + " patches)";
   if (f.mask.causal) mask += ", causal";
-  if (!mask_image.empty() || painted > 0)
-    mask += ", painted" + (mask_image.empty() ? std::string() : " " + mask_image) + " (" + std::to_string(painted) +
+  if (!mask_image.empty() || m.painted > 0)
+    mask += ", painted" + (mask_image.empty() ? std::string() : " " + mask_image) + " (" + std::to_string(m.painted) +
             " patches)";
   std::vector<std::string> phrases{mask, softmax_phrase(model, f)};
   // Only a reduced-precision picture says so: a float32 caption (and its pixels) is as before.
@@ -498,7 +494,7 @@ void add_predictions(nlohmann::json& record, const VitModel& model, const Forwar
   if (forward.mask.causal) changed.push_back("a causal mask");
   const float model_scale = 1.0f / std::sqrt(static_cast<float>(model.config.head_dim()));
   if (std::abs(forward.score_scale - model_scale) > 1e-6f * model_scale) changed.push_back("a softmax temperature");
-  if (painted_patches(forward) > 0) changed.push_back("a painted mask");
+  if (masked_patches(forward).painted > 0) changed.push_back("a painted mask");
   if (forward.precision == Precision::Bf16) changed.push_back("bf16 products");
   std::string forward_text = "the model's own";
   for (size_t i = 0; i < changed.size(); ++i)
@@ -537,9 +533,10 @@ nlohmann::json export_sidecar(const VitModel& model, const ImageAnalysis& a, con
   j["mode"] = map_mode_name(a.request.mode);
   j["query"] = sidecar_query(cfg, a, settings);
   j["layer"] = a.request.layer;
-  j["mask"] = {{"causal", settings.causal}, {"padding_patches", padding_patches(a.forward)},
+  const MaskedPatches masked = masked_patches(a.forward);
+  j["mask"] = {{"causal", settings.causal}, {"padding_patches", masked.padded},
                {"image", a.mask_image.empty() ? json(nullptr) : json(a.mask_image)},
-               {"painted_patches", painted_patches(a.forward)}};
+               {"painted_patches", masked.painted}};
   j["score_scale"] = a.forward.score_scale;
   // The temperature the scale amounts to: 1 for the model's 1/sqrt(d).
   const float model_scale = 1.0f / std::sqrt(static_cast<float>(cfg.head_dim()));
