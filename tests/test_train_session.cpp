@@ -201,17 +201,32 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
     const std::string dir = test::temp_dir("session-save-over");
     test::spit(dir + "/photo.jpg", "the user's photo");
     test::spit(dir + "/notes.state.safetensors", "the user's notes");
-    CHECK(session.save(dir + "/photo.jpg") ==
-          dir + "/photo.jpg: exists and is not a vitlens training checkpoint; vitlens replaces no file it did not "
-                "write: choose another name (nothing was saved)");
-    CHECK(session.save(dir + "/notes.safetensors") ==
-          dir + "/notes.state.safetensors: exists and is not a vitlens training checkpoint state; vitlens replaces "
-                "no file it did not write: choose another name (nothing was saved)");
+    const auto refusal = [&](const std::string& name) {
+      return dir + "/" + name + ": exists and is not a checkpoint this window saved; vitlens replaces no file it did "
+                                "not write: choose another name (nothing was saved)";
+    };
+    CHECK(session.save(dir + "/photo.jpg") == refusal("photo.jpg"));
+    CHECK(session.save(dir + "/notes.safetensors") == refusal("notes.state.safetensors"));
     CHECK(test::slurp(dir + "/photo.jpg") == "the user's photo");
     CHECK(test::slurp(dir + "/notes.state.safetensors") == "the user's notes");
     CHECK(test::entries(dir) == std::vector<std::string>{"notes.state.safetensors", "photo.jpg"});
     CHECK(session.save(dir + "/mine.safetensors") == "");
     CHECK(session.save(dir + "/mine.safetensors") == "");  // its own: replaced
+    // A vitlens checkpoint this window did not save (another session's, a user's copy of one)
+    // is refused too, model or state; so is its own once someone else has rewritten it.
+    for (const char* file : {"/mine.safetensors", "/mine.state.safetensors"})
+      std::filesystem::copy_file(dir + file, dir + "/kept" + std::string(file).substr(5));
+    const std::string kept = test::slurp(dir + "/kept.safetensors");
+    CHECK(session.save(dir + "/kept.safetensors") == refusal("kept.safetensors"));
+    std::filesystem::remove(dir + "/kept.safetensors");
+    CHECK(session.save(dir + "/kept.safetensors") == refusal("kept.state.safetensors"));
+    CHECK(!std::filesystem::exists(dir + "/kept.safetensors"));
+    std::filesystem::remove(dir + "/mine.state.safetensors");
+    std::filesystem::copy_file(dir + "/kept.state.safetensors", dir + "/mine.state.safetensors");
+    CHECK(session.save(dir + "/mine.safetensors") == refusal("mine.state.safetensors"));
+    CHECK(test::entries(dir) == std::vector<std::string>{"kept.state.safetensors", "mine.safetensors",
+                                                        "mine.state.safetensors", "notes.state.safetensors",
+                                                        "photo.jpg"});
     std::filesystem::remove_all(dir);
   }
   std::string path_error;
@@ -232,6 +247,42 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
   // Without an out folder, the viewer's model goes to <temp>/vitlens-train-<pid>: this process's.
   const std::filesystem::path folder = std::filesystem::path(path).parent_path();
   REQUIRE(folder == std::filesystem::temp_directory_path() / ("vitlens-train-" + std::to_string(::getpid())));
+  REQUIRE(folder.string() == TrainSession::temporary_folder());
+  // Its own file there is its to replace; a file it did not save takes the name away: numbered on.
+  CHECK(session.viewing_path(path_error) == path);
+  test::spit(path, "not the window's");
+  CHECK(session.viewing_path(path_error) == (folder / "current_2.safetensors").string());
+  std::filesystem::remove(path);
+}
+
+TEST_CASE("train session: the temporary folder goes with the window, files it did not save stay", "[train_session]") {
+  const std::string folder = TrainSession::temporary_folder();
+  std::filesystem::remove_all(folder);
+  std::string path;
+  {
+    TrainSession session;
+    TrainSettings settings = tiny_settings();
+    settings.epochs = 1;
+    REQUIRE(session.start(settings) == "");
+    wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; });
+    std::string error;
+    path = session.viewing_path(error);
+    REQUIRE(path == folder + "/current.safetensors");
+    REQUIRE(session.save(path) == "");
+    REQUIRE(test::entries(folder) == std::vector<std::string>{"current.safetensors", "current.state.safetensors"});
+  }
+  CHECK(!std::filesystem::exists(folder));  // both files and the folder removed
+  {
+    TrainSession session;
+    REQUIRE(session.start(tiny_settings()) == "");
+    wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; });
+    std::string error;
+    REQUIRE(session.save(session.viewing_path(error)) == "");
+    test::spit(folder + "/notes.txt", "a user's file");
+    test::spit(folder + "/current.state.safetensors", "rewritten by someone else");
+  }
+  CHECK(test::entries(folder) == std::vector<std::string>{"current.state.safetensors", "notes.txt"});
+  CHECK(test::slurp(folder + "/notes.txt") == "a user's file");
   std::filesystem::remove_all(folder);
 }
 

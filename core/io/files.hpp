@@ -41,6 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -113,6 +114,12 @@ std::string mebibytes(uint64_t bytes);
 
 // Throws vitlens::Error when `dir` is missing, not a folder or not writable.
 void require_writable_dir(const std::string& dir);
+
+// The file at `path` (not followed when a link) as it is now: device, inode, size and
+// modification time in one string (an inode freed and given to a new file has another time), or
+// nothing when no file has the name. A viewer window remembers the stamps of the files it wrote
+// and replaces only those.
+std::optional<std::string> file_stamp(const std::string& path);
 
 
 // Where a streamed file's bytes go (OutputSet::add_stream); write() throws vitlens::Error.

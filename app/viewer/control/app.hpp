@@ -44,6 +44,8 @@ struct App {
 
   Settings settings;
   std::string settings_file;                // empty: nothing is read or written (scripted runs)
+  bool settings_left_alone = false;         // it could not be read: never saved over this session
+  std::string settings_warning;             // why, shown instead of the first "Opened ..." message
   ScriptRunner script;
   int export_failures = 0;                  // exports or screenshots that failed (script exit code)
   std::string last_export_failure;          // what the last of them said, for the exit message

@@ -43,7 +43,7 @@ void set_message(App& app, const std::string& text, bool error) {
 }
 
 void persist(App& app) {
-  if (app.settings_file.empty()) return;
+  if (app.settings_file.empty() || app.settings_left_alone) return;
   try {
     save_settings(app.settings_file, app.settings);
   } catch (const Error& e) {
@@ -157,6 +157,8 @@ std::string load_app_settings(App& app) {
   if (!app.settings_file.empty()) {
     app.settings = load_settings(app.settings_file, &warning);
     if (!warning.empty()) set_message(app, warning, true);
+    app.settings_left_alone = !warning.empty();
+    app.settings_warning = warning;
     const Settings& s = app.settings;
     if (is_colormap(s.colormap)) app.ui.display.style.colormap = s.colormap;
     app.ui.display.style.alpha = s.alpha;
@@ -231,7 +233,9 @@ void remember_loaded_files(App& app, const ComputeResult& r) {
     remember_recent(app.ui.recent_images, absolute(r.image->path));
     app.settings.recent_images = app.ui.recent_images;
   }
-  if (r.loaded_model) {
+  // A model the Train window saved to its temporary folder goes with the window: not remembered.
+  const std::string temporary = absolute(TrainSession::temporary_folder()) + "/";
+  if (r.loaded_model && absolute(r.model->path).rfind(temporary, 0) != 0) {
     remember_recent(app.ui.recent_models, absolute(r.model->path));
     app.settings.recent_models = app.ui.recent_models;
   }
@@ -253,7 +257,10 @@ void take_computation(App& app, const ComputeResult& r) {
     // The grid is not part of it: the status bar shows the current grid beside the message.
     std::snprintf(text, sizeof text, "Opened %s (%dx%d) with %s", r.image->path.c_str(), c.image.source_w,
                   c.image.source_h, doc.model->model.config.name.c_str());
-    set_message(app, text, false);
+    // The settings' warning outlives the first opening (the status bar shows what was opened).
+    if (app.settings_warning.empty()) set_message(app, text, false);
+    else set_message(app, app.settings_warning, true);
+    app.settings_warning.clear();
   } else if (app.ui.message.error) {
     app.ui.message = {};  // a later good result clears an old error
   }
@@ -480,15 +487,6 @@ std::string map_mode_caption(const App& app) {
 // =============================================================================================
 namespace {
 
-// The file at `path` as it is now: its device, inode, size and modification time (an inode freed
-// and given to a new file has another time), or nothing when no file has the name.
-std::optional<std::string> file_identity(const std::string& path) {
-  struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return std::nullopt;
-  return std::to_string(st.st_dev) + ":" + std::to_string(st.st_ino) + ":" + std::to_string(st.st_size) + ":" +
-         std::to_string(st.st_mtim.tv_sec) + "." + std::to_string(st.st_mtim.tv_nsec);
-}
-
 constexpr const char* kDefaultScreenshotName = "vitlens-screenshot";
 
 }  // namespace
@@ -497,7 +495,7 @@ void save_screenshot(App& app, const std::string& requested, const cv::Mat& rgb8
   std::string path = output_path(requested);
   try {
     prepare_output_folder(folder_of(path));
-    auto taken = file_identity(path);
+    auto taken = file_stamp(path);
     const bool ours = taken && app.screenshots_written.count(*taken) > 0;
     if (taken && !ours) {
       const std::filesystem::path p(path);
@@ -506,7 +504,7 @@ void save_screenshot(App& app, const std::string& requested, const cv::Mat& rgb8
                            "write: choose another name");
       for (int n = 2; taken; ++n) {  // the default name, numbered on
         path = (p.parent_path() / (std::string(kDefaultScreenshotName) + "_" + std::to_string(n) + ".png")).string();
-        taken = file_identity(path);
+        taken = file_stamp(path);
       }
     }
     if (ours) {
@@ -518,7 +516,7 @@ void save_screenshot(App& app, const std::string& requested, const cv::Mat& rgb8
                        [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
       group.commit();
     }
-    if (const auto written = file_identity(path)) app.screenshots_written.insert(*written);
+    if (const auto written = file_stamp(path)) app.screenshots_written.insert(*written);
     set_message(app, "Saved the screenshot to " + path, false);
   } catch (const Error& e) {
     report_export_failure(app, std::string("Screenshot failed: ") + e.what());

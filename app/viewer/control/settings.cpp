@@ -68,12 +68,14 @@ Settings load_settings(const std::string& path, std::string* warning) {
   try {
     text = read_whole_file(path, "a settings file", kMaxSettingsBytes);
   } catch (const Error& e) {
-    if (warning) *warning = std::string(e.what()) + "; using the default settings";
+    if (warning) *warning = std::string(e.what()) + "; using the default settings (the file is left as it is)";
     return s;
   }
   nlohmann::json j = parse_json_or_discarded(text);
   if (j.is_discarded() || !j.is_object()) {
-    if (warning) *warning = path + ": settings are not a JSON object; using the defaults";
+    if (warning)
+      *warning = path + ": settings are not a JSON object; using the defaults (the file is left as it is: mend or "
+                        "remove it to have settings saved again)";
     return s;
   }
   read_list(j, "recent_images", s.recent_images);

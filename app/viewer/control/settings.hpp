@@ -26,7 +26,8 @@ constexpr size_t kMaxRecent = 10;
 std::string settings_folder();
 
 // A missing file gives the defaults silently; an unreadable or malformed one gives the defaults
-// and a one-line `warning`. Unknown keys are ignored and bad values fall back one by one.
+// and a one-line `warning` (the viewer then never saves over that file: a hand edit with a typo
+// is not lost). Unknown keys are ignored and bad values fall back one by one.
 Settings load_settings(const std::string& path, std::string* warning);
 
 // Creates the folder when needed; writes atomically. Throws vitlens::Error naming the path.

@@ -175,7 +175,18 @@ struct TrainSession::Run {
 
 TrainSession::TrainSession() = default;
 
-TrainSession::~TrainSession() { join(); }
+// The temporary folder's checkpoints go with the window: those it saved and nobody changed since
+// are removed, then the folder if nothing else is in it (a file anyone else put there stays).
+TrainSession::~TrainSession() {
+  join();
+  const std::string folder = temporary_folder();
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
+    const auto stamp = file_stamp(entry.path().string());
+    if (stamp && saved_files_.count(*stamp)) std::filesystem::remove(entry.path(), ec);
+  }
+  ::rmdir(folder.c_str());  // fails, harmlessly, unless empty
+}
 
 void TrainSession::join() {
   {
@@ -275,22 +286,35 @@ std::string TrainSession::save(const std::string& path) {
   return error;
 }
 
+std::string TrainSession::temporary_folder() {
+  std::error_code ec;
+  return (std::filesystem::temp_directory_path(ec) / ("vitlens-train-" + std::to_string(::getpid()))).string();
+}
+
 std::string TrainSession::viewing_path(std::string& error) const {
   std::string folder;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (run_) folder = run_->settings.out;
   }
+  if (folder.empty()) folder = temporary_folder();
   std::error_code ec;
-  if (folder.empty())
-    folder = (std::filesystem::temp_directory_path(ec) / ("vitlens-train-" + std::to_string(::getpid()))).string();
   std::filesystem::create_directories(folder, ec);
   if (ec) {
     error = folder + ": cannot create the folder (" + ec.message() + ")";
     return "";
   }
   error.clear();
-  return folder + "/current.safetensors";
+  // A name whose model and state are both free or this window's own, numbered on past any other.
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto ours_or_free = [&](const std::string& file) {
+    const auto stamp = file_stamp(file);
+    return !stamp || saved_files_.count(*stamp) > 0;
+  };
+  for (int n = 1;; ++n) {
+    const std::string path = folder + "/current" + (n == 1 ? std::string() : "_" + std::to_string(n)) + ".safetensors";
+    if (ours_or_free(path) && ours_or_free(checkpoint_state_path(path))) return path;
+  }
 }
 
 TrainSnapshot TrainSession::snapshot() const {
@@ -462,7 +486,17 @@ void TrainSession::worker_save(Worker& w, uint64_t id, const std::string& path) 
       std::error_code ec;
       std::optional<FolderClaim> claim;
       if (std::filesystem::is_directory(folder, ec)) claim.emplace(folder);
+      for (const std::string& file : {path, checkpoint_state_path(path)}) {
+        const auto stamp = file_stamp(file);
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (stamp && saved_files_.count(*stamp) == 0)
+          throw Error(file + ": exists and is not a checkpoint this window saved; vitlens replaces no file it did "
+                             "not write: choose another name (nothing was saved)");
+      }
       w.training_run->save(path);
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (const std::string& file : {path, checkpoint_state_path(path)})
+        if (const auto stamp = file_stamp(file)) saved_files_.insert(*stamp);
     } catch (const std::exception& e) {
       error = e.what();
     }

@@ -13,6 +13,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -124,15 +125,20 @@ class TrainSession {
   void stop();  // the trainer stays: its weights can still be saved or opened
 
   // Writes a checkpoint (the model plus its .state file, as `vitlens train`; for MAE the model file is
-  // the encoder, as the CLI's MAE checkpoints) between two steps.
+  // the encoder, as the CLI's MAE checkpoints) between two steps. A file at either name is
+  // replaced only when this window saved it and it is unchanged since; any other (a user's photo,
+  // a checkpoint from another run or session) is refused and nothing is saved.
   // request_save returns at once with an id for save_finished (0 when no run has started: the
   // snapshot's message says so); save waits and returns "" or the error.
   uint64_t request_save(const std::string& path);
   bool save_finished(uint64_t id, std::string& error);  // true once done; `error` "" or why it failed
   std::string save(const std::string& path);
   // Where "open in the main view" saves: settings.out (or <temp>/vitlens-train-<pid>) +
-  // "/current.safetensors", the folder created; "" and `error` set when it cannot be.
+  // "/current.safetensors" (current_2, _3, ... while a file this window did not save has the
+  // name), the folder created; "" and `error` set when it cannot be.
   std::string viewing_path(std::string& error) const;
+  // The temporary folder viewing_path uses when the run has no out folder.
+  static std::string temporary_folder();
 
   TrainSnapshot snapshot() const;
   uint64_t version() const;  // cheap: whether a new snapshot is worth copying
@@ -159,6 +165,7 @@ class TrainSession {
   std::thread thread_;
   uint64_t next_save_id_ = 1, done_save_id_ = 0;
   std::map<uint64_t, std::string> save_errors_;  // finished saves not yet asked about: id -> error
+  std::set<std::string> saved_files_;  // file_stamp of each file a save wrote: these may be replaced
 };
 
 }  // namespace vitlens::viewer
