@@ -657,10 +657,16 @@ TEST_CASE("the caption names the mask the pass used: padding masked or attended,
   // A patch painted in the viewer (no mask file), padding masked, causal.
   f.mask.key_allowed = {1, 0, 1, 0, 0};
   f.mask.causal = true;
-  CHECK(forward_caption(model, f, "")[0] == "mask: padding (2 patches), causal, painted (1 patches)");
-  CHECK(forward_caption(model, f, "m.png")[0] == "mask: padding (2 patches), causal, painted m.png (1 patches)");
+  CHECK(forward_caption(model, f, "")[0] == "mask: padding (2 patches), causal, painted (1 patch)");
+  CHECK(forward_caption(model, f, "m.png")[0] == "mask: padding (2 patches), causal, painted m.png (1 patch)");
   // No padding at all: as before.
   f.patch_is_padding = {0, 0, 0, 0};
   f.mask = KeyMask{};
   CHECK(forward_caption(model, f, "")[0] == "mask: padding (0 patches)");
+  // One patch is "1 patch".
+  f.patch_is_padding = {0, 0, 0, 1};
+  f.mask.key_allowed = {1, 1, 1, 1, 0};
+  CHECK(forward_caption(model, f, "")[0] == "mask: padding (1 patch)");
+  f.mask.key_allowed.clear();
+  CHECK(forward_caption(model, f, "")[0] == "mask: none, padding attended (1 patch)");
 }

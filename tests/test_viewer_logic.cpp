@@ -21,6 +21,7 @@
 #include "control/file_list.hpp"
 #include "control/script.hpp"
 #include "control/settings.hpp"
+#include "process_support.hpp"
 #include "test_support.hpp"
 #include "core/base/error.hpp"
 #include "core/cpu/bf16.hpp"
@@ -879,6 +880,104 @@ TEST_CASE("viewer export never replaces a file vitlens did not write; it names t
   CHECK_FALSE(app.ui.message.error);
 }
 
+TEST_CASE("viewer worker queues an export once while the same export waits; a different one or a later one runs",
+          "[viewer]") {
+  Fixture fx;
+  auto model = std::make_shared<LoadedModel>();
+  model->model = load_model(fx.model_path);
+  model->path = fx.model_path;
+  model->serial = 1;
+  const std::string out = fx.dir + "/out", other = fx.dir + "/other";
+  fs::create_directory(out);
+  fs::create_directory(other);
+  ExportJob job;  // what the Export button submits
+  job.model = model;
+  job.settings.out_dir = out;
+  job.analysis = analyse_image(model->model, fx.image_path, job.settings);
+  job.options = forward_options_for(model->model, job.settings);
+  job.same_files = "the view on screen, into out";  // start_export's key: the pass, command and notes
+  ExportJob elsewhere = job;
+  elsewhere.settings.out_dir = other;
+  elsewhere.same_files = "the view on screen, into other";
+
+  // A long pass keeps the worker busy, so the exports wait: 128 x 128 patches at 512 px, which
+  // runs for seconds unless a newer compute cancels it.
+  auto big = std::make_shared<SourceImage>();
+  cv::Mat rgb01;
+  test_picture(512, 512).convertTo(rgb01, CV_32FC3, 1.0 / 255.0);
+  big->pixels = LoadedImage{rgb01, 512, 512};
+  big->serial = 2;
+  ComputeJob slow;
+  slow.model = model;
+  slow.image = big;
+  slow.choice.max_side = 512;
+  Worker worker;
+  worker.submit(slow);
+  const auto t0 = std::chrono::steady_clock::now();
+  const auto waited = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+  while (worker.activity() != "forward pass" && waited() < 30.0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(worker.activity() == "forward pass");
+
+  const uint64_t first = worker.submit(job);
+  const uint64_t again = worker.submit(job);  // a second click on Export
+  const uint64_t different = worker.submit(elsewhere);
+  CHECK(again == first);
+  CHECK(different != first);
+  worker.submit(ComputeJob{});  // cancels the long pass; loads nothing and computes nothing
+
+  std::vector<ExportResult> results;
+  const auto run_all = [&] {
+    while (worker.busy() && waited() < 60.0) {
+      for (ExportResult& r : worker.take_export_results()) results.push_back(std::move(r));
+      worker.take_compute_results();
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    for (ExportResult& r : worker.take_export_results()) results.push_back(std::move(r));
+  };
+  run_all();
+  REQUIRE(results.size() == 2);  // one run of the twice-asked export, one of the other
+  CHECK(results[0].job == first);
+  CHECK(results[0].error.empty());
+  CHECK(results[1].job == different);
+  CHECK(fs::exists(out + "/picture_montage.png"));
+  CHECK(fs::exists(other + "/picture_montage.png"));
+
+  // Asked again once it ran: it runs again (an export asked for is written).
+  results.clear();
+  const uint64_t later = worker.submit(job);
+  CHECK(later != first);
+  run_all();
+  REQUIRE(results.size() == 1);
+  CHECK(results[0].job == later);
+  CHECK(results[0].error.empty());
+
+  // Through the Export button's path: the same view asked twice while the worker is busy is one
+  // job and says so; another folder, or the view changed, is another job.
+  App app;
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  app.worker.submit(slow);
+  const auto t1 = std::chrono::steady_clock::now();
+  while (app.worker.activity() != "forward pass" &&
+         std::chrono::steady_clock::now() - t1 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(app.worker.activity() == "forward pass");
+  start_export(app, out);
+  CHECK(app.ui.message.text == "Exporting to " + out + " ...");
+  start_export(app, out);
+  CHECK(app.ui.message.text == "The same export to " + out + " is already waiting to be written");
+  CHECK(app.export_jobs.size() == 1);
+  start_export(app, other);
+  CHECK(app.export_jobs.size() == 2);
+  app.ui.display.style.colormap = "magma";
+  start_export(app, out);
+  CHECK(app.export_jobs.size() == 3);
+  app.worker.submit(ComputeJob{});  // cancels the long pass
+  REQUIRE(run_until_idle(app));
+  CHECK(app.export_failures == 0);
+}
+
 TEST_CASE("viewer browser lists the folder its path field shows", "[viewer]") {
   Fixture fx;
   fs::create_directory(fx.dir + "/out");
@@ -1280,6 +1379,36 @@ TEST_CASE("viewer remembers the precision choice between runs", "[viewer]") {
   other.settings_file = path;
   load_app_settings(other);
   CHECK(other.ui.compute.precision == kViewerDefaultPrecision);
+}
+
+TEST_CASE("viewer settings it cannot read are left as they are, the warning stays in the status bar", "[viewer]") {
+  Fixture fx;
+  const std::string path = fx.dir + "/settings.json";
+  const std::string typo = "{\"colormap\": \"magma\", \"alpha\": 0.3,}\n";  // a hand edit with a trailing comma
+  test::spit(path, typo);
+  App app;
+  app.settings_file = path;
+  const std::string warning = load_app_settings(app);
+  CHECK(warning == path + ": settings are not a JSON object; using the defaults (the file is left as it is: mend or "
+                          "remove it to have settings saved again)");
+  start_app(app, fx.image_path, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  // The first "Opened ..." does not replace it (the status bar shows what is open beside it).
+  CHECK(app.ui.message.text == warning);
+  CHECK(app.ui.message.error);
+  app.ui.display.style.colormap = "inferno";
+  save_app_settings(app, 800, 600);
+  CHECK(test::slurp(path) == typo);
+  // Once mended, the next session saves as before.
+  test::spit(path, "{\"colormap\": \"magma\"}\n");
+  App mended;
+  mended.settings_file = path;
+  CHECK(load_app_settings(mended).empty());
+  CHECK(mended.ui.display.style.colormap == "magma");
+  mended.ui.display.style.colormap = "inferno";
+  save_app_settings(mended, 800, 600);
+  CHECK(load_settings(path, nullptr).colormap == "inferno");
 }
 
 TEST_CASE("viewer export command quotes names for the shell: a quote or $(...) stays text", "[viewer]") {

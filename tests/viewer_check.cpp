@@ -4,6 +4,7 @@
 //   viewer_check export VIEWER_DIR CLI_DIR  the viewer's export equals `vitlens export`'s
 //   viewer_check bad-file DIR               a bad file leaves the previous image on screen
 //   viewer_check png FILE W H               a screenshot of that size that is not blank
+//   viewer_check same-png A B               two screenshots are the same picture
 //   viewer_check expect-fail TEXT [--no-display] -- CMD...
 //                                           CMD fails with one stderr line containing TEXT
 //   viewer_check widget-centre DUMP SPEC [--enabled]
@@ -233,6 +234,21 @@ int check_png(const std::string& path, int w, int h) {
         path + " is " + std::to_string(m.cols) + "x" + std::to_string(m.rows) + " (want " + std::to_string(w) + "x" +
             std::to_string(h) + ")");
   check(spread(m) > 5.0, path + " is not blank");
+  return g_failures == 0 ? 0 : 1;
+}
+
+// Two screenshots of one window state are the same picture: nothing drawn over either (a dialog,
+// the dimming behind it) that the other does not have. A timing in the text (Head statistics'
+// "frame 28.7 ms") may change from frame to frame: a few digits, far less than 1 % of the pixels;
+// a dialog covers a third of the window and dims the rest.
+int check_same_png(const std::string& a_path, const std::string& b_path) {
+  const cv::Mat a = read_png(a_path), b = read_png(b_path);
+  check(a.size() == b.size(), "both screenshots have one size");
+  const double changed = changed_share(a, b);
+  char line[600];
+  std::snprintf(line, sizeof line, "%s and %s are the same picture (%.3f%% of the pixels differ, at most 1%%)",
+                a_path.c_str(), b_path.c_str(), 100.0 * changed);
+  check(changed < 0.01, line);
   return g_failures == 0 ? 0 : 1;
 }
 
@@ -694,6 +710,7 @@ int main(int argc, char** argv) {
     if (args.size() == 3 && args[0] == "export") return check_export(args[1], args[2]);
     if (args.size() == 2 && args[0] == "bad-file") return check_bad_file(args[1]);
     if (args.size() == 4 && args[0] == "png") return check_png(args[1], std::atoi(args[2].c_str()), std::atoi(args[3].c_str()));
+    if (args.size() == 3 && args[0] == "same-png") return check_same_png(args[1], args[2]);
     if (args.size() == 3 && args[0] == "widget-centre") return print_widget_centre(args[1], args[2], false);
     if (args.size() == 4 && args[0] == "widget-centre" && args[3] == "--enabled")
       return print_widget_centre(args[1], args[2], true);

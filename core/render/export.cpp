@@ -218,6 +218,9 @@ std::string softmax_phrase(const VitModel& model, const ForwardResult& f) {
   return "softmax(q.k x " + format_weight(f.score_scale) + "), temperature " + format_weight(model_scale / f.score_scale);
 }
 
+// "1 patch", "3 patches".
+std::string patch_count(int count) { return std::to_string(count) + (count == 1 ? " patch" : " patches"); }
+
 // The patches of a pass: padded ones, padded ones no query may attend to (all of them unless the
 // mask leaves padding open), and others a painted mask forbids.
 struct MaskedPatches {
@@ -247,12 +250,11 @@ std::vector<std::string> forward_caption(const VitModel& model, const ForwardRes
   // (the viewer's mask "none") and patches painted in the viewer are named too.
   const MaskedPatches m = masked_patches(f);
   std::string mask = m.padded > 0 && m.padding_masked == 0
-                         ? "mask: none, padding attended (" + std::to_string(m.padded) + " patches)"
-                         : "mask: padding (" + std::to_string(m.padded) + " patches)";
+                         ? "mask: none, padding attended (" + patch_count(m.padded) + ")"
+                         : "mask: padding (" + patch_count(m.padded) + ")";
   if (f.mask.causal) mask += ", causal";
   if (!mask_image.empty() || m.painted > 0)
-    mask += ", painted" + (mask_image.empty() ? std::string() : " " + mask_image) + " (" + std::to_string(m.painted) +
-            " patches)";
+    mask += ", painted" + (mask_image.empty() ? std::string() : " " + mask_image) + " (" + patch_count(m.painted) + ")";
   std::vector<std::string> phrases{mask, softmax_phrase(model, f)};
   // Only a reduced-precision picture says so: a float32 caption (and its pixels) is as before.
   if (f.precision == Precision::Bf16) phrases.push_back("bf16 products (float32 sums)");

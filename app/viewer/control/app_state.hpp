@@ -309,6 +309,7 @@ struct Requests {
   std::string open_image, open_model;    // load these (keep the current ones on failure)
   std::string export_folder;             // export the current view into this folder
   std::string screenshot;                // write the framebuffer after this frame
+  int screenshot_wait = 0;               // frames to draw first (a file browser leaving the picture)
   int window_w = 0, window_h = 0;        // > 0: resize the window to this; kept until the display has that size
   bool quit = false;
   bool any() const {

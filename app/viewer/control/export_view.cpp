@@ -226,9 +226,17 @@ void start_export(App& app, const std::string& requested_folder) {
     job.rollout_options = c.rollout_options;
     job.rollout_ms = c.rollout_ms;
   }
-  if (!cli_equivalent(app)) job.view_notes = view_notes(app);
+  const nlohmann::json notes = view_notes(app);
+  if (!cli_equivalent(app)) job.view_notes = notes;
+  // The command names every choice an export's files follow from; the notes, the viewer's own.
+  job.same_files = std::to_string(c.serial) + "\n" + cli_command(app, folder) + "\n" + notes.dump();
+  const uint64_t id = app.worker.submit(std::move(job));
+  if (std::find(app.export_jobs.begin(), app.export_jobs.end(), id) != app.export_jobs.end()) {
+    set_message(app, "The same export to " + folder + " is already waiting to be written", false);
+    return;
+  }
   set_message(app, "Exporting to " + folder + " ...", false);
-  app.export_jobs.push_back(app.worker.submit(std::move(job)));
+  app.export_jobs.push_back(id);
 }
 
 // [SECTION] Output folders

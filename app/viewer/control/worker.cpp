@@ -118,6 +118,11 @@ uint64_t Worker::submit(ComputeJob job) {
 
 uint64_t Worker::submit(ExportJob job) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Export clicked again before the first one ran: that waiting job writes the same files, so it
+  // is not queued twice (a newer compute waits for one export, not one per click).
+  if (!job.same_files.empty())
+    for (const auto& [id, waiting] : pending_exports_)
+      if (waiting.same_files == job.same_files) return id;
   const uint64_t id = next_id_++;
   pending_exports_.emplace_back(id, std::move(job));
   wake_.notify_all();

@@ -2,7 +2,8 @@
 // Work that must not block the UI: loading files, the forward pass, the head statistics and
 // export. One background thread; the UI submits jobs and polls for results once per frame and
 // swaps them in whole. A new compute job replaces a waiting one and cancels a running one (the
-// latest request wins); exports run in order.
+// latest request wins); exports run in order, and an export identical to one still waiting is
+// not queued again.
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -67,6 +68,9 @@ struct ExportJob {
   MatRM rollout_matrix;
   RolloutOptions rollout_options;
   double rollout_ms = 0.0;
+  // Equal for two jobs that write the same files (the pass on screen and the export's command and
+  // view notes); "" matches nothing. A waiting job's twin is not queued again.
+  std::string same_files;
 };
 
 struct ExportResult {
@@ -86,7 +90,7 @@ class Worker {
   Worker& operator=(const Worker&) = delete;
 
   uint64_t submit(ComputeJob job);
-  uint64_t submit(ExportJob job);
+  uint64_t submit(ExportJob job);  // the waiting job's id when an identical one waits
 
   std::vector<ComputeResult> take_compute_results();
   std::vector<ExportResult> take_export_results();

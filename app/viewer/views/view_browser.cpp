@@ -13,6 +13,12 @@ namespace vitlens::viewer {
 
 namespace {
 
+// Frames drawn before a screenshot the browser asked for is taken. The first frame after Save no
+// longer draws the browser, but Dear ImGui still takes it for the window under the mouse (hovering
+// is found from the last frame's windows), so the widget under the pointer lights up only in the
+// second.
+constexpr int kScreenshotWaitFrames = 2;
+
 const char* Title(BrowserPurpose purpose) {
   switch (purpose) {
     case BrowserPurpose::OpenImage: return "Open an image";
@@ -85,6 +91,7 @@ bool Confirm(App& app, const std::string& path) {
     case BrowserPurpose::ScreenshotFile:
       app.ui.screenshot_path = path;
       app.requests.screenshot = path;
+      app.requests.screenshot_wait = kScreenshotWaitFrames;  // the picture without the browser
       break;
   }
   return true;
@@ -115,24 +122,29 @@ void DrawFileBrowser(App& app) {
   const float footer = ImGui::GetFrameHeightWithSpacing() * 2.0f + ImGui::GetStyle().ItemSpacing.y;
   ImGui::BeginChild("entries", ImVec2(0.0f, -footer), true);
   std::string navigate_to;
-  for (size_t i = 0; i < b.entries.size(); ++i) {
-    const std::string& name = b.entries[i].first;
-    const bool is_folder = b.entries[i].second;
-    const std::string label = is_folder ? name + "/" : name;
-    const std::string full = join_path(b.folder, name);
-    const bool selected = Resolve(b, b.typed) == full;
-    ImGui::PushID(static_cast<int>(i));  // a file name is not an ID: it may hold "##"
-    const bool pressed = gui::SelectableText(label, selected, ImGuiSelectableFlags_AllowDoubleClick);
-    ImGui::PopID();
-    if (pressed) {
-      if (is_folder && b.purpose != BrowserPurpose::ExportFolder) {
-        navigate_to = full;
-      } else if (is_folder) {  // choosing a folder: one click selects, a double click enters
-        if (ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) navigate_to = full;
-        else b.typed = full;
-      } else {
-        b.typed = full;
-        if (ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) close = Confirm(app, full);
+  // Only the rows in view are drawn (and recorded as widgets): a folder may hold 100,000 files.
+  ImGuiListClipper clipper;
+  clipper.Begin(static_cast<int>(b.entries.size()));
+  while (clipper.Step()) {
+    for (int i = clipper.DisplayStart; i < clipper.DisplayEnd; ++i) {
+      const std::string& name = b.entries[static_cast<size_t>(i)].first;
+      const bool is_folder = b.entries[static_cast<size_t>(i)].second;
+      const std::string label = is_folder ? name + "/" : name;
+      const std::string full = join_path(b.folder, name);
+      const bool selected = Resolve(b, b.typed) == full;
+      ImGui::PushID(i);  // a file name is not an ID: it may hold "##"
+      const bool pressed = gui::SelectableText(label, selected, ImGuiSelectableFlags_AllowDoubleClick);
+      ImGui::PopID();
+      if (pressed) {
+        if (is_folder && b.purpose != BrowserPurpose::ExportFolder) {
+          navigate_to = full;
+        } else if (is_folder) {  // choosing a folder: one click selects, a double click enters
+          if (ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) navigate_to = full;
+          else b.typed = full;
+        } else {
+          b.typed = full;
+          if (ImGui::IsMouseDoubleClicked(ImGuiMouseButton_Left)) close = Confirm(app, full);
+        }
       }
     }
   }

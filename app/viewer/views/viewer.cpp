@@ -315,7 +315,8 @@ void RenderFrame(App& app, Frame& f) {
   glClearColor(0.09f, 0.09f, 0.10f, 1.0f);
   glClear(GL_COLOR_BUFFER_BIT);
   ImGui_ImplOpenGL3_RenderDrawData(ImGui::GetDrawData());
-  if (!app.requests.screenshot.empty()) CaptureScreenshot(app, fb_w, fb_h);
+  if (app.requests.screenshot_wait > 0) --app.requests.screenshot_wait;
+  else if (!app.requests.screenshot.empty()) CaptureScreenshot(app, fb_w, fb_h);
   glfwSwapBuffers(f.window);
 }
 
