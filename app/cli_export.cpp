@@ -338,13 +338,6 @@ std::string describe_files(const std::vector<std::string>& paths) {
   return out;
 }
 
-// (device, inode) of a path, following links; {0, 0} when it cannot be read.
-std::pair<dev_t, ino_t> file_identity(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0) return {0, 0};
-  return {st.st_dev, st.st_ino};
-}
-
 // [SECTION] Run
 
 // The query the flags chose (they exclude each other).
@@ -436,45 +429,20 @@ void check_against_model(const VitModel& model, const ExportSettings& s) {
   }
 }
 
-// Output stems: two inputs never overwrite each other's outputs, and no output replaces an input,
-// even one vitlens wrote (exporting "a.png a_mean.png" or "a.png a_rollout.png --rollout" into
-// their own folder would otherwise overwrite the second before reading it): a stem any of whose
-// outputs is an input (the same file, by device and inode, whatever the path) is taken.
-class StemChooser {
- public:
-  StemChooser(const ExportArgs& args, const VitModel& model, const ExportWork& work) : out_dir_(args.settings.out_dir) {
-    plan_.kind = work.rollout ? ExportPlan::Kind::Rollout : work.layer_range ? ExportPlan::Kind::Layers : ExportPlan::Kind::Maps;
-    plan_.heads = model.config.num_heads;
-    plan_.raw = args.settings.raw;
-    plan_.pool = model.config.attention_pool;
-    plan_.first_layer = work.first_layer;
-    plan_.last_layer = work.last_layer;
-    std::vector<std::string> input_files = args.images;  // every file the run reads, the mask too
-    if (!args.settings.mask_image.empty()) input_files.push_back(args.settings.mask_image);
-    for (const std::string& file : input_files)
-      if (const auto id = file_identity(file); id.second != 0) inputs_.insert(id);
-  }
-
-  // The image's stem, or the next free "<stem>_K".
-  std::string choose(const std::string& image) {
-    std::string stem = output_stem(image);
-    for (int k = 2; used_.count(stem) || clobbers_input(stem); ++k) stem = output_stem(image) + "_" + std::to_string(k);
-    used_.insert(stem);
-    return stem;
-  }
-
- private:
-  bool clobbers_input(const std::string& stem) const {
-    for (const std::string& name : export_output_names(stem, plan_))
-      if (inputs_.count(file_identity(out_dir_ + "/" + name))) return true;
-    return false;
-  }
-
-  std::string out_dir_;
-  ExportPlan plan_;
-  std::set<std::pair<dev_t, ino_t>> inputs_;
-  std::set<std::string> used_;
-};
+// The run's stem chooser (StemChooser, export_layers.hpp): every file the run reads, the mask too,
+// is an input no output may replace.
+StemChooser stem_chooser(const ExportArgs& args, const VitModel& model, const ExportWork& work) {
+  ExportPlan plan;
+  plan.kind = work.rollout ? ExportPlan::Kind::Rollout : work.layer_range ? ExportPlan::Kind::Layers : ExportPlan::Kind::Maps;
+  plan.heads = model.config.num_heads;
+  plan.raw = args.settings.raw;
+  plan.pool = model.config.attention_pool;
+  plan.first_layer = work.first_layer;
+  plan.last_layer = work.last_layer;
+  std::vector<std::string> inputs = args.images;
+  if (!args.settings.mask_image.empty()) inputs.push_back(args.settings.mask_image);
+  return StemChooser(args.settings.out_dir, plan, inputs);
+}
 
 // One image's files, as the work asks.
 std::vector<std::string> export_image(const VitModel& model, const std::string& image, const ExportSettings& settings,
@@ -581,7 +549,7 @@ int run_export(ExportArgs& args) {
   const ExportWork work = plan_work(args, model);
   require_writable_dir(s.out_dir);
 
-  StemChooser stems(args, model, work);
+  StemChooser stems = stem_chooser(args, model, work);
   Progress progress;
   progress.shown = ::isatty(STDERR_FILENO) && !args.quiet;
   progress.total = static_cast<int>(args.images.size());

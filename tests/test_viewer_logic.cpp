@@ -880,6 +880,33 @@ TEST_CASE("viewer export never replaces a file vitlens did not write; it names t
   CHECK_FALSE(app.ui.message.error);
 }
 
+TEST_CASE("viewer export of an image named like one of its outputs takes the next stem, as the CLI", "[viewer][trust]") {
+  Fixture fx;
+  // A PNG named picture.json (its stem's record name) exported into its own folder: the outputs go
+  // to picture_2*, the image is never replaced (the viewer refused the export before).
+  const std::string image = fx.dir + "/picture.json";
+  fs::copy_file(fx.image_path, image);
+  fs::remove(fx.image_path);
+  const std::string before = read_text(image);
+  App app;
+  start_app(app, image, fx.model_path);
+  REQUIRE(run_until_idle(app));
+  REQUIRE(app.doc.ready());
+  app.requests.export_folder = fx.dir;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  CHECK(read_text(image) == before);
+  CHECK(fs::exists(fx.dir + "/picture_2_montage.png"));
+  CHECK(fs::exists(fx.dir + "/picture_2.json"));
+  CHECK_FALSE(fs::exists(fx.dir + "/picture_montage.png"));
+  // Exported again: the same stem, its own files replaced, the image still untouched.
+  app.requests.export_folder = fx.dir;
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  CHECK(read_text(image) == before);
+  CHECK_FALSE(fs::exists(fx.dir + "/picture_3.json"));
+}
+
 TEST_CASE("viewer worker queues an export once while the same export waits; a different one or a later one runs",
           "[viewer]") {
   Fixture fx;

@@ -6,6 +6,10 @@
 #include <cstdio>
 #include <cmath>
 #include <numeric>
+#include <set>
+#include <utility>
+
+#include <sys/stat.h>
 
 #include <opencv2/imgproc.hpp>
 
@@ -232,6 +236,36 @@ std::vector<std::string> export_output_names(const std::string& stem, const Expo
     }
   }
   return all;
+}
+
+namespace {
+
+// (device, inode) of a path, following links; {0, 0} when it cannot be read.
+std::pair<dev_t, ino_t> file_identity(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return {0, 0};
+  return {st.st_dev, st.st_ino};
+}
+
+}  // namespace
+
+StemChooser::StemChooser(const std::string& out_dir, const ExportPlan& plan, const std::vector<std::string>& inputs)
+    : out_dir_(out_dir), plan_(plan) {
+  for (const std::string& file : inputs)
+    if (const auto id = file_identity(file); id.second != 0) inputs_.insert(id);
+}
+
+std::string StemChooser::choose(const std::string& image) {
+  std::string stem = output_stem(image);
+  for (int k = 2; used_.count(stem) || replaces_input(stem); ++k) stem = output_stem(image) + "_" + std::to_string(k);
+  used_.insert(stem);
+  return stem;
+}
+
+bool StemChooser::replaces_input(const std::string& stem) const {
+  for (const std::string& name : export_output_names(stem, plan_))
+    if (inputs_.count(file_identity(out_dir_ + "/" + name))) return true;
+  return false;
 }
 
 }  // namespace vitlens

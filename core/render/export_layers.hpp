@@ -2,8 +2,12 @@
 // Exports beyond one layer's maps: every layer of a range (one montage per layer plus a
 // layers x heads montage) and attention rollout. The same analysis as export.hpp (one forward
 // pass per image), the same pictures and file conventions (atomic writes, <stem>_* names).
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include <sys/types.h>
 
 #include "core/render/export.hpp"
 #include "core/model/rollout.hpp"
@@ -82,5 +86,22 @@ struct RolloutOutputNames {
 RolloutOutputNames rollout_output_names(const std::string& stem, bool view_notes);
 // Every file name (no folder) one image's export of `stem` writes.
 std::vector<std::string> export_output_names(const std::string& stem, const ExportPlan& plan);
+// Output stems for a run's images: two images never overwrite each other's outputs, and no output
+// replaces an input, even one vitlens wrote (exporting "a.png a_mean.png" into their own folder
+// would overwrite the second before reading it): a stem one of whose outputs in `out_dir` is an
+// input (the same file, by device and inode, whatever the path) is taken.
+class StemChooser {
+ public:
+  StemChooser(const std::string& out_dir, const ExportPlan& plan, const std::vector<std::string>& inputs);
+  // The image's stem (output_stem), or the next free "<stem>_K".
+  std::string choose(const std::string& image);
+
+ private:
+  bool replaces_input(const std::string& stem) const;
+  std::string out_dir_;
+  ExportPlan plan_;
+  std::set<std::pair<dev_t, ino_t>> inputs_;
+  std::set<std::string> used_;
+};
 
 }  // namespace vitlens

@@ -331,6 +331,14 @@ ExportResult Worker::run_export(uint64_t id, ExportJob& job) {
     }
     set_activity("writing the export");
     job.settings.view_notes = job.view_notes;  // <stem>_view.json, in the same set as the rest
+    // As `vitlens export` names them: "<stem>_2" when an output's name is the image itself.
+    ExportPlan plan;
+    plan.kind = job.rollout_query >= 0 ? ExportPlan::Kind::Rollout : ExportPlan::Kind::Maps;
+    plan.heads = model.config.num_heads;
+    plan.raw = job.settings.raw && job.rollout_query < 0;
+    plan.pool = model.config.attention_pool;
+    plan.view_notes = !job.view_notes.is_null();
+    job.settings.stem = StemChooser(job.settings.out_dir, plan, {job.analysis.image_path}).choose(job.analysis.image_path);
     if (job.rollout_query >= 0)  // rollout mode: what `vitlens export --rollout` writes
       result.files = write_rollout(model, job.analysis.image_path, job.analysis.image, job.analysis.forward,
                                    job.rollout_matrix, job.rollout_query, job.rollout_options, job.settings, job.rollout_ms);
