@@ -1003,6 +1003,37 @@ TEST_CASE("viewer worker queues an export once while the same export waits; a di
   app.worker.submit(ComputeJob{});  // cancels the long pass
   REQUIRE(run_until_idle(app));
   CHECK(app.export_failures == 0);
+
+  // The window closed with exports waiting behind a long pass: finish_exports writes them and
+  // says each one's outcome (a refused one counts as a failure).
+  const std::string refused = fx.dir + "/refused";
+  fs::create_directory(refused);
+  test::spit(refused + "/picture.json", "the user's notes");
+  app.ui.display.style.colormap = "viridis";
+  app.worker.submit(slow);
+  const auto t2 = std::chrono::steady_clock::now();
+  while (app.worker.activity() != "forward pass" && std::chrono::steady_clock::now() - t2 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  REQUIRE(app.worker.activity() == "forward pass");
+  fs::remove_all(other);
+  fs::create_directory(other);
+  start_export(app, other);
+  start_export(app, refused);
+  REQUIRE(app.export_jobs.size() == 2);
+  std::vector<std::pair<std::string, bool>> said;
+  finish_exports(app, [&](const std::string& text, bool error) { said.emplace_back(text, error); });
+  CHECK(app.export_jobs.empty());
+  REQUIRE(said.size() == 2);
+  CHECK_THAT(said[0].first, Catch::StartsWith("Exported ") && Catch::Contains(" files to " + other + ": "));
+  CHECK_FALSE(said[0].second);
+  CHECK(fs::exists(other + "/picture_montage.png"));
+  CHECK_THAT(said[1].first, Catch::StartsWith("Export failed: " + refused + "/picture.json"));
+  CHECK(said[1].second);
+  CHECK(app.export_failures == 1);
+  CHECK(test::slurp(refused + "/picture.json") == "the user's notes");
+  said.clear();
+  finish_exports(app, [&](const std::string& text, bool error) { said.emplace_back(text, error); });
+  CHECK(said.empty());  // none waiting: returns at once
 }
 
 TEST_CASE("viewer browser lists the folder its path field shows", "[viewer]") {

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include <sys/stat.h>
 
@@ -303,6 +304,20 @@ void take_export_result(App& app, const ExportResult& r) {
 void poll_worker(App& app) {
   for (const ComputeResult& r : app.worker.take_compute_results()) take_compute_result(app, r);
   for (const ExportResult& r : app.worker.take_export_results()) take_export_result(app, r);
+}
+
+void finish_exports(App& app, const std::function<void(const std::string&, bool)>& said) {
+  if (app.export_jobs.empty()) return;
+  app.worker.submit(ComputeJob{});  // cancels a pass nobody will see; the exports run first
+  app.compute_job = 0;
+  while (!app.export_jobs.empty()) {
+    for (const ExportResult& r : app.worker.take_export_results()) {
+      take_export_result(app, r);
+      said(app.ui.message.text, app.ui.message.error);
+    }
+    app.worker.take_compute_results();
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
 }
 
 void process_requests(App& app) {

@@ -4,6 +4,7 @@
 // the menus and the script all call the same functions, so a script drives the real code paths.
 // Nothing here touches ImGui, GLFW or OpenGL.
 #include <opencv2/core.hpp>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,10 @@ void process_requests(App& app);  // file loads and exports (the screenshot is t
 void schedule_compute(App& app);  // start a forward pass when its inputs changed
 void update_derived(App& app);    // maps, pictures, inspector and worked example when stale
 bool is_idle(const App& app);     // nothing loading, computing, exporting or requested
+// After the window closed: waits for the exports asked for before (a pass still running is
+// dropped) and takes each result as a frame would; `said` gets each one's status message and
+// whether it is an error. Returns at once when none is waiting.
+void finish_exports(App& app, const std::function<void(const std::string&, bool)>& said);
 // The display size of this frame: a new size (after the first) starts a new layout generation,
 // so the windows are laid out again for it (view_picture.cpp, PlaceWindow).
 void note_display_size(LayoutState& layout, float width, float height);

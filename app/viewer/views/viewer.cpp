@@ -20,6 +20,7 @@
 #include <backends/imgui_impl_glfw.h>
 #include <backends/imgui_impl_opengl3.h>
 
+#include "app/cli.hpp"
 #include "control/controller.hpp"
 #include "control/file_list.hpp"
 #include "views/input.hpp"
@@ -390,6 +391,13 @@ int run_viewer(const ViewerArgs& args) {
   SetStopSignals(OnStopSignal);
   MainLoop(app, f);
   SetStopSignals(SIG_DFL);
+  // Exports asked for before the window closed are written whole, and said where they went.
+  if (!app.export_jobs.empty()) {
+    std::fprintf(stderr, "vitlens: the window closed; finishing %zu export(s) asked for before\n", app.export_jobs.size());
+    finish_exports(app, [](const std::string& text, bool) {
+      std::fprintf(stderr, "vitlens: %s\n", cli::terminal_text(text).c_str());
+    });
+  }
 
   const std::string failure = RunFailure(app, automated);
   if (!automated) {
