@@ -112,7 +112,7 @@ TEST_CASE("causal mask zeroes exactly the future and renormalises the past", "[a
   CHECK(masked.weights(0, 0) == 1.0f);
 }
 
-TEST_CASE("key mask: forbidden keys get zero weight; a row with every key masked is zero, not NaN", "[attention][mask]") {
+TEST_CASE("key mask: forbidden keys get zero weight, a row with every key masked is zero, not NaN", "[attention][mask]") {
   std::mt19937 rng(5);
   const int n = 6, d = 4;
   const MatRM Q = random_matrix(n, d, rng), K = random_matrix(n, d, rng), V = random_matrix(n, d, rng);

@@ -525,7 +525,7 @@ TEST_CASE("train CLI: --resume of a damaged state is one line naming the file an
 // A group that cannot be completed never blocks the folder: the tidy warns and goes on, a newer
 // group of the same files supersedes it (it is removed, never completed over the newer files), and
 // a folder in a file's place is refused before anything moves.
-TEST_CASE("checkpoint groups: one that cannot be completed is skipped then superseded; a folder in the way is refused",
+TEST_CASE("checkpoint groups: one that cannot be completed is skipped then superseded, a folder in the way is refused",
           "[checkpoint][atomic]") {
   const std::string dir = test::temp_dir("group-skip");
   std::vector<std::string> warnings;

@@ -250,7 +250,7 @@ TEST_CASE("cli: an option given an empty value is refused, not taken as its defa
   }
 }
 
-TEST_CASE("cli: a message quoting a name shows bytes that are not printable UTF-8 as \\xNN", "[cli][errors]") {
+TEST_CASE("cli: a message quoting a name shows bytes that are not printable UTF-8 as hex escapes", "[cli][errors]") {
   Fixture f;
   // An overlong '/', a UTF-16 surrogate, the C1 control CSI, a truncated character, then 'é' (kept).
   const std::string name = f.dir + "/a\xc0\xaf" "b\xed\xa0\x80" "c\xc2\x9b" "d\xc3" "e\xc3\xa9.png";
@@ -398,7 +398,7 @@ std::vector<std::string> expand_ranges(const std::string& name) {
 
 }  // namespace
 
-TEST_CASE("cli: export replaces or deletes only files vitlens wrote; --force replaces the others", "[cli][trust]") {
+TEST_CASE("cli: export replaces or deletes only files vitlens wrote, --force replaces the others", "[cli][trust]") {
   Fixture f;
   const std::string dir = make_dir(f.dir + "/mine");
   cv::Mat img(16, 16, CV_8UC3, cv::Scalar(30, 60, 90));
@@ -716,7 +716,7 @@ TEST_CASE("cli: --mask-image forbids the painted keys", "[cli]") {
   CHECK_THAT(aspect.err, Catch::Contains("aspect ratio"));
 }
 
-TEST_CASE("cli: --out is created when missing; a file is still refused", "[cli]") {
+TEST_CASE("cli: --out is created when missing, a file is still refused", "[cli]") {
   Fixture f;
   const std::string nested = f.dir + "/new/deeper/out";
   Run r = run("export " + f.image + " --model " + f.model + " --out " + nested);

@@ -135,7 +135,7 @@ TEST_CASE("cli: --threshold keeps DINO's top mass of a foreign model's class-tok
   CHECK(run("export " + kForeign + "image.png --model " + kForeign + "timm_dino/model.safetensors --threshold 0 --out " + out).code == 2);
 }
 
-TEST_CASE("cli: --token makes a prefix token the query, for maps and rollout; one line for a token the model lacks",
+TEST_CASE("cli: --token makes a prefix token the query, for maps and rollout, one line for a token the model lacks",
           "[cli][formats][token]") {
   const std::string out = vitlens::test::temp_dir("cli-token");
   const std::string image = kForeign + "image.png", reg_model = kForeign + "timm_dinov2_reg/model.safetensors";

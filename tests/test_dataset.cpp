@@ -123,7 +123,7 @@ TEST_CASE("Fashion-MNIST loads with the dataset's known counts, labels and pixel
   CHECK(load_fashion_mnist(default_fashion_mnist_dir(), false, 20000).size() == 10000);  // limit past the end: all
 }
 
-TEST_CASE("IDX files: plain and gzip read alike; malformed files give one line naming the file", "[dataset][fashion][errors]") {
+TEST_CASE("IDX files: plain and gzip read alike, malformed files give one line naming the file", "[dataset][fashion][errors]") {
   const std::string root = test::temp_dir("idx");
   SECTION("a valid tiny set, plain and gzip") {
     write_bytes(root + "/t10k-images-idx3-ubyte", tiny_images());

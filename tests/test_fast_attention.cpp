@@ -628,7 +628,7 @@ TEST_CASE("fast exp: within 1 ulp of exp over the softmax range (1.5 without FMA
   }
 }
 
-TEST_CASE("forward without keep_probs: received, class row and rows match the reference; any thread count",
+TEST_CASE("forward without keep_probs: received, class row and rows match the reference, any thread count",
           "[fast_attention][forward]") {
   // 30 x 33 patches + class token = 991 tokens (not a multiple of 16), the last column padding.
   const VitConfig c = test::small_config(16, true, 2);

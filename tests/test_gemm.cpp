@@ -261,7 +261,7 @@ TEST_CASE("gemm: the same bits for any thread count", "[gemm][threads]") {
   }
 }
 
-TEST_CASE("gelu: within 1e-6 of the std::erf formula over a sweep of all floats; special values", "[gemm][gelu]") {
+TEST_CASE("gelu: within 1e-6 of the std::erf formula over a sweep of all floats, special values", "[gemm][gelu]") {
   IsaGuard guard;
   // Every 97th bit pattern of the finite floats (44 million), both signs.
   std::vector<float> x;

@@ -633,7 +633,7 @@ TEST_CASE("raw export is streamed: the same bytes as the whole array, without a 
   CHECK(extra_mb < 1.5 * npy_mb);
 }
 
-TEST_CASE("SIGTERM and SIGINT during an export leave no temporaries; stale ones are removed next run", "[export][signals]") {
+TEST_CASE("SIGTERM and SIGINT during an export leave no temporaries, stale ones are removed next run", "[export][signals]") {
   Setup s;
   // A big export: a patch-16 model on a 2048 x 2048 image; its PNGs take a while to encode.
   VitConfig c = test::small_config(224, true, 1);

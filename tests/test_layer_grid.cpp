@@ -151,7 +151,7 @@ TEST_CASE("The grid picture is each layer's maps coloured as the heads view scal
   }
 }
 
-TEST_CASE("A pixel of the grid picture names its tile; gaps and the outside name none", "[layer_grid]") {
+TEST_CASE("A pixel of the grid picture names its tile, gaps and the outside name none", "[layer_grid]") {
   LayerGrid g;
   g.layers = 12, g.heads = 12, g.grid_h = 14, g.grid_w = 14;
   int layer = -1, head = -1;

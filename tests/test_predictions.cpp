@@ -187,7 +187,7 @@ TEST_CASE("the bundled Fashion-MNIST classifier names its classes from its train
   CHECK(designed.w.num_classes == 0);
 }
 
-TEST_CASE("cli: export prints the top-5 and records them; info names the classifier; a model without one says so",
+TEST_CASE("cli: export prints the top-5 and records them, info names the classifier, a model without one says so",
           "[cli][predictions]") {
   const std::string dir = test::temp_dir("cli-predictions");
   const std::string image = kForeignDir + "image.png";

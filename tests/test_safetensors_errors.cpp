@@ -728,7 +728,7 @@ TEST_CASE("a header above the format's 100 MB limit is refused before it is read
              Contains("100000000"));
 }
 
-TEST_CASE("a --heads that contradicts a vitlens model file is an error; the same count is accepted", "[safetensors][heads]") {
+TEST_CASE("a --heads that contradicts a vitlens model file is an error, the same count is accepted", "[safetensors][heads]") {
   TempDir dir;
   const std::string path = dir.file("model.safetensors");
   write_bytes(path, valid_bytes());

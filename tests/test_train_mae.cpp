@@ -167,7 +167,7 @@ TEST_CASE("mae: random_keep is MAE's argsort of noise, seeded", "[train][mae]") 
   }
 }
 
-TEST_CASE("mae: a short run on photos lowers the loss; resume is bit-exact; the checkpoint opens as a model",
+TEST_CASE("mae: a short run on photos lowers the loss, resume is bit-exact, the checkpoint opens as a model",
           "[train][mae][loop]") {
   const std::string dir = photo_folder("mae-photos");
   FolderReport report;
@@ -250,7 +250,7 @@ TEST_CASE("mae: a short run on photos lowers the loss; resume is bit-exact; the 
   CHECK_THROWS_WITH(load_checkpoint(path, "classify"), Catch::Contains("mae"));
 }
 
-TEST_CASE("mae CLI: bad input gets one clear line; a tiny run opens in info and export", "[train][mae][cli]") {
+TEST_CASE("mae CLI: bad input gets one clear line, a tiny run opens in info and export", "[train][mae][cli]") {
   const std::string dir = test::temp_dir("mae-bad");
   const std::string empty = dir + "/empty", junk = dir + "/junk";
   ::mkdir(empty.c_str(), 0755);

@@ -84,7 +84,7 @@ void check_probe_series(const TrainSnapshot& s, size_t points, int64_t last_step
 
 }  // namespace
 
-TEST_CASE("train session: start, pause, resume, finish; snapshot holds every curve", "[train_session]") {
+TEST_CASE("train session: start, pause, resume, finish, snapshot holds every curve", "[train_session]") {
   TrainSession session;
   REQUIRE(session.start(tiny_settings()) == "");
   session.pause();  // before the data is in: the run starts paused at step 0
@@ -170,7 +170,7 @@ TEST_CASE("train session: the probe maps equal the saved model's maps recomputed
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("train session: stop keeps the weights; saving into a missing folder is one line", "[train_session]") {
+TEST_CASE("train session: stop keeps the weights, saving into a missing folder is one line", "[train_session]") {
   TrainSession session;
   TrainSettings settings = tiny_settings();
   settings.epochs = 1000;  // 4000 steps: far more than run before the stop arrives
@@ -255,35 +255,68 @@ TEST_CASE("train session: stop keeps the weights; saving into a missing folder i
   std::filesystem::remove(path);
 }
 
-TEST_CASE("train session: the temporary folder goes with the window, files it did not save stay", "[train_session]") {
+TEST_CASE("train session: the temporary folder goes once a Save holds its weights, files it did not save stay",
+          "[train_session]") {
   const std::string folder = TrainSession::temporary_folder();
+  const std::string kept_dir = test::temp_dir("session-kept");
   std::filesystem::remove_all(folder);
+  const auto finished = [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; };
   std::string path;
   {
+    // Opened in the main view, never saved elsewhere: the only copy of the run stays.
     TrainSession session;
-    TrainSettings settings = tiny_settings();
-    settings.epochs = 1;
-    REQUIRE(session.start(settings) == "");
-    wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; });
+    REQUIRE(session.start(tiny_settings()) == "");
+    wait_for(session, finished);
     std::string error;
     path = session.viewing_path(error);
     REQUIRE(path == folder + "/current.safetensors");
     REQUIRE(session.save(path) == "");
-    REQUIRE(test::entries(folder) == std::vector<std::string>{"current.safetensors", "current.state.safetensors"});
+    CHECK(session.unsaved_temporary() == path);
   }
-  CHECK(!std::filesystem::exists(folder));  // both files and the folder removed
+  CHECK(test::entries(folder) == std::vector<std::string>{"current.safetensors", "current.state.safetensors"});
+  std::filesystem::remove_all(folder);
   {
+    // Saved elsewhere at the same step too: the temporary copy goes, and the folder with it.
     TrainSession session;
     REQUIRE(session.start(tiny_settings()) == "");
-    wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; });
+    wait_for(session, finished);
     std::string error;
     REQUIRE(session.save(session.viewing_path(error)) == "");
+    REQUIRE(session.save(kept_dir + "/kept.safetensors") == "");
+    CHECK(session.unsaved_temporary() == "");
+  }
+  CHECK(!std::filesystem::exists(folder));
+  CHECK(std::filesystem::exists(kept_dir + "/kept.safetensors"));
+  {
+    // Files it did not save, or that someone changed since, stay.
+    TrainSession session;
+    REQUIRE(session.start(tiny_settings()) == "");
+    wait_for(session, finished);
+    std::string error;
+    REQUIRE(session.save(session.viewing_path(error)) == "");
+    REQUIRE(session.save(kept_dir + "/later.safetensors") == "");
     test::spit(folder + "/notes.txt", "a user's file");
     test::spit(folder + "/current.state.safetensors", "rewritten by someone else");
   }
   CHECK(test::entries(folder) == std::vector<std::string>{"current.state.safetensors", "notes.txt"});
   CHECK(test::slurp(folder + "/notes.txt") == "a user's file");
   std::filesystem::remove_all(folder);
+}
+
+TEST_CASE("train session: a Save that failed past its commit point leaves a checkpoint the next Save replaces",
+          "[train_session]") {
+  TrainSession session;
+  REQUIRE(session.start(tiny_settings()) == "");
+  wait_for(session, [](const TrainSnapshot& x) { return x.state == TrainState::Finished || x.state == TrainState::Failed; });
+  const std::string dir = test::temp_dir("session-failed-save");
+  // The 5th file operation of a save is the second move into place, after the commit point.
+  testing::fail_file_operation(5);
+  CHECK(session.save(dir + "/x.safetensors") != "");
+  testing::fail_file_operation(0);
+  CHECK(session.save(dir + "/x.safetensors") == "");
+  CHECK(test::entries(dir) == std::vector<std::string>{"x.safetensors", "x.state.safetensors"});
+  CHECK(load_model(dir + "/x.safetensors").config.name == "vitlens-trained");
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("train session: a bad data path or setting is one line, never a crash", "[train_session]") {
@@ -486,7 +519,7 @@ TEST_CASE("train session: MAE on photos records the loss, refreshes the probe, s
   std::filesystem::remove_all(dir);
 }
 
-TEST_CASE("train session: MAE pause, resume and stop; the stopped encoder saves", "[train_session][mae]") {
+TEST_CASE("train session: MAE pause, resume and stop, the stopped encoder saves", "[train_session][mae]") {
   const std::string dir = test::photo_folder("train-session-mae-stop");
   TrainSession session;
   TrainSettings settings = tiny_mae_settings(dir);

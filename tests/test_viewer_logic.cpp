@@ -656,7 +656,7 @@ TEST_CASE("viewer working size of a model smaller than the slider's usual minimu
 
 // [SECTION] Threshold through core
 
-TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --threshold; flat maps say so", "[viewer]") {
+TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --threshold, flat maps say so", "[viewer]") {
   Fixture fx;
   const std::string grey_path = fx.dir + "/grey.png";
   write_png_atomic(grey_path, cv::Mat(32, 32, CV_8UC3, cv::Scalar(128, 128, 128)));
@@ -854,7 +854,7 @@ TEST_CASE("viewer screenshots never replace a file the window did not save", "[v
   for (const auto& entry : fs::directory_iterator(dir)) CHECK(entry.path().filename().string()[0] != '.');  // no temporaries
 }
 
-TEST_CASE("viewer export never replaces a file vitlens did not write; it names the file", "[viewer][trust]") {
+TEST_CASE("viewer export never replaces a file vitlens did not write, it names the file", "[viewer][trust]") {
   Fixture fx;
   App app;
   start_app(app, fx.image_path, fx.model_path);
@@ -907,7 +907,7 @@ TEST_CASE("viewer export of an image named like one of its outputs takes the nex
   CHECK_FALSE(fs::exists(fx.dir + "/picture_3.json"));
 }
 
-TEST_CASE("viewer worker queues an export once while the same export waits; a different one or a later one runs",
+TEST_CASE("viewer worker queues an export once while the same export waits, a different one or a later one runs",
           "[viewer]") {
   Fixture fx;
   auto model = std::make_shared<LoadedModel>();
@@ -1089,7 +1089,7 @@ TEST_CASE("viewer widget names: label, or window and section to tell equal label
   CHECK(j["widgets"][1]["centre"][0] == 60.0);
 }
 
-TEST_CASE("viewer real-input script commands queue input steps; checks fail with the values", "[viewer]") {
+TEST_CASE("viewer real-input script commands queue input steps, checks fail with the values", "[viewer]") {
   const auto commands = parse_script(
       "click Controls > Export and screenshot > Export\nclick image at 0.25 0.75\ndrag working size to 0\n"
       "key escape\ndrop /tmp/a b.png\nexpect show/heads true\nexpect-contains status grid 8x8\n"
@@ -1458,6 +1458,15 @@ TEST_CASE("viewer settings it cannot read are left as they are, the warning stay
   app.ui.display.style.colormap = "inferno";
   save_app_settings(app, 800, 600);
   CHECK(test::slurp(path) == typo);
+  // A link whose target does not exist yet (dotfiles kept elsewhere) counts as missing: no
+  // warning, and the settings are written through it.
+  const std::string link = fx.dir + "/linked-settings.json", target = fx.dir + "/dotfiles/settings.json";
+  REQUIRE(::symlink(target.c_str(), link.c_str()) == 0);
+  App linked;
+  linked.settings_file = link;
+  CHECK(load_app_settings(linked).empty());
+  save_app_settings(linked, 800, 600);
+  CHECK(load_settings(target, nullptr).window_w == 800);
   // Once mended, the next session saves as before.
   test::spit(path, "{\"colormap\": \"magma\"}\n");
   App mended;

@@ -2,6 +2,7 @@
 #include "control/settings.hpp"
 
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -63,6 +64,8 @@ Settings load_settings(const std::string& path, std::string* warning) {
   Settings s;
   struct stat st {};
   if (path.empty() || ::lstat(path.c_str(), &st) != 0) return s;
+  // A link to settings kept elsewhere whose target does not exist yet: nothing to read or lose.
+  if (S_ISLNK(st.st_mode) && ::stat(path.c_str(), &st) != 0 && errno == ENOENT) return s;
   // read_whole_file refuses a pipe or a device (which would block or never end) from stat.
   std::string text;
   try {

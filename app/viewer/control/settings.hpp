@@ -26,8 +26,9 @@ constexpr size_t kMaxRecent = 10;
 std::string settings_folder();
 
 // A missing file gives the defaults silently; an unreadable or malformed one gives the defaults
-// and a one-line `warning` (the viewer then never saves over that file: a hand edit with a typo
-// is not lost). Unknown keys are ignored and bad values fall back one by one.
+// and a one-line `warning` (the viewer then never saves over that file: a hand edit that is not
+// valid JSON is not lost). Unknown keys are ignored and bad values fall back one by one (those are
+// saved over). A link whose target does not exist yet counts as missing.
 Settings load_settings(const std::string& path, std::string* warning);
 
 // Creates the folder when needed; writes atomically. Throws vitlens::Error naming the path.

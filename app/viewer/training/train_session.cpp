@@ -10,6 +10,7 @@
 
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cmath>
@@ -175,17 +176,26 @@ struct TrainSession::Run {
 
 TrainSession::TrainSession() = default;
 
-// The temporary folder's checkpoints go with the window: those it saved and nobody changed since
-// are removed, then the folder if nothing else is in it (a file anyone else put there stays).
+// The temporary folder's checkpoints go with the viewer when a Save elsewhere holds the same
+// weights or later ones of the same run: those it saved and nobody changed since are removed, then
+// the folder if nothing else is in it. Otherwise they are the run's only copy and stay
+// (unsaved_temporary names them).
 TrainSession::~TrainSession() {
   join();
+  if (saved_files_.empty() || !unsaved_temporary().empty()) return;
   const std::string folder = temporary_folder();
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator(folder, ec)) {
-    const auto stamp = file_stamp(entry.path().string());
-    if (stamp && saved_files_.count(*stamp)) std::filesystem::remove(entry.path(), ec);
+  for (std::filesystem::directory_iterator it(folder, ec), end; !ec && it != end; it.increment(ec)) {
+    const auto stamp = file_stamp(it->path().string());
+    std::error_code remove_error;
+    if (stamp && saved_files_.count(*stamp)) std::filesystem::remove(it->path(), remove_error);
   }
   ::rmdir(folder.c_str());  // fails, harmlessly, unless empty
+}
+
+std::string TrainSession::unsaved_temporary() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return temporary_saved_.empty() || temporary_covered_ ? std::string() : temporary_saved_;
 }
 
 void TrainSession::join() {
@@ -202,6 +212,10 @@ std::string TrainSession::start(const TrainSettings& settings) {
   if (!problem.empty()) return problem;
   join();  // the previous run ends (its pending saves are written first)
   auto run = std::make_shared<Run>();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ++run_serial_;
+  }
   run->settings = settings;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -485,18 +499,52 @@ void TrainSession::worker_save(Worker& w, uint64_t id, const std::string& path) 
       const std::string folder = parent_dir(path);
       std::error_code ec;
       std::optional<FolderClaim> claim;
-      if (std::filesystem::is_directory(folder, ec)) claim.emplace(folder);
-      for (const std::string& file : {path, checkpoint_state_path(path)}) {
-        const auto stamp = file_stamp(file);
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (stamp && saved_files_.count(*stamp) == 0)
-          throw Error(file + ": exists and is not a checkpoint this window saved; vitlens replaces no file it did "
-                             "not write: choose another name (nothing was saved)");
+      if (std::filesystem::is_directory(folder, ec)) {
+        claim.emplace(folder);
+        // A save interrupted here before (another run's, or this window's) is put in place first,
+        // so the check below sees every checkpoint the folder holds.
+        tidy_output_dir(folder);
       }
-      w.training_run->save(path);
+      const std::array<std::string, 2> files{path, checkpoint_state_path(path)};
+      std::array<std::optional<std::string>, 2> before;
+      for (size_t i = 0; i < files.size(); ++i) {
+        before[i] = file_stamp(files[i]);
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (before[i] && saved_files_.count(*before[i]) == 0)
+          throw Error(files[i] + ": exists and is not a checkpoint this window saved; vitlens replaces no file it did "
+                                 "not write: choose another name (nothing was saved)");
+      }
+      // The files at the names that changed during the save are this window's (the folder is
+      // claimed), also those a save that failed past its commit point put in place.
+      const auto note_written = [&] {
+        std::lock_guard<std::mutex> lock(mutex_);
+        for (size_t i = 0; i < files.size(); ++i)
+          if (const auto now = file_stamp(files[i]); now && now != before[i]) saved_files_.insert(*now);
+      };
+      try {
+        w.training_run->save(path);
+      } catch (const Error&) {
+        if (claim) {
+          try {
+            tidy_output_dir(folder);  // a committed group's remaining file, put in place now
+          } catch (const Error&) {
+            // the next save's tidy tries again
+          }
+        }
+        note_written();
+        throw;
+      }
+      note_written();
       std::lock_guard<std::mutex> lock(mutex_);
-      for (const std::string& file : {path, checkpoint_state_path(path)})
-        if (const auto stamp = file_stamp(file)) saved_files_.insert(*stamp);
+      const int64_t step = w.trainer->position().step;
+      if (folder == temporary_folder()) {
+        temporary_saved_ = path;
+        temporary_step_ = step;
+        temporary_run_ = run_serial_;
+        temporary_covered_ = false;
+      } else if (temporary_run_ == run_serial_ && step >= temporary_step_) {
+        temporary_covered_ = true;  // a Save elsewhere holds these weights or later ones
+      }
     } catch (const std::exception& e) {
       error = e.what();
     }

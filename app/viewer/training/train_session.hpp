@@ -137,8 +137,11 @@ class TrainSession {
   // "/current.safetensors" (current_2, _3, ... while a file this window did not save has the
   // name), the folder created; "" and `error` set when it cannot be.
   std::string viewing_path(std::string& error) const;
-  // The temporary folder viewing_path uses when the run has no out folder.
+  // The temporary folder viewing_path uses when the run has no out folder. On destruction its
+  // checkpoints this session saved are removed, unless no Save elsewhere holds those weights:
+  // unsaved_temporary() then names the file that stays ("" when nothing stays).
   static std::string temporary_folder();
+  std::string unsaved_temporary() const;
 
   TrainSnapshot snapshot() const;
   uint64_t version() const;  // cheap: whether a new snapshot is worth copying
@@ -166,6 +169,11 @@ class TrainSession {
   uint64_t next_save_id_ = 1, done_save_id_ = 0;
   std::map<uint64_t, std::string> save_errors_;  // finished saves not yet asked about: id -> error
   std::set<std::string> saved_files_;  // file_stamp of each file a save wrote: these may be replaced
+  uint64_t run_serial_ = 0;            // runs started
+  std::string temporary_saved_;        // the last checkpoint saved into temporary_folder() ("" = none)
+  int64_t temporary_step_ = 0;
+  uint64_t temporary_run_ = 0;
+  bool temporary_covered_ = true;      // a Save elsewhere of that run holds its step or a later one
 };
 
 }  // namespace vitlens::viewer

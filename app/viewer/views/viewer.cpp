@@ -399,6 +399,9 @@ int run_viewer(const ViewerArgs& args) {
     });
   }
 
+  if (const std::string kept = app.train.session.unsaved_temporary(); !kept.empty())
+    std::fprintf(stderr, "vitlens: the Train window's weights opened in the main view were saved nowhere else: they stay in %s\n",
+                 cli::terminal_text(kept).c_str());
   const std::string failure = RunFailure(app, automated);
   if (!automated) {
     int w = 0, h = 0;
