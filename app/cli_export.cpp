@@ -163,16 +163,19 @@ void add_layer_options(CLI::App* cmd, ExportArgs& args) {
        "Layer (block) index L, 0-based (default: the last); a range A-B or 'all' writes every layer's files "
        "(<stem>_layer<L>_*) and a layers x heads montage (<stem>_layers_montage.png, recorded in <stem>_layers.json)")
       ->type_name("TEXT");
-  g->add_flag("--rollout", args.rollout,
-              "Attention rollout (Abnar & Zuidema) from the class token, or from the --patch / --query patch: "
-              "<stem>_rollout.png and .json; with --layer A-B over those layers");
+  CLI::Option* rollout = g->add_flag("--rollout", args.rollout,
+                                     "Attention rollout (Abnar & Zuidema) from the class token, or from the --patch / "
+                                     "--query patch: <stem>_rollout.png and .json; with --layer A-B over those layers");
+  // Given without --rollout they would change nothing: refused rather than ignored.
   g->add_option("--fusion", args.fusion, "Rollout: how each layer's heads are fused")
+      ->needs(rollout)
       ->transform(enum_choice(kHeadFusionNames))
       ->type_name("TEXT")
       ->default_str(head_fusion_name(args.fusion));
   g->add_option("--discard", args.discard,
                 "Rollout: fraction of each layer's lowest fused weights set to zero (never the class token's own), 0 to "
                 "below 1")
+      ->needs(rollout)
       ->check(number_in(0.0f, 1.0f, "0 to below 1", "FLOAT in [0 - 1)", true))
       ->capture_default_str();
 }

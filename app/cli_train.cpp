@@ -11,6 +11,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <sys/stat.h>
@@ -197,12 +198,22 @@ void record_training_ops(nlohmann::json& record, bool resumed) {
 // A new run (or a resumed one moved to another folder) never replaces a checkpoint or log it did
 // not continue (prepare_run_folder).
 void check_run_folder(const TrainArgs& a) {
-  struct stat out_st {}, resume_st {};
-  const bool continues_here = !a.resume.empty() && ::stat(a.out.c_str(), &out_st) == 0 &&
-                              ::stat(parent_dir(a.resume).c_str(), &resume_st) == 0 &&
-                              out_st.st_dev == resume_st.st_dev && out_st.st_ino == resume_st.st_ino;
-  if (continues_here) return;
   const std::string model_path = a.out + "/last.safetensors";
+  // A resume of the folder's own last.safetensors continues its run: its checkpoint and log are
+  // that run's. A checkpoint of another name (a copy, a viewer's save) starts those files anew,
+  // so they must be free as for a new run.
+  struct stat last_st {}, resume_st {};
+  const bool continues_here = !a.resume.empty() && ::stat(model_path.c_str(), &last_st) == 0 &&
+                              ::stat(a.resume.c_str(), &resume_st) == 0 && last_st.st_dev == resume_st.st_dev &&
+                              last_st.st_ino == resume_st.st_ino;
+  if (continues_here) {
+    const std::string log_path = a.out + "/log.jsonl";
+    struct stat log_st {};
+    if (::lstat(log_path.c_str(), &log_st) == 0 && !S_ISREG(log_st.st_mode))
+      throw Error(log_path + ": is not a file (a link, a folder, ...); the run appends its log only to a file of its "
+                             "own: move it away, or give another --out");
+    return;
+  }
   struct stat model_st {};
   const bool checkpoint_there = ::lstat(model_path.c_str(), &model_st) == 0;
   for (const std::string& path : {model_path, checkpoint_state_path(model_path), a.out + "/log.jsonl"}) {
@@ -242,6 +253,13 @@ void prepare_run_folder(const TrainArgs& a, std::optional<FolderClaim>& claim) {
   check_run_folder(a);
 }
 
+// A flag's value as a message shows it: 0.001, 1e+20, nan, inf (a JSON dump says null for the last two).
+std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
+
 void check_args(const TrainArgs& a, CLI::App* cmd) {
   auto bad = [](const std::string& s) { throw UsageError(s); };
   if (a.data.empty())
@@ -251,7 +269,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
     if (!mae && cmd->count(flag)) bad(std::string(flag) + " applies to masked patch prediction (--data photos[:DIR])");
   if (mae) {
     if (!(a.mask_ratio > 0.0 && a.mask_ratio < 1.0))
-      bad("--mask-ratio must be in (0, 1), got " + nlohmann::json(a.mask_ratio).dump());
+      bad("--mask-ratio must be in (0, 1), got " + number_text(a.mask_ratio));
     if (a.decoder_dim % a.decoder_heads != 0)
       bad("--decoder-dim " + std::to_string(a.decoder_dim) + " is not divisible by --decoder-heads " +
           std::to_string(a.decoder_heads));
@@ -274,7 +292,7 @@ void check_args(const TrainArgs& a, CLI::App* cmd) {
   for (const auto& [flag, text] : {std::pair<const char*, const std::string*>{"--name", &a.name},
                                    {"--description", &a.description}, {"--data", &a.data}})
     if (!is_valid_utf8(*text)) bad(std::string(flag) + kNotUtf8);
-  if (!(a.lr > 0.0 && a.lr <= 10.0)) bad("--lr must be in (0, 10], got " + nlohmann::json(a.lr).dump());
+  if (!(a.lr > 0.0 && a.lr <= 10.0)) bad("--lr must be in (0, 10], got " + number_text(a.lr));
   if (!(a.weight_decay >= 0.0 && a.weight_decay <= 10.0)) bad("--weight-decay must be in [0, 10]");
   if (!(a.warmup >= 0.0 && a.warmup <= a.epochs)) bad("--warmup must be in [0, --epochs] epochs");
   if (!(a.label_smoothing >= 0.0 && a.label_smoothing < 1.0)) bad("--label-smoothing must be in [0, 1)");
@@ -315,6 +333,19 @@ struct CliRun {
   std::string start_line;      // "training N parameters on ...", without the steps and epochs
 };
 
+// Whether --data names the data a checkpoint was trained on: the same words, or the same folder
+// spelled another way (./ds, ds/, its full path) as seen from the working folder.
+bool same_data(const std::string& given, const std::string& recorded) {
+  if (given == recorded) return true;
+  if (given == "fashion-mnist" || recorded == "fashion-mnist" || is_photo_data(given) != is_photo_data(recorded))
+    return false;
+  const auto folder = [](const std::string& data) { return is_photo_data(data) ? photo_data_dir(data) : data; };
+  std::error_code given_error, recorded_error;
+  const std::filesystem::path a = std::filesystem::canonical(folder(given), given_error);
+  const std::filesystem::path b = std::filesystem::canonical(folder(recorded), recorded_error);
+  return !given_error && !recorded_error && a == b;
+}
+
 // Reads the checkpoint to resume; its record gives the data flags.
 void read_resume(TrainArgs& a, CliRun& run, const std::string& objective) {
   if (checkpoint_objective(a.resume) != objective)
@@ -331,7 +362,7 @@ void read_resume(TrainArgs& a, CliRun& run, const std::string& objective) {
   } catch (const nlohmann::json::exception&) {
     throw Error(a.resume + ": the training record is malformed");
   }
-  if (t.value("data", std::string()) != a.data)
+  if (!same_data(a.data, t.value("data", std::string())))
     throw UsageError("--data '" + a.data + "' is not the data this checkpoint was trained on ('" +
                      t.value("data", std::string()) + "')");
   if (a.out.empty()) a.out = parent_dir(a.resume);
@@ -526,6 +557,8 @@ int train_prepared(const TrainArgs& a, CliRun& cli, std::optional<FolderClaim>& 
   Trainer& trainer = *cli.trainer;
   if (!a.resume.empty()) restore_from(trainer, cli.saved, a.resume);
   if (trainer.finished()) return finished_already(a, cli, model_path);
+  // The steps a killed run logged after its last save are trained again: their lines go.
+  if (!a.resume.empty()) trim_log_after(a.out + "/log.jsonl", trainer.position().step);
 
   nlohmann::json record = a.resume.empty() ? nlohmann::json::object() : cli.saved.training;
   record.erase("train_loss");  // the viewer's per-step losses of the run so far: not this run's

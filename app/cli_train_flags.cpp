@@ -1,4 +1,7 @@
 // `vitlens train`'s flags and their help (the README's CLI reference is made from it).
+#include <cerrno>
+#include <cstdlib>
+
 #include "cli.hpp"
 #include "core/data/dataset.hpp"
 
@@ -16,6 +19,16 @@ void add_recipe_flags(CLI::App* cmd, TrainArgs& a) {
       ->capture_default_str();
   cmd->add_option("--warmup", a.warmup, "Linear learning-rate warmup, in epochs (fractions allowed)")->capture_default_str();
   cmd->add_option("--seed", a.seed, "Seed for initialisation, data order, augmentation and the held-out split")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            // Digits only, within 64 bits: the conversion alone turns -1 into 2^64 - 1.
+            errno = 0;
+            const bool digits = !text.empty() && text.find_first_not_of("0123456789") == std::string::npos;
+            if (digits) std::strtoull(text.c_str(), nullptr, 10);
+            return digits && errno != ERANGE ? std::string()
+                                             : "must be a whole number from 0 to 18446744073709551615, got " + text;
+          },
+          ""))
       ->capture_default_str();
   cmd->add_option("--threads", a.threads, "Worker threads; 0 = one per core (results do not depend on it)")
       ->check(CLI::Range(0, 256))

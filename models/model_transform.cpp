@@ -2,7 +2,9 @@
 // preprocessor_config.json) as an ImageTransform, and its library's positional-table resize.
 #include "models/model_transform.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 
 #include <sys/stat.h>
@@ -20,6 +22,14 @@ using nlohmann::json;
 
 constexpr uint64_t kMaxConfigBytes = uint64_t{4} << 20;  // a config is a few KB
 constexpr int kMaxTransformSide = 16384;                   // as the model configs' img_size
+constexpr double kMinCropPct = 0.5;                        // timm_transform says why
+
+// A number as a message shows it: 0.0005, 1e-09 (a JSON dump would say null for nan and inf).
+std::string number_text(double v) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%g", v);
+  return text;
+}
 
 bool is_file(const std::string& path) {
   struct stat st {};
@@ -105,12 +115,23 @@ ImageTransform timm_transform(const json& pre, const std::string& file) {
   const int h = r.side(pre.at("input_size")[1], "input_size"), w = r.side(pre.at("input_size")[2], "input_size");
   double crop_pct = r.number("crop_pct", 0.875);  // timm DEFAULT_CROP_PCT
   if (crop_pct == 0.0) crop_pct = 0.875;          // `crop_pct or DEFAULT_CROP_PCT`
-  if (!(crop_pct > 0.0 && crop_pct <= 1.0)) r.fail("crop_pct", "is not in (0, 1] (a larger crop pads, which vitlens does not)");
+  if (crop_pct > 1.0) r.fail("crop_pct", "is above 1 (a larger crop pads, which vitlens does not)");
+  // timm's own configs keep 0.875 to 1.0 of the resized image; below half, the resize would be
+  // over twice the crop and throw most of the image away, which no published checkpoint does. A
+  // value like 1e-9 is a damaged config (it would ask for a resize to billions of pixels a side).
+  if (!(crop_pct >= kMinCropPct))
+    r.fail("crop_pct", "is " + number_text(crop_pct) + ", not in [" + number_text(kMinCropPct) +
+                           ", 1] (timm's configs use 0.875 to 1)");
   const std::string mode = r.has("crop_mode") && pre.at("crop_mode").is_string() ? pre.at("crop_mode").get<std::string>() : "center";
   t.filter = timm_filter(r);
   t.engine = ResampleEngine::Pillow;
-  // scale_size = floor(x / crop_pct) per side, in Python's double.
-  const int scale_h = static_cast<int>(std::floor(h / crop_pct)), scale_w = static_cast<int>(std::floor(w / crop_pct));
+  // scale_size = floor(x / crop_pct) per side, in Python's double; bounded before it becomes an int.
+  const double scale_hd = std::floor(h / crop_pct), scale_wd = std::floor(w / crop_pct);
+  if (std::max(scale_hd, scale_wd) > kMaxTransformSide)
+    r.fail("crop_pct", "is " + number_text(crop_pct) + ", which with input_size " + std::to_string(h) + "x" +
+                           std::to_string(w) + " resizes to " + number_text(std::max(scale_hd, scale_wd)) +
+                           " px a side, more than " + std::to_string(kMaxTransformSide));
+  const int scale_h = static_cast<int>(scale_hd), scale_w = static_cast<int>(scale_wd);
   if (mode == "center") {
     if (scale_h != scale_w)
       r.fail("input_size", "is not square; timm's center crop then resizes with ResizeKeepRatio, which vitlens does not reproduce");

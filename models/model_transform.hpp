@@ -24,7 +24,9 @@ namespace vitlens {
 // The transform of the model loaded from `model_path` in `format` ("timm", "hf-vit", ...);
 // present() is false when none is published (vitlens' own models, a timm file without
 // config.json). Throws vitlens::Error naming the file and key for a transform vitlens cannot
-// reproduce exactly (a border crop, a longest_edge size, nearest or lanczos in torch, ...).
+// reproduce exactly (a border crop, a longest_edge size, nearest or lanczos in torch, ...) and for
+// sizes no checkpoint publishes (a crop_pct below 0.5, a side above 16384); sizes that depend on
+// the image are bounded when it is known (preprocess.cpp).
 ImageTransform read_model_transform(const std::string& model_path, const std::string& format);
 
 // Why a model of `format` has no transform, for messages that refuse the model's preprocessing:

@@ -256,23 +256,32 @@ void read_timm_heads(const TimmConfig& tc, const LoadOptions& options, bool head
                      const std::string& what) {
   VitConfig& c = m.config;
   const json& args = tc.args;
+  // Where the count came from, for a --heads that contradicts it.
+  std::string source = heads_known ? "architecture '" + tc.arch + "' has" : "";
   if (args.contains("num_heads")) {
     if (!args["num_heads"].is_number_integer() || args["num_heads"].get<int64_t>() < 1 || args["num_heads"].get<int64_t>() > c.embed_dim)
       throw Error(what + ": config.json model_args.num_heads is not an integer in [1, " + std::to_string(c.embed_dim) + "]");
     c.num_heads = static_cast<int>(args["num_heads"].get<int64_t>());
     heads_known = true;
+    source = "model_args.num_heads says";
   }
   if (options.heads > 0) {
     if (heads_known && options.heads != c.num_heads)
-      throw Error(what + ": --heads " + std::to_string(options.heads) + " contradicts config.json (" + tc.arch + " has " +
+      throw Error(what + ": --heads " + std::to_string(options.heads) + " contradicts config.json (" + source + " " +
                   std::to_string(c.num_heads) + " heads)");
     c.num_heads = options.heads;
     if (!heads_known) m.notes.push_back("num_heads " + std::to_string(options.heads) + " from --heads");
     heads_known = true;
   }
-  if (!heads_known)
-    throw Error(what + ": the number of attention heads cannot be read from the tensors (width " + std::to_string(c.embed_dim) +
-                (tc.arch.empty() ? ", no config.json" : ", architecture '" + tc.arch + "'") + "): pass --heads");
+  if (!heads_known) {
+    // Name what is missing: the file, or the keys in it that would have given the count.
+    const std::string missing = !tc.present      ? "no config.json beside it"
+                                : tc.arch.empty() ? "config.json has neither 'architecture' nor model_args.num_heads"
+                                                  : "config.json has no model_args.num_heads and architecture '" + tc.arch +
+                                                        "' names no standard width of " + std::to_string(c.embed_dim);
+    throw Error(what + ": the number of attention heads cannot be read from the tensors (width " +
+                std::to_string(c.embed_dim) + "; " + missing + "): pass --heads");
+  }
 }
 
 // The size the model was built for, as timm builds it: model_args.img_size (what create_model

@@ -187,9 +187,10 @@ SafetensorsFile state_file(const train::ParamLayout& layout, const train::AdamW&
 // A file at one of a checkpoint's names may be replaced only when vitlens wrote it as such: a
 // model file with a training record, a state file in vitlens' state format. Anything else (a
 // user's photo or model picked in a save dialog, a folder) is refused before anything is written.
-void require_replaceable_checkpoint_file(const std::string& path, bool state) {
+// Returns false for a name nothing has.
+bool require_replaceable_checkpoint_file(const std::string& path, bool state) {
   struct stat st {};
-  if (::lstat(path.c_str(), &st) != 0) return;  // a new name
+  if (::lstat(path.c_str(), &st) != 0) return false;  // a new name
   const std::string refuse = path + ": exists and is not a vitlens training checkpoint" +
                              std::string(state ? " state" : "") +
                              "; vitlens replaces no file it did not write: choose another name (nothing was saved)";
@@ -202,19 +203,22 @@ void require_replaceable_checkpoint_file(const std::string& path, bool state) {
   }
   const bool ours = state ? metadata.count("format") && metadata.at("format") == kStateFormat : metadata.count("training") > 0;
   if (!ours) throw Error(refuse);
+  return true;
 }
 
 // Both objectives' save: the model file and the state, replaced together. The error says what
 // is on disk afterwards.
 void write_checkpoint(const std::string& model_path, const VitConfig& config, const TensorMap& model_tensors,
                       const nlohmann::json& training, const SafetensorsFile& state, int64_t step) {
-  require_replaceable_checkpoint_file(model_path, false);
-  require_replaceable_checkpoint_file(checkpoint_state_path(model_path), true);
+  const bool model_exists = require_replaceable_checkpoint_file(model_path, false);
+  const bool state_exists = require_replaceable_checkpoint_file(checkpoint_state_path(model_path), true);
   const std::string model_bytes = model_file_bytes(model_path, config, model_tensors, {{"training", training.dump()}});
   const std::string state_bytes = safetensors_bytes(state);
   bool committed = false;
   try {
-    FileGroup group(parent_dir(model_path));
+    // Two new names stay new: whatever takes one of them between this check and the commit (a
+    // user's file, another program's) is kept and the save refused, never replaced.
+    FileGroup group(parent_dir(model_path), !model_exists && !state_exists);
     for (const auto& file : {std::pair<std::string, const std::string*>{model_path, &model_bytes},
                              {checkpoint_state_path(model_path), &state_bytes}}) {
       const std::string& bytes = *file.second;

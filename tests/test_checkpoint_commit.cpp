@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <csignal>
 #include <cstdlib>
 #include <functional>
@@ -24,6 +25,7 @@
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
+#include <opencv2/core.hpp>
 
 #include "process_support.hpp"
 #include "test_support.hpp"
@@ -231,6 +233,35 @@ TEST_CASE("checkpoint: saving into a missing folder is one line and writes nothi
     CHECK_THAT(what, Catch::Contains("/nonexistent-vitlens-folder"));
     CHECK_THAT(what, Catch::Contains("was not saved"));
   }
+}
+
+// A save to names that were free when it checked them adds files only: another program's file
+// made at one of them while the checkpoint is written is kept and the save refused.
+TEST_CASE("checkpoint: a file made at a new checkpoint name during the save is kept, the save refused",
+          "[checkpoint][atomic]") {
+  const ImageSet data = noise_set(16);
+  Trainer t(std::make_unique<ClassifyObjective>(tiny_config(), tiny_recipe(), &data, nullptr));
+  t.step();
+  for (const char* taken : {"last.safetensors", "last.state.safetensors"}) {
+    INFO(taken);
+    const std::string dir = test::temp_dir("ckpt-taken");
+    const std::string mine = dir + "/" + taken;
+    testing::act_at_file_operation(1, [&] { test::spit(mine, "another program's file"); });
+    std::string error;
+    try {
+      save_checkpoint(t, dir + "/last.safetensors", {{"data", "noise"}});
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    testing::fail_file_operation(0);
+    CHECK(error == mine + ": already exists; nothing was written; the checkpoint of step 1 was not saved, the last one saved is kept");
+    CHECK(slurp(mine) == "another program's file");
+    CHECK(entries(dir) == std::vector<std::string>{taken});
+  }
+  // The same save with nothing in its way writes both files.
+  const std::string dir = test::temp_dir("ckpt-free");
+  save_checkpoint(t, dir + "/last.safetensors", {{"data", "noise"}});
+  CHECK(entries(dir) == std::vector<std::string>{"last.safetensors", "last.state.safetensors"});
 }
 
 TEST_CASE("checkpoint: names that only look like ours are never moved or removed", "[checkpoint][atomic]") {
@@ -494,6 +525,86 @@ TEST_CASE("train CLI: --resume of a pair whose save was killed halfway resumes f
   CHECK_THAT(resumed.err, Catch::Contains("resuming at step 3"));
   CHECK(load_checkpoint(path).position.step == 4);
   CHECK(hidden_entries(run) == 0);
+}
+
+TEST_CASE("train CLI: a resume writes its log only into the run's own log file, without the steps it trains again",
+          "[checkpoint][cli]") {
+  REQUIRE(have_fashion_mnist());
+  const std::string dir = test::temp_dir("resume-log");
+  const std::string run = dir + "/run", path = run + "/last.safetensors";
+  REQUIRE(run_train(with(kTinyRun, {"--epochs", "2", "--stop-after", "2", "-q", "--out", run}), dir + "/err").code == 0);
+  const std::string log = slurp(run + "/log.jsonl");
+  // A run killed after logging steps 3 and 4 and before saving them: a resume from step 2 trains
+  // them again, and their old lines go (a line that is not a step's stays).
+  test::spit(run + "/log.jsonl", log + "{\"step\": 3, \"loss\": 9}\nnot json\n{\"step\": 4, \"eval\": \"test\", \"loss\": 9}\n");
+  const test::Child resumed = run_train({"--data", "fashion-mnist", "--resume", path, "--stop-after", "1", "-q"}, dir + "/err");
+  INFO(resumed.err);
+  REQUIRE(resumed.code == 0);
+  CHECK(slurp(run + "/log.jsonl") == log + "not json\n");
+
+  // A copy of the checkpoint under another name, resumed in its folder: the run's files there
+  // (last.safetensors, its state, log.jsonl) are new, so a user's file at one of them is refused
+  // before any training, and a link is never written through.
+  const std::string copy = dir + "/copy";
+  REQUIRE(::mkdir(copy.c_str(), 0755) == 0);
+  std::filesystem::copy_file(path, copy + "/mine.safetensors");
+  std::filesystem::copy_file(checkpoint_state_path(path), copy + "/mine.state.safetensors");
+  test::spit(dir + "/victim.txt", "the user's text");
+  REQUIRE(::symlink("../victim.txt", (copy + "/log.jsonl").c_str()) == 0);
+  const test::Child linked = run_train({"--data", "fashion-mnist", "--resume", copy + "/mine.safetensors", "-q"}, dir + "/err");
+  CHECK(linked.code == 1);
+  CHECK_THAT(linked.err, Catch::Contains(copy + "/log.jsonl: already exists, and there is no " + copy +
+                                         "/last.safetensors beside it to continue from"));
+  CHECK(slurp(dir + "/victim.txt") == "the user's text");
+  std::filesystem::remove(copy + "/log.jsonl");
+  test::spit(copy + "/last.safetensors", "the user's model");
+  const test::Child taken = run_train({"--data", "fashion-mnist", "--resume", copy + "/mine.safetensors", "-q"}, dir + "/err");
+  CHECK(taken.code == 1);
+  CHECK_THAT(taken.err, Catch::Contains(copy + "/last.safetensors: already exists"));
+  CHECK(slurp(copy + "/last.safetensors") == "the user's model");
+  CHECK(test::entries(copy) == std::vector<std::string>{"last.safetensors", "mine.safetensors", "mine.state.safetensors"});
+
+  // The run's own folder with a link at its log's name: refused before any training too.
+  std::filesystem::remove(run + "/log.jsonl");
+  REQUIRE(::symlink("../victim.txt", (run + "/log.jsonl").c_str()) == 0);
+  const std::string model_before = slurp(path);
+  const test::Child own = run_train({"--data", "fashion-mnist", "--resume", path, "-q"}, dir + "/err");
+  CHECK(own.code == 1);
+  CHECK_THAT(own.err, Catch::Contains(run + "/log.jsonl: is not a file (a link, a folder, ...)"));
+  CHECK(slurp(dir + "/victim.txt") == "the user's text");
+  CHECK(slurp(path) == model_before);
+}
+
+TEST_CASE("train CLI: --resume takes the checkpoint's data folder however it is spelled", "[checkpoint][cli]") {
+  const std::string dir = test::temp_dir("resume-spelling");
+  const std::string data = dir + "/data";
+  Rng rng(5);
+  for (const char* label : {"cat", "dog"}) {
+    REQUIRE(std::filesystem::create_directories(data + "/" + label));
+    for (int i = 0; i < 4; ++i) {
+      cv::Mat picture(8, 8, CV_8UC3);
+      for (int p = 0; p < 8 * 8 * 3; ++p) picture.data[p] = static_cast<unsigned char>(rng.uniform() * 255.0);
+      write_png_atomic(data + "/" + label + "/" + std::to_string(i) + ".png", picture);
+    }
+  }
+  const std::string path = dir + "/run/last.safetensors";
+  const test::Child first = run_train({"--data", data, "--img-size", "8", "--patch", "4", "--depth", "1", "--embed-dim", "8",
+                                       "--heads", "2", "--batch", "4", "--epochs", "3", "--val-split", "0", "--threads", "1",
+                                       "--stop-after", "1", "-q", "--out", dir + "/run"},
+                                      dir + "/err");
+  INFO(first.err);
+  REQUIRE(first.code == 0);
+  for (const std::string& spelling : {data + "/", dir + "/./data", dir + "/run/../data"}) {
+    INFO(spelling);
+    const test::Child resumed = run_train({"--data", spelling, "--resume", path, "--stop-after", "1", "-q"}, dir + "/err");
+    INFO(resumed.err);
+    CHECK(resumed.code == 0);
+  }
+  CHECK(load_checkpoint(path).position.step == 4);
+  // Another folder is other data.
+  const test::Child other = run_train({"--data", dir + "/run", "--resume", path, "-q"}, dir + "/err");
+  CHECK(other.code != 0);
+  CHECK_THAT(other.err, Catch::Contains("is not the data this checkpoint was trained on"));
 }
 
 TEST_CASE("train CLI: --resume of a damaged state is one line naming the file and the field, exit 1",

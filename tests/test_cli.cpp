@@ -546,6 +546,146 @@ TEST_CASE("cli: each export's summary names exactly the files it wrote", "[cli][
   }
 }
 
+namespace {
+
+// Every visible file of a folder with its bytes.
+std::map<std::string, std::string> folder_bytes(const std::string& dir) {
+  std::map<std::string, std::string> files;
+  for (const std::string& name : visible_files(dir)) files[name] = slurp(dir + "/" + name);
+  return files;
+}
+
+// The file names a record lists, without their folder.
+std::vector<std::string> listed_files(const std::string& record) {
+  std::vector<std::string> names;
+  const nlohmann::json j = nlohmann::json::parse(slurp(record));
+  for (const auto& file : j["files"])
+    names.push_back(std::filesystem::path(file.get<std::string>()).filename().string());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+}  // namespace
+
+TEST_CASE("cli: an image's export never replaces another image's files that have its names", "[cli][trust]") {
+  Fixture f;
+  cv::Mat other(16, 16, CV_8UC3, cv::Scalar(200, 40, 10));
+  // x_layer0.png's maps have the names of x.png's layer 0 in a --layer export, and its record the
+  // name of that layer's record.
+  const std::string dir = make_dir(f.dir + "/layers");
+  std::filesystem::copy_file(f.image, f.dir + "/x.png");
+  REQUIRE(cv::imwrite(f.dir + "/x_layer0.png", other));
+  REQUIRE(run("export " + f.dir + "/x.png --layer all --model " + f.model + " --out " + dir).code == 0);
+  // Refused in one line naming `name`, the folder as it was: nothing replaced, nothing added.
+  const auto check_refused = [](const std::string& command, const std::string& folder, const std::string& name) {
+    const auto before = folder_bytes(folder);
+    const Run refused = run(command);
+    CHECK(refused.code == 1);
+    CHECK(count_lines(refused.err) == 1);
+    CHECK_THAT(refused.err, Catch::Contains(name) && Catch::Contains("another image's export"));
+    CHECK(folder_bytes(folder) == before);
+    CHECK(test::hidden_entries(folder) == 0);
+  };
+  check_refused("export " + f.dir + "/x_layer0.png --model " + f.model + " --out " + dir, dir, dir + "/x_layer0");
+  std::vector<std::string> set = listed_files(dir + "/x_layers.json");
+  set.push_back("x_layers.json");
+  std::sort(set.begin(), set.end());
+  CHECK(set == visible_files(dir));
+
+  // x.png's rollout has the record name of x_rollout.png's maps: neither that record nor the files
+  // it lists are replaced or removed.
+  const std::string rollout = make_dir(f.dir + "/rollout");
+  REQUIRE(cv::imwrite(f.dir + "/x_rollout.png", other));
+  REQUIRE(run("export " + f.dir + "/x_rollout.png --model " + f.model + " --out " + rollout).code == 0);
+  const auto maps = folder_bytes(rollout);
+  check_refused("export " + f.dir + "/x.png --rollout --model " + f.model + " --out " + rollout, rollout,
+                rollout + "/x_rollout.json");
+  // --force replaces files vitlens did not write, not another image's export.
+  CHECK(run("export " + f.dir + "/x.png --rollout --force --model " + f.model + " --out " + rollout).code == 1);
+  CHECK(folder_bytes(rollout) == maps);
+  // Each image still exports again over its own set.
+  Run again = run("export " + f.dir + "/x_rollout.png --raw --model " + f.model + " --out " + rollout);
+  INFO(again.err);
+  CHECK(again.code == 0);
+  CHECK(exists(rollout + "/x_rollout_attn.npy"));
+}
+
+TEST_CASE("cli: a narrower --layer range removes the layers its previous export wrote and it does not", "[cli][trust]") {
+  Fixture f;
+  const std::string dir = make_dir(f.dir + "/narrow");
+  const std::string export_photo = "export " + f.image + " --model " + f.model + " --out " + dir;
+  REQUIRE(run(export_photo).code == 0);  // the maps of the same image: another set, left whole
+  const auto maps = folder_bytes(dir);
+  REQUIRE(run(export_photo + " --layer all").code == 0);
+  REQUIRE(exists(dir + "/photo_layer0_head0.png"));
+  Run narrower = run(export_photo + " --layer 1-1");
+  INFO(narrower.err);
+  REQUIRE(narrower.code == 0);
+  std::vector<std::string> expected = listed_files(dir + "/photo_layers.json");
+  expected.push_back("photo_layers.json");
+  for (const auto& [name, bytes] : maps) {
+    expected.push_back(name);
+    CHECK(slurp(dir + "/" + name) == bytes);
+  }
+  std::sort(expected.begin(), expected.end());
+  CHECK(visible_files(dir) == expected);
+  CHECK_FALSE(exists(dir + "/photo_layer0_head0.png"));
+  CHECK_FALSE(exists(dir + "/photo_layer0.json"));
+  CHECK(exists(dir + "/photo_layer1_head0.png"));
+}
+
+TEST_CASE("cli: an export never removes one of its own inputs, even a file its previous export wrote", "[cli][trust]") {
+  Fixture f;
+  const std::string dir = make_dir(f.dir + "/inputs");
+  REQUIRE(run("export " + f.image + " --model " + f.model + " --out " + dir).code == 0);  // 4 heads: photo_head3.png
+  const std::string head3 = slurp(dir + "/photo_head3.png");
+  // The same image again with a 2-head model, the old head 3 map as a second image: the new set
+  // lacks photo_head3.png, but the run reads it, so it stays (unlisted).
+  VitConfig two = test::small_config(16, true, 2);
+  two.num_heads = 2;
+  const std::string model2 = f.dir + "/two_heads.safetensors";
+  save_model(model2, two, test::random_tensors(two, 5));
+  const Run r = run("export " + f.image + " " + dir + "/photo_head3.png --model " + model2 + " --out " + dir);
+  INFO(r.err);
+  CHECK(r.code == 0);
+  CHECK(slurp(dir + "/photo_head3.png") == head3);
+  CHECK_FALSE(exists(dir + "/photo_head2.png"));  // listed by the replaced record only: removed
+  CHECK(exists(dir + "/photo_head3_head1.png"));   // the second image's maps
+  const std::vector<std::string> listed = listed_files(dir + "/photo.json");
+  CHECK(std::find(listed.begin(), listed.end(), "photo_head3.png") == listed.end());
+}
+
+TEST_CASE("export sets: a file the replaced record lists is removed unless another set lists it or the run reads it", "[files][trust]") {
+  const std::string dir = test::temp_dir("unlisted");
+  const auto commit = [&](const std::vector<std::string>& files) {
+    OutputSet set(dir);
+    for (const std::string& name : files) set.add(name, "written by " + name);
+    return set.commit("x.json", {{"image", "in/x.png"}});
+  };
+  commit({"x_a.txt", "x_b.txt", "x_c.txt", "x_d.txt"});
+  // x_c.txt is an input of this process (named through a link elsewhere): the run reads it later.
+  const std::string input = test::temp_dir("unlisted-input") + "/input.txt";
+  REQUIRE(::link((dir + "/x_c.txt").c_str(), input.c_str()) == 0);
+  OutputSet::keep_inputs({input});
+  // x_d.txt is listed by another image's record too (as a version before that was refused left it).
+  {
+    OutputSet other(dir);
+    other.add("y_e.txt", "e");
+    other.commit("y.json", {{"image", "y.png"}});
+  }
+  nlohmann::json y = nlohmann::json::parse(slurp(dir + "/y.json"));
+  y["files"].push_back(dir + "/x_d.txt");
+  spit(dir + "/y.json", y.dump());
+
+  commit({"x_a.txt"});
+  CHECK(slurp(dir + "/x_a.txt") == "written by x_a.txt");
+  CHECK_FALSE(exists(dir + "/x_b.txt"));  // listed by the replaced record only: removed
+  CHECK(slurp(dir + "/x_c.txt") == "written by x_c.txt");
+  CHECK(slurp(dir + "/x_d.txt") == "written by x_d.txt");
+  CHECK(listed_files(dir + "/x.json") == std::vector<std::string>{"x_a.txt"});
+  CHECK(test::hidden_entries(dir) == 0);
+}
+
 // [SECTION] Flags the viewer had, the output folder, formats
 
 namespace {

@@ -64,6 +64,53 @@ TEST_CASE("cli: info names the layout, the options and what was inferred", "[cli
   CHECK(run("info --model " + dir + "/model.safetensors --heads 0").code == 2);
 }
 
+TEST_CASE("cli: a refusal names what is missing or wrong: a config.json without architecture, --lr nan",
+          "[cli][formats]") {
+  const std::string dir = vitlens::test::temp_dir("cli-formats-noarch");
+  const std::string model = dir + "/model.safetensors";
+  std::ofstream(model, std::ios::binary) << slurp(kForeign + "timm_vit/model.safetensors");
+  const Run bare = run("info --model " + model);
+  CHECK(bare.code == 1);
+  CHECK_THAT(bare.err, Catch::Contains("(width 24; no config.json beside it): pass --heads"));
+  // A config.json is there, but says neither the architecture nor the heads.
+  std::ofstream(dir + "/config.json") << R"({"model_args": {"img_size": 16}})";
+  const Run no_arch = run("info --model " + model);
+  CHECK(no_arch.code == 1);
+  CHECK_THAT(no_arch.err,
+             Catch::Contains("(width 24; config.json has neither 'architecture' nor model_args.num_heads): pass --heads"));
+  CHECK(std::count(no_arch.err.begin(), no_arch.err.end(), '\n') == 1);
+  // An architecture whose size word does not match the width.
+  std::ofstream(dir + "/config.json") << R"({"architecture": "vit_small_patch16_224", "model_args": {"img_size": 16}})";
+  const Run odd_width = run("info --model " + model);
+  CHECK(odd_width.code == 1);
+  CHECK_THAT(odd_width.err, Catch::Contains("config.json has no model_args.num_heads and architecture "
+                                            "'vit_small_patch16_224' names no standard width of 24): pass --heads"));
+  // --heads against model_args.num_heads names where the count came from.
+  std::ofstream(dir + "/config.json") << R"({"model_args": {"img_size": 16, "num_heads": 3}})";
+  CHECK_THAT(run("info --model " + model + " --heads 6").err,
+             Catch::Contains("--heads 6 contradicts config.json (model_args.num_heads says 3 heads)"));
+
+  // A float flag's bad value as the user wrote it, not a JSON dump's "null".
+  for (const char* lr : {"nan", "inf", "1e400"}) {
+    const Run r = run(std::string("train --data fashion-mnist --out ") + dir + "/run --lr " + lr);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains(std::string("--lr must be in (0, 10], got ") + (lr[0] == 'n' ? "nan" : "inf")));
+    CHECK_THAT(r.err, !Catch::Contains("null"));
+  }
+  // --seed is a whole number within 64 bits (the conversion alone made -1 into 2^64 - 1).
+  for (const char* seed : {"-1", "-5", "99999999999999999999", "12a", "1.5"}) {
+    const Run r = run(std::string("train --data fashion-mnist --out ") + dir + "/run --seed " + seed);
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains(std::string("--seed: must be a whole number from 0 to 18446744073709551615, got ") + seed));
+  }
+  // Rollout's flags without --rollout would change nothing: refused.
+  for (const char* flag : {"--fusion max", "--discard 0.5"}) {
+    const Run r = run("export " + dir + "/picture.png --out " + dir + "/x " + flag);  // refused before the image is read
+    CHECK(r.code == 2);
+    CHECK_THAT(r.err, Catch::Contains(std::string(flag).substr(0, std::string(flag).find(' ')) + " requires --rollout"));
+  }
+}
+
 TEST_CASE("cli: --layer all writes every layer and a layers x heads montage", "[cli][formats]") {
   const std::string out = vitlens::test::temp_dir("cli-layers");
   const std::string model = kForeign + "timm_deit_distilled/model.safetensors";

@@ -438,3 +438,42 @@ TEST_CASE("every layer of a model at a large size: the layers montage stays an o
   CHECK(static_cast<double>(head.total()) * 39 > 1.5 * kMaxLayersMontagePixels);
   CHECK(static_cast<double>(montage.total()) < 1.25 * kMaxLayersMontagePixels);  // the tiles, labels and legend
 }
+
+TEST_CASE("a model config whose transform resizes to billions of pixels is one line, quickly, in a few MB",
+          "[hostile-model][preprocess][memory]") {
+  const std::string foreign = std::string(VITLENS_TEST_FIXTURES) + "/foreign/";
+  const std::string dir = test::temp_dir("transform-bomb");
+  const std::string photo = write_photo(dir + "/photo.png", 512);
+  // A timm checkpoint whose crop_pct asks for a resize to 2^31 (an int overflow), 3.2 million or
+  // 64000 px a side (12 GB at 0.0005): refused as the config is read.
+  const std::string timm = dir + "/timm";
+  REQUIRE(::mkdir(timm.c_str(), 0755) == 0);
+  write_file_atomic(timm + "/model.safetensors", read_whole_file(foreign + "timm_vit/model.safetensors", "fixture", 1 << 20));
+  json config = json::parse(read_whole_file(foreign + "timm_vit/config.json", "fixture", 1 << 20));
+  for (double pct : {1e-9, 1e-5, 5e-4}) {
+    INFO("crop_pct " << pct);
+    config["pretrained_cfg"]["crop_pct"] = pct;
+    write_file_atomic(timm + "/config.json", config.dump());
+    const Child run = run_vitlens({"export", photo, "-m", timm + "/model.safetensors", "--preprocess", "model", "--out",
+                                   dir + "/out", "-q"},
+                                  2048);
+    CHECK(run.code == 1);
+    check_one_line(run);
+    CHECK_THAT(run.err, Contains("config.json pretrained_cfg: 'crop_pct' is") && Contains("not in [0.5, 1]"));
+    CHECK(run.max_rss_kb < 200 * 1024);
+  }
+  // A Hugging Face processor that resizes to 16384x16384: refused with the image, before the resize.
+  const std::string hf = dir + "/hf";
+  REQUIRE(::mkdir(hf.c_str(), 0755) == 0);
+  for (const char* file : {"model.safetensors", "config.json"})
+    write_file_atomic(hf + "/" + file, read_whole_file(foreign + "hf_vit/" + file, "fixture", 1 << 20));
+  write_file_atomic(hf + "/preprocessor_config.json",
+                    R"({"image_processor_type": "ViTImageProcessor", "size": {"height": 16384, "width": 16384}})");
+  const Child run = run_vitlens({"export", photo, "-m", hf + "/model.safetensors", "--preprocess", "model", "--out",
+                                 dir + "/out", "-q"},
+                                2048);
+  CHECK(run.code == 1);
+  check_one_line(run);
+  CHECK_THAT(run.err, Contains("preprocessor_config.json) resizes it to 16384x16384 (268 megapixels)"));
+  CHECK(run.max_rss_kb < 200 * 1024);
+}

@@ -121,7 +121,54 @@ TEST_CASE("size policy: never resample the model size, downscale large, pad to w
   cv::Mat tiny(3, 40, CV_32FC3, cv::Scalar(0, 0, 0));
   CHECK_THROWS_WITH(prepare_image(tiny, c, 0), Catch::Contains("smaller than one 4x4 patch"));
   cv::Mat sliver(5, 400, CV_32FC3, cv::Scalar(0, 0, 0));
-  CHECK_THROWS_WITH(prepare_image(sliver, c, 100), Catch::Contains("thinner than one patch"));
+  CHECK_THROWS_WITH(prepare_image(sliver, c, 100), Catch::Contains("thinner than one 4x4 patch"));
+}
+
+TEST_CASE("an image thinner than one patch is refused at every working size, with advice that works", "[image]") {
+  const std::string dir = test::temp_dir("img-thin");
+  auto message = [](const LoadedImage& image, const VitConfig& c, int max_side) {
+    try {
+      prepare_image(image, c, max_side, "strip.png");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto strip = [&](int w, int h) {
+    cv::Mat pixels(h, w, CV_8UC3);
+    cv::randu(pixels, 0, 255);
+    const std::string path = dir + "/s" + std::to_string(w) + "x" + std::to_string(h) + ".png";
+    REQUIRE(cv::imwrite(path, pixels));
+    return load_image(path);  // as export loads it: at most kMaxLoadSide a side
+  };
+  const VitConfig p4 = test::small_config(16);  // 4x4 patches
+
+  // 3000x5: the loader already reduces it to 2048x3, so no working size (--size 0 and 2048
+  // included) gives a row of whole patches; the refusal does not send the user to --size.
+  const LoadedImage s3000 = strip(3000, 5);
+  for (int max_side : {1000, 0, 2048}) {
+    INFO("max_side " << max_side);
+    const std::string m = message(s3000, p4, max_side);
+    CHECK_THAT(m, Catch::Contains("thinner than one 4x4 patch") && Catch::Contains("at any working size") &&
+                      Catch::Contains("crop it"));
+    CHECK_THAT(m, !Catch::Contains("--size"));
+  }
+  // 300x3 against 4x4 patches: smaller than a patch whatever the size.
+  const LoadedImage s300 = strip(300, 3);
+  for (int max_side : {100, 0, 300, 2048})
+    CHECK_THAT(message(s300, p4, max_side), Catch::Contains("smaller than one 4x4 patch"));
+  // Against 2x2 patches 300x3 fits at its native size; a small working size is refused, naming
+  // the least size that works, and that size (and --size 0) does work.
+  VitConfig p2 = test::small_config(16);
+  p2.patch_size = 2;
+  const std::string m = message(s300, p2, 100);
+  CHECK_THAT(m, Catch::Contains("becomes 100x1 at working size 100") &&
+                    Catch::Contains("at least 150 (vitlens export: --size 150, or --size 0 for the native size)"));
+  CHECK_NOTHROW(prepare_image(s300, p2, 150));
+  CHECK_THAT(message(s300, p2, 149), Catch::Contains("--size 150,"));
+  const PreparedImage native = prepare_image(s300, p2, 0);
+  CHECK(native.grid.grid_h == 2);
+  CHECK(native.grid.grid_w == 150);
 }
 
 TEST_CASE("patchify flattens each patch channel-major (c, y, x) and normalises", "[image]") {

@@ -5,6 +5,7 @@
 // time; a test whose photo is absent says so and checks nothing else.
 #include <catch2/catch.hpp>
 
+#include <climits>
 #include <cstdio>
 #include <fstream>
 
@@ -208,6 +209,90 @@ TEST_CASE("model transforms vitlens cannot reproduce are refused naming the key"
   // A vitlens model and a timm file without config.json carry no transform.
   CHECK_FALSE(vitlens::read_model_transform(dir + "/model.safetensors", "vitlens").present());
   CHECK_FALSE(vitlens::read_model_transform(dir + "/model.safetensors", "timm").present());
+  ::rmdir(dir.c_str());
+}
+
+TEST_CASE("a model transform's sizes are bounded: a damaged crop_pct or size is one line before any pixel",
+          "[preprocess]") {
+  const std::string dir = vitlens::test::temp_dir("transform-bounds");
+  auto read = [&](const std::string& file, const std::string& text, const std::string& format) {
+    std::ofstream(dir + "/" + file) << text;
+    const vitlens::ImageTransform t = vitlens::read_model_transform(dir + "/model.safetensors", format);
+    std::remove((dir + "/" + file).c_str());
+    return t;
+  };
+  auto refused = [&](const std::string& file, const std::string& text, const std::string& format) {
+    std::string message;
+    try {
+      read(file, text, format);
+    } catch (const vitlens::Error& e) {
+      message = e.what();
+    }
+    return message;
+  };
+  auto timm = [](const std::string& input_size, const std::string& crop_pct) {
+    return R"({"pretrained_cfg": {"input_size": [3, )" + input_size + "], \"crop_pct\": " + crop_pct + "}}";
+  };
+  // Resizes to -2^31, 3.2 million and 64000 px a side: refused as the config is read.
+  for (const char* pct : {"1e-9", "0.00001", "0.0005", "0.3"}) {
+    INFO("crop_pct " << pct);
+    const std::string m = refused("config.json", timm("32, 32", pct), "timm");
+    CHECK_THAT(m, Catch::Contains("config.json pretrained_cfg: 'crop_pct' is ") && Catch::Contains("not in [0.5, 1]"));
+    CHECK(m.find('\n') == std::string::npos);
+  }
+  // Half is the least kept; a resize over the largest side a model has is refused naming both keys.
+  CHECK(read("config.json", timm("32, 32", "0.5"), "timm").resize_short == 64);
+  CHECK_THAT(refused("config.json", timm("16384, 16384", "0.875"), "timm"),
+             Catch::Contains("'crop_pct' is 0.875, which with input_size 16384x16384 resizes to 18724 px a side"));
+
+  // Sizes that depend on the image are refused when it is known, before the resize allocates.
+  const cv::Mat rgb8(8, 2048, CV_8UC3, cv::Scalar(1, 2, 3));
+  auto apply_refused = [&](const vitlens::ImageTransform& t) {
+    std::string message;
+    try {
+      vitlens::apply_transform_rgb8(rgb8, t, "strip.png");
+    } catch (const vitlens::Error& e) {
+      message = e.what();
+    }
+    return message;
+  };
+  const vitlens::ImageTransform exact =
+      read("preprocessor_config.json",
+           R"({"image_processor_type": "ViTImageProcessor", "size": {"height": 16384, "width": 16384}})", "hf-vit");
+  CHECK_THAT(apply_refused(exact), Catch::Contains("strip.png: the model's transform (" + dir +
+                                                   "/preprocessor_config.json) resizes it to 16384x16384 (268 megapixels)"));
+  // The shortest edge of an 8 px strip to 448: 114688x448.
+  const vitlens::ImageTransform shortest =
+      read("preprocessor_config.json",
+           R"({"image_processor_type": "CLIPImageProcessor", "size": {"shortest_edge": 448}, "crop_size": 448})", "hf-vit");
+  CHECK_THAT(apply_refused(shortest), Catch::Contains("resizes the shortest edge of this 2048x8 image to 448, giving "
+                                                      "114688x448 (51 megapixels), more than vitlens resizes an image to (45)"));
+  // At 224 (57344x224, 13 megapixels) it is done, as the library does it.
+  const vitlens::ImageTransform small =
+      read("preprocessor_config.json", R"({"image_processor_type": "CLIPImageProcessor"})", "hf-vit");
+  CHECK(vitlens::apply_transform_rgb8(rgb8, small, "strip.png").size() == cv::Size(224, 224));
+  // Without a crop, 57344x224 is worked on at 2048x8: thinner than a 16 px patch, and --size,
+  // which the whole-image mode's refusal advises, does not apply.
+  const vitlens::ImageTransform uncropped =
+      read("preprocessor_config.json",
+           R"({"image_processor_type": "CLIPImageProcessor", "do_center_crop": false})", "hf-vit");
+  vitlens::VitConfig c16 = vitlens::test::small_config(32);
+  c16.patch_size = 16;
+  cv::Mat rgb01;
+  rgb8.convertTo(rgb01, CV_32FC3, 1.0 / 255.0);
+  std::string thin;
+  try {
+    vitlens::prepare_image_transformed(vitlens::LoadedImage{rgb01, 2048, 8}, c16, uncropped, "strip.png");
+  } catch (const vitlens::Error& e) {
+    thin = e.what();
+  }
+  CHECK_THAT(thin, Catch::Contains("gives a 57344x224 image, thinner than one 16x16 patch at the 2048 px a side") &&
+                       !Catch::Contains("--size"));
+  // A long side past what an int holds saturates instead of overflowing.
+  vitlens::ImageTransform huge;
+  huge.resize = vitlens::ResizeRule::ShortestEdge;
+  huge.resize_short = 16384;
+  CHECK(vitlens::transform_resized_size(huge, 1, 1 << 20) == cv::Size(16384, INT_MAX));
   ::rmdir(dir.c_str());
 }
 

@@ -165,17 +165,22 @@ namespace {
 
 std::atomic<long> g_fail_countdown{0};
 std::atomic<int> g_fail_signal{0};
+std::function<void()> g_fail_action;  // set before the countdown starts, read at its end
 
 }  // namespace
 
 // True for the operation the test asked to fail (counting down from fail_file_operation's n); with
-// a signal asked for, the process raises it there instead.
+// a signal asked for, the process raises it there instead; with an action, the action runs there
+// and the operation goes on.
 bool injected_failure() {
   long v = g_fail_countdown.load();
   while (v > 0)
     if (g_fail_countdown.compare_exchange_weak(v, v - 1)) {
-      if (v == 1 && g_fail_signal.load() != 0) ::raise(g_fail_signal.load());
-      return v == 1;
+      if (v != 1) return false;
+      if (g_fail_signal.load() != 0) ::raise(g_fail_signal.load());
+      if (!g_fail_action) return true;
+      g_fail_action();
+      return false;
     }
   return false;
 }
@@ -246,7 +251,16 @@ void install_cleanup_handlers() {
 }
 
 void testing::fail_file_operation(long n, int signal) {
+  g_fail_countdown.store(0);
+  g_fail_action = nullptr;
   g_fail_signal.store(signal);
+  g_fail_countdown.store(n);
+}
+
+void testing::act_at_file_operation(long n, std::function<void()> action) {
+  g_fail_countdown.store(0);
+  g_fail_signal.store(0);
+  g_fail_action = std::move(action);
   g_fail_countdown.store(n);
 }
 

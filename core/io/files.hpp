@@ -8,24 +8,29 @@
 // A set of files (OutputSet, one image's export): every file is written into a private folder
 // inside the output folder, then, holding an exclusive flock on the output folder, the private
 // folder is renamed to ".vitlens-set-<id>" (the commit point: from then on the set is complete and
-// will be moved into place) and each file is renamed into the output folder, the record (the
-// JSON sidecar) last; files the previous record listed that the new set does not have are removed
-// before the new record appears. SIGINT and SIGTERM wait for a commit in progress. A commit cut
-// short by SIGKILL or a power loss leaves its ".vitlens-set-<id>" folder, and the next process
-// of the same user writing an OutputSet into that folder (or tidy_output_dir) completes it before
-// writing its own, unless another set of that record was committed since (the commit folder
-// records which set it replaces): then the interrupted, older set is dropped, as completing it
-// would mix the two. A process tidies each folder once, when it first writes there. An entry of
-// that name which is another user's, not a folder of ours, or cannot be completed is skipped with
-// a one-line warning (set_file_warning_handler): recovery never needs another user's permissions,
-// and nothing in a shared folder blocks the next export.
+// will be moved into place) and each file is renamed into the output folder, the record (the JSON
+// sidecar) last; files the previous record listed that the new set does not have are removed before
+// the new record appears (when that record is of the same image, and only files no other set's
+// record lists and that are not the process's inputs: keep_inputs). SIGINT and SIGTERM wait for a
+// commit in progress. A commit cut short by SIGKILL or a power loss leaves its ".vitlens-set-<id>"
+// folder, and the next process of the same user writing an OutputSet into that folder (or
+// tidy_output_dir) completes it before writing its own, unless another set of that record was
+// committed since (the commit folder records which set it replaces): then the interrupted, older
+// set is dropped, as completing it would mix the two. A process tidies each folder once, when it
+// first writes there. An entry of that name which is another user's, not a folder of ours, or
+// cannot be completed is skipped with a one-line warning (set_file_warning_handler): recovery never
+// needs another user's permissions, and nothing in a shared folder blocks the next export.
 //
 // Proof of authorship: vitlens replaces or deletes only files it can prove it wrote. A record is
 // a JSON object whose kRecordKey names the record's own file (a user's JSON does not have that
 // by accident, and a renamed copy loses it); any other file is ours when such a record in the
 // folder lists it. Every other file with an output's name stops the set before anything is moved
 // (OutputConflict), unless the set was made to replace foreign files (`--force`); a foreign
-// record's "files" are never deleted, whatever the flag.
+// record's "files" are never deleted, whatever the flag. Records of different images can share a
+// name ("x_rollout.json": the rollout of x.png, the maps of x_rollout.png): a set replaces a record
+// of ours, and the files records list, only when they are of its own image (the file name of the
+// record's "image", without extension); another image's record or file stops the set, --force or
+// not.
 //
 // Temporary names are short and fixed-length whatever the target's name:
 // ".vitlens-tmp-<pid>-XXXXXX" (a file or a private folder). SIGINT and SIGTERM remove the pending
@@ -160,6 +165,11 @@ class OutputSet {
   // record each); the committed one, written last, lists every file.
   void add_record(const std::string& name, nlohmann::json record, size_t first);
   size_t size() const { return names_.size(); }  // files added so far
+  // The files this process reads (a run's images, its painted mask, its model), by device and
+  // inode as they are now: no set of this process removes one of them, even where the record it
+  // replaces lists it and the new set does not (it stays, unlisted), since the run may not have
+  // read it yet. For the process's whole life.
+  static void keep_inputs(const std::vector<std::string>& paths);
 
  private:
   std::string dir_, id_, private_name_;
@@ -254,6 +264,9 @@ namespace testing {
 // (ENOSPC); 0 turns it off. With `signal`, the process raises that signal there instead (SIGKILL:
 // the process is killed at that step, as by kill -9 or a power loss).
 void fail_file_operation(long n, int signal = 0);
+// The same count, but at the n-th operation `action` runs and the operation then goes on (a test's
+// other writer, acting between a check and a commit).
+void act_at_file_operation(long n, std::function<void()> action);
 }  // namespace testing
 
 }  // namespace vitlens

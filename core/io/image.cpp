@@ -243,6 +243,36 @@ cv::Mat decode_planned(const unsigned char* bytes, size_t size, const ImageProbe
   }
 }
 
+// [SECTION] The working size
+
+// Why an image at working size `target` (from `max_side`, 0 for the native size) is thinner than
+// one p x p patch, with the advice that helps: the smallest working size at which it is not (the
+// short side grows with the working size), the native size if that is one vitlens works at, or,
+// when even kMaxLoadSide is too small, that the image itself must change.
+std::string too_thin(const LoadedImage& image, cv::Size target, int max_side, int p) {
+  const std::string patch = std::to_string(p) + "x" + std::to_string(p);
+  const std::string at = max_side > 0 ? "at working size " + std::to_string(max_side)
+                                      : "at its native size, which vitlens caps at " + std::to_string(kMaxLoadSide) + " a side";
+  const std::string head = "image " + size_text(image.source_w, image.source_h) + " becomes " +
+                           size_text(target.width, target.height) + " " + at + ", thinner than one " + patch + " patch";
+  auto fits = [&](int side) {
+    const cv::Size s = fit_within(image.source_w, image.source_h, side);
+    return s.width >= p && s.height >= p;
+  };
+  if (!fits(kMaxLoadSide))
+    return head + "; it is too thin for the model's patch at any working size (at most " + std::to_string(kMaxLoadSide) +
+           "): crop it to a less elongated part first";
+  int lo = 1, hi = kMaxLoadSide;  // the smallest side that fits: fits() is false below it, true from it
+  while (lo < hi) {
+    const int mid = lo + (hi - lo) / 2;
+    if (fits(mid)) hi = mid;
+    else lo = mid + 1;
+  }
+  const bool native_fits = std::max(image.source_w, image.source_h) <= kMaxLoadSide;
+  return head + "; use a working size of at least " + std::to_string(lo) + " (vitlens export: --size " +
+         std::to_string(lo) + (native_fits ? ", or --size 0 for the native size)" : ")");
+}
+
 }  // namespace
 
 LoadedImage decode_image(const unsigned char* bytes, size_t size, const std::string& what, int max_side,
@@ -330,14 +360,10 @@ PreparedImage prepare_image(const LoadedImage& image, const VitConfig& config, i
   const bool model_size = image.source_h == config.img_h && image.source_w == config.img_w;
   const cv::Size target = model_size ? rgb01.size() : fit_within(image.source_w, image.source_h,
                                                                   max_side > 0 ? max_side : kMaxLoadSide);
+  // Checked whether or not this call resizes: the loader may have reduced the image already.
+  if (target.width < p || target.height < p) throw Error(what + ": " + too_thin(image, target, max_side, p));
   cv::Mat content = rgb01;
-  if (target != rgb01.size()) {
-    if (target.width < p || target.height < p)
-      throw Error(what + ": image " + size_text(image.source_w, image.source_h) + " becomes " +
-                  size_text(target.width, target.height) + " at working size " + std::to_string(max_side) +
-                  ", thinner than one patch; use a larger working size (vitlens export: --size, or --size 0 for the native size)");
-    cv::resize(rgb01, content, target, 0, 0, cv::INTER_AREA);
-  }
+  if (target != rgb01.size()) cv::resize(rgb01, content, target, 0, 0, cv::INTER_AREA);
   out.resized = target.width != image.source_w || target.height != image.source_h;
   out.content_w = content.cols;
   out.content_h = content.rows;

@@ -1,8 +1,9 @@
 // Export sets (OutputSet, files.hpp): the files of one image's export moved into place together,
 // the record (the JSON sidecar) last, and the records that prove which files vitlens wrote: a name
-// taken by a file no record of ours lists stops the set before anything moves (OutputConflict);
-// files the previous record listed that the new set does not have are removed. A commit cut short
-// is completed (or dropped, when a newer set replaced it) by the next tidy of the folder.
+// taken by a file no record of ours lists, or one another image's record lists, stops the set
+// before anything moves (OutputConflict); files the previous record of the same image listed that
+// the new set does not have are removed. A commit cut short is completed (or dropped, when a
+// newer set replaced it) by the next tidy of the folder.
 //
 // Index
 //   [SECTION] Records: the proof of authorship
@@ -10,6 +11,7 @@
 //   [SECTION] OutputSet
 #include <algorithm>
 #include <cerrno>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -98,11 +100,30 @@ std::optional<RecordForm> record_form(const nlohmann::json& j, const std::string
 }
 
 // A record's "set" id ("" when it has none or is not JSON).
-std::string set_id_of(const std::string& record) {
-  const nlohmann::json j = parse_json_or_discarded(record);
+std::string set_id_in(const nlohmann::json& j) {
   if (j.is_object() && j.contains("set") && j["set"].is_string()) return j["set"].get<std::string>();
   return "";
 }
+
+std::string set_id_of(const std::string& record) { return set_id_in(parse_json_or_discarded(record)); }
+
+// Whose a record is: the image its set was made from, as outputs are named after it (the file
+// name of its "image" without folder and extension, as output_stem takes it), or nothing for a
+// record without one. Records share a name across images ("x_layer0.json" is a layer record of
+// x.png and the record of x_layer0.png; "x_rollout.json" the rollout of x.png and the maps of
+// x_rollout.png), so a record of the name a set writes is its previous one only when it is of
+// the same image. Names that differ only in bytes that are not UTF-8 (written as U+FFFD) are taken
+// as one image's.
+std::optional<std::string> image_of(const nlohmann::json& j) {
+  if (!j.is_object() || !j.contains("image") || !j["image"].is_string()) return std::nullopt;
+  std::string name = base_name(j["image"].get<std::string>());
+  const auto dot = name.find_last_of('.');
+  if (dot != std::string::npos && dot > 0) name.erase(dot);
+  return name.empty() ? "image" : name;
+}
+
+// A record without an image (a set that is not an image's export) is taken as any image's.
+bool same_image(const std::optional<std::string>& a, const std::optional<std::string>& b) { return !a || !b || *a == *b; }
 
 // The set id of the record `name` in the folder: "" when there is none, "?" when unreadable.
 std::string current_set_id(int dir_fd, const std::string& name) {
@@ -128,37 +149,47 @@ std::set<std::string> listed_names(const nlohmann::json& j, RecordForm form) {
   return names;
 }
 
-// The names the folder's records prove vitlens wrote: every file a record of ours lists. Reads
-// each JSON file of the folder, so it is called only when the record a set replaces does not
-// prove a name (a file another mode's record lists, as --layer's <stem>_attn.npy).
-std::set<std::string> names_proven_by_folder(int dir_fd) {
-  std::set<std::string> proven;
+// A record of ours that proves a file: the record's name, its set id and its image.
+struct Owner {
+  std::string record, set;
+  std::optional<std::string> image;
+};
+
+// The folder's records of ours and what they prove: for each file a record lists, and each record
+// itself, the records that own it. Reads each JSON file of the folder, so it is called only when
+// the record a set replaces does not settle a name, or when files it listed are to be removed.
+std::map<std::string, std::vector<Owner>> owners_in_folder(int dir_fd) {
+  std::map<std::string, std::vector<Owner>> owners;
   for (const std::string& name : list_names(dir_fd)) {
     if (name.size() < 6 || name.compare(name.size() - 5, 5, ".json") != 0) continue;
     const nlohmann::json j = read_json_at(dir_fd, name);
     const std::optional<RecordForm> form = record_form(j, name);
     if (!form) continue;
-    proven.insert(name);
-    for (const std::string& listed : listed_names(j, *form)) proven.insert(listed);
+    const Owner owner{name, set_id_in(j), image_of(j)};
+    owners[name].push_back(owner);
+    for (const std::string& listed : listed_names(j, *form)) owners[listed].push_back(owner);
   }
-  return proven;
+  return owners;
 }
 
-// Throws OutputConflict when one of `members` or the record `record_name` cannot be put in place:
-// its name is taken by a folder, by another user's file in a shared (sticky) folder (which only
-// its owner may replace), or, unless replace_foreign, by a file vitlens cannot prove it wrote.
-// Called with the folder locked, before anything is moved.
+// Throws OutputConflict when one of `members` or the record `record_name` of a set made from
+// `image` (image_of) cannot be put in place: its name is taken by a folder, by another user's file
+// in a shared (sticky) folder (which only its owner may replace), by a file a record of another
+// image lists or by such a record (vitlens' own, but another export's: replacing it would leave
+// that record listing files it did not write, whatever --force says), or, unless replace_foreign,
+// by a file vitlens cannot prove it wrote. Called with the folder locked, before anything is moved.
 void check_names(int dir_fd, const std::string& dir, const std::string& record_name,
-                 const std::vector<std::string>& members, bool replace_foreign) {
+                 const std::vector<std::string>& members, const std::optional<std::string>& image,
+                 bool replace_foreign) {
   struct stat dir_st {};
   if (::fstat(dir_fd, &dir_st) != 0) throw Error(dir + ": cannot read the output folder (" + errno_text(errno) + ")");
   const uid_t me = ::geteuid();
   const bool shared = (dir_st.st_mode & S_ISVTX) != 0 && dir_st.st_uid != me && me != 0;
   const nlohmann::json old_record = read_json_at(dir_fd, record_name);
   const std::optional<RecordForm> old_form = record_form(old_record, record_name);
-  const bool old_is_ours = old_form.has_value();
+  const bool old_is_ours = old_form && same_image(image_of(old_record), image);
   const std::set<std::string> listed = old_is_ours ? listed_names(old_record, *old_form) : std::set<std::string>{};
-  std::optional<std::set<std::string>> folder_proven;  // read once, when first needed
+  std::optional<std::map<std::string, std::vector<Owner>>> owners;  // read once, when first needed
   std::vector<std::string> names = members;
   names.push_back(record_name);
   for (const std::string& name : names) {
@@ -172,15 +203,62 @@ void check_names(int dir_fd, const std::string& dir, const std::string& record_n
     if (shared && st.st_uid != me)
       throw OutputConflict(path, "belongs to another user (uid " + std::to_string(st.st_uid) +
                                      ") in a shared folder, where only its owner may replace it", false);
-    if (replace_foreign) continue;
-    bool proven = name == record_name ? old_is_ours : listed.count(name) > 0;
-    if (!proven) {
-      if (!folder_proven) folder_proven = names_proven_by_folder(dir_fd);
-      proven = folder_proven->count(name) > 0;
+    if (name == record_name ? old_is_ours : listed.count(name) > 0) continue;
+    if (!owners) owners = owners_in_folder(dir_fd);
+    if (const auto it = owners->find(name); it != owners->end()) {
+      for (const Owner& owner : it->second)
+        if (!same_image(owner.image, image))
+          throw OutputConflict(path,
+                               (owner.record == name ? std::string("is the record of another image's export")
+                                                     : "belongs to another image's export (" + owner.record + " lists it)") +
+                                   ", which this export does not replace; export into another folder",
+                               false);
+      continue;
     }
-    if (!proven)
-      throw OutputConflict(path, "exists and no record of vitlens here lists it (vitlens did not write it, or a "
-                                 "version before records did)", true);
+    if (replace_foreign) continue;
+    throw OutputConflict(path, "exists and no record of vitlens here lists it (vitlens did not write it, or a "
+                               "version before records did)", true);
+  }
+}
+
+// (device, inode) of the inputs the process said it reads (OutputSet::keep_inputs).
+std::mutex g_inputs_lock;
+std::set<std::pair<dev_t, ino_t>> g_inputs;
+
+// Whether the folder's file `name` (links followed) is one of those inputs.
+bool is_input(int dir_fd, const std::string& name) {
+  struct stat st {};
+  if (::fstatat(dir_fd, name.c_str(), &st, 0) != 0) return false;
+  const std::lock_guard<std::mutex> hold(g_inputs_lock);
+  return g_inputs.count({st.st_dev, st.st_ino}) > 0;
+}
+
+// Removes the files the record `record_name` in place lists and `fresh`, the record about to
+// replace it, does not (fewer heads, no --raw, a narrower --layer range), before `fresh` appears.
+// Only when the record in place is ours and of the same image (another image's record of this
+// name was refused by check_names, or is from a version before that check: its files are not this
+// set's to remove), and only files no record outside that set lists (another set's too) and no
+// input of this process (it reads them later: they stay, unlisted).
+void remove_unlisted(int dir_fd, const std::string& record_name, const nlohmann::json& fresh) {
+  const nlohmann::json old_record = read_json_at(dir_fd, record_name);
+  const std::optional<RecordForm> old_form = record_form(old_record, record_name);
+  if (!old_form || !same_image(image_of(old_record), image_of(fresh))) return;
+  const std::set<std::string> keep = listed_names(fresh, RecordForm::Escaped);
+  std::vector<std::string> unlisted;
+  for (const std::string& old : listed_names(old_record, *old_form))
+    if (!keep.count(old) && old != record_name) unlisted.push_back(old);
+  if (unlisted.empty()) return;
+  // The set being replaced: its record and the records it holds (one per layer), which share its id.
+  const std::string old_set = set_id_in(old_record);
+  const auto in_old_set = [&](const Owner& owner) {
+    return owner.record == record_name || (!old_set.empty() && owner.set == old_set);
+  };
+  const std::map<std::string, std::vector<Owner>> owners = owners_in_folder(dir_fd);
+  for (const std::string& name : unlisted) {
+    const auto it = owners.find(name);
+    if (it != owners.end() && !std::all_of(it->second.begin(), it->second.end(), in_old_set)) continue;
+    if (is_input(dir_fd, name)) continue;
+    ::unlinkat(dir_fd, name.c_str(), 0);
   }
 }
 
@@ -230,11 +308,14 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
   std::vector<std::string> members;
   for (const std::string& name : list_names(set_fd))
     if (!is_internal_name(name)) members.push_back(name);
+  std::string record;
+  const bool has_record = read_at(set_fd, kRecordFile, record);
+  const nlohmann::json fresh = has_record ? parse_json_or_discarded(record) : nlohmann::json();
   if (recovering) {
     struct stat st {};
     const bool replace_foreign = ::fstatat(set_fd, kForceFile, &st, AT_SYMLINK_NOFOLLOW) == 0;
     try {
-      check_names(dir_fd, dir, record_name, members, replace_foreign);
+      check_names(dir_fd, dir, record_name, members, image_of(fresh), replace_foreign);
     } catch (...) {
       ::close(set_fd);
       throw;
@@ -242,19 +323,9 @@ void finish_commit(int dir_fd, const std::string& dir, const std::string& commit
   }
   for (const std::string& name : members)
     if (rename_at(set_fd, name.c_str(), dir_fd, name.c_str()) != 0) fail(name, errno);
-  std::string record;
-  if (read_at(set_fd, kRecordFile, record)) {
-    // Files of the previous set that this one does not have (fewer heads, no --raw) would be
-    // left beside the new record: remove them, but only when the old record is ours and only
-    // names it listed under this stem, before the new record appears.
-    const nlohmann::json old_record = read_json_at(dir_fd, record_name);
-    if (const std::optional<RecordForm> old_form = record_form(old_record, record_name)) {
-      const std::string stem = record_name.substr(0, record_name.find_last_of('.'));
-      const std::set<std::string> keep = listed_names(parse_json_or_discarded(record), RecordForm::Escaped);
-      for (const std::string& old : listed_names(old_record, *old_form))
-        if (!keep.count(old) && old != record_name && old.compare(0, stem.size() + 1, stem + "_") == 0)
-          ::unlinkat(dir_fd, old.c_str(), 0);
-    }
+  if (has_record) {
+    // Files of the previous set that this one does not have would be left beside the new record.
+    remove_unlisted(dir_fd, record_name, fresh);
     if (rename_at(set_fd, kRecordFile, dir_fd, record_name.c_str()) != 0) fail(record_name, errno);
   }
   // The folder leaves its reserved name before it is emptied (a temporary of this process, which
@@ -357,6 +428,14 @@ void OutputSet::add_record(const std::string& name, nlohmann::json record, size_
   add(name, record_bytes(std::move(record), name, id_, files));
 }
 
+void OutputSet::keep_inputs(const std::vector<std::string>& paths) {
+  const std::lock_guard<std::mutex> hold(g_inputs_lock);
+  for (const std::string& path : paths) {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) == 0) g_inputs.insert({st.st_dev, st.st_ino});
+  }
+}
+
 std::vector<std::string> OutputSet::commit(const std::string& record_name, nlohmann::json record) {
   const std::vector<std::string> members = names_;  // the set's files, before the internal ones
   if (record_name.empty() || record_name.find('/') != std::string::npos || is_internal_name(record_name) ||
@@ -365,12 +444,15 @@ std::vector<std::string> OutputSet::commit(const std::string& record_name, nlohm
   std::vector<std::string> written;
   for (const std::string& name : members) written.push_back(final_path(name));
   const std::string bytes = record_bytes(std::move(record), record_name, id_, written);
+  // As the record reads back (an image's name that is not UTF-8 is written with U+FFFD), to be
+  // compared with the records in the folder.
+  const std::optional<std::string> image = image_of(parse_json_or_discarded(bytes));
   write_member(kRecordFile, [&](FileSink& sink) { sink.write(bytes.data(), bytes.size()); });
   write_member(kNameFile, [&](FileSink& sink) { sink.write(record_name.data(), record_name.size()); });
   if (replace_foreign_) write_member(kForceFile, [](FileSink&) {});
   FolderLock lock(dir_);
   const CriticalSection no_signals;
-  check_names(lock.fd(), dir_, record_name, members, replace_foreign_);
+  check_names(lock.fd(), dir_, record_name, members, image, replace_foreign_);
   // The set this one replaces, so that completing it after an interruption never mixes it with
   // a set committed in between (finish_commit).
   write_member(kReplacesFile, [&](FileSink& sink) {

@@ -1,6 +1,8 @@
 // A model's own preprocessing: resize, centre crop, rescale, as timm's and transformers' pipelines.
 #include "core/io/preprocess.hpp"
 
+#include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 
@@ -37,13 +39,28 @@ cv::Size transform_resized_size(const ImageTransform& t, int w, int h) {
   if (t.resize == ResizeRule::Exact) return {t.resize_w, t.resize_h};
   if (t.resize == ResizeRule::None) return {w, h};
   // torchvision's _compute_resized_output_size and transformers' get_resize_output_image_size:
-  // new_long = int(S * long / short), the division in double.
+  // new_long = int(S * long / short), the division in double; a long side past what an int holds
+  // (a hair-thin image) saturates, for checked_resized_size to refuse.
   const int short_side = std::min(w, h), long_side = std::max(w, h);
-  const int new_long = static_cast<int>(static_cast<double>(int64_t{t.resize_short} * long_side) / short_side);
-  return w <= h ? cv::Size(t.resize_short, new_long) : cv::Size(new_long, t.resize_short);
+  if (short_side < 1) return {0, 0};
+  const double new_long = std::floor(static_cast<double>(int64_t{t.resize_short} * long_side) / short_side);
+  const int long_out = new_long >= static_cast<double>(INT_MAX) ? INT_MAX : static_cast<int>(new_long);
+  return w <= h ? cv::Size(t.resize_short, long_out) : cv::Size(long_out, t.resize_short);
 }
 
 namespace {
+
+// The most pixels the transform resizes an image to: its largest copy, the float image (12 bytes
+// a pixel), within what one image's decode may take (kMaxDecodeBytes), about 44 megapixels. A
+// model's own sizes (a side of 224 to about 1200) stay far below it even for a 20:1 panorama
+// resized by its shortest edge; a config asking for more is damaged or is not for whole images.
+constexpr double kMaxTransformPixels = static_cast<double>(kMaxDecodeBytes) / 12.0;
+
+std::string megapixels(double pixels) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f", pixels / 1e6);
+  return text;
+}
 
 // Python's round() of (free / 2): half to even (torchvision CenterCrop: int(round((h - ch) / 2.0))).
 int crop_offset(int free, CropRounding rounding) {
@@ -62,11 +79,24 @@ cv::Mat center_crop(const cv::Mat& resized, const ImageTransform& t, const std::
   return resized(cv::Rect(left, top, t.crop_w, t.crop_h)).clone();
 }
 
+// The resize's size, refused before anything is allocated when it is empty or larger than
+// kMaxTransformPixels (a shortest-edge resize of a thin image, a damaged config's size).
 cv::Size checked_resized_size(const ImageTransform& t, const cv::Mat& image, const std::string& what) {
   const cv::Size size = transform_resized_size(t, image.cols, image.rows);
+  const std::string size_text = std::to_string(size.width) + "x" + std::to_string(size.height);
   if (size.width < 1 || size.height < 1)
-    throw Error(what + ": the model's transform resizes it to " + std::to_string(size.width) + "x" +
-                std::to_string(size.height) + ", an empty image");
+    throw Error(what + ": the model's transform resizes it to " + size_text + ", an empty image");
+  const double pixels = static_cast<double>(size.width) * static_cast<double>(size.height);
+  if (pixels > kMaxTransformPixels) {
+    const std::string rule = t.resize == ResizeRule::ShortestEdge
+                                 ? "resizes the shortest edge of this " + std::to_string(image.cols) + "x" +
+                                       std::to_string(image.rows) + " image to " + std::to_string(t.resize_short) +
+                                       ", giving "
+                                 : "resizes it to ";
+    throw Error(what + ": the model's transform (" + t.origin + ") " + rule + size_text + " (" + megapixels(pixels) +
+                " megapixels), more than vitlens resizes an image to (" + megapixels(kMaxTransformPixels) +
+                "); use --preprocess whole");
+  }
   return size;
 }
 
@@ -122,7 +152,17 @@ PreparedImage prepare_image_transformed(const LoadedImage& image, const VitConfi
     out8.convertTo(content, CV_32FC3, 1.0 / 255.0);  // as the loader: the same float as ToTensor's x / 255
   else
     out8.convertTo(content, CV_32FC3, t.rescale_factor);
-  // The padding and patchify of the whole-image mode, at the transformed image's own size.
+  // The padding and patchify of the whole-image mode, at the transformed image's own size (or
+  // kMaxLoadSide a side, as prepare_image caps it): refused here if that makes it thinner than a
+  // patch, where --size (prepare_image's advice) has no say.
+  const int long_side = std::max(content.cols, content.rows), short_side = std::min(content.cols, content.rows);
+  const bool model_size = content.cols == config.img_w && content.rows == config.img_h;  // never resampled
+  if (!model_size && long_side > kMaxLoadSide &&
+      std::lround(short_side * (static_cast<double>(kMaxLoadSide) / long_side)) < p)
+    throw Error(what + ": the model's transform (" + t.origin + ") gives a " + std::to_string(out8.cols) + "x" +
+                std::to_string(out8.rows) + " image, thinner than one " + std::to_string(p) + "x" + std::to_string(p) +
+                " patch at the " + std::to_string(kMaxLoadSide) +
+                " px a side vitlens works at; crop the image to a less elongated part first");
   LoadedImage transformed{content, content.cols, content.rows};
   PreparedImage out = prepare_image(transformed, config_with_transform(config, t), 0, what);
   out.source_w = image.source_w;

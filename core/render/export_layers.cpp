@@ -253,6 +253,8 @@ StemChooser::StemChooser(const std::string& out_dir, const ExportPlan& plan, con
     : out_dir_(out_dir), plan_(plan) {
   for (const std::string& file : inputs)
     if (const auto id = file_identity(file); id.second != 0) inputs_.insert(id);
+  // Nor may a set's removal of its previous files take one the run has still to read.
+  OutputSet::keep_inputs(inputs);
 }
 
 std::string StemChooser::choose(const std::string& image) {

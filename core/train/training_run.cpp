@@ -1,10 +1,16 @@
 // TrainingRun (training_run.hpp): what happens between a Trainer's steps, for every front end.
 #include "core/train/training_run.hpp"
 
+#include <cerrno>
 #include <cmath>
-#include <fstream>
+#include <cstring>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "core/base/error.hpp"
+#include "core/io/files.hpp"
 
 namespace vitlens {
 
@@ -50,11 +56,24 @@ bool TrainingRun::reports_accuracy() const { return trainer_.objective().kind().
 
 bool TrainingRun::epoch_done() const { return trainer_.position().position == 0 || trainer_.finished(); }
 
+// Appended with one write to a regular file: never through a symbolic link (a link put at the log's
+// name would have the run write into whatever file it points to).
 void TrainingRun::log(const nlohmann::json& line) const {
   if (settings_.log_path.empty()) return;
-  std::ofstream out(settings_.log_path, std::ios::app);
-  out << line.dump() << "\n";
-  if (!out) throw Error(settings_.log_path + ": cannot append to the training log");
+  const std::string text = line.dump() + "\n";
+  const int fd = ::open(settings_.log_path.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
+  struct stat st {};
+  const bool regular = fd >= 0 && ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+  const bool written = regular && ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const int error = errno;
+  if (fd >= 0) ::close(fd);
+  if (!regular)
+    throw Error(settings_.log_path + ": cannot append to the training log (" +
+                (fd < 0 && error == ELOOP ? std::string("a symbolic link: the log is written only into a file of its own")
+                 : fd < 0                 ? std::string(std::strerror(error))
+                                          : std::string("not a regular file")) +
+                ")");
+  if (!written) throw Error(settings_.log_path + ": cannot append to the training log (" + std::strerror(error) + ")");
 }
 
 void TrainingRun::note_step(const StepReport& r) {
@@ -135,6 +154,28 @@ void TrainingRun::save(const std::string& path) {
   record_["seconds"] = seconds();
   if (!hooks_.save) throw Error("this training run has no way to save a checkpoint");
   hooks_.save(trainer_, path, record_);
+}
+
+int trim_log_after(const std::string& log_path, int64_t step) {
+  struct stat st {};
+  if (::lstat(log_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) return 0;  // none, or not ours to rewrite
+  const std::string text = read_whole_file(log_path, "the training log", uint64_t(1) << 32);
+  std::string kept;
+  int removed = 0;
+  for (size_t at = 0; at < text.size();) {
+    size_t end = text.find('\n', at);
+    end = end == std::string::npos ? text.size() : end + 1;
+    const std::string line = text.substr(at, end - at);
+    at = end;
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() && j["step"].get<int64_t>() > step) {
+      ++removed;
+      continue;
+    }
+    kept += line;
+  }
+  if (removed > 0) write_file_atomic(log_path, kept);
+  return removed;
 }
 
 }  // namespace vitlens
