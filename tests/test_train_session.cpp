@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -210,6 +211,11 @@ TEST_CASE("train session: stop keeps the weights, saving into a missing folder i
     CHECK(test::slurp(dir + "/photo.jpg") == "the user's photo");
     CHECK(test::slurp(dir + "/notes.state.safetensors") == "the user's notes");
     CHECK(test::entries(dir) == std::vector<std::string>{"notes.state.safetensors", "photo.jpg"});
+    // A folder (or a name ending in '/') is said to be one.
+    for (const std::string& folder : {dir, dir + "/"})
+      CHECK(session.save(folder) == folder + ": is a folder; a checkpoint needs a file name, such as " + dir +
+                                        "/model.safetensors (nothing was saved)");
+    CHECK(test::entries(dir) == std::vector<std::string>{"notes.state.safetensors", "photo.jpg"});
     CHECK(session.save(dir + "/mine.safetensors") == "");
     CHECK(session.save(dir + "/mine.safetensors") == "");  // its own: replaced
     // A vitlens checkpoint this window did not save (another session's, a user's copy of one)
@@ -301,6 +307,40 @@ TEST_CASE("train session: the temporary folder goes once a Save holds its weight
   CHECK(test::entries(folder) == std::vector<std::string>{"current.state.safetensors", "notes.txt"});
   CHECK(test::slurp(folder + "/notes.txt") == "a user's file");
   std::filesystem::remove_all(folder);
+}
+
+TEST_CASE("train session: the temporary folder is in $TMPDIR when it names a folder, else in /tmp", "[train_session]") {
+  const char* before = std::getenv("TMPDIR");
+  const std::string saved = before ? before : "";
+  const std::string dir = test::temp_dir("session-tmpdir");
+  const std::string pid = std::to_string(::getpid());
+  ::setenv("TMPDIR", dir.c_str(), 1);
+  CHECK(TrainSession::temporary_folder() == dir + "/vitlens-train-" + pid);
+  // A TMPDIR that is missing, a file or relative: never a folder relative to the working folder.
+  for (const std::string& bad : {dir + "/missing", dir + "/../" + std::filesystem::path(dir).filename().string() + "/missing",
+                                 std::string("relative-vitlens-tmp"), std::string("")}) {
+    INFO(bad);
+    ::setenv("TMPDIR", bad.c_str(), 1);
+    CHECK(TrainSession::temporary_folder() == "/tmp/vitlens-train-" + pid);
+  }
+  test::spit(dir + "/a-file", "x");
+  ::setenv("TMPDIR", (dir + "/a-file").c_str(), 1);
+  CHECK(TrainSession::temporary_folder() == "/tmp/vitlens-train-" + pid);
+  // Models in any viewer's temporary folder are known by the folder's name, nothing else is.
+  ::setenv("TMPDIR", dir.c_str(), 1);
+  CHECK(TrainSession::in_a_temporary_folder(dir + "/vitlens-train-" + pid + "/current.safetensors"));
+  CHECK(TrainSession::in_a_temporary_folder(dir + "/vitlens-train-123456789/current_2.safetensors"));
+  CHECK(TrainSession::in_a_temporary_folder(dir + "/x/../vitlens-train-7/current.safetensors"));
+  CHECK_FALSE(TrainSession::in_a_temporary_folder(dir + "/vitlens-train-/current.safetensors"));
+  CHECK_FALSE(TrainSession::in_a_temporary_folder(dir + "/vitlens-train-12a/current.safetensors"));
+  CHECK_FALSE(TrainSession::in_a_temporary_folder(dir + "/vitlens-train-12/sub/current.safetensors"));
+  CHECK_FALSE(TrainSession::in_a_temporary_folder(dir + "/current.safetensors"));
+  CHECK_FALSE(TrainSession::in_a_temporary_folder("/home/someone/vitlens-train-12/current.safetensors"));
+  if (before)
+    ::setenv("TMPDIR", saved.c_str(), 1);
+  else
+    ::unsetenv("TMPDIR");
+  std::filesystem::remove_all(dir);
 }
 
 TEST_CASE("train session: a Save that failed past its commit point leaves a checkpoint the next Save replaces",

@@ -21,6 +21,7 @@
 #include "control/file_list.hpp"
 #include "control/script.hpp"
 #include "control/settings.hpp"
+#include "training/train_session.hpp"
 #include "process_support.hpp"
 #include "test_support.hpp"
 #include "core/base/error.hpp"
@@ -477,6 +478,22 @@ TEST_CASE("viewer keeps the current image and model when a file is bad", "[viewe
   CHECK(app.doc.model == model_before);
   CHECK(app.ui.recent_images == std::vector<std::string>{fs::path(fx.image_path).lexically_normal().string()});
 
+    // A model in a Train window's temporary folder, this viewer's or another's, opens and is not
+  // remembered: the folder goes with its window.
+  const std::string other_session = TrainSession::temporary_parent() + "/vitlens-train-" + std::to_string(test::gone_pid());
+  REQUIRE(fs::create_directories(other_session));
+  fs::copy_file(fx.model_path, other_session + "/current.safetensors");
+  const std::vector<std::string> recent_before = app.ui.recent_models;
+  app.requests.open_model = other_session + "/current.safetensors";
+  REQUIRE(run_until_idle(app));
+  CHECK_FALSE(app.ui.message.error);
+  CHECK(app.doc.model->path == other_session + "/current.safetensors");
+  CHECK(app.ui.recent_models == recent_before);
+  fs::remove_all(other_session);
+  app.requests.open_model = fx.model_path;
+  REQUIRE(run_until_idle(app));
+  CHECK(app.ui.recent_models.front() == fs::path(fx.model_path).lexically_normal().string());
+
   // A good one afterwards replaces the image, keeps the query in the same place of the picture.
   pin_query(app, 7, 7);
   app.requests.open_image = fx.wide_path;
@@ -715,6 +732,19 @@ TEST_CASE("viewer threshold is core's: same kept maps and JSON as export --thres
     CHECK(t.no_structure);
     CHECK(t.kept_patches == t.total_patches);
   }
+
+  // A mass outside (0, 1] (no slider gives one: they clamp what is typed) is said above the heads,
+  // the maps drawn whole; the next good mass clears the message.
+  app.ui.view.mode = MapMode::Query;
+  app.ui.display.threshold = 0.0f;
+  REQUIRE(run_until_idle(app));
+  CHECK(app.derived.picture_error == "threshold mass must be in (0, 1], got 0.000000");
+  CHECK(app.derived.kept.empty());
+  CHECK((app.derived.view.maps.heads[0].array() == app.derived.raw_maps.heads[0].array()).all());
+  app.ui.display.threshold = 0.5f;
+  REQUIRE(run_until_idle(app));
+  CHECK(app.derived.picture_error == "");
+  CHECK(app.derived.kept.size() == 5);
 }
 
 // [SECTION] Status bar, folders, browser, widgets and real-input commands
@@ -791,7 +821,7 @@ TEST_CASE("viewer export folder: $VITLENS_EXPORT_DIR or ~/vitlens-exports, creat
   REQUIRE(run_until_idle(app));
   CHECK_FALSE(app.ui.message.error);
   CHECK(fs::exists(exports + "/picture_montage.png"));
-  CHECK_THAT(app.ui.message.text, Catch::StartsWith("Exported 7 files to " + exports + ":"));
+  CHECK_THAT(app.ui.message.text, Catch::StartsWith("Exported 7 files (") && Catch::EndsWith(") into " + exports));
 
   // A relative folder is reported absolute; a missing folder that is not the default is an error.
   const fs::path cwd = fs::current_path();
@@ -799,7 +829,7 @@ TEST_CASE("viewer export folder: $VITLENS_EXPORT_DIR or ~/vitlens-exports, creat
   fs::create_directory(fx.dir + "/rel");
   app.requests.export_folder = "rel";
   REQUIRE(run_until_idle(app));
-  CHECK_THAT(app.ui.message.text, Catch::StartsWith("Exported 7 files to " + fx.dir + "/rel:"));
+  CHECK_THAT(app.ui.message.text, Catch::StartsWith("Exported 7 files (") && Catch::EndsWith(") into " + fx.dir + "/rel"));
   app.requests.export_folder = "missing/deeper";
   REQUIRE(run_until_idle(app));
   fs::current_path(cwd);
@@ -852,6 +882,26 @@ TEST_CASE("viewer screenshots never replace a file the window did not save", "[v
   CHECK(app.ui.message.error);
   CHECK(read_text(shot) == users);
   for (const auto& entry : fs::directory_iterator(dir)) CHECK(entry.path().filename().string()[0] != '.');  // no temporaries
+
+  // Names: a PNG is named .png (added to a name without an extension, any other refused), a
+  // folder (or a name ending in '/') is said to be one; nothing is written for a refused name.
+  const std::vector<std::string> before_names = test::entries(dir);
+  for (const std::string& bad : {dir + "/photo.jpg", dir + "/shot.PNG.txt", dir, dir + "/newname/"}) {
+    INFO(bad);
+    save_screenshot(app, bad, first);
+    CHECK(app.ui.message.error);
+    const bool folder = bad == dir || bad.back() == '/';
+    CHECK_THAT(app.ui.message.text, Catch::Contains(folder ? ": is a folder; a screenshot needs a file name"
+                                                           : ": a screenshot is a PNG file; give the name the extension .png"));
+    CHECK(test::entries(dir) == before_names);
+  }
+  save_screenshot(app, dir + "/no-extension", first);
+  CHECK_FALSE(app.ui.message.error);
+  CHECK(app.ui.message.text == "Saved the screenshot to " + dir + "/no-extension.png");
+  CHECK(cv::imread(dir + "/no-extension.png").at<cv::Vec3b>(0, 0) == cv::Vec3b(30, 20, 10));
+  save_screenshot(app, dir + "/upper.PNG", first);
+  CHECK(app.ui.message.text == "Saved the screenshot to " + dir + "/upper.PNG");
+  CHECK_THROWS_WITH(screenshot_path(dir + "/"), dir + "/: is a folder; a screenshot needs a file name (such as vitlens-screenshot.png)");
 }
 
 TEST_CASE("viewer export never replaces a file vitlens did not write, it names the file", "[viewer][trust]") {
@@ -1024,7 +1074,7 @@ TEST_CASE("viewer worker queues an export once while the same export waits, a di
   finish_exports(app, [&](const std::string& text, bool error) { said.emplace_back(text, error); });
   CHECK(app.export_jobs.empty());
   REQUIRE(said.size() == 2);
-  CHECK_THAT(said[0].first, Catch::StartsWith("Exported ") && Catch::Contains(" files to " + other + ": "));
+  CHECK_THAT(said[0].first, Catch::StartsWith("Exported ") && Catch::EndsWith(") into " + other));
   CHECK_FALSE(said[0].second);
   CHECK(fs::exists(other + "/picture_montage.png"));
   CHECK_THAT(said[1].first, Catch::StartsWith("Export failed: " + refused + "/picture.json"));

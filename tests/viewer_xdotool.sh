@@ -14,6 +14,9 @@
 #              tokens); drags the Controls window's title bar to the top of the screen (it stays below
 #              the menu bar, and File still opens); closes the window; finally `viewer_check xdotool`
 #              reads what the viewer wrote.
+#   small-screen  on an 800x600 screen (the ctest's xvfb-run) the window opens no larger than the
+#              screen, whatever size the settings remember, so no window of the layout is past its
+#              edge; closes the window.
 #   train-mae  a masked-autoencoder run in the Train window: View > Train; types photos:OUT/photos
 #              (five opencv-doc photos from PHOTOS, copied here) into the data field, a tiny recipe
 #              into the recipe fields and the MAE fields (mask ratio, decoder); Start; Pause and Save
@@ -31,8 +34,8 @@
 set -eu
 SCENARIO=$1 VITLENS=$2 CHECK=$3 OUT=$4 IMAGE=$5 MODEL=$6 PHOTOS=${7:-}
 case $SCENARIO in
-  view | train-mae) ;;
-  *) echo "viewer_xdotool.sh: unknown scenario '$SCENARIO' (view or train-mae)"; exit 2 ;;
+  view | small-screen | train-mae) ;;
+  *) echo "viewer_xdotool.sh: unknown scenario '$SCENARIO' (view, small-screen or train-mae)"; exit 2 ;;
 esac
 command -v xdotool >/dev/null 2>&1 || { echo "skipped: xdotool not found (scripts/setup.sh installs it)"; exit 77; }
 DUMP=$OUT/widgets.json
@@ -136,6 +139,28 @@ type_once() {
   xdotool key Return
   sleep 0.3
 }
+# Ctrl+clicks a slider (Dear ImGui's text entry on it), selects what it holds, types TEXT and
+# presses Return; then waits until the Controls window shows SHOWN (up to 3 attempts, as type_into).
+type_into_slider() {
+  for attempt in 1 2 3; do
+    point_at "$1"
+    xdotool keydown ctrl
+    sleep 0.2
+    xdotool click 1
+    sleep 0.3
+    xdotool keyup ctrl
+    sleep 0.3
+    xdotool key ctrl+a
+    sleep 0.3
+    printf '%s' "$2" | xdotool type --delay 30 --file -  # TEXT may start with '-'
+    sleep 0.3
+    xdotool key Return
+    sleep 0.3
+    poll_until 15 "$CHECK" text "$DUMP" Controls "$3" && return 0
+    echo "$(($(date +%s) - start_time)) s: Controls does not show '$3' after attempt $attempt"
+  done
+  fail "Controls did not show '$3' after typing '$2' into '$1' 3 times"
+}
 field_shows() {
   [ "$("$CHECK" widget-value "$DUMP" "$1")" = "$2" ]
 }
@@ -176,6 +201,14 @@ view_scenario() {
   click "Controls > Export and screenshot > Export"
   wait_until 120 "the second export (with the temperature)" grep -q '"temperature": 0\.' "$OUT/exports/vitlens-demo.json"
 
+  # A value typed into a slider stays in its range: the threshold's mass typed as 0 is its least,
+  # 0.05 (an uncaught refusal of 0 ended the viewer), the temperature typed as -1 its least, 0.1
+  # (the maps of temperature 1 were drawn under a command line saying -1).
+  click "Controls > Display > threshold"
+  type_into_slider "Controls > Display > ##mass" 0 "--threshold 0.05"
+  type_into_slider "Controls > Softmax scale > T" -1 "--temperature 0.1 "
+  click "Controls > Display > threshold"
+
   # Each map mode says what it shows.
   click "Controls > Map > received"
   wait_until 60 "the received mode's description" "$CHECK" text "$DUMP" Controls "Received: how much attention"
@@ -207,6 +240,16 @@ view_scenario() {
 
   close_viewer
   exec "$CHECK" xdotool "$OUT"
+}
+
+# [SECTION] a small screen
+
+small_screen_scenario() {
+  mkdir -p "$OUT/config/vitlens"
+  echo '{"window_w": 1440, "window_h": 900}' >"$OUT/config/vitlens/settings.json"
+  start_viewer
+  "$CHECK" json "$DUMP" /display/0=800 /display/1=600 || fail "the window is not the screen's 800x600"
+  close_viewer
 }
 
 # [SECTION] the Train window: an MAE run
@@ -338,5 +381,6 @@ mkdir -p "$OUT"
 export XDG_CONFIG_HOME="$OUT/config"
 case $SCENARIO in
   view) view_scenario ;;
+  small-screen) small_screen_scenario ;;
   train-mae) train_mae_scenario ;;
 esac

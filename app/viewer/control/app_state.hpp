@@ -395,7 +395,8 @@ struct Derived {
   std::optional<std::string> ramp_colormap;
   uint64_t pictures_version = 0, base_version = 0, ramp_version = 0;
   double maps_ms = 0.0, render_ms = 0.0; // the last per-query update
-  std::string map_error;
+  std::string map_error;      // the maps could not be made (the last good ones stay)
+  std::string picture_error;  // the pictures could not be drawn from them (cleared by the next that can)
   std::optional<MapKey> map_key;
   std::optional<PictureKey> picture_key;
 

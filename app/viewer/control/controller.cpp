@@ -9,6 +9,7 @@
 #include "control/controller.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -234,9 +235,9 @@ void remember_loaded_files(App& app, const ComputeResult& r) {
     remember_recent(app.ui.recent_images, absolute(r.image->path));
     app.settings.recent_images = app.ui.recent_images;
   }
-  // A model the Train window saved to its temporary folder goes with the window: not remembered.
-  const std::string temporary = absolute(TrainSession::temporary_folder()) + "/";
-  if (r.loaded_model && absolute(r.model->path).rfind(temporary, 0) != 0) {
+  // A model a Train window saved to its temporary folder (this viewer's or another's) goes with
+  // that window: not remembered.
+  if (r.loaded_model && !TrainSession::in_a_temporary_folder(r.model->path)) {
     remember_recent(app.ui.recent_models, absolute(r.model->path));
     app.settings.recent_models = app.ui.recent_models;
   }
@@ -294,7 +295,8 @@ void take_export_result(App& app, const ExportResult& r) {
   }
   std::string names;
   for (const std::string& f : r.files) names += (names.empty() ? "" : ", ") + std::filesystem::path(f).filename().string();
-  set_message(app, "Exported " + std::to_string(r.files.size()) + " files to " + r.folder + ": " + names, false);
+  // The folder last: a status bar too narrow for the whole message shows its end.
+  set_message(app, "Exported " + std::to_string(r.files.size()) + " files (" + names + ") into " + r.folder, false);
   app.settings.export_folder = r.folder;
   persist(app);
 }
@@ -506,9 +508,23 @@ constexpr const char* kDefaultScreenshotName = "vitlens-screenshot";
 
 }  // namespace
 
-void save_screenshot(App& app, const std::string& requested, const cv::Mat& rgb8) {
+std::string screenshot_path(const std::string& requested) {
+  std::error_code ec;
+  if (requested.empty() || requested.back() == '/' || std::filesystem::is_directory(requested, ec))
+    throw Error(requested + ": is a folder; a screenshot needs a file name (such as " + kDefaultScreenshotName + ".png)");
   std::string path = output_path(requested);
+  std::string extension = std::filesystem::path(path).extension().string();
+  std::transform(extension.begin(), extension.end(), extension.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (extension.empty()) return path + ".png";
+  if (extension != ".png")
+    throw Error(requested + ": a screenshot is a PNG file; give the name the extension .png");
+  return path;
+}
+
+void save_screenshot(App& app, const std::string& requested, const cv::Mat& rgb8) {
+  std::string path = requested;
   try {
+    path = screenshot_path(requested);
     prepare_output_folder(folder_of(path));
     auto taken = file_stamp(path);
     const bool ours = taken && app.screenshots_written.count(*taken) > 0;

@@ -109,6 +109,11 @@ void prepare_output_folder(const std::string& folder);
 // For a flag that names an output file: throws vitlens::Error when its folder does not exist.
 void check_output_path(const std::string& path, const std::string& flag);
 
+// The file a screenshot asked for as `path` goes to: `path` itself when it ends in .png, with
+// ".png" added when its name has no extension. Throws vitlens::Error for a folder (or a name
+// ending in '/') and for another extension (a screenshot is a PNG file).
+std::string screenshot_path(const std::string& path);
+
 // Saves `rgb8` (the window) as a PNG at `path`, never over a file this session did not write: a
 // name taken by anything else is refused in the status bar, except the default name
 // vitlens-screenshot.png, which is numbered on (vitlens-screenshot_2.png, ...). A screenshot this

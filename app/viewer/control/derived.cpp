@@ -97,7 +97,14 @@ void update_pictures(App& app, bool maps_changed) {
   const auto t0 = std::chrono::steady_clock::now();
   HeadMaps shown = d.raw_maps;
   // The same core call as `vitlens export --threshold`; the export records it from d.view.
-  d.kept = disp.threshold_on ? apply_threshold(shown, disp.threshold) : std::vector<ThresholdResult>{};
+  d.picture_error.clear();
+  try {
+    d.kept = disp.threshold_on ? apply_threshold(shown, disp.threshold) : std::vector<ThresholdResult>{};
+  } catch (const Error& e) {  // a mass outside (0, 1]: said above the heads, the maps drawn whole
+    d.picture_error = e.what();
+    d.kept.clear();
+    shown = d.raw_maps;
+  }
   d.view.kept = d.kept;
   d.view.threshold = threshold_or_off(disp);
   // The attention's own entropy: the threshold only changes what is drawn.
@@ -109,7 +116,7 @@ void update_pictures(App& app, bool maps_changed) {
   try {
     d.pictures = render_export_images(app.doc.model->model, d.view, disp.style, disp.normalize);
   } catch (const Error& e) {
-    d.map_error = e.what();  // shown above the heads; the last good pictures stay
+    d.picture_error = e.what();  // shown above the heads; the last good pictures stay
   }
   d.render_ms = ms_since(t0);
   d.picture_key = key;

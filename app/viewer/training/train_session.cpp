@@ -300,9 +300,27 @@ std::string TrainSession::save(const std::string& path) {
   return error;
 }
 
-std::string TrainSession::temporary_folder() {
+// In the system's temporary folder ($TMPDIR when it names a folder, else /tmp): never a name
+// relative to wherever the viewer was started.
+std::string TrainSession::temporary_folder() { return temporary_parent() + "/vitlens-train-" + std::to_string(::getpid()); }
+
+std::string TrainSession::temporary_parent() {
   std::error_code ec;
-  return (std::filesystem::temp_directory_path(ec) / ("vitlens-train-" + std::to_string(::getpid()))).string();
+  const std::filesystem::path temp = std::filesystem::temp_directory_path(ec);
+  return ec || !temp.is_absolute() ? std::string("/tmp") : temp.lexically_normal().string();
+}
+
+// Any viewer's temporary folder (this one's or another running or ended session's): a folder
+// "vitlens-train-<pid>" in the temporary folder.
+bool TrainSession::in_a_temporary_folder(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::absolute(path, ec).lexically_normal();
+  if (ec) return false;
+  const std::string folder = p.parent_path().filename().string();
+  const std::string prefix = "vitlens-train-";
+  return p.parent_path().parent_path() == std::filesystem::path(temporary_parent()) &&
+         folder.size() > prefix.size() && folder.compare(0, prefix.size(), prefix) == 0 &&
+         folder.find_first_not_of("0123456789", prefix.size()) == std::string::npos;
 }
 
 std::string TrainSession::viewing_path(std::string& error) const {
@@ -496,8 +514,11 @@ void TrainSession::worker_save(Worker& w, uint64_t id, const std::string& path) 
       // Not into a folder another vitlens process is training or saving in (a `vitlens train` run
       // folder: one writer a folder, whatever the file's name); the claim is held for the save. A
       // missing folder is the save's to report.
-      const std::string folder = parent_dir(path);
       std::error_code ec;
+      if (path.empty() || path.back() == '/' || std::filesystem::is_directory(path, ec))
+        throw Error(path + ": is a folder; a checkpoint needs a file name, such as " +
+                    (std::filesystem::path(path) / "model.safetensors").lexically_normal().string() + " (nothing was saved)");
+      const std::string folder = parent_dir(path);
       std::optional<FolderClaim> claim;
       if (std::filesystem::is_directory(folder, ec)) {
         claim.emplace(folder);

@@ -141,6 +141,8 @@ class TrainSession {
   // checkpoints this session saved are removed, unless no Save elsewhere holds those weights:
   // unsaved_temporary() then names the file that stays ("" when nothing stays).
   static std::string temporary_folder();
+  static std::string temporary_parent();                       // $TMPDIR when usable, else /tmp
+  static bool in_a_temporary_folder(const std::string& path);  // any viewer's, by its name
   std::string unsaved_temporary() const;
 
   TrainSnapshot snapshot() const;

@@ -176,9 +176,10 @@ void DrawHeadsView(App& app, const ViewTextures& textures) {
       gui::TextWrapped("Attention each patch receives (mean over %d queries), layer %d", c.forward.received_queries, layer);
       break;
   }
-  if (!app.derived.map_error.empty()) {
+  for (const std::string* error : {&app.derived.map_error, &app.derived.picture_error}) {
+    if (error->empty()) continue;
     ImGui::PushStyleColor(ImGuiCol_Text, ImVec4(1, 0.4f, 0.4f, 1));
-    gui::TextWrapped("%s", app.derived.map_error.c_str());
+    gui::TextWrapped("%s", error->c_str());
     ImGui::PopStyleColor();
   }
 

@@ -7,6 +7,7 @@
 //   [SECTION] run_viewer
 #include "views/viewer.hpp"
 
+#include <algorithm>
 #include <cfloat>
 #include <cstdio>
 #include <csignal>
@@ -204,13 +205,22 @@ void UpdateTitle(GLFWwindow* window, const App& app, std::string& shown) {
 
 namespace {
 
-// Setup window: a GL 3.0 context (as the imgui example), sized by the settings or, for scripted
-// runs, the fixed automated size.
+// Setup window: a GL 3.0 context (as the imgui example), sized by the settings (at most the
+// monitor's work area: a window larger than the screen hides the windows laid out past its edge)
+// or, for scripted runs, the fixed automated size.
 GLFWwindow* OpenWindow(const App& app, bool automated) {
   glfwWindowHint(GLFW_CONTEXT_VERSION_MAJOR, 3);
   glfwWindowHint(GLFW_CONTEXT_VERSION_MINOR, 0);
-  const int width = automated ? kAutomatedWidth : app.settings.window_w;
-  const int height = automated ? kAutomatedHeight : app.settings.window_h;
+  int width = automated ? kAutomatedWidth : app.settings.window_w;
+  int height = automated ? kAutomatedHeight : app.settings.window_h;
+  if (GLFWmonitor* monitor = automated ? nullptr : glfwGetPrimaryMonitor()) {
+    int x = 0, y = 0, area_w = 0, area_h = 0;
+    glfwGetMonitorWorkarea(monitor, &x, &y, &area_w, &area_h);
+    if (area_w > 0 && area_h > 0) {
+      width = std::min(width, area_w);
+      height = std::min(height, area_h);
+    }
+  }
   GLFWwindow* window = glfwCreateWindow(width, height, "vitlens", nullptr, nullptr);
   if (!window) {
     const std::string why = g_glfw_error;
@@ -364,6 +374,14 @@ int run_viewer(const ViewerArgs& args) {
   ScriptRunner script;
   if (automated) script = BuildScript(args);  // a malformed script fails before any window opens
   if (!args.dump_widgets.empty()) check_output_path(args.dump_widgets, "--dump-widgets");
+  if (!args.screenshot.empty()) {
+    try {
+      check_output_path(screenshot_path(args.screenshot), "--screenshot");
+    } catch (const Error& e) {
+      const std::string why = e.what();
+      throw Error(why.rfind("--screenshot", 0) == 0 ? why : "--screenshot " + why);
+    }
+  }
 
   glfwSetErrorCallback(OnGlfwError);
   if (!glfwInit())

@@ -125,13 +125,45 @@ std::string Format(const char* fmt, va_list args) {
 
 // Draws `text` (wrapped at the window's or column's edge, or on one line) and notes it with the
 // width it needed and the room it had.
+// `text` with its spaces turned into line breaks where a line would pass `width` pixels. Dear
+// ImGui's own wrapping also breaks after a '.' or ',' (a number "0.000" drawn as "0." over
+// "000"); broken here first, its wrapping only splits a word wider than the whole line.
+std::string BreakAtSpaces(const std::string& text, float width) {
+  const float space = ImGui::CalcTextSize(" ").x;
+  std::string out;
+  float line = 0.0f;
+  bool line_start = true;
+  for (size_t at = 0;;) {
+    const size_t found = text.find_first_of(" \n", at);
+    const size_t end = found == std::string::npos ? text.size() : found;
+    const float word = ImGui::CalcTextSize(text.c_str() + at, text.c_str() + end).x;
+    if (!line_start) {
+      const bool fits = line + space + word <= width;
+      out += fits ? ' ' : '\n';
+      line = fits ? line + space : 0.0f;
+    }
+    out.append(text, at, end - at);
+    line += word;
+    line_start = false;
+    if (end == text.size()) return out;
+    if (text[end] == '\n') {
+      out += '\n';
+      line = 0.0f;
+      line_start = true;
+    }
+    at = end + 1;
+  }
+}
+
 void DrawText(const std::string& text, bool wrapped) {
   const float room = ImGui::GetContentRegionAvail().x;
   if (wrapped) {
     const ImGuiWindow* window = ImGui::GetCurrentContext()->CurrentWindow;
     const bool own_wrap = window->DC.TextWrapPos < 0.0f;  // no wrap position pushed: the edge
     if (own_wrap) ImGui::PushTextWrapPos(0.0f);
-    ImGui::TextUnformatted(text.c_str(), text.c_str() + text.size());
+    // A pixel to spare, so Dear ImGui never finds a line of ours too long by rounding.
+    const std::string lines = BreakAtSpaces(text, ImGui::CalcWrapWidthForPos(window->DC.CursorPos, window->DC.TextWrapPos) - 1.0f);
+    ImGui::TextUnformatted(lines.c_str(), lines.c_str() + lines.size());
     if (own_wrap) ImGui::PopTextWrapPos();
   } else {
     ImGui::TextUnformatted(text.c_str(), text.c_str() + text.size());
@@ -289,16 +321,17 @@ bool RadioButton(const char* label, bool active) {
   return pressed;
 }
 
+// Sliders always clamp: a value typed after Ctrl+click stays in the slider's range, as dragging does.
 bool SliderInt(const char* label, int* value, int min, int max, const char* format) {
   const float width = ImGui::CalcItemWidth();  // before the widget uses up SetNextItemWidth
-  const bool changed = ImGui::SliderInt(label, value, min, max, format);
+  const bool changed = ImGui::SliderInt(label, value, min, max, format, ImGuiSliderFlags_AlwaysClamp);
   Record(label, WidgetKind::Slider, width);
   return changed;
 }
 
 bool SliderFloat(const char* label, float* value, float min, float max, const char* format, ImGuiSliderFlags flags) {
   const float width = ImGui::CalcItemWidth();
-  const bool changed = ImGui::SliderFloat(label, value, min, max, format, flags);
+  const bool changed = ImGui::SliderFloat(label, value, min, max, format, flags | ImGuiSliderFlags_AlwaysClamp);
   Record(label, WidgetKind::Slider, width);
   return changed;
 }
