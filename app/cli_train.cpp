@@ -219,11 +219,13 @@ void check_run_folder(const TrainArgs& a) {
   for (const std::string& path : {model_path, checkpoint_state_path(model_path), a.out + "/log.jsonl"}) {
     struct stat st {};
     if (::lstat(path.c_str(), &st) != 0) continue;
+    // A resume of another checkpoint writes its run's files anew, as a new run does.
+    const std::string what = a.resume.empty() ? "a new run" : "a resume of " + a.resume + " (not that run's own)";
     if (checkpoint_there)
-      throw Error(path + ": already exists; continue that run with --resume " + model_path +
-                  ", or give another --out (a new run never replaces it)");
+      throw Error(path + ": already exists; continue that run with --resume " + model_path + ", or give another --out (" +
+                  what + " never replaces it)");
     throw Error(path + ": already exists, and there is no " + model_path + " beside it to continue from; give "
-                "another --out, or remove it (a new run never replaces it)");
+                "another --out, or remove it (" + what + " never replaces it)");
   }
 }
 

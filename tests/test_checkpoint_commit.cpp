@@ -258,6 +258,24 @@ TEST_CASE("checkpoint: a file made at a new checkpoint name during the save is k
     CHECK(slurp(mine) == "another program's file");
     CHECK(entries(dir) == std::vector<std::string>{taken});
   }
+  // The same made between the commit point and the moves into place (the 4th operation, the first
+  // move): the save's files go, the other writer's stays, and nothing is said to be saved.
+  {
+    const std::string dir = test::temp_dir("ckpt-taken-late");
+    const std::string mine = dir + "/last.safetensors";
+    testing::act_at_file_operation(4, [&] { test::spit(mine, "another program's file"); });
+    std::string error;
+    try {
+      save_checkpoint(t, mine, {{"data", "noise"}});
+    } catch (const Error& e) {
+      error = e.what();
+    }
+    testing::fail_file_operation(0);
+    CHECK_THAT(error, Catch::Contains("last.safetensors: was made by something else while vitlens wrote it") &&
+                          Catch::EndsWith("the checkpoint of step 1 was not saved, the last one saved is kept"));
+    CHECK(slurp(mine) == "another program's file");
+    CHECK(entries(dir) == std::vector<std::string>{"last.safetensors"});
+  }
   // The same save with nothing in its way writes both files.
   const std::string dir = test::temp_dir("ckpt-free");
   save_checkpoint(t, dir + "/last.safetensors", {{"data", "noise"}});
@@ -535,8 +553,9 @@ TEST_CASE("train CLI: a resume writes its log only into the run's own log file, 
   REQUIRE(run_train(with(kTinyRun, {"--epochs", "2", "--stop-after", "2", "-q", "--out", run}), dir + "/err").code == 0);
   const std::string log = slurp(run + "/log.jsonl");
   // A run killed after logging steps 3 and 4 and before saving them: a resume from step 2 trains
-  // them again, and their old lines go (a line that is not a step's stays).
-  test::spit(run + "/log.jsonl", log + "{\"step\": 3, \"loss\": 9}\nnot json\n{\"step\": 4, \"eval\": \"test\", \"loss\": 9}\n");
+  // them again, and their old lines go (a line that is not a step's stays, ended if the kill cut
+  // it short).
+  test::spit(run + "/log.jsonl", log + "{\"step\": 3, \"loss\": 9}\n{\"step\": 4, \"eval\": \"test\", \"loss\": 9}\nnot json");
   const test::Child resumed = run_train({"--data", "fashion-mnist", "--resume", path, "--stop-after", "1", "-q"}, dir + "/err");
   INFO(resumed.err);
   REQUIRE(resumed.code == 0);

@@ -215,6 +215,7 @@ TEST_CASE("train session: stop keeps the weights, saving into a missing folder i
     for (const std::string& folder : {dir, dir + "/"})
       CHECK(session.save(folder) == folder + ": is a folder; a checkpoint needs a file name, such as " + dir +
                                         "/model.safetensors (nothing was saved)");
+    CHECK(session.save("") == "no file name given for the checkpoint (nothing was saved)");
     CHECK(test::entries(dir) == std::vector<std::string>{"notes.state.safetensors", "photo.jpg"});
     CHECK(session.save(dir + "/mine.safetensors") == "");
     CHECK(session.save(dir + "/mine.safetensors") == "");  // its own: replaced

@@ -902,6 +902,7 @@ TEST_CASE("viewer screenshots never replace a file the window did not save", "[v
   save_screenshot(app, dir + "/upper.PNG", first);
   CHECK(app.ui.message.text == "Saved the screenshot to " + dir + "/upper.PNG");
   CHECK_THROWS_WITH(screenshot_path(dir + "/"), dir + "/: is a folder; a screenshot needs a file name (such as vitlens-screenshot.png)");
+  CHECK_THROWS_WITH(screenshot_path(""), "no file name given for the screenshot (such as vitlens-screenshot.png)");
 }
 
 TEST_CASE("viewer export never replaces a file vitlens did not write, it names the file", "[viewer][trust]") {

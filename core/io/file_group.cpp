@@ -237,6 +237,7 @@ void FileGroup::commit() {
     for (const std::string& name : names_)
       if (std::find(dropped.begin(), dropped.end(), name) == dropped.end()) ::unlinkat(lock.fd(), name.c_str(), 0);
     ::fsync(lock.fd());
+    committed_ = false;  // nothing of the group is left to put in place
     throw Error(dir_ + "/" + dropped.front() + ": was made by something else while vitlens wrote it; that file is kept, "
                 "and nothing was written");
   }

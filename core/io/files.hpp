@@ -165,7 +165,7 @@ class OutputSet {
   // record each); the committed one, written last, lists every file.
   void add_record(const std::string& name, nlohmann::json record, size_t first);
   size_t size() const { return names_.size(); }  // files added so far
-  // The files this process reads (a run's images, its painted mask, its model), by device and
+  // The files this process reads (a run's images, its painted mask), by device and
   // inode as they are now: no set of this process removes one of them, even where the record it
   // replaces lists it and the new set does not (it stays, unlisted), since the run may not have
   // read it yet. For the process's whole life.
@@ -208,7 +208,8 @@ class FileGroup {
   void add_stream(const std::string& name, const std::function<void(FileSink&)>& fill);
   // Throws vitlens::Error; committed() then says whether the commit point was passed (the group is
   // whole in its ".vitlens-group-..." folder and the next commit or tidy completes it) or not
-  // (none of the new files reached `dir`).
+  // (none of the new files reached `dir`, also when a group of new names gave way to a file made
+  // meanwhile).
   void commit();
   bool committed() const { return committed_; }
 

@@ -244,9 +244,20 @@ void remove_unlisted(int dir_fd, const std::string& record_name, const nlohmann:
   const std::optional<RecordForm> old_form = record_form(old_record, record_name);
   if (!old_form || !same_image(image_of(old_record), image_of(fresh))) return;
   const std::set<std::string> keep = listed_names(fresh, RecordForm::Escaped);
+  // Only the set's own names, whatever its record lists (a record edited by hand, or copied in
+  // from elsewhere, names no other file to remove): "<stem>_..." of the record "<stem>.json", or
+  // of "<stem>_layers.json" / "<stem>_rollout.json".
+  const std::string base = record_name.substr(0, record_name.size() - std::min<size_t>(5, record_name.size()));
+  std::vector<std::string> prefixes{base + "_"};
+  for (const std::string tail : {"_layers", "_rollout"})
+    if (base.size() > tail.size() && base.compare(base.size() - tail.size(), tail.size(), tail) == 0)
+      prefixes.push_back(base.substr(0, base.size() - tail.size()) + "_");
+  const auto set_name = [&](const std::string& name) {
+    return std::any_of(prefixes.begin(), prefixes.end(), [&](const std::string& p) { return name.rfind(p, 0) == 0; });
+  };
   std::vector<std::string> unlisted;
   for (const std::string& old : listed_names(old_record, *old_form))
-    if (!keep.count(old) && old != record_name) unlisted.push_back(old);
+    if (!keep.count(old) && old != record_name && set_name(old)) unlisted.push_back(old);
   if (unlisted.empty()) return;
   // The set being replaced: its record and the records it holds (one per layer), which share its id.
   const std::string old_set = set_id_in(old_record);

@@ -51,7 +51,7 @@ cv::Size transform_resized_size(const ImageTransform& t, int w, int h) {
 namespace {
 
 // The most pixels the transform resizes an image to: its largest copy, the float image (12 bytes
-// a pixel), within what one image's decode may take (kMaxDecodeBytes), about 44 megapixels. A
+// a pixel), within what one image's decode may take (kMaxDecodeBytes), about 45 megapixels. A
 // model's own sizes (a side of 224 to about 1200) stay far below it even for a 20:1 panorama
 // resized by its shortest edge; a config asking for more is damaged or is not for whole images.
 constexpr double kMaxTransformPixels = static_cast<double>(kMaxDecodeBytes) / 12.0;

@@ -174,7 +174,10 @@ int trim_log_after(const std::string& log_path, int64_t step) {
     }
     kept += line;
   }
-  if (removed > 0) write_file_atomic(log_path, kept);
+  // A last line a killed run left without its end: ended, so the next line starts on its own.
+  const bool unended = !kept.empty() && kept.back() != '\n';
+  if (unended) kept += '\n';
+  if (removed > 0 || unended) write_file_atomic(log_path, kept);
   return removed;
 }
 

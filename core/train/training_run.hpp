@@ -136,7 +136,8 @@ class TrainingRun {
 // A resume's log: the lines of steps after `step` (the checkpoint it resumes from) are removed, as
 // the run trains those steps again (a run killed after logging them, before saving them, logged
 // steps that were lost). Only a regular file of JSON lines is rewritten, atomically; a line that
-// is not a JSON object with a "step" stays. Returns how many lines were removed. Throws
+// is not a JSON object with a "step" stays (a last line without its end is ended). Returns how
+// many lines were removed. Throws
 // vitlens::Error when the log cannot be read or written.
 int trim_log_after(const std::string& log_path, int64_t step);
 

@@ -510,7 +510,8 @@ constexpr const char* kDefaultScreenshotName = "vitlens-screenshot";
 
 std::string screenshot_path(const std::string& requested) {
   std::error_code ec;
-  if (requested.empty() || requested.back() == '/' || std::filesystem::is_directory(requested, ec))
+  if (requested.empty()) throw Error("no file name given for the screenshot (such as " + std::string(kDefaultScreenshotName) + ".png)");
+  if (requested.back() == '/' || std::filesystem::is_directory(requested, ec))
     throw Error(requested + ": is a folder; a screenshot needs a file name (such as " + kDefaultScreenshotName + ".png)");
   std::string path = output_path(requested);
   std::string extension = std::filesystem::path(path).extension().string();

@@ -515,7 +515,8 @@ void TrainSession::worker_save(Worker& w, uint64_t id, const std::string& path) 
       // folder: one writer a folder, whatever the file's name); the claim is held for the save. A
       // missing folder is the save's to report.
       std::error_code ec;
-      if (path.empty() || path.back() == '/' || std::filesystem::is_directory(path, ec))
+      if (path.empty()) throw Error("no file name given for the checkpoint (nothing was saved)");
+      if (path.back() == '/' || std::filesystem::is_directory(path, ec))
         throw Error(path + ": is a folder; a checkpoint needs a file name, such as " +
                     (std::filesystem::path(path) / "model.safetensors").lexically_normal().string() + " (nothing was saved)");
       const std::string folder = parent_dir(path);

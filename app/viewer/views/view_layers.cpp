@@ -55,19 +55,21 @@ void DrawLayersView(App& app, const ViewTextures& textures) {
     return;
   }
   if (g.layers > 0)
-    gui::TextWrapped("%d layers x %d heads, %s; click a tile to open it", g.layers, g.heads, GridCaption(app).c_str());
+    gui::TextWrapped("%d %s x %d heads, %s; click a tile to open it", g.layers, g.layers == 1 ? "layer" : "layers", g.heads,
+                     GridCaption(app).c_str());
   else
     gui::TextWrapped("%d heads, %s; click a tile to open it", g.heads, GridCaption(app).c_str());
   ImGui::PushStyleColor(ImGuiCol_Text, ImGui::GetStyleColorVec4(ImGuiCol_TextDisabled));
   gui::TextWrapped("every map for this query: %.2f ms (from the cached q and K, no new forward pass)", d.layers_ms);
   ImGui::PopStyleColor();
 
-  // Scale the one-pixel-per-patch picture up to the window, leaving room for the labels.
+  // Scale the one-pixel-per-patch picture to the window, leaving room for the labels: up, or down
+  // when the window is narrower than one pixel a patch (every head stays in view, none cut off).
   const ImVec2 avail = ImGui::GetContentRegionAvail();
   const float label_w = ImGui::CalcTextSize("L00").x + 6.0f, label_h = ImGui::GetTextLineHeight() + 2.0f;
   const float pic_w = static_cast<float>(g.picture.cols), pic_h = static_cast<float>(g.picture.rows);
-  const float scale = std::max(1.0f, std::min((avail.x - label_w) / pic_w, (avail.y - label_h) / pic_h));
-  const float width = std::floor(pic_w * scale), height = std::floor(pic_h * scale);
+  const float scale = std::max(0.05f, std::min((avail.x - label_w) / pic_w, (avail.y - label_h) / pic_h));
+  const float width = std::max(1.0f, std::floor(pic_w * scale)), height = std::max(1.0f, std::floor(pic_h * scale));
   const float step_x = static_cast<float>(g.grid_w + kLayerGridGap) * scale;
   const float step_y = static_cast<float>(g.grid_h + kLayerGridGap) * scale;
   const ImVec2 start = ImGui::GetCursorScreenPos();

@@ -123,8 +123,6 @@ std::string Format(const char* fmt, va_list args) {
   return out;
 }
 
-// Draws `text` (wrapped at the window's or column's edge, or on one line) and notes it with the
-// width it needed and the room it had.
 // `text` with its spaces turned into line breaks where a line would pass `width` pixels. Dear
 // ImGui's own wrapping also breaks after a '.' or ',' (a number "0.000" drawn as "0." over
 // "000"); broken here first, its wrapping only splits a word wider than the whole line.
@@ -132,29 +130,37 @@ std::string BreakAtSpaces(const std::string& text, float width) {
   const float space = ImGui::CalcTextSize(" ").x;
   std::string out;
   float line = 0.0f;
-  bool line_start = true;
+  bool line_start = true;  // nothing on this line yet: the next word needs no space before it
+  bool broke = false;      // this line began at a break of ours
   for (size_t at = 0;;) {
     const size_t found = text.find_first_of(" \n", at);
     const size_t end = found == std::string::npos ? text.size() : found;
-    const float word = ImGui::CalcTextSize(text.c_str() + at, text.c_str() + end).x;
-    if (!line_start) {
-      const bool fits = line + space + word <= width;
-      out += fits ? ' ' : '\n';
-      line = fits ? line + space : 0.0f;
+    const bool empty = end == at;  // one more space of a run
+    if (!(line_start && broke && empty)) {  // the rest of a run of spaces our break ended is dropped
+      const float word = ImGui::CalcTextSize(text.c_str() + at, text.c_str() + end).x;
+      if (!line_start) {
+        const bool fits = line + space + word <= width;
+        out += fits ? ' ' : '\n';
+        line = fits ? line + space : 0.0f;
+        broke = !fits;
+      }
+      out.append(text, at, end - at);
+      line += word;
+      line_start = broke && empty;
     }
-    out.append(text, at, end - at);
-    line += word;
-    line_start = false;
     if (end == text.size()) return out;
     if (text[end] == '\n') {
       out += '\n';
       line = 0.0f;
       line_start = true;
+      broke = false;
     }
     at = end + 1;
   }
 }
 
+// Draws `text` (wrapped at the window's or column's edge, or on one line) and notes it with the
+// width it needed and the room it had.
 void DrawText(const std::string& text, bool wrapped) {
   const float room = ImGui::GetContentRegionAvail().x;
   if (wrapped) {
