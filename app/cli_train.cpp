@@ -255,13 +255,6 @@ void prepare_run_folder(const TrainArgs& a, std::optional<FolderClaim>& claim) {
   check_run_folder(a);
 }
 
-// A flag's value as a message shows it: 0.001, 1e+20, nan, inf (a JSON dump says null for the last two).
-std::string number_text(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", v);
-  return text;
-}
-
 void check_args(const TrainArgs& a, CLI::App* cmd) {
   auto bad = [](const std::string& s) { throw UsageError(s); };
   if (a.data.empty())

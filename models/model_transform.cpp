@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 
 #include <sys/stat.h>
@@ -23,13 +22,6 @@ using nlohmann::json;
 constexpr uint64_t kMaxConfigBytes = uint64_t{4} << 20;  // a config is a few KB
 constexpr int kMaxTransformSide = 16384;                   // as the model configs' img_size
 constexpr double kMinCropPct = 0.5;                        // timm_transform says why
-
-// A number as a message shows it: 0.0005, 1e-09 (a JSON dump would say null for nan and inf).
-std::string number_text(double v) {
-  char text[32];
-  std::snprintf(text, sizeof text, "%g", v);
-  return text;
-}
 
 bool is_file(const std::string& path) {
   struct stat st {};
